@@ -1,0 +1,197 @@
+// core/allocator.cpp: CPU aligned allocation, the device-independent caching allocator, Storage.
+#include "core/allocator.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "core/check.h"
+
+namespace ringtrain {
+
+std::string format_bytes(int64_t nbytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double value = static_cast<double>(nbytes);
+  int unit = 0;
+  while (value >= 1024.0 && unit < 4) {
+    value /= 1024.0;
+    ++unit;
+  }
+  char buffer[64];
+  if (unit == 0) std::snprintf(buffer, sizeof buffer, "%lld B", static_cast<long long>(nbytes));
+  else std::snprintf(buffer, sizeof buffer, "%.2f %s", value, units[unit]);
+  return buffer;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// CPU
+
+namespace {
+std::atomic<int64_t> g_cpu_allocated{0};
+std::atomic<int64_t> g_cpu_peak{0};
+std::atomic<int64_t> g_cpu_allocations{0};
+
+int64_t round_up(int64_t n, int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
+
+void* cpu_allocate(int64_t nbytes) {
+  int64_t rounded = round_up(nbytes > 0 ? nbytes : 1, kCpuAlignment);
+  void* ptr = std::aligned_alloc(static_cast<size_t>(kCpuAlignment), static_cast<size_t>(rounded));
+  if (!ptr) {
+    RT_THROW("CPU out of memory while allocating ", format_bytes(nbytes), " (", nbytes, " bytes); ",
+             format_bytes(g_cpu_allocated.load()), " held by tensors. Try a smaller batch size or fewer loader "
+             "workers.");
+  }
+  int64_t now = g_cpu_allocated.fetch_add(rounded) + rounded;
+  int64_t peak = g_cpu_peak.load();
+  while (now > peak && !g_cpu_peak.compare_exchange_weak(peak, now)) {
+  }
+  g_cpu_allocations.fetch_add(1);
+  return ptr;
+}
+
+void cpu_free(void* ptr, int64_t nbytes) noexcept {
+  std::free(ptr);
+  g_cpu_allocated.fetch_sub(round_up(nbytes > 0 ? nbytes : 1, kCpuAlignment));
+}
+}  // namespace
+
+AllocatorStats cpu_allocator_stats() {
+  AllocatorStats s;
+  s.allocated_bytes = s.reserved_bytes = g_cpu_allocated.load();
+  s.peak_allocated_bytes = s.peak_reserved_bytes = g_cpu_peak.load();
+  s.num_allocations = s.num_raw_allocations = g_cpu_allocations.load();
+  return s;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Caching allocator
+
+CachingAllocator::CachingAllocator(std::unique_ptr<RawBackend> backend) : backend_(std::move(backend)) {}
+
+CachingAllocator::~CachingAllocator() {
+  // Live blocks belong to tensors that may outlive us at process exit; only the cache is returned.
+  std::lock_guard<std::mutex> lock(mutex_);
+  release_cached_locked();
+}
+
+int64_t CachingAllocator::round_size(int64_t nbytes) {
+  constexpr int64_t kSmall = 1 << 20;
+  if (nbytes <= 0) return 512;
+  if (nbytes <= kSmall) return round_up(nbytes, 512);
+  return round_up(nbytes, 128 << 10);
+}
+
+void* CachingAllocator::allocate(int64_t nbytes, void* stream) {
+  const int64_t size = round_size(nbytes);
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++stats_.num_allocations;
+  void* ptr = nullptr;
+  auto lists = free_by_stream_.find(stream);
+  if (lists != free_by_stream_.end()) {
+    auto it = lists->second.lower_bound(size);
+    if (it != lists->second.end() && it->first <= size + size / 4) {
+      ptr = it->second;
+      live_[ptr] = Block{it->first, stream};
+      stats_.allocated_bytes += it->first;
+      lists->second.erase(it);
+      ++stats_.num_cache_hits;
+    }
+  }
+  if (!ptr) {
+    ptr = backend_->raw_allocate(size);
+    if (!ptr) {
+      // Give every cached block back and try once more before reporting.
+      release_cached_locked();
+      ptr = backend_->raw_allocate(size);
+    }
+    if (!ptr) {
+      int64_t total = backend_->device_total_bytes();
+      RT_THROW("out of memory on ", backend_->device_name(), " while allocating ", format_bytes(nbytes), " (",
+               nbytes, " bytes requested): ", format_bytes(stats_.allocated_bytes), " allocated by tensors, ",
+               format_bytes(stats_.reserved_bytes), " reserved, peak ", format_bytes(stats_.peak_allocated_bytes),
+               total > 0 ? ", device total " + format_bytes(total) : std::string(),
+               ". Try a smaller batch size (-b), gradient accumulation (--accum-steps) to keep the global batch, "
+               "or --precision bf16 to halve activation memory.");
+    }
+    ++stats_.num_raw_allocations;
+    stats_.reserved_bytes += size;
+    if (stats_.reserved_bytes > stats_.peak_reserved_bytes) stats_.peak_reserved_bytes = stats_.reserved_bytes;
+    live_[ptr] = Block{size, stream};
+    stats_.allocated_bytes += size;
+  }
+  if (stats_.allocated_bytes > stats_.peak_allocated_bytes) stats_.peak_allocated_bytes = stats_.allocated_bytes;
+  return ptr;
+}
+
+void CachingAllocator::free(void* ptr) {
+  if (!ptr) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = live_.find(ptr);
+  RT_CHECK(it != live_.end(), "CachingAllocator::free: pointer ", ptr, " was not allocated by the allocator of ",
+           backend_->device_name());
+  stats_.allocated_bytes -= it->second.size;
+  free_by_stream_[it->second.stream].emplace(it->second.size, ptr);
+  live_.erase(it);
+}
+
+void CachingAllocator::release_cached_locked() {
+  for (auto& [stream, blocks] : free_by_stream_) {
+    for (auto& [size, ptr] : blocks) {
+      backend_->raw_free(ptr);
+      stats_.reserved_bytes -= size;
+    }
+  }
+  free_by_stream_.clear();
+}
+
+void CachingAllocator::empty_cache() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  release_cached_locked();
+}
+
+AllocatorStats CachingAllocator::stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stats_;
+}
+
+void CachingAllocator::reset_peak() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  stats_.peak_allocated_bytes = stats_.allocated_bytes;
+  stats_.peak_reserved_bytes = stats_.reserved_bytes;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Storage
+
+Storage::Storage(void* data, int64_t nbytes, Device device) : data_(data), nbytes_(nbytes), device_(device) {}
+
+Storage::~Storage() {
+  if (device_.is_cpu()) cpu_free(data_, nbytes_);
+  else detail::cuda_free(device_.index, data_);
+}
+
+std::shared_ptr<Storage> allocate_storage(int64_t nbytes, Device device) {
+  RT_CHECK(nbytes >= 0, "allocate_storage: negative size ", nbytes);
+  void* ptr = device.is_cpu() ? cpu_allocate(nbytes) : detail::cuda_allocate(device.index, nbytes);
+  return std::make_shared<Storage>(ptr, nbytes, device);
+}
+
+AllocatorStats memory_stats(Device device) {
+  return device.is_cpu() ? cpu_allocator_stats() : cuda_allocator(device.index).stats();
+}
+
+void empty_cache(Device device) {
+  if (device.is_cuda()) cuda_allocator(device.index).empty_cache();
+}
+
+void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, int64_t nbytes) {
+  if (nbytes == 0) return;
+  if (dst_device.is_cpu() && src_device.is_cpu()) {
+    std::memcpy(dst, src, static_cast<size_t>(nbytes));
+    return;
+  }
+  detail::cuda_copy_bytes(dst, dst_device, src, src_device, nbytes);
+}
+
+}  // namespace ringtrain

@@ -1,0 +1,113 @@
+// core/allocator.h: memory for tensors. CPU memory is 64-byte aligned; CUDA memory comes from a caching
+// allocator (size classes, one free list per stream, statistics, empty_cache, an out-of-memory error
+// that tells the user what to do). The caching logic is device-independent (CachingAllocator over a
+// RawBackend) so it is tested on the CPU with a fake backend; core/cuda/allocator.cpp supplies the
+// cudaMalloc backend.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "core/device.h"
+
+namespace ringtrain {
+
+inline constexpr int64_t kCpuAlignment = 64;
+
+struct AllocatorStats {
+  int64_t allocated_bytes = 0;       // held by live tensors (rounded sizes)
+  int64_t reserved_bytes = 0;        // obtained from the device: allocated + cached
+  int64_t peak_allocated_bytes = 0;  // high-water mark of allocated_bytes since the last reset
+  int64_t peak_reserved_bytes = 0;
+  int64_t num_allocations = 0;       // allocate() calls
+  int64_t num_cache_hits = 0;        // allocate() calls served from a free list
+  int64_t num_raw_allocations = 0;   // calls into the backend (cudaMalloc)
+};
+
+// What the caching allocator obtains memory from.
+class RawBackend {
+ public:
+  virtual ~RawBackend() = default;
+  // Returns nullptr when the device is out of memory (any other failure throws).
+  virtual void* raw_allocate(int64_t nbytes) = 0;
+  virtual void raw_free(void* ptr) noexcept = 0;
+  virtual int64_t device_total_bytes() const = 0;  // 0 if unknown
+  virtual std::string device_name() const = 0;     // "cuda:0"
+};
+
+// Caches freed blocks by stream and rounded size. Blocks are never split: a request is served by the
+// smallest cached block of the same stream whose size is within [rounded, rounded * 5/4].
+class CachingAllocator {
+ public:
+  explicit CachingAllocator(std::unique_ptr<RawBackend> backend);
+  ~CachingAllocator();
+  CachingAllocator(const CachingAllocator&) = delete;
+  CachingAllocator& operator=(const CachingAllocator&) = delete;
+
+  // Size class: requests up to 1 MiB round up to 512 B; larger ones to 128 KiB.
+  static int64_t round_size(int64_t nbytes);
+
+  void* allocate(int64_t nbytes, void* stream);
+  void free(void* ptr);  // back to the free list of the stream it was allocated on
+  void empty_cache();    // returns every cached (unused) block to the device
+  AllocatorStats stats() const;
+  void reset_peak();
+
+ private:
+  struct Block {
+    int64_t size;
+    void* stream;
+  };
+  void release_cached_locked();
+  std::unique_ptr<RawBackend> backend_;
+  mutable std::mutex mutex_;
+  std::unordered_map<void*, Block> live_;                              // ptr -> block in use
+  std::map<void*, std::multimap<int64_t, void*>> free_by_stream_;     // stream -> size -> ptr
+  AllocatorStats stats_;
+};
+
+// A block of device memory shared by a tensor and its views; frees itself when the last owner goes.
+class Storage {
+ public:
+  Storage(void* data, int64_t nbytes, Device device);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+  void* data() const { return data_; }
+  int64_t nbytes() const { return nbytes_; }
+  Device device() const { return device_; }
+
+ private:
+  void* data_;
+  int64_t nbytes_;
+  Device device_;
+};
+
+std::shared_ptr<Storage> allocate_storage(int64_t nbytes, Device device);
+
+// CPU allocator statistics (allocated / peak); reserved == allocated on the CPU.
+AllocatorStats cpu_allocator_stats();
+// The caching allocator of CUDA device `index` (throws when built without CUDA or no such device).
+CachingAllocator& cuda_allocator(int index);
+AllocatorStats memory_stats(Device device);
+void empty_cache(Device device);
+
+// Copies bytes between any two devices (synchronous with respect to the host).
+void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, int64_t nbytes);
+
+// Human-readable byte counts: "512 B", "1.50 MiB".
+std::string format_bytes(int64_t nbytes);
+
+namespace detail {
+// Provided by core/cuda/*.cpp or core/device_nocuda.cpp.
+void* cuda_allocate(int device_index, int64_t nbytes);
+void cuda_free(int device_index, void* ptr) noexcept;
+void cuda_copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, int64_t nbytes);
+}  // namespace detail
+
+}  // namespace ringtrain

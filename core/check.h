@@ -1,0 +1,91 @@
+// core/check.h: the one error type (ringtrain::Error) and the one checking macro family.
+// Every CUDA / cuBLAS / cuDNN / NCCL / MPI / HDF5 call goes through RT_CALL_CHECK, which reports the
+// call text, file:line and (for GPU libraries) the current device. *_NOTHROW variants only print and are
+// for destructors. The status-to-text helpers for the GPU libraries live in core/cuda/cuda_check.h.
+#pragma once
+
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+namespace ringtrain {
+
+// The single exception type. `what()` is the full message; context() is the extra lines added by
+// callers that caught and rethrew with more context (file, rank, op).
+class Error : public std::runtime_error {
+ public:
+  explicit Error(std::string message) : std::runtime_error(std::move(message)) {}
+};
+
+namespace detail {
+
+// Concatenates anything streamable; used by RT_CHECK messages.
+template <typename... Args>
+std::string str_cat(const Args&... args) {
+  std::ostringstream os;
+  (os << ... << args);
+  return os.str();
+}
+
+// One generic reporter for every library: "<lib> error <code> (<text>) in `<call>` at file:line [device d]".
+[[noreturn]] void raise_call_error(std::string_view library, long long code, std::string_view text,
+                                   const char* call, const char* file, int line, int device);
+void report_call_error(std::string_view library, long long code, std::string_view text, const char* call,
+                       const char* file, int line, int device) noexcept;
+[[noreturn]] void raise_check_failure(const char* condition, const std::string& message, const char* file,
+                                      int line);
+
+// Per-library adapters. Each returns true on success and fills text/device on failure.
+std::string mpi_error_text(int code);
+std::string h5_error_text();  // walks and clears HDF5's error stack
+void h5_silence_errors();     // turns off HDF5's automatic stack printing (we translate instead)
+constexpr int kNoDevice = -1;
+
+}  // namespace detail
+}  // namespace ringtrain
+
+// Internal invariant / argument check with a streamed message: RT_CHECK(n > 0, "bad n=", n).
+#define RT_CHECK(cond, ...)                                                                           \
+  do {                                                                                                \
+    if (!(cond))                                                                                      \
+      ::ringtrain::detail::raise_check_failure(#cond, ::ringtrain::detail::str_cat(__VA_ARGS__),      \
+                                               __FILE__, __LINE__);                                   \
+  } while (0)
+
+// Throws ringtrain::Error with a streamed message (no condition text).
+#define RT_THROW(...) throw ::ringtrain::Error(::ringtrain::detail::str_cat(__VA_ARGS__))
+
+// The generic call checker: `ok(status)` decides success, `text(status)` explains it, `device()` names
+// the current device (or kNoDevice).
+#define RT_CALL_CHECK_IMPL(lib, call, ok, text, device, reporter)                                     \
+  do {                                                                                                \
+    auto rt_status_ = (call);                                                                         \
+    if (!(ok(rt_status_))) {                                                                          \
+      reporter(lib, static_cast<long long>(rt_status_), text(rt_status_), #call, __FILE__, __LINE__,  \
+               device());                                                                             \
+    }                                                                                                 \
+  } while (0)
+
+#define RT_CALL_CHECK(lib, call, ok, text, device) \
+  RT_CALL_CHECK_IMPL(lib, call, ok, text, device, ::ringtrain::detail::raise_call_error)
+#define RT_CALL_CHECK_NOTHROW(lib, call, ok, text, device) \
+  RT_CALL_CHECK_IMPL(lib, call, ok, text, device, ::ringtrain::detail::report_call_error)
+
+#define RT_DETAIL_NO_DEVICE() ::ringtrain::detail::kNoDevice
+
+// MPI: every call returns MPI_SUCCESS (0) on success. Communicators must use MPI_ERRORS_RETURN.
+#define RT_DETAIL_MPI_OK(s) ((s) == 0)
+#define MPI_CHECK(call) \
+  RT_CALL_CHECK("MPI", call, RT_DETAIL_MPI_OK, ::ringtrain::detail::mpi_error_text, RT_DETAIL_NO_DEVICE)
+#define MPI_CHECK_NOTHROW(call) \
+  RT_CALL_CHECK_NOTHROW("MPI", call, RT_DETAIL_MPI_OK, ::ringtrain::detail::mpi_error_text, RT_DETAIL_NO_DEVICE)
+
+// HDF5: herr_t and hid_t are negative on failure; the text comes from HDF5's error stack.
+#define RT_DETAIL_H5_OK(s) ((s) >= 0)
+#define RT_DETAIL_H5_TEXT(s) ::ringtrain::detail::h5_error_text()
+#define H5_CHECK(call) RT_CALL_CHECK("HDF5", call, RT_DETAIL_H5_OK, RT_DETAIL_H5_TEXT, RT_DETAIL_NO_DEVICE)
+#define H5_CHECK_NOTHROW(call) \
+  RT_CALL_CHECK_NOTHROW("HDF5", call, RT_DETAIL_H5_OK, RT_DETAIL_H5_TEXT, RT_DETAIL_NO_DEVICE)
+
+// CUDA, cuBLAS, cuDNN, NCCL: defined over the same helper in core/cuda/cuda_check.h (CUDA sources only).

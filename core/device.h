@@ -1,0 +1,98 @@
+// core/device.h: Device (CPU or CUDA:i), CUDA device detection, and Stream / Event wrappers.
+// Detection never crashes: a machine with the toolkit but no GPU or no driver answers "no CUDA device"
+// with the runtime's reason. The CUDA implementation is core/cuda/device.cpp; builds without CUDA
+// compile core/device_nocuda.cpp instead (CMake picks the file, no #ifdef).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ringtrain {
+
+enum class DeviceType : uint8_t { CPU, CUDA };
+
+struct Device {
+  DeviceType type = DeviceType::CPU;
+  int index = 0;
+
+  static Device cpu() { return {DeviceType::CPU, 0}; }
+  static Device cuda(int i = 0) { return {DeviceType::CUDA, i}; }
+  bool is_cpu() const { return type == DeviceType::CPU; }
+  bool is_cuda() const { return type == DeviceType::CUDA; }
+  bool operator==(const Device&) const = default;
+  std::string str() const;  // "cpu", "cuda:0"
+};
+std::ostream& operator<<(std::ostream& os, const Device& d);
+
+// Parses "cpu", "cuda", "cuda:1"; throws ringtrain::Error naming the text otherwise.
+Device parse_device(std::string_view text);
+
+struct CudaDeviceInfo {
+  int index = 0;
+  std::string name;
+  int64_t total_memory_bytes = 0;
+  int compute_major = 0, compute_minor = 0;
+  int multiprocessors = 0;
+};
+
+struct CudaStatus {
+  bool built_with_cuda = false;
+  int device_count = 0;
+  int driver_version = 0;   // e.g. 13000; 0 when no driver
+  int runtime_version = 0;  // e.g. 13000; 0 without CUDA
+  int cudnn_version = 0;    // cudnnGetVersion(), e.g. 91300; 0 without CUDA
+  int cublas_version = 0;   // cublasGetProperty-based, e.g. 130000
+  int nccl_version = 0;     // ncclGetVersion(), e.g. 22800
+  std::string reason;       // why device_count is 0, e.g. "CUDA driver version is insufficient..."
+  std::vector<CudaDeviceInfo> devices;
+};
+
+// Queried once and cached; safe to call from any thread.
+const CudaStatus& cuda_status();
+int cuda_device_count();
+bool cuda_available();
+
+// Sets the calling thread's current CUDA device (no-op for CPU). Errors name the device.
+void set_current_device(Device d);
+
+// A CUDA stream. The default-constructed Stream is the legacy default stream. Streams are ordered
+// with Events: record on the producer, wait on the consumer.
+class Stream {
+ public:
+  Stream() = default;
+  static Stream create(Device device);  // a new non-blocking stream on `device`
+  void* handle() const { return handle_.get() ? *handle_ : nullptr; }  // cudaStream_t
+  Device device() const { return device_; }
+  void synchronize() const;
+  bool operator==(const Stream& o) const { return handle() == o.handle(); }
+
+ private:
+  std::shared_ptr<void*> handle_;
+  Device device_ = Device::cuda(0);
+};
+
+class Event {
+ public:
+  static Event create(Device device, bool timing = false);
+  void record(const Stream& s);
+  void wait_on(const Stream& s) const;  // s waits until this event completes
+  void synchronize() const;
+  float elapsed_ms_since(const Event& start) const;
+  void* handle() const { return handle_ ? *handle_ : nullptr; }
+
+ private:
+  std::shared_ptr<void*> handle_;
+};
+
+// The stream CUDA kernels of the calling thread are launched on (default: legacy default stream).
+Stream current_stream();
+void set_current_stream(const Stream& s);
+
+// Waits for all work on `d` (no-op for CPU).
+void synchronize(Device d);
+
+}  // namespace ringtrain

@@ -1,0 +1,86 @@
+// core/device_nocuda.cpp: the build-without-CUDA counterpart of core/cuda/device.cpp and
+// core/cuda/kernels.cu. CPU requests work as usual; every CUDA request fails with one error that says
+// why (never a silent CPU fallback). CMake compiles this file instead of the CUDA sources.
+#include <string>
+
+#include "core/allocator.h"
+#include "core/check.h"
+#include "core/device.h"
+#include "core/kernels.h"
+
+namespace ringtrain {
+namespace {
+
+constexpr const char* kNoCudaReason =
+    "ringtrain was built without CUDA (RINGTRAIN_CUDA=OFF or CUDA not found at configure time)";
+
+[[noreturn]] void raise_no_cuda(const std::string& what) { RT_THROW(what, ": ", kNoCudaReason); }
+
+}  // namespace
+
+const CudaStatus& cuda_status() {
+  static const CudaStatus status = [] {
+    CudaStatus s;
+    s.built_with_cuda = false;
+    s.device_count = 0;
+    s.reason = kNoCudaReason;
+    return s;
+  }();
+  return status;
+}
+
+int cuda_device_count() { return 0; }
+
+bool cuda_available() { return false; }
+
+void set_current_device(Device d) {
+  if (d.is_cpu()) return;
+  raise_no_cuda("cannot use " + d.str());
+}
+
+Stream Stream::create(Device device) { raise_no_cuda("Stream::create(" + device.str() + ")"); }
+
+void Stream::synchronize() const { raise_no_cuda("Stream::synchronize"); }
+
+Event Event::create(Device device, bool /*timing*/) { raise_no_cuda("Event::create(" + device.str() + ")"); }
+
+void Event::record(const Stream& /*s*/) { raise_no_cuda("Event::record"); }
+
+void Event::wait_on(const Stream& /*s*/) const { raise_no_cuda("Event::wait_on"); }
+
+void Event::synchronize() const { raise_no_cuda("Event::synchronize"); }
+
+float Event::elapsed_ms_since(const Event& /*start*/) const { raise_no_cuda("Event::elapsed_ms_since"); }
+
+Stream current_stream() { return Stream(); }
+
+void set_current_stream(const Stream& s) {
+  // Only the default stream exists without CUDA; anything else could not have been created.
+  if (s.handle() != nullptr) raise_no_cuda("set_current_stream");
+}
+
+void synchronize(Device d) {
+  if (d.is_cpu()) return;
+  raise_no_cuda("synchronize(" + d.str() + ")");
+}
+
+CachingAllocator& cuda_allocator(int index) { raise_no_cuda("cuda_allocator(cuda:" + std::to_string(index) + ")"); }
+
+namespace detail {
+
+void* cuda_allocate(int device_index, int64_t /*nbytes*/) {
+  raise_no_cuda("cannot allocate on cuda:" + std::to_string(device_index));
+}
+
+// Nothing can have been allocated on a CUDA device, so there is nothing to free.
+void cuda_free(int /*device_index*/, void* /*ptr*/) noexcept {}
+
+void cuda_copy_bytes(void* /*dst*/, Device dst_device, const void* /*src*/, Device src_device, int64_t /*nbytes*/) {
+  raise_no_cuda("cannot copy " + src_device.str() + " -> " + dst_device.str());
+}
+
+}  // namespace detail
+
+const KernelTable* cuda_kernels() { return nullptr; }
+
+}  // namespace ringtrain

@@ -1,0 +1,25 @@
+// core/dispatch.h (internal): picks the kernel table for a device and reports missing kernels by op.
+#pragma once
+
+#include "core/check.h"
+#include "core/kernels.h"
+
+namespace ringtrain::detail {
+
+// The table for `device`; throws naming `op` when the device has no kernels (CUDA not built).
+const KernelTable& kernel_table(Device device, const char* op);
+
+template <typename Fn>
+Fn require_kernel(Fn fn, const char* op, const char* entry, Device device) {
+  if (!fn) RT_THROW("op '", op, "' has no kernel '", entry, "' for device ", device.str());
+  return fn;
+}
+
+// Post-op hook of the device (CUDA: error check per op, optional sync).
+void after_op(Device device, const char* op);
+
+}  // namespace ringtrain::detail
+
+// RT_KERNEL(device, "op", entry)(args...) calls the device's kernel or throws naming op and device.
+#define RT_KERNEL(device, op, entry) \
+  ::ringtrain::detail::require_kernel(::ringtrain::detail::kernel_table(device, op).entry, op, #entry, device)

@@ -1,0 +1,97 @@
+// core/kernels.h: the seam between the op dispatcher (core/ops.cpp) and the device implementations.
+// One table of kernels per device type: core/cpu/kernels.cpp fills the CPU table, core/cuda/kernels.cu
+// the CUDA table (only compiled with CUDA). A null entry is a missing kernel: the dispatcher reports it
+// naming the op and device, never falling back silently to another device.
+//
+// Contract for every kernel: all tensors are contiguous and on the table's device; the dispatcher has
+// already checked shapes and dtypes and allocated outputs; kernels run on the current stream (CUDA) or
+// the CPU thread pool, and are deterministic (no atomics-based reductions).
+#pragma once
+
+#include <cstdint>
+
+#include "core/dtype.h"
+#include "core/tensor.h"
+
+namespace ringtrain {
+
+enum class UnaryOp : uint8_t { Neg, Relu, Exp, Log, Sqrt, Abs, Tanh, Sigmoid };
+// Comparisons (Eq..Ge) write 0/1 into a U8 output. ReluGrad: out = a * (b > 0) (relu backward, b = input).
+enum class BinaryOp : uint8_t { Add, Sub, Mul, Div, Maximum, Minimum, Eq, Ne, Lt, Le, Gt, Ge, ReluGrad };
+// out = x op s. RSub: s - x. RDiv: s / x. Pow: x^s.
+enum class ScalarOp : uint8_t { Add, Mul, RSub, RDiv, Pow };
+enum class ReduceOp : uint8_t { Sum, Max };
+
+constexpr bool is_comparison(BinaryOp op) { return op >= BinaryOp::Eq && op <= BinaryOp::Ge; }
+
+// Broadcast description shared by all devices: out has `ndim` dims; a_stride[d] / b_stride[d] are the
+// element strides of a and b along out's dim d (0 where that input is broadcast).
+struct BroadcastDesc {
+  int ndim = 0;
+  int64_t out_dims[kMaxDims] = {};
+  int64_t a_stride[kMaxDims] = {};
+  int64_t b_stride[kMaxDims] = {};
+};
+BroadcastDesc make_broadcast(const Shape& a, const Shape& b, const Shape& out);
+
+// Mixed-precision GEMM request: C (m x n) = alpha * op(A) (m x k) * op(B) (k x n) + beta * C, row-major.
+// lda/ldb/ldc are row-major leading dimensions. All three have the same dtype (f32, f64, f16, bf16);
+// 16-bit inputs accumulate in f32. `allow_tf32` lets f32 GEMMs use TF32 tensor cores on GPU.
+struct GemmArgs {
+  bool trans_a = false, trans_b = false;
+  int64_t m = 0, n = 0, k = 0;
+  double alpha = 1.0, beta = 0.0;
+  int64_t lda = 0, ldb = 0, ldc = 0;
+  bool allow_tf32 = true;
+};
+
+struct KernelTable {
+  // out[i] = value.
+  void (*fill)(Tensor& out, double value) = nullptr;
+  // dst = src converted to dst.dtype() (same numel). Floating -> integer truncates toward zero.
+  void (*convert)(const Tensor& src, Tensor& dst) = nullptr;
+  // Floating out only. uniform in [low, high): philox_uniform(seed, stream, i) (f64: philox_uniform_f64).
+  void (*uniform)(Tensor& out, uint64_t seed, uint64_t stream, double low, double high) = nullptr;
+  // normal: element i = mean + std * sqrt(-2 ln u1) * cos(2 pi u2) with u1 = uniform(seed, stream, 2i),
+  // u2 = uniform(seed, stream, 2i+1) (both from philox_uniform, f64 from philox_uniform_f64).
+  void (*normal)(Tensor& out, uint64_t seed, uint64_t stream, double mean, double stddev) = nullptr;
+  // out = op(x), same shape and dtype (floating; Neg/Abs/Relu also integer).
+  void (*unary)(UnaryOp op, const Tensor& x, Tensor& out) = nullptr;
+  // out = a op b with broadcasting described by `bc`; a and b share a dtype; out has it (U8 for comparisons).
+  void (*binary)(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out, const BroadcastDesc& bc) = nullptr;
+  // out = x op s, same shape and dtype.
+  void (*scalar)(ScalarOp op, const Tensor& x, double s, Tensor& out) = nullptr;
+  // x viewed as [outer, n, inner] -> out [outer, inner]. Max also writes argmax (I64, may be null;
+  // first index of the maximum). Accumulation in f32 for 16-bit types, f64 for f64, i64 for integers.
+  void (*reduce)(ReduceOp op, const Tensor& x, int64_t outer, int64_t n, int64_t inner, Tensor& out,
+                 Tensor* argmax) = nullptr;
+  // C = alpha op(A) op(B) + beta C (see GemmArgs); `batch` independent GEMMs with the given element strides.
+  void (*gemm)(const GemmArgs& g, const Tensor& a, const Tensor& b, Tensor& c, int64_t batch, int64_t stride_a,
+               int64_t stride_b, int64_t stride_c) = nullptr;
+  // x viewed as [rows, cols]; (log-)softmax along cols, numerically stable (max subtracted).
+  void (*softmax)(const Tensor& x, int64_t rows, int64_t cols, bool log, Tensor& out) = nullptr;
+  // Given y = (log-)softmax(x) and dy: softmax: dx = y * (dy - sum(dy*y)); log: dx = dy - exp(y) * sum(dy).
+  void (*softmax_backward)(const Tensor& y, const Tensor& dy, int64_t rows, int64_t cols, bool log,
+                           Tensor& dx) = nullptr;
+  // Fused softmax cross-entropy with label smoothing eps over logits [rows, cols], labels I32 or I64 [rows].
+  // Writes log_probs [rows, cols] (logits' dtype) and loss [rows] (F32 for 16-bit logits, else logits' dtype):
+  // loss_r = -(1 - eps) * logp[r, y_r] - (eps / cols) * sum_c logp[r, c].
+  // A label outside [0, cols) sets *bad_label to its row (first such row; untouched otherwise).
+  void (*cross_entropy)(const Tensor& logits, const Tensor& labels, double smoothing, Tensor& log_probs,
+                        Tensor& loss, int64_t* bad_label) = nullptr;
+  // dlogits[r, c] = scale * (exp(logp[r, c]) - (1 - eps) [c == y_r] - eps / cols); scale = dloss / rows.
+  void (*cross_entropy_backward)(const Tensor& log_probs, const Tensor& labels, double smoothing, double scale,
+                                 Tensor& dlogits) = nullptr;
+  // mask[i] = (philox_uniform(seed, stream, i) > p) ? 1/(1-p) : 0 (x's dtype); out = x * mask.
+  void (*dropout)(const Tensor& x, double p, uint64_t seed, uint64_t stream, Tensor& out, Tensor& mask) = nullptr;
+  // Called by the dispatcher after every op on this device, naming the op: on CUDA it checks
+  // cudaGetLastError once per op and, when RINGTRAIN_CUDA_SYNC=1, synchronizes so that asynchronous
+  // faults are reported against the op that caused them. Null on the CPU.
+  void (*after_op)(const char* op) = nullptr;
+};
+
+const KernelTable& cpu_kernels();
+// Null when ringtrain was built without CUDA (core/device_nocuda.cpp).
+const KernelTable* cuda_kernels();
+
+}  // namespace ringtrain

@@ -1,0 +1,100 @@
+// core/ops.h: every tensor op, declared once. Each op checks its inputs (errors name the op, shapes,
+// dtypes and devices), dispatches to the kernel table of the inputs' device (core/kernels.h; a missing
+// kernel is an error naming the op and device, never a silent CPU fallback), and, when an input requires
+// grad, records its backward closure (core/autograd.h) written next to the forward in core/ops.cpp.
+//
+// Binary ops need inputs of one dtype and one device (convert explicitly with .to()); shapes broadcast
+// NumPy-style. Comparisons return U8 0/1 tensors and are not differentiable.
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace ringtrain {
+
+// ---- elementwise, broadcasting
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor maximum(const Tensor& a, const Tensor& b);
+Tensor minimum(const Tensor& a, const Tensor& b);
+Tensor eq(const Tensor& a, const Tensor& b);
+Tensor ne(const Tensor& a, const Tensor& b);
+Tensor lt(const Tensor& a, const Tensor& b);
+Tensor le(const Tensor& a, const Tensor& b);
+Tensor gt(const Tensor& a, const Tensor& b);
+Tensor ge(const Tensor& a, const Tensor& b);
+
+// ---- with a scalar
+Tensor add(const Tensor& a, double s);
+Tensor mul(const Tensor& a, double s);
+Tensor rsub(const Tensor& a, double s);  // s - a
+Tensor rdiv(const Tensor& a, double s);  // s / a
+Tensor pow(const Tensor& a, double exponent);
+
+// ---- unary
+Tensor neg(const Tensor& x);
+Tensor relu(const Tensor& x);
+Tensor exp(const Tensor& x);
+Tensor log(const Tensor& x);
+Tensor sqrt(const Tensor& x);
+Tensor abs(const Tensor& x);
+Tensor tanh(const Tensor& x);
+Tensor sigmoid(const Tensor& x);
+
+// ---- reductions (over all elements -> shape [], or over `dim`)
+Tensor sum(const Tensor& x);
+Tensor sum(const Tensor& x, int dim, bool keepdim = false);
+Tensor mean(const Tensor& x);
+Tensor mean(const Tensor& x, int dim, bool keepdim = false);
+Tensor max(const Tensor& x);
+Tensor max(const Tensor& x, int dim, bool keepdim = false);  // gradient goes to the first maximum
+Tensor argmax(const Tensor& x, int dim, bool keepdim = false);  // I64
+// Sums `x` down to `shape` (the inverse of broadcasting; used by backward of broadcasting ops).
+Tensor sum_to(const Tensor& x, const Shape& shape);
+
+// ---- linear algebra
+// a: (..., M, K) with any leading dims (batched when b is also 3-D with the same batch), b: (K, N) or
+// (B, K, N) -> (..., M, N). f32 may use TF32 tensor cores on GPU (set_allow_tf32).
+Tensor matmul(const Tensor& a, const Tensor& b);
+// x: (..., in), weight: (out, in) [PyTorch layout], bias: (out) or undefined -> (..., out).
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+void set_allow_tf32(bool allow);
+bool allow_tf32();
+
+// ---- softmax family (over the last dim)
+Tensor softmax(const Tensor& x);
+Tensor log_softmax(const Tensor& x);
+// Mean over rows of softmax cross-entropy with label smoothing. logits: (N, C) floating; labels: (N) I32/I64
+// in [0, C). Returns a scalar (F32 for 16-bit logits).
+Tensor cross_entropy(const Tensor& logits, const Tensor& labels, double label_smoothing = 0.0);
+
+// ---- regularisation
+// Zeroes elements with probability p and scales the rest by 1/(1-p). The mask depends only on
+// (seed, stream, element index), identical on CPU and GPU. Identity when !training or p == 0.
+Tensor dropout(const Tensor& x, double p, bool training, uint64_t seed, uint64_t stream);
+// The same, drawing (seed, stream) from the thread's default generator (manual_seed to reproduce).
+Tensor dropout(const Tensor& x, double p, bool training = true);
+
+// Default generator: a seed and a counter of consumed streams.
+void manual_seed(uint64_t seed);
+uint64_t default_seed();
+uint64_t next_rng_stream();
+
+inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
+inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
+inline Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
+inline Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
+inline Tensor operator+(const Tensor& a, double s) { return add(a, s); }
+inline Tensor operator-(const Tensor& a, double s) { return add(a, -s); }
+inline Tensor operator*(const Tensor& a, double s) { return mul(a, s); }
+inline Tensor operator/(const Tensor& a, double s) { return mul(a, 1.0 / s); }
+inline Tensor operator+(double s, const Tensor& a) { return add(a, s); }
+inline Tensor operator-(double s, const Tensor& a) { return rsub(a, s); }
+inline Tensor operator*(double s, const Tensor& a) { return mul(a, s); }
+inline Tensor operator/(double s, const Tensor& a) { return rdiv(a, s); }
+inline Tensor operator-(const Tensor& a) { return neg(a); }
+
+}  // namespace ringtrain

@@ -1,0 +1,23 @@
+// core/parallel.h: the CPU thread pool every CPU kernel uses. Its size is this process's share of the
+// cores: cores available to the process / ranks on this node (from the launcher's environment), so
+// `mpirun -np 2` on 2 cores does not oversubscribe. set_num_threads (later `--threads`) overrides it
+// and also sets OpenBLAS's thread count.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+namespace ringtrain {
+
+int num_threads();
+void set_num_threads(int n);
+// Cores usable by this process (sched_getaffinity) and ranks on this node (OMPI/MPICH/Slurm env; 1).
+int available_cores();
+int local_ranks_from_env();
+
+// Splits [0, n) into chunks of at least `grain` and runs fn(begin, end) on the pool (the caller takes
+// part). Runs inline when n <= grain, with one thread, or when called from inside a pool task.
+// Exceptions thrown by fn are rethrown in the caller (the first one).
+void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
+
+}  // namespace ringtrain
