@@ -58,34 +58,44 @@ constexpr int kNoDevice = -1;
 
 // The generic call checker: `ok(status)` decides success, `text(status)` explains it, `device()` names
 // the current device (or kNoDevice).
-#define RT_CALL_CHECK_IMPL(lib, call, ok, text, device, reporter)                                     \
+// `call_text` is the call as written: wrapper macros (MPI_CHECK, CUDA_CHECK, ...) stringize their own
+// argument, because an argument passed on to another macro is macro-expanded first (MPI_INT would
+// show as Open MPI's cast expression).
+#define RT_CALL_CHECK_IMPL(lib, call, call_text, ok, text, device, reporter)                          \
   do {                                                                                                \
     auto rt_status_ = (call);                                                                         \
     if (!(ok(rt_status_))) {                                                                          \
-      reporter(lib, static_cast<long long>(rt_status_), text(rt_status_), #call, __FILE__, __LINE__,  \
-               device());                                                                             \
+      reporter(lib, static_cast<long long>(rt_status_), text(rt_status_), call_text, __FILE__,        \
+               __LINE__, device());                                                                   \
     }                                                                                                 \
   } while (0)
 
 #define RT_CALL_CHECK(lib, call, ok, text, device) \
-  RT_CALL_CHECK_IMPL(lib, call, ok, text, device, ::ringtrain::detail::raise_call_error)
+  RT_CALL_CHECK_IMPL(lib, call, #call, ok, text, device, ::ringtrain::detail::raise_call_error)
 #define RT_CALL_CHECK_NOTHROW(lib, call, ok, text, device) \
-  RT_CALL_CHECK_IMPL(lib, call, ok, text, device, ::ringtrain::detail::report_call_error)
+  RT_CALL_CHECK_IMPL(lib, call, #call, ok, text, device, ::ringtrain::detail::report_call_error)
+// For wrapper macros: the same with the call text given.
+#define RT_CALL_CHECK_T(lib, call, call_text, ok, text, device) \
+  RT_CALL_CHECK_IMPL(lib, call, call_text, ok, text, device, ::ringtrain::detail::raise_call_error)
+#define RT_CALL_CHECK_NOTHROW_T(lib, call, call_text, ok, text, device) \
+  RT_CALL_CHECK_IMPL(lib, call, call_text, ok, text, device, ::ringtrain::detail::report_call_error)
 
 #define RT_DETAIL_NO_DEVICE() ::ringtrain::detail::kNoDevice
 
 // MPI: every call returns MPI_SUCCESS (0) on success. Communicators must use MPI_ERRORS_RETURN.
 #define RT_DETAIL_MPI_OK(s) ((s) == 0)
 #define MPI_CHECK(call) \
-  RT_CALL_CHECK("MPI", call, RT_DETAIL_MPI_OK, ::ringtrain::detail::mpi_error_text, RT_DETAIL_NO_DEVICE)
-#define MPI_CHECK_NOTHROW(call) \
-  RT_CALL_CHECK_NOTHROW("MPI", call, RT_DETAIL_MPI_OK, ::ringtrain::detail::mpi_error_text, RT_DETAIL_NO_DEVICE)
+  RT_CALL_CHECK_T("MPI", call, #call, RT_DETAIL_MPI_OK, ::ringtrain::detail::mpi_error_text, RT_DETAIL_NO_DEVICE)
+#define MPI_CHECK_NOTHROW(call)                                                                   \
+  RT_CALL_CHECK_NOTHROW_T("MPI", call, #call, RT_DETAIL_MPI_OK, ::ringtrain::detail::mpi_error_text, \
+                          RT_DETAIL_NO_DEVICE)
 
 // HDF5: herr_t and hid_t are negative on failure; the text comes from HDF5's error stack.
 #define RT_DETAIL_H5_OK(s) ((s) >= 0)
 #define RT_DETAIL_H5_TEXT(s) ::ringtrain::detail::h5_error_text()
-#define H5_CHECK(call) RT_CALL_CHECK("HDF5", call, RT_DETAIL_H5_OK, RT_DETAIL_H5_TEXT, RT_DETAIL_NO_DEVICE)
+#define H5_CHECK(call) \
+  RT_CALL_CHECK_T("HDF5", call, #call, RT_DETAIL_H5_OK, RT_DETAIL_H5_TEXT, RT_DETAIL_NO_DEVICE)
 #define H5_CHECK_NOTHROW(call) \
-  RT_CALL_CHECK_NOTHROW("HDF5", call, RT_DETAIL_H5_OK, RT_DETAIL_H5_TEXT, RT_DETAIL_NO_DEVICE)
+  RT_CALL_CHECK_NOTHROW_T("HDF5", call, #call, RT_DETAIL_H5_OK, RT_DETAIL_H5_TEXT, RT_DETAIL_NO_DEVICE)
 
-// CUDA, cuBLAS, cuDNN, NCCL: defined over the same helper in core/cuda/cuda_check.h (CUDA sources only).
+// CUDA, cuBLAS, cuDNN, NCCL: defined over RT_CALL_CHECK_T in core/cuda/cuda_check.h (CUDA sources only).

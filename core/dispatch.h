@@ -21,5 +21,5 @@ void after_op(Device device, const char* op);
 }  // namespace ringtrain::detail
 
 // RT_KERNEL(device, "op", entry)(args...) calls the device's kernel or throws naming op and device.
-#define RT_KERNEL(device, op, entry) \
-  ::ringtrain::detail::require_kernel(::ringtrain::detail::kernel_table(device, op).entry, op, #entry, device)
+#define RT_KERNEL_FROM(table, device, op, entry) ::ringtrain::detail::require_kernel((table).entry, op, #entry, device)
+#define RT_KERNEL(device, op, entry) RT_KERNEL_FROM(::ringtrain::detail::kernel_table(device, op), device, op, entry)

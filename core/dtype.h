@@ -4,6 +4,8 @@
 
 #include <cstdint>
 #include <cstring>
+#include <ostream>
+#include <type_traits>
 #include <string>
 #include <string_view>
 
@@ -43,6 +45,8 @@ constexpr std::string_view dtype_name(DType t) {
   }
   return "?";
 }
+
+inline std::ostream& operator<<(std::ostream& os, DType t) { return os << dtype_name(t); }
 
 constexpr bool is_floating(DType t) {
   return t == DType::F32 || t == DType::F64 || t == DType::F16 || t == DType::BF16;

@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""Writes the PyTorch golden dumps the C++ tests compare against (tests/golden/*.json).
+
+Run with Debian's interpreter after `apt-get install python3-torch`:
+    /usr/bin/python3 scripts/make_goldens.py [OUT_DIR]
+Each file maps a tensor name to {"shape": [...], "data": [...]} (float64 values, row-major), plus
+"meta" with the scalar settings. Everything is computed in float64 so the C++ f64 results must match
+to ~1e-12; the f32 tests use looser tolerances.
+"""
+import json
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+torch.set_default_dtype(torch.float64)
+
+
+def dump(t):
+    t = t.detach().to(torch.float64).contiguous()
+    return {"shape": list(t.shape), "data": [float(v) for v in t.reshape(-1).tolist()]}
+
+
+def write(out_dir, name, tensors, meta=None):
+    payload = {k: dump(v) for k, v in tensors.items()}
+    payload["meta"] = dict(meta or {}, torch_version=torch.__version__)
+    path = os.path.join(out_dir, name + ".json")
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=None, separators=(",", ":"))
+        f.write("\n")
+    print("wrote", path)
+
+
+def matmul_golden(out_dir):
+    g = torch.Generator().manual_seed(1)
+    a = torch.randn(5, 7, generator=g, requires_grad=True)
+    b = torch.randn(7, 3, generator=g, requires_grad=True)
+    upstream = torch.randn(5, 3, generator=g)
+    c = a @ b
+    c.backward(upstream)
+    # Batched: (2, 4, 3) x (2, 3, 5)
+    ba = torch.randn(2, 4, 3, generator=g, requires_grad=True)
+    bb = torch.randn(2, 3, 5, generator=g, requires_grad=True)
+    bc = torch.bmm(ba, bb)
+    bc.sum().backward()
+    write(out_dir, "matmul", {"a": a, "b": b, "upstream": upstream, "c": c, "grad_a": a.grad, "grad_b": b.grad,
+                              "batched_a": ba, "batched_b": bb, "batched_c": bc,
+                              "batched_grad_a": ba.grad, "batched_grad_b": bb.grad})
+
+
+def cross_entropy_golden(out_dir):
+    g = torch.Generator().manual_seed(2)
+    smoothing = 0.1
+    logits = (torch.randn(6, 5, generator=g) * 3).requires_grad_(True)
+    labels = torch.tensor([0, 4, 2, 2, 1, 3])
+    loss = F.cross_entropy(logits, labels, label_smoothing=smoothing)
+    loss.backward()
+    plain_logits = logits.detach().clone().requires_grad_(True)
+    plain = F.cross_entropy(plain_logits, labels)
+    plain.backward()
+    write(out_dir, "cross_entropy", {"logits": logits, "labels": labels.to(torch.float64), "loss": loss,
+                                     "grad_logits": logits.grad, "loss_no_smoothing": plain,
+                                     "grad_logits_no_smoothing": plain_logits.grad},
+          {"label_smoothing": smoothing})
+
+
+def composed_golden(out_dir):
+    # A small network-like expression touching broadcasting, reductions and the softmax family.
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(4, 6, generator=g, requires_grad=True)
+    w = torch.randn(5, 6, generator=g, requires_grad=True)
+    b = torch.randn(5, generator=g, requires_grad=True)
+    h = torch.relu(F.linear(x, w, b))
+    z = torch.tanh(h) * torch.exp(-h / 2) + torch.sigmoid(h - h.mean(dim=1, keepdim=True))
+    loss = (F.softmax(z, dim=1) * z).sum() / 4 + torch.sqrt(h * h + 1).max(dim=0).values.sum() \
+        - F.log_softmax(z, dim=1).mean()
+    loss.backward()
+    write(out_dir, "composed", {"x": x, "w": w, "b": b, "loss": loss, "grad_x": x.grad, "grad_w": w.grad,
+                                "grad_b": b.grad})
+
+
+def main():
+    out_dir = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "tests", "golden")
+    os.makedirs(out_dir, exist_ok=True)
+    matmul_golden(out_dir)
+    cross_entropy_golden(out_dir)
+    composed_golden(out_dir)
+
+
+if __name__ == "__main__":
+    main()

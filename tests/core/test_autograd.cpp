@@ -1,0 +1,182 @@
+// Tests for core/autograd.h: accumulation, hooks, no_grad, graph lifetime, and error paths.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/autograd.h"
+#include "core/check.h"
+#include "core/ops.h"
+#include "test_util.h"
+
+namespace ringtrain {
+namespace {
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Autograd, SimpleChainAndLeafUsedTwice) {
+  Tensor x = Tensor::from_vector({1, 2, 3}, Shape{3}, DType::F64).set_requires_grad();
+  Tensor y = sum(mul(x, x) + x * 3.0);  // dy/dx = 2x + 3
+  EXPECT_FALSE(x.grad().defined());
+  y.backward();
+  EXPECT_EQ(x.grad().to_vector(), (std::vector<double>{5, 7, 9}));
+  EXPECT_TRUE(x.is_leaf());
+  EXPECT_FALSE(y.is_leaf());
+  EXPECT_EQ(y.grad_fn()->op, "sum");
+}
+
+TEST(Autograd, AccumulatesAcrossBackwardCallsUntilZeroed) {
+  Tensor w = Tensor::from_vector({2}, Shape{1}, DType::F64).set_requires_grad();
+  for (int i = 0; i < 3; ++i) sum(w * 5.0).backward();
+  EXPECT_EQ(w.grad().to_vector(), (std::vector<double>{15}));
+  w.zero_grad(/*set_to_none=*/false);
+  EXPECT_EQ(w.grad().to_vector(), (std::vector<double>{0}));
+  w.zero_grad();
+  EXPECT_FALSE(w.grad().defined());
+}
+
+TEST(Autograd, AccumulatesIntoAPresetGradientBuffer) {
+  // GradSync points .grad at a view of a flat bucket; backward must write into that memory.
+  Tensor bucket = Tensor::zeros(Shape{5}, DType::F64);
+  Tensor w = Tensor::from_vector({1, 1, 1}, Shape{3}, DType::F64).set_requires_grad();
+  w.set_grad(bucket.slice(1, 4));
+  sum(w * 2.0).backward();
+  EXPECT_EQ(bucket.to_vector(), (std::vector<double>{0, 2, 2, 2, 0}));
+  EXPECT_THROW(w.set_grad(Tensor::zeros(Shape{4}, DType::F64)), Error);
+}
+
+TEST(Autograd, ReadyHooksFireOncePerPassAfterTheGradientIsComplete) {
+  Tensor a = Tensor::from_vector({1, 2}, Shape{2}, DType::F64).set_requires_grad();
+  Tensor b = Tensor::from_vector({3, 4}, Shape{2}, DType::F64).set_requires_grad();
+  std::vector<std::string> order;
+  std::vector<double> a_grad_seen;
+  a.register_ready_hook([&](Tensor& leaf) {
+    order.push_back("a");
+    a_grad_seen = leaf.grad().to_vector();
+  });
+  b.register_ready_hook([&](Tensor&) { order.push_back("b"); });
+  // a is used by the first and last ops; its hook must see the sum of both contributions.
+  Tensor h = a * 2.0;
+  Tensor out = sum(mul(h, b) + a);
+  out.backward();
+  EXPECT_EQ(order.size(), 2u);
+  EXPECT_EQ(a_grad_seen, (std::vector<double>{2 * 3 + 1, 2 * 4 + 1}));
+  EXPECT_EQ(b.grad().to_vector(), (std::vector<double>{2, 4}));
+}
+
+TEST(Autograd, HooksRunInReverseOfForwardOrder) {
+  // Parameters used later in the forward become ready earlier in the backward (GradSync relies on it).
+  std::vector<Tensor> layers;
+  std::vector<int> ready;
+  for (int i = 0; i < 4; ++i) {
+    layers.push_back(Tensor::uniform(Shape{3, 3}, -1, 1, static_cast<uint64_t>(i), DType::F64).set_requires_grad());
+    layers.back().register_ready_hook([&ready, i](Tensor&) { ready.push_back(i); });
+  }
+  Tensor x = Tensor::ones(Shape{2, 3}, DType::F64);
+  for (auto& w : layers) x = relu(matmul(x, w));
+  sum(x).backward();
+  EXPECT_EQ(ready, (std::vector<int>{3, 2, 1, 0}));
+}
+
+TEST(Autograd, NoGradRecordsNothing) {
+  Tensor x = Tensor::ones(Shape{2}, DType::F64).set_requires_grad();
+  Tensor y;
+  {
+    NoGradGuard guard;
+    EXPECT_FALSE(grad_enabled());
+    y = x * 2.0;
+  }
+  EXPECT_TRUE(grad_enabled());
+  EXPECT_FALSE(y.requires_grad());
+  EXPECT_FALSE(y.grad_fn());
+  std::string err = error_of([&] { sum(y).backward(); });
+  EXPECT_NE(err.find("does not require grad"), std::string::npos) << err;
+}
+
+TEST(Autograd, BackwardFromNonScalarNamesShapeAndOp) {
+  Tensor x = Tensor::ones(Shape{2, 3}, DType::F64).set_requires_grad();
+  Tensor y = x * 2.0;
+  std::string err = error_of([&] { y.backward(); });
+  EXPECT_NE(err.find("scalar"), std::string::npos) << err;
+  EXPECT_NE(err.find("[2, 3]"), std::string::npos) << err;
+  EXPECT_NE(err.find("mul_scalar"), std::string::npos) << err;
+  // With an explicit gradient of the right shape it works.
+  y.backward(Tensor::ones(Shape{2, 3}, DType::F64));
+  EXPECT_EQ(x.grad().to_vector(), std::vector<double>(6, 2.0));
+  err = error_of([&] { (x * 3.0).backward(Tensor::ones(Shape{3, 2}, DType::F64)); });
+  EXPECT_NE(err.find("does not match"), std::string::npos) << err;
+}
+
+TEST(Autograd, BackwardThroughFreedGraphIsAnError) {
+  Tensor x = Tensor::ones(Shape{2}, DType::F64).set_requires_grad();
+  Tensor y = sum(exp(x));
+  y.backward();
+  std::string err = error_of([&] { y.backward(); });
+  EXPECT_NE(err.find("already freed"), std::string::npos) << err;
+  EXPECT_NE(err.find("retain_graph"), std::string::npos) << err;
+  // retain_graph keeps it usable.
+  Tensor z = sum(exp(x));
+  x.zero_grad();
+  z.backward(Tensor(), /*retain_graph=*/true);
+  z.backward();
+  EXPECT_NEAR(x.grad().to_vector()[0], 2 * std::exp(1.0), 1e-12);
+}
+
+TEST(Autograd, OpShapeAndDtypeMismatchesNameTheOp) {
+  Tensor a = Tensor::ones(Shape{2, 3});
+  std::string err = error_of([&] { add(a, Tensor::ones(Shape{4})); });
+  EXPECT_NE(err.find("'add'"), std::string::npos) << err;
+  EXPECT_NE(err.find("[2, 3]"), std::string::npos) << err;
+  EXPECT_NE(err.find("[4]"), std::string::npos) << err;
+  err = error_of([&] { mul(a, Tensor::ones(Shape{2, 3}, DType::F64)); });
+  EXPECT_NE(err.find("'mul'"), std::string::npos) << err;
+  EXPECT_NE(err.find("dtype mismatch"), std::string::npos) << err;
+  err = error_of([&] { matmul(a, Tensor::ones(Shape{2, 3})); });
+  EXPECT_NE(err.find("'matmul'"), std::string::npos) << err;
+  EXPECT_NE(err.find("inner dimensions"), std::string::npos) << err;
+  err = error_of([&] { Tensor::ones(Shape{2}, DType::I32).set_requires_grad(); });
+  EXPECT_NE(err.find("floating"), std::string::npos) << err;
+  err = error_of([&] { (a.detach().set_requires_grad() * 2.0).set_requires_grad(); });
+  EXPECT_NE(err.find("only leaves"), std::string::npos) << err;
+}
+
+TEST(Autograd, DeepChainNeitherOverflowsTheStackNorLeaks) {
+  // 200k ops: recursion in backward or in node destruction would overflow the stack.
+  const int64_t before = cpu_allocator_stats().allocated_bytes;
+  {
+    Tensor x = Tensor::ones(Shape{1}, DType::F64).set_requires_grad();
+    Tensor y = x;
+    for (int i = 0; i < 200000; ++i) y = y * 1.0;
+    Tensor unused_chain = x;
+    for (int i = 0; i < 200000; ++i) unused_chain = unused_chain + 0.0;  // destroyed without backward
+    sum(y).backward();
+    EXPECT_EQ(x.grad().item(), 1.0);
+  }
+  EXPECT_EQ(cpu_allocator_stats().allocated_bytes, before) << "graph memory was not released";
+}
+
+TEST(Autograd, GradientsFlowThroughViewsAndConversions) {
+  Tensor x = Tensor::from_vector({1, 2, 3, 4, 5, 6}, Shape{3, 2}, DType::F64).set_requires_grad();
+  Tensor y = sum(x.slice(1, 3).reshape(Shape{4}).to(DType::F32) * 2.0);
+  y.backward();
+  EXPECT_EQ(x.grad().to_vector(), (std::vector<double>{0, 0, 2, 2, 2, 2}));
+  EXPECT_EQ(x.grad().dtype(), DType::F64);
+}
+
+TEST(Autograd, OnlyInputsThatNeedGradGetThem) {
+  Tensor w = Tensor::ones(Shape{3, 2}, DType::F64).set_requires_grad();
+  Tensor data = Tensor::ones(Shape{4, 3}, DType::F64);
+  sum(matmul(data, w)).backward();
+  EXPECT_TRUE(w.grad().defined());
+  EXPECT_FALSE(data.requires_grad());
+  EXPECT_EQ(w.grad().to_vector(), std::vector<double>(6, 4.0));
+}
+
+}  // namespace
+}  // namespace ringtrain

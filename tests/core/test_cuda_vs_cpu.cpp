@@ -1,0 +1,182 @@
+// CUDA kernels agree with CPU kernels, op by op and dtype by dtype (tolerance per op and dtype).
+// Every test skips with the reason when there is no CUDA device.
+#include <gtest/gtest.h>
+
+#include "core/allocator.h"
+#include "core/autograd.h"
+#include "core/check.h"
+#include "core/device.h"
+#include "core/ops.h"
+#include "test_util.h"
+
+namespace ringtrain {
+namespace {
+
+using testing::all_close;
+
+const Device kGpu = Device::cuda(0);
+
+double tol_for(DType t) {
+  switch (t) {
+    case DType::F64: return 1e-12;
+    case DType::F32: return 1e-5;
+    case DType::F16: return 2e-3;
+    case DType::BF16: return 1.6e-2;
+    default: return 0;
+  }
+}
+
+struct CudaCase {
+  std::string name;
+  std::function<Tensor(const std::vector<Tensor>&)> f;
+  std::vector<Shape> shapes;
+  bool positive = false;
+  double tol_scale = 1.0;
+};
+
+std::vector<CudaCase> cases() {
+  using In = std::vector<Tensor>;
+  return {
+      {"add_bcast", [](const In& x) { return add(x[0], x[1]); }, {Shape{64, 33}, Shape{33}}},
+      {"sub_bcast", [](const In& x) { return sub(x[0], x[1]); }, {Shape{4, 1, 7}, Shape{5, 1}}},
+      {"mul", [](const In& x) { return mul(x[0], x[1]); }, {Shape{1000}, Shape{1000}}},
+      {"div", [](const In& x) { return div(x[0], x[1]); }, {Shape{300}, Shape{300}}, true},
+      {"maximum", [](const In& x) { return maximum(x[0], x[1]); }, {Shape{257}, Shape{257}}},
+      {"compare_lt", [](const In& x) { return lt(x[0], x[1]); }, {Shape{257}, Shape{257}}},
+      {"scalar", [](const In& x) { return rsub(mul(add(x[0], 0.5), 3.0), 1.0); }, {Shape{513}}},
+      {"pow", [](const In& x) { return pow(x[0], 1.5); }, {Shape{100}}, true},
+      {"relu", [](const In& x) { return relu(x[0]); }, {Shape{4097}}},
+      {"exp", [](const In& x) { return exp(x[0]); }, {Shape{999}}},
+      {"log", [](const In& x) { return log(x[0]); }, {Shape{999}}, true},
+      {"sqrt", [](const In& x) { return sqrt(x[0]); }, {Shape{999}}, true},
+      {"tanh_sigmoid", [](const In& x) { return add(tanh(x[0]), sigmoid(x[0])); }, {Shape{999}}},
+      {"sum_all", [](const In& x) { return sum(x[0]); }, {Shape{100000}}, false, 10},
+      {"sum_dim0", [](const In& x) { return sum(x[0], 0); }, {Shape{37, 129}}, false, 10},
+      {"sum_lastdim", [](const In& x) { return sum(x[0], -1); }, {Shape{37, 129}}, false, 10},
+      {"max_dim", [](const In& x) { return max(x[0], 1); }, {Shape{17, 300, 3}}},
+      {"argmax", [](const In& x) { return argmax(x[0], 1); }, {Shape{17, 300}}},
+      {"matmul", [](const In& x) { return matmul(x[0], x[1]); }, {Shape{65, 130}, Shape{130, 33}}, false, 10},
+      {"matmul_batched", [](const In& x) { return matmul(x[0], x[1]); }, {Shape{3, 16, 8}, Shape{3, 8, 5}}, false, 10},
+      {"linear", [](const In& x) { return linear(x[0], x[1], x[2]); }, {Shape{32, 64}, Shape{10, 64}, Shape{10}}, false, 10},
+      {"softmax", [](const In& x) { return softmax(x[0]); }, {Shape{33, 1000}}},
+      {"log_softmax", [](const In& x) { return log_softmax(x[0]); }, {Shape{33, 1000}}},
+      {"dropout", [](const In& x) { return dropout(x[0], 0.3, true, 5, 7); }, {Shape{3000}}},
+  };
+}
+
+void PrintTo(const CudaCase& c, std::ostream* os) { *os << c.name; }
+
+class CudaVsCpu : public ::testing::TestWithParam<std::tuple<CudaCase, DType>> {};
+
+TEST_P(CudaVsCpu, ForwardAgrees) {
+  RT_REQUIRE_CUDA();
+  const auto& [c, dtype] = GetParam();
+  std::vector<Tensor> cpu_in, gpu_in;
+  uint64_t seed = 100;
+  for (const Shape& s : c.shapes) {
+    Tensor t = Tensor::uniform(s, c.positive ? 0.5 : -2.0, 2.0, seed++, DType::F64).to(dtype);
+    cpu_in.push_back(t);
+    gpu_in.push_back(t.to(kGpu));
+  }
+  Tensor expected = c.f(cpu_in);
+  Tensor actual = c.f(gpu_in);
+  ASSERT_EQ(actual.device(), kGpu);
+  const double tol = tol_for(dtype) * c.tol_scale;
+  EXPECT_TRUE(all_close(actual.to(Device::cpu()), expected, tol, tol)) << c.name << " " << dtype_name(dtype);
+}
+
+TEST_P(CudaVsCpu, BackwardAgrees) {
+  RT_REQUIRE_CUDA();
+  const auto& [c, dtype] = GetParam();
+  if (c.name == "compare_lt" || c.name == "argmax") GTEST_SKIP() << c.name << " has no gradient";
+  std::vector<Tensor> cpu_in, gpu_in;
+  uint64_t seed = 200;
+  for (const Shape& s : c.shapes) {
+    Tensor t = Tensor::uniform(s, c.positive ? 0.5 : -2.0, 2.0, seed++, DType::F64).to(dtype);
+    cpu_in.push_back(t.clone().set_requires_grad());
+    gpu_in.push_back(t.to(kGpu).set_requires_grad());
+  }
+  sum(c.f(cpu_in)).backward();
+  sum(c.f(gpu_in)).backward();
+  const double tol = tol_for(dtype) * c.tol_scale * 10;
+  for (size_t i = 0; i < cpu_in.size(); ++i)
+    EXPECT_TRUE(all_close(gpu_in[i].grad().to(Device::cpu()), cpu_in[i].grad(), tol, tol))
+        << c.name << " input " << i << " " << dtype_name(dtype);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ops, CudaVsCpu,
+                         ::testing::Combine(::testing::ValuesIn(cases()),
+                                            ::testing::Values(DType::F32, DType::F64, DType::F16, DType::BF16)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param).name + "_" +
+                                  std::string(dtype_name(std::get<1>(info.param)));
+                         });
+
+TEST(CudaVsCpuMisc, RandomAndConversionsAreBitwiseIdentical) {
+  RT_REQUIRE_CUDA();
+  for (DType t : {DType::F32, DType::F64, DType::F16, DType::BF16}) {
+    EXPECT_EQ(Tensor::uniform(Shape{1001}, -1, 1, 3, t, kGpu).to_vector(),
+              Tensor::uniform(Shape{1001}, -1, 1, 3, t).to_vector()) << dtype_name(t);
+    EXPECT_TRUE(all_close(Tensor::normal(Shape{1001}, 0, 1, 4, t, kGpu).to(Device::cpu()),
+                          Tensor::normal(Shape{1001}, 0, 1, 4, t), tol_for(t), tol_for(t))) << dtype_name(t);
+  }
+  Tensor x = Tensor::uniform(Shape{777}, -300, 300, 5, DType::F64);
+  for (int a = 0; a < kNumDTypes; ++a) {
+    for (int b = 0; b < kNumDTypes; ++b) {
+      DType from = static_cast<DType>(a), to = static_cast<DType>(b);
+      Tensor src = (from == DType::U8 ? abs(x) : x).to(from);
+      EXPECT_EQ(src.to(kGpu).to(to).to_vector(), src.to(to).to_vector())
+          << dtype_name(from) << " -> " << dtype_name(to);
+    }
+  }
+}
+
+TEST(CudaVsCpuMisc, CrossEntropyAndItsLabelCheck) {
+  RT_REQUIRE_CUDA();
+  Tensor logits = Tensor::uniform(Shape{64, 10}, -3, 3, 6);
+  Tensor labels = Tensor::from_vector(std::vector<double>(64, 3.0), Shape{64}, DType::I64);
+  Tensor lc = logits.clone().set_requires_grad(), lg = logits.to(kGpu).set_requires_grad();
+  Tensor loss_c = cross_entropy(lc, labels, 0.1), loss_g = cross_entropy(lg, labels.to(kGpu), 0.1);
+  EXPECT_NEAR(loss_g.item(), loss_c.item(), 1e-5);
+  loss_c.backward();
+  loss_g.backward();
+  EXPECT_TRUE(all_close(lg.grad().to(Device::cpu()), lc.grad(), 1e-5, 1e-6));
+  Tensor bad = Tensor::from_vector(std::vector<double>(64, 10.0), Shape{64}, DType::I64, kGpu);
+  EXPECT_THROW(cross_entropy(lg, bad), Error);
+}
+
+TEST(CudaVsCpuMisc, CachingAllocatorReusesAndReportsOnDevice) {
+  RT_REQUIRE_CUDA();
+  empty_cache(kGpu);
+  cuda_allocator(0).reset_peak();
+  const AllocatorStats before = memory_stats(kGpu);
+  { Tensor t = Tensor::empty(Shape{1 << 20}, DType::F32, kGpu); }
+  { Tensor t = Tensor::empty(Shape{1 << 20}, DType::F32, kGpu); }
+  const AllocatorStats after = memory_stats(kGpu);
+  EXPECT_EQ(after.allocated_bytes, before.allocated_bytes);
+  EXPECT_GE(after.num_cache_hits, before.num_cache_hits + 1);
+  EXPECT_GE(after.peak_allocated_bytes, 4 << 20);
+  try {
+    Tensor::empty(Shape{int64_t{1} << 40}, DType::F32, kGpu);  // 4 TiB
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("out of memory on cuda:0"), std::string::npos) << e.what();
+  }
+}
+
+TEST(CudaVsCpuMisc, StreamsAndEventsOrderWork) {
+  RT_REQUIRE_CUDA();
+  Stream side = Stream::create(kGpu);
+  Event done = Event::create(kGpu);
+  Tensor a = Tensor::ones(Shape{1 << 20}, DType::F32, kGpu);
+  Stream previous = current_stream();
+  set_current_stream(side);
+  Tensor b = mul(a, 3.0);
+  done.record(side);
+  set_current_stream(previous);
+  done.wait_on(previous);
+  EXPECT_EQ(sum(b).item(), 3.0 * (1 << 20));
+}
+
+}  // namespace
+}  // namespace ringtrain
