@@ -39,6 +39,11 @@ if(NOT _rt_cuda_mode STREQUAL "OFF")
     message(STATUS "ringtrain: CUDA off (AUTO): missing ${_rt_missing_text}")
   else()
     enable_language(CUDA)
+    # CMake 3.25 does not know nvcc 13's C++20 flag; CUDA_STANDARD follows CXX_STANDARD (20).
+    if(NOT CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
+      set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+      set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+    endif()
     set(RINGTRAIN_WITH_CUDA 1)
     add_library(ringtrain_cudnn UNKNOWN IMPORTED)
     set_target_properties(ringtrain_cudnn PROPERTIES IMPORTED_LOCATION "${RINGTRAIN_CUDNN_LIBRARY}"

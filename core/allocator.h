@@ -1,7 +1,7 @@
 // core/allocator.h: memory for tensors. CPU memory is 64-byte aligned; CUDA memory comes from a caching
 // allocator (size classes, one free list per stream, statistics, empty_cache, an out-of-memory error
 // that tells the user what to do). The caching logic is device-independent (CachingAllocator over a
-// RawBackend) so it is tested on the CPU with a fake backend; core/cuda/allocator.cpp supplies the
+// RawBackend) so it is tested on the CPU with a fake backend; core/cuda/device.cpp supplies the
 // cudaMalloc backend.
 #pragma once
 

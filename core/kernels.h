@@ -16,7 +16,7 @@
 namespace ringtrain {
 
 enum class UnaryOp : uint8_t { Neg, Relu, Exp, Log, Sqrt, Abs, Tanh, Sigmoid };
-// Comparisons (Eq..Ge) write 0/1 into a U8 output. ReluGrad: out = a * (b > 0) (relu backward, b = input).
+// Comparisons (Eq..Ge) write 0/1 into a U8 output. ReluGrad: out = b > 0 ? a : 0 (relu backward, b = input).
 enum class BinaryOp : uint8_t { Add, Sub, Mul, Div, Maximum, Minimum, Eq, Ne, Lt, Le, Gt, Ge, ReluGrad };
 // out = x op s. RSub: s - x. RDiv: s / x. Pow: x^s.
 enum class ScalarOp : uint8_t { Add, Mul, RSub, RDiv, Pow };

@@ -111,6 +111,8 @@ void cpu_convert(const Tensor& src, Tensor& dst) {
         for (int64_t i = b; i < e; ++i) {
           if constexpr (std::is_same_v<A, B>) {
             out[i] = in[i];
+          } else if constexpr (std::is_integral_v<A> && std::is_integral_v<B>) {
+            out[i] = static_cast<B>(in[i]);  // exact for i64 beyond 2^53; narrowing wraps
           } else if constexpr (std::is_integral_v<B> && !std::is_integral_v<A>) {
             // floating -> integer truncates toward zero (through int64 so u8 wraps, never UB in range)
             out[i] = static_cast<B>(static_cast<int64_t>(load_as<double>(in[i])));

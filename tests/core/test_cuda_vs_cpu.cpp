@@ -66,7 +66,12 @@ std::vector<CudaCase> cases() {
 
 void PrintTo(const CudaCase& c, std::ostream* os) { *os << c.name; }
 
-class CudaVsCpu : public ::testing::TestWithParam<std::tuple<CudaCase, DType>> {};
+class CudaVsCpu : public ::testing::TestWithParam<std::tuple<CudaCase, DType>> {
+ protected:
+  // TF32 GEMMs carry ~1e-3 relative error; agreement is checked at full f32 precision.
+  void SetUp() override { set_allow_tf32(false); }
+  void TearDown() override { set_allow_tf32(true); }
+};
 
 TEST_P(CudaVsCpu, ForwardAgrees) {
   RT_REQUIRE_CUDA();
@@ -129,6 +134,14 @@ TEST(CudaVsCpuMisc, RandomAndConversionsAreBitwiseIdentical) {
           << dtype_name(from) << " -> " << dtype_name(to);
     }
   }
+}
+
+TEST(CudaVsCpuMisc, Tf32MatmulStaysWithinItsPrecision) {
+  RT_REQUIRE_CUDA();
+  set_allow_tf32(true);
+  Tensor a = Tensor::uniform(Shape{128, 256}, -1, 1, 8), b = Tensor::uniform(Shape{256, 64}, -1, 1, 9);
+  // TF32 keeps 10 mantissa bits: relative error per product ~1e-3, sums of 256 terms ~1e-2 absolute.
+  EXPECT_TRUE(all_close(matmul(a.to(kGpu), b.to(kGpu)).to(Device::cpu()), matmul(a, b), 1e-2, 5e-2));
 }
 
 TEST(CudaVsCpuMisc, CrossEntropyAndItsLabelCheck) {

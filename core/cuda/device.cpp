@@ -1,0 +1,331 @@
+// core/cuda/device.cpp: the CUDA implementation of core/device.h (detection, current device, Stream,
+// Event, current stream) and the CUDA parts of core/allocator.h (the cudaMalloc backend under one
+// CachingAllocator per device, device copies). Also the status -> text helpers of cuda_check.h.
+// Compiled by the host C++ compiler; builds without CUDA compile core/device_nocuda.cpp instead.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <cudnn.h>
+#include <library_types.h>
+#include <nccl.h>
+
+#include <cstdio>
+#include <exception>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/allocator.h"
+#include "core/check.h"
+#include "core/cuda/cuda_check.h"
+#include "core/device.h"
+
+namespace ringtrain {
+
+// ---------------------------------------------------------------------------------------------------
+// Status -> text
+
+namespace cuda_detail {
+
+const char* cuda_error_text(cudaError_t status) noexcept { return cudaGetErrorString(status); }
+
+const char* cublas_error_text(cublasStatus_t status) noexcept {
+  // Our own table so that the text does not depend on the cuBLAS version's wording.
+  switch (status) {
+    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED (cuBLAS library not initialized)";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED (resource allocation failed)";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE (an invalid numeric value was used)";
+    case CUBLAS_STATUS_ARCH_MISMATCH:
+      return "CUBLAS_STATUS_ARCH_MISMATCH (feature absent from the device architecture)";
+    case CUBLAS_STATUS_MAPPING_ERROR: return "CUBLAS_STATUS_MAPPING_ERROR (access to GPU memory space failed)";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED (GPU program failed to execute)";
+    case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR (an internal cuBLAS operation failed)";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED (functionality not supported)";
+    case CUBLAS_STATUS_LICENSE_ERROR: return "CUBLAS_STATUS_LICENSE_ERROR";
+  }
+  return "unknown cuBLAS status";
+}
+
+const char* cudnn_error_text(cudnnStatus_t status) noexcept { return cudnnGetErrorString(status); }
+
+const char* nccl_error_text(ncclResult_t status) noexcept { return ncclGetErrorString(status); }
+
+int current_device_or_none() noexcept {
+  int device = detail::kNoDevice;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();  // clear it: reporting an error must not leave a new one behind
+    return detail::kNoDevice;
+  }
+  return device;
+}
+
+}  // namespace cuda_detail
+
+namespace {
+
+// At process exit the runtime may already be unloaded when a leaked or static handle is released;
+// the resource is gone with it, so that is not worth a message.
+cudaError_t ignore_unloading(cudaError_t status) {
+  return status == cudaErrorCudartUnloading ? cudaSuccess : status;
+}
+
+void check_device_index(Device d, const char* what) {
+  const CudaStatus& status = cuda_status();
+  if (d.index < 0 || d.index >= status.device_count) {
+    RT_THROW(what, ": no such device ", d.str(), " (", status.device_count, " CUDA device(s) visible",
+             status.reason.empty() ? std::string() : "; " + status.reason, ")");
+  }
+}
+
+// Makes `d` the current device for a scope and restores the previous one (so that e.g. creating a
+// stream on cuda:1 does not silently move the calling thread's later work to cuda:1).
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(Device d) {
+    check_device_index(d, "DeviceGuard");
+    CUDA_CHECK(cudaGetDevice(&previous_));
+    if (previous_ != d.index) CUDA_CHECK(cudaSetDevice(d.index));
+    else previous_ = -1;
+  }
+  ~DeviceGuard() {
+    if (previous_ >= 0) CUDA_CHECK_NOTHROW(cudaSetDevice(previous_));
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;  // -1: nothing to restore
+};
+
+CudaStatus query_cuda_status() {
+  CudaStatus status;
+  status.built_with_cuda = true;
+  // Library versions need no device; calling them also guarantees the build really links cuDNN,
+  // cuBLAS and NCCL.
+  if (cudaRuntimeGetVersion(&status.runtime_version) != cudaSuccess) status.runtime_version = 0;
+  if (cudaDriverGetVersion(&status.driver_version) != cudaSuccess) status.driver_version = 0;
+  status.cudnn_version = static_cast<int>(cudnnGetVersion());
+  if (ncclGetVersion(&status.nccl_version) != ncclSuccess) status.nccl_version = 0;
+  int major = 0, minor = 0, patch = 0;
+  if (cublasGetProperty(MAJOR_VERSION, &major) == CUBLAS_STATUS_SUCCESS &&
+      cublasGetProperty(MINOR_VERSION, &minor) == CUBLAS_STATUS_SUCCESS &&
+      cublasGetProperty(PATCH_LEVEL, &patch) == CUBLAS_STATUS_SUCCESS) {
+    status.cublas_version = major * 10000 + minor * 100 + patch;
+  }
+
+  int count = 0;
+  cudaError_t error = cudaGetDeviceCount(&count);
+  if (error != cudaSuccess) {
+    // e.g. cudaErrorInsufficientDriver / cudaErrorNoDevice on a machine with the toolkit but no GPU.
+    status.device_count = 0;
+    status.reason = cudaGetErrorString(error);
+    cudaGetLastError();  // clear it so the next checked call does not report it
+    return status;
+  }
+  status.device_count = count;
+  if (count == 0) status.reason = "no CUDA device found";
+  for (int i = 0; i < count; ++i) {
+    CudaDeviceInfo info;
+    info.index = i;
+    cudaDeviceProp prop{};
+    cudaError_t prop_error = cudaGetDeviceProperties(&prop, i);
+    if (prop_error == cudaSuccess) {
+      info.name = prop.name;
+      info.total_memory_bytes = static_cast<int64_t>(prop.totalGlobalMem);
+      info.compute_major = prop.major;
+      info.compute_minor = prop.minor;
+      info.multiprocessors = prop.multiProcessorCount;
+    } else {
+      info.name = std::string("<properties unavailable: ") + cudaGetErrorString(prop_error) + ">";
+      cudaGetLastError();
+    }
+    status.devices.push_back(std::move(info));
+  }
+  return status;
+}
+
+// The calling thread's stream; default-constructed = the legacy default stream.
+thread_local Stream t_current_stream;
+
+cudaStream_t as_stream(void* handle) { return static_cast<cudaStream_t>(handle); }
+cudaEvent_t as_event(void* handle) { return static_cast<cudaEvent_t>(handle); }
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------------
+// Detection and current device
+
+const CudaStatus& cuda_status() {
+  static const CudaStatus status = query_cuda_status();
+  return status;
+}
+
+int cuda_device_count() { return cuda_status().device_count; }
+
+bool cuda_available() { return cuda_status().device_count > 0; }
+
+void set_current_device(Device d) {
+  if (d.is_cpu()) return;
+  check_device_index(d, "set_current_device");
+  CUDA_CHECK(cudaSetDevice(d.index));
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Stream and Event
+
+Stream Stream::create(Device device) {
+  RT_CHECK(device.is_cuda(), "Stream::create: streams exist only on CUDA devices, not on ", device.str());
+  DeviceGuard guard(device);
+  cudaStream_t stream = nullptr;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  Stream result;
+  result.handle_ = std::shared_ptr<void*>(new void*(stream), [](void** handle) {
+    CUDA_CHECK_NOTHROW(ignore_unloading(cudaStreamDestroy(as_stream(*handle))));
+    delete handle;
+  });
+  result.device_ = device;
+  return result;
+}
+
+void Stream::synchronize() const { CUDA_CHECK(cudaStreamSynchronize(as_stream(handle()))); }
+
+Event Event::create(Device device, bool timing) {
+  RT_CHECK(device.is_cuda(), "Event::create: events exist only on CUDA devices, not on ", device.str());
+  DeviceGuard guard(device);
+  cudaEvent_t event = nullptr;
+  CUDA_CHECK(cudaEventCreateWithFlags(&event, timing ? cudaEventDefault : cudaEventDisableTiming));
+  Event result;
+  result.handle_ = std::shared_ptr<void*>(new void*(event), [](void** handle) {
+    CUDA_CHECK_NOTHROW(ignore_unloading(cudaEventDestroy(as_event(*handle))));
+    delete handle;
+  });
+  return result;
+}
+
+void Event::record(const Stream& s) {
+  RT_CHECK(handle() != nullptr, "Event::record on an event that was not made by Event::create");
+  CUDA_CHECK(cudaEventRecord(as_event(handle()), as_stream(s.handle())));
+}
+
+void Event::wait_on(const Stream& s) const {
+  RT_CHECK(handle() != nullptr, "Event::wait_on on an event that was not made by Event::create");
+  CUDA_CHECK(cudaStreamWaitEvent(as_stream(s.handle()), as_event(handle()), 0));
+}
+
+void Event::synchronize() const {
+  RT_CHECK(handle() != nullptr, "Event::synchronize on an event that was not made by Event::create");
+  CUDA_CHECK(cudaEventSynchronize(as_event(handle())));
+}
+
+float Event::elapsed_ms_since(const Event& start) const {
+  RT_CHECK(handle() != nullptr && start.handle() != nullptr,
+           "Event::elapsed_ms_since needs two events made by Event::create(device, /*timing=*/true)");
+  float ms = 0.0f;
+  CUDA_CHECK(cudaEventElapsedTime(&ms, as_event(start.handle()), as_event(handle())));
+  return ms;
+}
+
+Stream current_stream() { return t_current_stream; }
+
+void set_current_stream(const Stream& s) { t_current_stream = s; }
+
+void synchronize(Device d) {
+  if (d.is_cpu()) return;
+  DeviceGuard guard(d);
+  CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Allocation and copies
+
+namespace {
+
+class CudaBackend final : public RawBackend {
+ public:
+  explicit CudaBackend(int index) : index_(index) {}
+
+  void* raw_allocate(int64_t nbytes) override {
+    DeviceGuard guard(Device::cuda(index_));
+    void* ptr = nullptr;
+    cudaError_t status = cudaMalloc(&ptr, static_cast<size_t>(nbytes));
+    if (status == cudaErrorMemoryAllocation) {
+      cudaGetLastError();  // not sticky, but clear it so after_op does not blame the next kernel
+      return nullptr;
+    }
+    if (status != cudaSuccess) {
+      detail::raise_call_error("CUDA", static_cast<long long>(status), cudaGetErrorString(status),
+                               "cudaMalloc(&ptr, nbytes)", __FILE__, __LINE__, index_);
+    }
+    return ptr;
+  }
+
+  void raw_free(void* ptr) noexcept override {
+    // cudaFree finds the owning device from the pointer (unified addressing); no device switch needed.
+    CUDA_CHECK_NOTHROW(ignore_unloading(cudaFree(ptr)));
+  }
+
+  int64_t device_total_bytes() const override {
+    const CudaStatus& status = cuda_status();
+    if (index_ < 0 || index_ >= static_cast<int>(status.devices.size())) return 0;
+    return status.devices[static_cast<size_t>(index_)].total_memory_bytes;
+  }
+
+  std::string device_name() const override { return Device::cuda(index_).str(); }
+
+ private:
+  int index_;
+};
+
+}  // namespace
+
+CachingAllocator& cuda_allocator(int index) {
+  // One allocator per visible device, made on first use and never destroyed: tensors held in statics
+  // may be freed during static destruction, after any allocator we could destroy.
+  static const std::vector<CachingAllocator*>* const allocators = [] {
+    auto* list = new std::vector<CachingAllocator*>();
+    for (int i = 0; i < cuda_device_count(); ++i)
+      list->push_back(new CachingAllocator(std::make_unique<CudaBackend>(i)));
+    return list;
+  }();
+  if (index < 0 || index >= static_cast<int>(allocators->size())) {
+    const CudaStatus& status = cuda_status();
+    RT_THROW("cuda_allocator: no such device cuda:", index, " (", status.device_count, " CUDA device(s) visible",
+             status.reason.empty() ? std::string() : "; " + status.reason, ")");
+  }
+  return *(*allocators)[static_cast<size_t>(index)];
+}
+
+namespace detail {
+
+void* cuda_allocate(int device_index, int64_t nbytes) {
+  return cuda_allocator(device_index).allocate(nbytes, current_stream().handle());
+}
+
+void cuda_free(int device_index, void* ptr) noexcept {
+  try {
+    cuda_allocator(device_index).free(ptr);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ringtrain: freeing CUDA memory on cuda:%d failed (ignored): %s\n", device_index, e.what());
+  } catch (...) {
+    std::fprintf(stderr, "ringtrain: freeing CUDA memory on cuda:%d failed (ignored)\n", device_index);
+  }
+}
+
+void cuda_copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, int64_t nbytes) {
+  if (nbytes == 0) return;
+  RT_CHECK(dst_device.is_cuda() || src_device.is_cuda(), "cuda_copy_bytes: neither side is a CUDA device (",
+           src_device.str(), " -> ", dst_device.str(), ")");
+  // The copy goes on the current stream (ordered after the kernels that produced src) when that stream
+  // lives on one of the two devices; otherwise on the legacy default stream of the CUDA side.
+  const Stream current = current_stream();
+  const bool use_current =
+      current.handle() != nullptr && (current.device() == dst_device || current.device() == src_device);
+  DeviceGuard guard(use_current ? current.device() : dst_device.is_cuda() ? dst_device : src_device);
+  cudaStream_t stream = use_current ? as_stream(current.handle()) : nullptr;
+  // cudaMemcpyDefault: unified addressing tells host, device and peer pointers apart.
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(nbytes), cudaMemcpyDefault, stream));
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+}  // namespace detail
+}  // namespace ringtrain
