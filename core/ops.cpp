@@ -467,7 +467,8 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
     RT_THROW("op 'matmul': inner dimensions differ: ", a.describe(), " x ", b.describe(), " (", k, " vs ",
              b.size(-2), ")");
   const bool batched_b = b.ndim() == 3;
-  int64_t batch = a.numel() / std::max<int64_t>(1, m * k);
+  int64_t batch = 1;  // product of a's leading dims (not numel / (m k), which breaks for k == 0)
+  for (int d = 0; d < a.ndim() - 2; ++d) batch *= a.size(d);
   if (batched_b && (a.ndim() != 3 || a.size(0) != b.size(0)))
     RT_THROW("op 'matmul': batched b ", b.describe(), " needs a of shape (", b.size(0), ", M, K), got ",
              a.describe());
@@ -511,7 +512,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   }
   check_floating("linear", x);
   const int64_t in = weight.size(1), out_features = weight.size(0);
-  const int64_t rows = x.numel() / std::max<int64_t>(1, in);
+  int64_t rows = 1;  // product of x's leading dims (correct for in == 0 too)
+  for (int d = 0; d < x.ndim() - 1; ++d) rows *= x.size(d);
   std::vector<int64_t> out_dims(x.shape().begin(), x.shape().end());
   out_dims.back() = out_features;
   Tensor out = Tensor::empty(Shape(std::span<const int64_t>(out_dims)), x.dtype(), x.device());

@@ -140,6 +140,9 @@ TEST(Ops, MatmulAndLinearMatchNaiveLoops) {
   EXPECT_THROW(matmul(Tensor::ones(Shape{3}), Tensor::ones(Shape{3, 2})), Error);
   // Empty inner dimension gives zeros.
   EXPECT_EQ(v(matmul(Tensor::ones(Shape{2, 0}), Tensor::ones(Shape{0, 2}))), std::vector<double>(4, 0.0));
+  EXPECT_EQ(v(matmul(Tensor::ones(Shape{3, 2, 0}), Tensor::ones(Shape{0, 2}))), std::vector<double>(12, 0.0));
+  EXPECT_EQ(v(linear(Tensor::ones(Shape{2, 0}), Tensor::ones(Shape{3, 0}), Tensor::ones(Shape{3}))),
+            std::vector<double>(6, 1.0));
 }
 
 TEST(Ops, SixteenBitMatmulAccumulatesInF32) {
