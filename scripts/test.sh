@@ -12,4 +12,11 @@ fi
 # Open MPI refuses root unless told; CI runs as root.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 cd "$build_dir"
-ctest --output-on-failure -j "${JOBS:-$(nproc)}" "$@"
+status=0
+ctest --output-on-failure -j "${JOBS:-$(nproc)}" "$@" || status=$?
+# Skipped tests print their reason only in the log; show each distinct reason once.
+if [[ -f Testing/Temporary/LastTest.log ]]; then
+  grep -hA1 ': Skipped$' Testing/Temporary/LastTest.log | grep -v -e ': Skipped$' -e '^--$' |
+    sort | uniq -c | sed 's/^ */skip reason: /' || true
+fi
+exit $status
