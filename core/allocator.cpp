@@ -164,11 +164,26 @@ void CachingAllocator::reset_peak() {
 // ---------------------------------------------------------------------------------------------------
 // Storage
 
-Storage::Storage(void* data, int64_t nbytes, Device device) : data_(data), nbytes_(nbytes), device_(device) {}
+Storage::Storage(void* data, int64_t nbytes, Device device, bool pinned)
+    : data_(data), nbytes_(nbytes), device_(device), pinned_(pinned) {}
 
 Storage::~Storage() {
-  if (device_.is_cpu()) cpu_free(data_, nbytes_);
+  if (pinned_) detail::cuda_host_free(data_);
+  else if (device_.is_cpu()) cpu_free(data_, nbytes_);
   else detail::cuda_free(device_.index, data_);
+}
+
+std::shared_ptr<Storage> allocate_pinned_storage(int64_t nbytes) {
+  RT_CHECK(nbytes >= 0, "allocate_pinned_storage: negative size ", nbytes);
+  return std::make_shared<Storage>(detail::cuda_host_allocate(nbytes), nbytes, Device::cpu(), /*pinned=*/true);
+}
+
+void copy_bytes_async(void* dst, Device dst_device, const void* src, Device src_device, int64_t nbytes,
+                      const Stream& stream) {
+  if (nbytes == 0) return;
+  RT_CHECK(dst_device.is_cuda() || src_device.is_cuda(), "copy_bytes_async: neither side is a CUDA device (",
+           src_device.str(), " -> ", dst_device.str(), "); use copy_bytes");
+  detail::cuda_copy_bytes_async(dst, dst_device, src, src_device, nbytes, stream);
 }
 
 std::shared_ptr<Storage> allocate_storage(int64_t nbytes, Device device) {

@@ -74,21 +74,26 @@ class CachingAllocator {
 // A block of device memory shared by a tensor and its views; frees itself when the last owner goes.
 class Storage {
  public:
-  Storage(void* data, int64_t nbytes, Device device);
+  // pinned: page-locked host memory from cudaHostAlloc (device is the CPU), freed with cudaFreeHost.
+  Storage(void* data, int64_t nbytes, Device device, bool pinned = false);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
   void* data() const { return data_; }
   int64_t nbytes() const { return nbytes_; }
   Device device() const { return device_; }
+  bool pinned() const { return pinned_; }
 
  private:
   void* data_;
   int64_t nbytes_;
   Device device_;
+  bool pinned_;
 };
 
 std::shared_ptr<Storage> allocate_storage(int64_t nbytes, Device device);
+// Page-locked host memory, for asynchronous host <-> device copies (needs CUDA; errors otherwise).
+std::shared_ptr<Storage> allocate_pinned_storage(int64_t nbytes);
 
 // CPU allocator statistics (allocated / peak); reserved == allocated on the CPU.
 AllocatorStats cpu_allocator_stats();
@@ -99,6 +104,10 @@ void empty_cache(Device device);
 
 // Copies bytes between any two devices (synchronous with respect to the host).
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, int64_t nbytes);
+// Enqueues a copy involving a CUDA device on `stream` and returns at once: both buffers must stay alive
+// (and the host side should be pinned) until an event recorded on `stream` after it has completed.
+void copy_bytes_async(void* dst, Device dst_device, const void* src, Device src_device, int64_t nbytes,
+                      const Stream& stream);
 
 // Human-readable byte counts: "512 B", "1.50 MiB".
 std::string format_bytes(int64_t nbytes);
@@ -108,6 +117,10 @@ namespace detail {
 void* cuda_allocate(int device_index, int64_t nbytes);
 void cuda_free(int device_index, void* ptr) noexcept;
 void cuda_copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, int64_t nbytes);
+void cuda_copy_bytes_async(void* dst, Device dst_device, const void* src, Device src_device, int64_t nbytes,
+                           const Stream& stream);
+void* cuda_host_allocate(int64_t nbytes);
+void cuda_host_free(void* ptr) noexcept;
 }  // namespace detail
 
 }  // namespace ringtrain

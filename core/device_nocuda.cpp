@@ -79,6 +79,17 @@ void cuda_copy_bytes(void* /*dst*/, Device dst_device, const void* /*src*/, Devi
   raise_no_cuda("cannot copy " + src_device.str() + " -> " + dst_device.str());
 }
 
+void cuda_copy_bytes_async(void* /*dst*/, Device dst_device, const void* /*src*/, Device src_device,
+                           int64_t /*nbytes*/, const Stream& /*stream*/) {
+  raise_no_cuda("cannot copy " + src_device.str() + " -> " + dst_device.str());
+}
+
+void* cuda_host_allocate(int64_t nbytes) {
+  raise_no_cuda("cannot allocate " + std::to_string(nbytes) + " bytes of pinned host memory");
+}
+
+void cuda_host_free(void* /*ptr*/) noexcept {}
+
 }  // namespace detail
 
 const KernelTable* cuda_kernels() { return nullptr; }

@@ -75,6 +75,16 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   return Tensor(make_impl(shape, dtype, device));
 }
 
+Tensor Tensor::empty_pinned(const Shape& shape, DType dtype) {
+  for (int i = 0; i < shape.ndim(); ++i)
+    RT_CHECK(shape[i] >= 0, "Tensor::empty_pinned: shape ", shape, " has a negative dimension");
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = allocate_pinned_storage(shape.numel() * dtype_size(dtype));
+  impl->shape = shape;
+  impl->dtype = dtype;
+  return Tensor(impl);
+}
+
 Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) { return full(shape, 0.0, dtype, device); }
 Tensor Tensor::ones(const Shape& shape, DType dtype, Device device) { return full(shape, 1.0, dtype, device); }
 

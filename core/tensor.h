@@ -77,6 +77,8 @@ class Tensor {
 
   // ---- creation (uninitialised, filled, random, from host data)
   static Tensor empty(const Shape& shape, DType dtype = DType::F32, Device device = Device::cpu());
+  // CPU tensor in page-locked memory (CUDA builds with a device), for asynchronous copies to the GPU.
+  static Tensor empty_pinned(const Shape& shape, DType dtype = DType::F32);
   static Tensor zeros(const Shape& shape, DType dtype = DType::F32, Device device = Device::cpu());
   static Tensor ones(const Shape& shape, DType dtype = DType::F32, Device device = Device::cpu());
   static Tensor full(const Shape& shape, double value, DType dtype = DType::F32, Device device = Device::cpu());

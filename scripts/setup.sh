@@ -16,7 +16,7 @@ packages=(
   libdnnl-dev
   libgtest-dev libgmock-dev
   libcli11-dev nlohmann-json3-dev libfmt-dev
-  zlib1g-dev
+  zlib1g-dev libjpeg62-turbo-dev libpng-dev
   python3 python3-torch
   dataset-fashion-mnist
 )

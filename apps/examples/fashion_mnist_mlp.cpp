@@ -2,8 +2,6 @@
 // (784-256-10, ReLU, label-smoothed cross-entropy, SGD with momentum) on Fashion-MNIST straight from
 // the idx files (gzipped or not; Debian's dataset-fashion-mnist puts them in
 // /usr/share/datasets/fashion-mnist) using only the tensor/autograd core, and reports test accuracy.
-#include <zlib.h>
-
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -17,6 +15,7 @@
 #include "core/check.h"
 #include "core/ops.h"
 #include "core/parallel.h"
+#include "data/idx.h"
 
 using namespace ringtrain;
 namespace fs = std::filesystem;
@@ -28,46 +27,19 @@ struct Split {
   Tensor labels;  // (N) i64
 };
 
-// Reads a whole idx file, transparently gunzipping ("NAME" or "NAME.gz").
-std::vector<uint8_t> read_idx_bytes(const fs::path& dir, const std::string& name) {
-  fs::path path = dir / name;
-  if (!fs::exists(path)) path = dir / (name + ".gz");
-  if (!fs::exists(path))
-    RT_THROW("Fashion-MNIST file '", (dir / name).string(), "' (or .gz) not found; install Debian's "
-             "dataset-fashion-mnist or pass the folder with --data");
-  gzFile file = gzopen(path.c_str(), "rb");
-  if (!file) RT_THROW("cannot open '", path.string(), "'");
-  std::vector<uint8_t> bytes;
-  uint8_t buffer[1 << 16];
-  int n;
-  while ((n = gzread(file, buffer, sizeof buffer)) > 0) bytes.insert(bytes.end(), buffer, buffer + n);
-  const bool failed = n < 0;
-  gzclose(file);
-  if (failed) RT_THROW("'", path.string(), "' is corrupt (gzip read failed)");
-  return bytes;
-}
-
-uint32_t big_endian(const std::vector<uint8_t>& b, size_t at) {
-  return (uint32_t{b[at]} << 24) | (uint32_t{b[at + 1]} << 16) | (uint32_t{b[at + 2]} << 8) | b[at + 3];
-}
-
 Split load_split(const fs::path& dir, const std::string& prefix) {
   const std::string image_name = prefix + "-images-idx3-ubyte", label_name = prefix + "-labels-idx1-ubyte";
-  std::vector<uint8_t> images = read_idx_bytes(dir, image_name), labels = read_idx_bytes(dir, label_name);
-  if (images.size() < 16 || big_endian(images, 0) != 0x803)
-    RT_THROW("'", (dir / image_name).string(), "' is not an idx3 image file (bad magic)");
-  if (labels.size() < 8 || big_endian(labels, 0) != 0x801)
-    RT_THROW("'", (dir / label_name).string(), "' is not an idx1 label file (bad magic)");
-  const int64_t n = big_endian(images, 4), rows = big_endian(images, 8), cols = big_endian(images, 12);
-  if (static_cast<int64_t>(big_endian(labels, 4)) != n)
-    RT_THROW("'", (dir / image_name).string(), "' has ", n, " images but '", (dir / label_name).string(), "' has ",
-             big_endian(labels, 4), " labels");
-  if (static_cast<int64_t>(images.size()) != 16 + n * rows * cols || static_cast<int64_t>(labels.size()) != 8 + n)
-    RT_THROW("'", (dir / image_name).string(), "' or its labels are truncated");
-  Tensor raw = Tensor::empty(Shape{n, rows * cols}, DType::U8);
-  std::memcpy(raw.data_ptr(), images.data() + 16, static_cast<size_t>(n * rows * cols));
+  // A missing file most likely means the dataset package is not installed: say how to get it.
+  for (const std::string& name : {image_name, label_name})
+    if (!fs::exists(dir / name) && !fs::exists(dir / (name + ".gz")))
+      RT_THROW("Fashion-MNIST file '", (dir / name).string(), "' (or .gz) not found; install Debian's "
+               "dataset-fashion-mnist or pass the folder with --data");
+  const data::IdxSplit split = data::read_idx_split(dir / image_name, dir / label_name);
+  const int64_t n = split.images.count, pixels = split.images.rows * split.images.cols;
+  Tensor raw = Tensor::empty(Shape{n, pixels}, DType::U8);
+  std::memcpy(raw.data_ptr(), split.images.pixels.data(), static_cast<size_t>(n * pixels));
   Tensor lab = Tensor::empty(Shape{n}, DType::U8);
-  std::memcpy(lab.data_ptr(), labels.data() + 8, static_cast<size_t>(n));
+  std::memcpy(lab.data_ptr(), split.labels.labels.data(), static_cast<size_t>(n));
   // Fashion-MNIST mean/std of pixel/255.
   Tensor x = mul(add(mul(raw.to(DType::F32), 1.0 / 255.0), -0.2860), 1.0 / 0.3530);
   return {x, lab.to(DType::I64)};

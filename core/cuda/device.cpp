@@ -8,6 +8,7 @@
 #include <library_types.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <memory>
@@ -326,6 +327,27 @@ void cuda_copy_bytes(void* dst, Device dst_device, const void* src, Device src_d
   CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(nbytes), cudaMemcpyDefault, stream));
   CUDA_CHECK(cudaStreamSynchronize(stream));
 }
+
+void cuda_copy_bytes_async(void* dst, Device dst_device, const void* src, Device src_device, int64_t nbytes,
+                           const Stream& stream) {
+  if (nbytes == 0) return;
+  DeviceGuard guard(dst_device.is_cuda() ? dst_device : src_device);
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(nbytes), cudaMemcpyDefault, as_stream(stream.handle())));
+}
+
+void* cuda_host_allocate(int64_t nbytes) {
+  void* ptr = nullptr;
+  // Portable: usable from every device's streams; page-locked so copies run asynchronously at full speed.
+  const cudaError_t status = cudaHostAlloc(&ptr, static_cast<size_t>(std::max<int64_t>(nbytes, 1)), cudaHostAllocPortable);
+  if (status != cudaSuccess) {
+    cudaGetLastError();
+    RT_THROW("cannot allocate ", format_bytes(nbytes), " of pinned host memory: ", cudaGetErrorString(status),
+             " (lower the loader's prefetch or batch size)");
+  }
+  return ptr;
+}
+
+void cuda_host_free(void* ptr) noexcept { CUDA_CHECK_NOTHROW(cudaFreeHost(ptr)); }
 
 }  // namespace detail
 }  // namespace ringtrain

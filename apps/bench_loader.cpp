@@ -1,0 +1,81 @@
+// apps/bench_loader: images/s one rank's Loader delivers from a shard split, with augmentation, for a
+// given number of worker threads. Prints one line per configuration (median of --repeats epochs) so
+// the figure can be compared with the rate a training step consumes images.
+//   bench_loader --data DIR [--split train] [--batch-size 128] [--threads 1,2] [--batches 100]
+//                [--pad-crop 4] [--resized-crop 0] [--hflip] [--repeats 3]
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <sstream>
+
+#include "core/check.h"
+#include "data/loader.h"
+
+using namespace ringtrain;
+using namespace ringtrain::data;
+
+int main(int argc, char** argv) {
+  CLI::App app{"Measures the loader's images/s on a shard split"};
+  std::string data_dir, split = "train", threads_text = "1,2";
+  int64_t batch = 128, batches = 100, pad_crop = 0, resized_crop = 0;
+  int repeats = 3;
+  bool hflip = false;
+  app.add_option("--data", data_dir, "shard dataset folder (made by make_shards)")->required();
+  app.add_option("--split", split, "split to read")->capture_default_str();
+  app.add_option("-b,--batch-size", batch, "records per batch")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--threads", threads_text, "comma-separated worker thread counts to measure")->capture_default_str();
+  app.add_option("--batches", batches, "batches per measured run")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--pad-crop", pad_crop, "random crop after zero padding by this many pixels")->capture_default_str();
+  app.add_option("--resized-crop", resized_crop, "random-resized crop to this size (0 = off)")->capture_default_str();
+  app.add_flag("--hflip", hflip, "random horizontal flip");
+  app.add_option("--repeats", repeats, "runs per configuration (median reported)")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  try {
+    ShardDataset ds = ShardDataset::open(data_dir, split);
+    std::vector<int> thread_counts;
+    std::stringstream ss(threads_text);
+    for (std::string item; std::getline(ss, item, ',');) {
+      int t = std::atoi(item.c_str());
+      if (t <= 0) RT_THROW("--threads: '", item, "' is not a positive thread count");
+      thread_counts.push_back(t);
+    }
+    SamplerOptions so;
+    so.dataset_size = ds.size();
+    so.global_batch = batch;
+    so.chunk = ds.chunk_records();
+    DistributedSampler sampler(so);
+    const int64_t runs = std::min(batches, sampler.batches_per_epoch());
+    if (runs == 0) RT_THROW("split '", split, "' has fewer records (", ds.size(), ") than one batch (", batch, ")");
+    const auto& info = ds.info();
+    std::printf("split '%s': %lld records of %lldx%lldx%lld, batch %lld, %lld batches per run\n", split.c_str(),
+                static_cast<long long>(ds.size()), static_cast<long long>(info.height), static_cast<long long>(info.width),
+                static_cast<long long>(info.channels), static_cast<long long>(batch), static_cast<long long>(runs));
+    for (int threads : thread_counts) {
+      std::vector<double> rates;
+      for (int r = 0; r < repeats; ++r) {
+        LoaderOptions lo;
+        lo.threads = threads;
+        lo.transform.pad_crop = pad_crop;
+        lo.transform.resized_crop = resized_crop;
+        lo.transform.hflip = hflip;
+        Loader loader(ds, lo);
+        std::vector<std::vector<int64_t>> list;
+        for (int64_t t = 0; t < runs; ++t) list.push_back(sampler.rank_batch(r, t));
+        auto start = std::chrono::steady_clock::now();
+        loader.start(std::move(list), r);
+        int64_t images = 0;
+        while (auto b = loader.next()) images += b->valid;
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        rates.push_back(static_cast<double>(images) / s);
+      }
+      std::sort(rates.begin(), rates.end());
+      std::printf("threads=%d img_per_s=%.0f (min %.0f, max %.0f over %d runs)\n", threads, rates[rates.size() / 2],
+                  rates.front(), rates.back(), repeats);
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_loader: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

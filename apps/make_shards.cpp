@@ -1,0 +1,141 @@
+// apps/make_shards: the command line over data/converters.h. Converts Fashion-MNIST/MNIST idx files,
+// CIFAR-10/100 binaries, a class-per-subfolder image tree, or synthetic data into ringtrain shards
+// (docs/DATA_FORMAT.md), then prints a summary per split. Every split is validated by ShardWriter on
+// finish, so a zero exit status means the dataset re-opened cleanly.
+#include <CLI/CLI.hpp>
+
+#include <cinttypes>
+#include <cstdio>
+#include <exception>
+#include <string>
+
+#include "data/converters.h"
+
+using namespace ringtrain;
+using namespace ringtrain::data;
+
+namespace {
+
+struct CommonArgs {
+  int shards = 1;
+  uint64_t seed = 0;
+  bool quiet = false;
+};
+
+void add_common_options(CLI::App* sub, CommonArgs& args) {
+  sub->add_option("--shards", args.shards,
+                  "Shards of the train split; smaller splits get proportionally fewer, at least 1")
+      ->check(CLI::Range(1, 1 << 20));
+  sub->add_option("--seed", args.seed, "Seed for the imagefolder shuffle and synthetic data");
+  sub->add_flag("--quiet", args.quiet, "No progress line on stderr");
+}
+
+// "HxWxC" -> three positive sizes; empty string on success (CLI11's validator convention).
+std::string parse_shape(const std::string& text, int64_t shape[3]) {
+  long long h = 0, w = 0, c = 0;
+  char tail = 0;
+  if (std::sscanf(text.c_str(), "%lldx%lldx%lld%c", &h, &w, &c, &tail) != 3)
+    return "expected HxWxC, e.g. 32x32x3, got '" + text + "'";
+  if (h < 1 || w < 1 || c < 1 || h > 65536 || w > 65536 || c > 4096)
+    return "sizes must be in 1..65536 (channels 1..4096), got '" + text + "'";
+  shape[0] = h, shape[1] = w, shape[2] = c;
+  return "";
+}
+
+std::string floats_text(const std::vector<float>& values) {
+  std::string text = "[";
+  for (size_t i = 0; i < values.size(); ++i) {
+    char buffer[32];
+    std::snprintf(buffer, sizeof buffer, "%s%.4f", i ? ", " : "", static_cast<double>(values[i]));
+    text += buffer;
+  }
+  return text + "]";
+}
+
+void print_summary(const ConvertResult& result, const std::string& out) {
+  for (const std::string& note : result.notes) std::fprintf(stderr, "make_shards: note: %s\n", note.c_str());
+  for (const SplitInfo& split : result.splits) {
+    std::printf("%s: %" PRId64 " records in %zu shard%s, %" PRId64 "x%" PRId64 "x%" PRId64 " %s, %d classes, mean %s std %s\n",
+                split.split.c_str(), split.records, split.shards.size(), split.shards.size() == 1 ? "" : "s",
+                split.height, split.width, split.channels, split.encoded ? "JPEG-encoded" : "pixels",
+                split.num_classes, floats_text(split.mean).c_str(), floats_text(split.std).c_str());
+  }
+  std::printf("wrote and validated %s/manifest.json\n", out.c_str());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"make_shards: converts a dataset into ringtrain HDF5 shards plus manifest.json (docs/DATA_FORMAT.md)"};
+  app.option_defaults()->always_capture_default();  // --help shows every default
+  app.require_subcommand(1);
+
+  std::string src, out;
+  CommonArgs common;
+
+  CLI::App* fashion = app.add_subcommand("fashion-mnist", "Fashion-MNIST idx files (gzipped or not) -> train, test");
+  CLI::App* mnist = app.add_subcommand("mnist", "MNIST idx files (gzipped or not) -> train, test");
+  CLI::App* cifar10 = app.add_subcommand("cifar10", "CIFAR-10 binary version (cifar-10-batches-bin) -> train, test");
+  CLI::App* cifar100 = app.add_subcommand("cifar100", "CIFAR-100 binary version (cifar-100-binary), fine labels -> train, test");
+  for (CLI::App* sub : {fashion, mnist, cifar10, cifar100}) {
+    sub->add_option("SRC", src, "Source folder")->required()->check(CLI::ExistingDirectory);
+    sub->add_option("OUT", out, "Output dataset folder (created if missing)")->required();
+    add_common_options(sub, common);
+  }
+  fashion->footer("Debian's dataset-fashion-mnist installs the files in /usr/share/datasets/fashion-mnist.");
+
+  ImageFolderOptions image_options;
+  bool keep_encoded = false;
+  CLI::App* imagefolder = app.add_subcommand(
+      "imagefolder", "Class-per-subfolder JPEG/PNG tree: SRC/train/<class>/* (+ SRC/val, SRC/test) or SRC/<class>/*");
+  imagefolder->add_option("SRC", src, "Source folder")->required()->check(CLI::ExistingDirectory);
+  imagefolder->add_option("OUT", out, "Output dataset folder (created if missing)")->required();
+  imagefolder->add_option("--size", image_options.size, "Output side: shorter side resized to S, then center-cropped to SxS")
+      ->required()
+      ->check(CLI::Range(int64_t{1}, int64_t{8192}));
+  imagefolder->add_option("--channels", image_options.channels, "1 (grayscale) or 3 (RGB); other images are converted")
+      ->check(CLI::IsMember({1, 3}));
+  imagefolder->add_flag("--keep-encoded", keep_encoded, "Store the resized images as JPEG instead of raw pixels");
+  imagefolder->add_option("--quality", image_options.jpeg_quality, "JPEG quality for --keep-encoded")
+      ->check(CLI::Range(1, 100));
+  add_common_options(imagefolder, common);
+
+  SyntheticSpec spec;
+  std::string shape_text = "32x32x3";
+  int64_t shape[3] = {32, 32, 3};
+  CLI::App* synthetic =
+      app.add_subcommand("synthetic", "Random class templates plus noise (learnable) -> train, test (count/5)");
+  synthetic->add_option("OUT", out, "Output dataset folder (created if missing)")->required();
+  synthetic->add_option("--shape", shape_text, "Image shape HxWxC")
+      ->check(CLI::Validator([&shape](std::string& text) { return parse_shape(text, shape); }, "HxWxC"));
+  synthetic->add_option("--count", spec.count, "Train records")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  synthetic->add_option("--classes", spec.num_classes, "Number of classes")->check(CLI::Range(1, 1 << 20));
+  add_common_options(synthetic, common);
+
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    ConvertOptions options;
+    options.num_shards = common.shards;
+    options.seed = common.seed;
+    options.show_progress = !common.quiet;
+    ConvertResult result;
+    if (*fashion) result = convert_idx(src, out, "fashion-mnist", options);
+    if (*mnist) result = convert_idx(src, out, "mnist", options);
+    if (*cifar10) result = convert_cifar(src, out, 10, options);
+    if (*cifar100) result = convert_cifar(src, out, 100, options);
+    if (*imagefolder) {
+      image_options.storage = keep_encoded ? ImageStorage::kJpeg : ImageStorage::kPixels;
+      result = convert_imagefolder(src, out, image_options, options);
+    }
+    if (*synthetic) {
+      spec.height = shape[0], spec.width = shape[1], spec.channels = shape[2];
+      result = convert_synthetic(out, spec, options);
+    }
+    print_summary(result, out);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "make_shards: error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,285 @@
+// data/loader.cpp: transforms (pad-crop, random-resized crop, flip, normalise) and the worker pool.
+#include "data/loader.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+
+#include "core/check.h"
+#include "core/parallel.h"
+#include "core/philox.h"
+
+namespace ringtrain::data {
+namespace {
+
+// Random words for one sample: block = sample index, stream = (epoch, draw group).
+Philox4 draws(uint64_t seed, int64_t epoch, int64_t sample, uint64_t group) {
+  return philox4x32_10(seed ^ 0x6a09e667f3bcc909ull, static_cast<uint64_t>(sample),
+                       (static_cast<uint64_t>(epoch) << 8) | group);
+}
+double unit(uint32_t w) { return (w >> 8) * (1.0 / 16777216.0); }  // [0, 1)
+
+struct Crop {
+  double y0, x0, h, w;  // source window (may be fractional for the resized crop)
+};
+
+Crop resized_crop_window(int64_t height, int64_t width, bool train, uint64_t seed, int64_t epoch, int64_t sample) {
+  const double area = static_cast<double>(height * width);
+  if (train) {
+    // torchvision's RandomResizedCrop: up to 10 attempts, then the central crop at a clamped ratio.
+    for (uint64_t attempt = 0; attempt < 10; ++attempt) {
+      const Philox4 r = draws(seed, epoch, sample, 8 + attempt);
+      const double scale = 0.08 + (1.0 - 0.08) * unit(r.v[0]);
+      const double log_ratio = std::log(3.0 / 4.0) + (std::log(4.0 / 3.0) - std::log(3.0 / 4.0)) * unit(r.v[1]);
+      const double ratio = std::exp(log_ratio);
+      const double w = std::round(std::sqrt(area * scale * ratio)), h = std::round(std::sqrt(area * scale / ratio));
+      if (w >= 1 && h >= 1 && w <= width && h <= height) {
+        const double y0 = std::floor(unit(r.v[2]) * (height - h + 1)), x0 = std::floor(unit(r.v[3]) * (width - w + 1));
+        return {y0, x0, h, w};
+      }
+    }
+  }
+  const double side = static_cast<double>(std::min(height, width));
+  return {std::floor((height - side) / 2), std::floor((width - side) / 2), side, side};
+}
+
+}  // namespace
+
+std::array<int64_t, 3> transformed_shape(const SplitInfo& info, const Transform& t) {
+  if (t.resized_crop > 0) return {t.resized_crop, t.resized_crop, info.channels};
+  return {info.height, info.width, info.channels};
+}
+
+void apply_transform(const SplitInfo& info, const Transform& t, const uint8_t* image, uint64_t seed, int64_t epoch,
+                     int64_t sample_index, void* out) {
+  const int64_t H = info.height, W = info.width, C = info.channels;
+  const auto [OH, OW, OC] = transformed_shape(info, t);
+  (void)OC;
+  std::array<float, 16> scale{}, shift{};
+  RT_CHECK(C <= 16, "transform: at most 16 channels, got ", C);
+  for (int64_t c = 0; c < C; ++c) {
+    const double mean = t.normalize && c < static_cast<int64_t>(info.mean.size()) ? info.mean[static_cast<size_t>(c)] : 0.0;
+    const double std = t.normalize && c < static_cast<int64_t>(info.std.size()) && info.std[static_cast<size_t>(c)] > 0
+                           ? info.std[static_cast<size_t>(c)]
+                           : 1.0;
+    scale[static_cast<size_t>(c)] = static_cast<float>(1.0 / (255.0 * std));
+    shift[static_cast<size_t>(c)] = static_cast<float>(-mean / std);
+  }
+  const Philox4 r = draws(seed, epoch, sample_index, 0);
+  const bool flip = t.hflip && t.train && (r.v[0] & 1u);
+  auto store = [&](int64_t at, float v) {
+    if (t.dtype == DType::BF16) static_cast<BFloat16*>(out)[at] = f32_to_bf16(v);
+    else static_cast<float*>(out)[at] = v;
+  };
+  if (t.resized_crop > 0) {
+    const Crop crop = resized_crop_window(H, W, t.train, seed, epoch, sample_index);
+    // Bilinear sampling at pixel centres of the crop window.
+    const double sy = crop.h / static_cast<double>(OH), sx = crop.w / static_cast<double>(OW);
+    for (int64_t oy = 0; oy < OH; ++oy) {
+      const double fy = std::clamp(crop.y0 + (oy + 0.5) * sy - 0.5, 0.0, static_cast<double>(H - 1));
+      const int64_t y0 = static_cast<int64_t>(fy), y1 = std::min(y0 + 1, H - 1);
+      const float wy = static_cast<float>(fy - static_cast<double>(y0));
+      for (int64_t ox = 0; ox < OW; ++ox) {
+        const int64_t tx = flip ? OW - 1 - ox : ox;
+        const double fx = std::clamp(crop.x0 + (tx + 0.5) * sx - 0.5, 0.0, static_cast<double>(W - 1));
+        const int64_t x0 = static_cast<int64_t>(fx), x1 = std::min(x0 + 1, W - 1);
+        const float wx = static_cast<float>(fx - static_cast<double>(x0));
+        for (int64_t c = 0; c < C; ++c) {
+          const float a = image[(y0 * W + x0) * C + c], b = image[(y0 * W + x1) * C + c];
+          const float d = image[(y1 * W + x0) * C + c], e = image[(y1 * W + x1) * C + c];
+          const float v = (a * (1 - wx) + b * wx) * (1 - wy) + (d * (1 - wx) + e * wx) * wy;
+          store((oy * OW + ox) * C + c, v * scale[static_cast<size_t>(c)] + shift[static_cast<size_t>(c)]);
+        }
+      }
+    }
+    return;
+  }
+  // Pad-and-crop (offsets in [0, 2p]) or identity; zero pixels outside the image.
+  const int64_t p = t.train ? t.pad_crop : 0;
+  const int64_t dy = p ? static_cast<int64_t>(r.v[1] % static_cast<uint32_t>(2 * p + 1)) - p : 0;
+  const int64_t dx = p ? static_cast<int64_t>(r.v[2] % static_cast<uint32_t>(2 * p + 1)) - p : 0;
+  for (int64_t y = 0; y < OH; ++y) {
+    const int64_t sy = y + dy;
+    for (int64_t x = 0; x < OW; ++x) {
+      const int64_t sx = (flip ? OW - 1 - x : x) + dx;
+      const bool inside = sy >= 0 && sy < H && sx >= 0 && sx < W;
+      for (int64_t c = 0; c < C; ++c) {
+        const float v = inside ? image[(sy * W + sx) * C + c] : 0.0f;
+        store((y * OW + x) * C + c, v * scale[static_cast<size_t>(c)] + shift[static_cast<size_t>(c)]);
+      }
+    }
+  }
+}
+
+Loader::Loader(const ShardDataset& dataset, LoaderOptions options) : dataset_(dataset), options_(options) {
+  const Transform& t = options_.transform;
+  RT_CHECK(t.dtype == DType::F32 || t.dtype == DType::BF16, "loader: output dtype must be f32 or bf16, got ",
+           dtype_name(t.dtype));
+  RT_CHECK(t.pad_crop >= 0 && t.resized_crop >= 0, "loader: negative crop size");
+  RT_CHECK(options_.prefetch >= 1, "loader: prefetch must be >= 1, got ", options_.prefetch);
+  threads_ = options_.threads > 0 ? options_.threads : std::max(1, num_threads() - 1);
+  if (options_.device.is_cuda()) copy_stream_ = Stream::create(options_.device);
+}
+
+Loader::~Loader() { stop(); }
+
+void Loader::stop() {
+  // Host buffers of copies still running must outlive them.
+  for (auto& f : in_flight_) f.done.synchronize();
+  in_flight_.clear();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  produced_.notify_all();
+  consumed_.notify_all();
+  for (auto& w : workers_) w.join();
+  workers_.clear();
+}
+
+void Loader::start(std::vector<std::vector<int64_t>> batches, int64_t epoch) {
+  stop();
+  for (const auto& b : batches)
+    for (int64_t i : b)
+      if (i < -1 || i >= dataset_.size())
+        RT_THROW("loader: record index ", i, " is out of range for split '", dataset_.info().split, "' of ",
+                 dataset_.size(), " records");
+  std::lock_guard<std::mutex> lock(mutex_);
+  batches_ = std::move(batches);
+  epoch_ = epoch;
+  ready_.clear();
+  next_to_build_ = next_to_deliver_ = 0;
+  stopping_ = false;
+  started_ = true;
+  error_ = nullptr;
+  for (int i = 0; i < threads_; ++i) workers_.emplace_back([this] { worker(); });
+}
+
+void Loader::start_epoch(DistributedSampler& sampler, int64_t epoch) {
+  if (sampler.state().epoch != epoch) sampler.set_epoch(epoch);
+  std::vector<std::vector<int64_t>> batches;
+  std::vector<int64_t> indices;
+  const int64_t first = sampler.state().next_batch;
+  while (sampler.next(indices)) batches.push_back(indices);
+  // Batch numbering follows the epoch, so a resumed epoch keeps the same augmentation.
+  (void)first;
+  start(std::move(batches), epoch);
+}
+
+Batch Loader::build(int64_t t) {
+  const std::vector<int64_t>& indices = batches_[static_cast<size_t>(t)];
+  const SplitInfo& info = dataset_.info();
+  const auto shape = transformed_shape(info, options_.transform);
+  const int64_t n = static_cast<int64_t>(indices.size());
+  std::vector<int64_t> real;
+  for (int64_t i : indices)
+    if (i >= 0) real.push_back(i);
+  std::vector<uint8_t> raw(static_cast<size_t>(static_cast<int64_t>(real.size()) * info.record_bytes()));
+  std::vector<int32_t> labels(real.size());
+  dataset_.read_indices(real, raw.data(), labels.data());
+  Batch batch;
+  batch.index = t;
+  batch.valid = static_cast<int64_t>(real.size());
+  const Shape image_shape{n, shape[0], shape[1], shape[2]};
+  if (options_.device.is_cuda()) {
+    batch.images = Tensor::empty_pinned(image_shape, options_.transform.dtype).fill_(0.0);
+    batch.labels = Tensor::empty_pinned(Shape{n}, DType::I64).fill_(0.0);
+  } else {
+    batch.images = Tensor::zeros(image_shape, options_.transform.dtype);
+    batch.labels = Tensor::zeros(Shape{n}, DType::I64);
+  }
+  const int64_t sample_elems = shape[0] * shape[1] * shape[2];
+  const int64_t elem_bytes = dtype_size(options_.transform.dtype);
+  auto* out = static_cast<uint8_t*>(batch.images.data_ptr());
+  int64_t* out_labels = batch.labels.data<int64_t>();
+  // Real samples first (in the batch's order), padding (-1) after them.
+  int64_t slot = 0;
+  for (size_t k = 0; k < real.size(); ++k, ++slot) {
+    apply_transform(info, options_.transform, raw.data() + k * static_cast<size_t>(info.record_bytes()), options_.seed,
+                    epoch_, real[k], out + slot * sample_elems * elem_bytes);
+    out_labels[slot] = labels[k];
+  }
+  return batch;
+}
+
+void Loader::worker() {
+  for (;;) {
+    int64_t t;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      consumed_.wait(lock, [&] {
+        return stopping_ || next_to_build_ >= static_cast<int64_t>(batches_.size()) ||
+               next_to_build_ < next_to_deliver_ + options_.prefetch;
+      });
+      if (stopping_ || next_to_build_ >= static_cast<int64_t>(batches_.size())) return;
+      t = next_to_build_++;
+    }
+    try {
+      Batch b = build(t);
+      std::lock_guard<std::mutex> lock(mutex_);
+      ready_.emplace(t, std::move(b));
+    } catch (const std::exception& e) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!error_) {
+        try {
+          RT_THROW("loader: batch ", t, " of epoch ", epoch_, " (split '", dataset_.info().split, "'): ", e.what());
+        } catch (...) {
+          error_ = std::current_exception();
+        }
+      }
+      stopping_ = true;
+    }
+    produced_.notify_all();
+  }
+}
+
+std::optional<Batch> Loader::next() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (next_to_deliver_ >= static_cast<int64_t>(batches_.size())) return std::nullopt;
+  if (!started_) RT_THROW("loader: next() before start()");
+  produced_.wait(lock, [&] { return error_ || ready_.count(next_to_deliver_) || stopping_; });
+  if (error_) {
+    std::exception_ptr e = error_;
+    lock.unlock();
+    stop();
+    std::rethrow_exception(e);
+  }
+  if (stopping_) return std::nullopt;  // stopped: prefetched batches are dropped
+  auto it = ready_.find(next_to_deliver_);
+  Batch b = std::move(it->second);
+  ready_.erase(it);
+  ++next_to_deliver_;
+  lock.unlock();
+  consumed_.notify_all();
+  if (options_.device.is_cuda()) return to_device(std::move(b));
+  return b;
+}
+
+Batch Loader::to_device(Batch host) {
+  // Retire host buffers whose copies are done (at most `prefetch` in flight).
+  while (static_cast<int>(in_flight_.size()) >= options_.prefetch) {
+    in_flight_.front().done.synchronize();
+    in_flight_.erase(in_flight_.begin());
+  }
+  const Device d = options_.device;
+  const Stream compute = current_stream();
+  // Device memory comes from the compute stream's pool; the copy stream first waits for the compute
+  // stream so a reused block is no longer being read, then the compute stream waits for the copy.
+  Batch out;
+  out.index = host.index;
+  out.valid = host.valid;
+  out.images = Tensor::empty(host.images.shape(), host.images.dtype(), d);
+  out.labels = Tensor::empty(host.labels.shape(), DType::I64, d);
+  Event compute_ready = Event::create(d);
+  compute_ready.record(compute);
+  compute_ready.wait_on(copy_stream_);
+  copy_bytes_async(out.images.data_ptr(), d, host.images.data_ptr(), Device::cpu(), host.images.nbytes(), copy_stream_);
+  copy_bytes_async(out.labels.data_ptr(), d, host.labels.data_ptr(), Device::cpu(), host.labels.nbytes(), copy_stream_);
+  Event copied = Event::create(d);
+  copied.record(copy_stream_);
+  copied.wait_on(compute);
+  in_flight_.push_back(InFlight{copied, std::move(host)});
+  return out;
+}
+
+}  // namespace ringtrain::data

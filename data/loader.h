@@ -1,0 +1,104 @@
+// data/loader.h: the threaded batch loader. Worker threads read a batch's records (HDF5 under the one
+// lock), decode and augment them in parallel outside the lock, and collate NHWC batches into a bounded
+// queue of prefetched batches delivered in order. Each sample's augmentation depends only on
+// (seed, epoch, sample index) — never on which thread did it. stop() (and the destructor) joins every
+// thread, also mid-epoch; a worker's error is rethrown by next() with the batch and record named.
+#pragma once
+
+#include <array>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "core/device.h"
+#include "core/tensor.h"
+#include "data/sampler.h"
+#include "data/shards.h"
+
+namespace ringtrain::data {
+
+struct Transform {
+  bool train = true;           // random augmentation; false: deterministic (center) versions
+  int64_t pad_crop = 0;        // random crop after zero-padding by this many pixels (CIFAR-style); 0 = off
+  int64_t resized_crop = 0;    // random-resized crop to this size (scale [0.08, 1], ratio [3/4, 4/3]); 0 = off
+  bool hflip = false;          // random horizontal flip
+  bool normalize = true;       // (x/255 - mean) / std with the split's mean/std; else x/255
+  DType dtype = DType::F32;    // F32 or BF16
+};
+
+// Output geometry of a transform on a split: (H, W, C) of one sample.
+std::array<int64_t, 3> transformed_shape(const SplitInfo& info, const Transform& t);
+
+// Applies the transform to one decoded HWC uint8 image into `out` (transformed_shape elements of
+// t.dtype). `stream` selects the random draws: (seed, epoch, sample index).
+void apply_transform(const SplitInfo& info, const Transform& t, const uint8_t* image, uint64_t seed, int64_t epoch,
+                     int64_t sample_index, void* out);
+
+struct LoaderOptions {
+  int threads = 0;        // 0: this rank's cores minus one, at least one
+  int prefetch = 4;       // batches ready ahead of the consumer
+  Transform transform;
+  uint64_t seed = 0;
+  // cuda:i: batches are collated into pinned host memory and copied on a copy stream; the stream that
+  // is current when next() is called waits for the copy through an event (no host synchronisation).
+  Device device = Device::cpu();
+};
+
+struct Batch {
+  Tensor images;       // (B, H, W, C) NHWC, f32 or bf16, on LoaderOptions::device
+  Tensor labels;       // (B) i64, on LoaderOptions::device; padding slots hold 0
+  int64_t valid = 0;   // real samples; evaluation padding sits at the end and must be masked out
+  int64_t index = 0;   // position of the batch in the epoch
+};
+
+class Loader {
+ public:
+  Loader(const ShardDataset& dataset, LoaderOptions options);
+  ~Loader();
+  Loader(const Loader&) = delete;
+  Loader& operator=(const Loader&) = delete;
+
+  // Starts an epoch over explicit per-batch index lists (index -1 = padding). Stops a running epoch.
+  void start(std::vector<std::vector<int64_t>> batches, int64_t epoch);
+  // Starts a training epoch: this rank's batches from `sampler`, from its current position on.
+  void start_epoch(DistributedSampler& sampler, int64_t epoch);
+  // Next batch in order; nullopt at the end of the epoch. Rethrows the first worker error.
+  std::optional<Batch> next();
+  // Joins every worker (safe mid-epoch, idempotent).
+  void stop();
+  int threads() const { return threads_; }
+
+ private:
+  void worker();
+  Batch build(int64_t t);
+  Batch to_device(Batch host);
+
+  // A host batch whose copy to the GPU may still be running, with the event that marks its end.
+  struct InFlight {
+    Event done;
+    Batch host;
+  };
+
+  const ShardDataset& dataset_;
+  LoaderOptions options_;
+  int threads_ = 1;
+  std::vector<std::vector<int64_t>> batches_;
+  int64_t epoch_ = 0;
+  std::mutex mutex_;
+  std::condition_variable produced_, consumed_;
+  std::map<int64_t, Batch> ready_;
+  int64_t next_to_build_ = 0, next_to_deliver_ = 0;
+  bool stopping_ = false;
+  bool started_ = false;  // start() was called (next() after stop() then returns nullopt)
+  std::exception_ptr error_;
+  std::vector<std::thread> workers_;
+  Stream copy_stream_;
+  std::vector<InFlight> in_flight_;
+};
+
+}  // namespace ringtrain::data

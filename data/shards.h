@@ -1,0 +1,122 @@
+// data/shards.h: the HDF5 shard format (docs/DATA_FORMAT.md): ShardWriter writes a split as shard
+// files plus manifest.json and validates what it wrote; ShardDataset opens a split, validates every
+// shard against the manifest, and reads records by global index. All HDF5 calls in the process go
+// through one lock (hdf5_mutex()): the serial HDF5 library is not thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace ringtrain::data {
+
+inline constexpr const char* kFormatName = "ringtrain-shards";
+inline constexpr int kFormatVersion = 1;
+
+// The lock every HDF5 call in ringtrain takes.
+std::recursive_mutex& hdf5_mutex();
+
+// "train-00003-of-00016.h5"
+std::string shard_file_name(const std::string& split, int index, int count);
+
+struct ShardInfo {
+  std::string file;     // file name inside the dataset folder
+  int64_t records = 0;
+  uint32_t crc32 = 0;   // zlib CRC-32 of the whole file
+};
+
+struct SplitInfo {
+  std::string split;
+  int64_t records = 0;
+  int64_t height = 0, width = 0, channels = 0;  // decoded image shape (all records)
+  bool encoded = false;                         // /jpeg instead of /images
+  int num_classes = 0;
+  std::vector<std::string> classes;             // optional class names
+  std::vector<float> mean, std;                 // per channel, of pixel / 255
+  std::string source;
+  std::vector<ShardInfo> shards;
+  int64_t record_bytes() const { return height * width * channels; }
+};
+
+struct WriterOptions {
+  std::filesystem::path dir;  // created if missing
+  std::string split = "train";
+  int num_shards = 1;
+  int64_t total_records = 0;  // must be known up front (records go to shards in contiguous blocks)
+  int64_t height = 0, width = 0, channels = 0;
+  bool encoded = false;       // add_encoded() instead of add()
+  int num_classes = 0;
+  std::vector<std::string> classes;
+  std::string source;
+  bool show_progress = false; // a progress line on stderr
+};
+
+// Writes one split. Call add() (or add_encoded()) exactly total_records times, then finish(), which
+// writes mean/std into every shard, updates manifest.json (other splits already there are kept), and
+// re-opens the split with full validation. Destroying an unfinished writer removes its partial files.
+class ShardWriter {
+ public:
+  explicit ShardWriter(WriterOptions options);
+  ~ShardWriter();
+  ShardWriter(const ShardWriter&) = delete;
+  ShardWriter& operator=(const ShardWriter&) = delete;
+
+  // image: height*width*channels bytes, HWC.
+  void add(const uint8_t* image, int32_t label);
+  // bytes: an encoded JPEG/PNG; decoded_hwc: its decoded shape (must equal the split's shape);
+  // channel_sums: sum and sum of squares of pixel/255 per channel of the decoded image, for mean/std.
+  void add_encoded(const std::vector<uint8_t>& bytes, const int64_t decoded_hwc[3], int32_t label,
+                   const std::vector<double>& channel_sums, const std::vector<double>& channel_squares);
+  SplitInfo finish();
+  int64_t written() const { return written_; }
+
+ private:
+  struct Impl;
+  Impl* impl_;
+  int64_t written_ = 0;
+};
+
+// One split of a dataset, validated on open. Reads are thread-safe (they take hdf5_mutex()).
+class ShardDataset {
+ public:
+  struct OpenOptions {
+    bool verify_checksums = true;
+    bool check_labels = true;  // read every label and check the range
+  };
+  static ShardDataset open(const std::filesystem::path& dir, const std::string& split, OpenOptions options);
+  static ShardDataset open(const std::filesystem::path& dir, const std::string& split) {
+    return open(dir, split, OpenOptions{});
+  }
+  ShardDataset(ShardDataset&&) noexcept;
+  ShardDataset& operator=(ShardDataset&&) noexcept;
+  ~ShardDataset();
+
+  const SplitInfo& info() const { return info_; }
+  int64_t size() const { return info_.records; }
+  // Records [begin, begin + count) by global index: images (count x H x W x C bytes, decoded if the split
+  // is encoded) and labels. Ranges may cross shard boundaries.
+  void read_range(int64_t begin, int64_t count, uint8_t* images, int32_t* labels) const;
+  // Arbitrary records; sorted contiguous runs are read together.
+  void read_indices(const std::vector<int64_t>& indices, uint8_t* images, int32_t* labels) const;
+  // For encoded splits: the raw bytes of one record (decoding happens outside the HDF5 lock).
+  std::vector<uint8_t> read_encoded(int64_t index, int32_t* label) const;
+  // Global index -> (shard, index within shard).
+  std::pair<int, int64_t> locate(int64_t index) const;
+  // Records per HDF5 chunk of /images (the unit a sampler should keep together for I/O locality).
+  int64_t chunk_records() const;
+
+ private:
+  ShardDataset() = default;
+  struct Impl;
+  SplitInfo info_;
+  Impl* impl_ = nullptr;
+};
+
+// Reads manifest.json of a dataset folder (all splits); errors name the file.
+std::vector<SplitInfo> read_manifest(const std::filesystem::path& dir);
+uint32_t file_crc32(const std::filesystem::path& path);
+int64_t chunk_records_for(int64_t record_bytes);
+
+}  // namespace ringtrain::data

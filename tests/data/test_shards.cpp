@@ -1,0 +1,287 @@
+// Tests for data/shards.h: writer -> reader round trip, manifest, and every validation error.
+#include <gtest/gtest.h>
+#include <hdf5.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/check.h"
+#include "data/shards.h"
+
+namespace ringtrain::data {
+namespace {
+namespace fs = std::filesystem;
+
+class Shards : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::path(::testing::TempDir()) /
+           ("rt_shards_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
+    fs::remove_all(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // 10 records of 4x3x2 with pixel value (record * 7 + byte) % 256 and label record % 3.
+  SplitInfo write(const std::string& split = "train", int shards = 3, int64_t records = 10) {
+    WriterOptions o;
+    o.dir = dir_;
+    o.split = split;
+    o.num_shards = shards;
+    o.total_records = records;
+    o.height = 4;
+    o.width = 3;
+    o.channels = 2;
+    o.num_classes = 3;
+    o.source = "test";
+    ShardWriter w(o);
+    std::vector<uint8_t> image(24);
+    for (int64_t r = 0; r < records; ++r) {
+      for (int64_t i = 0; i < 24; ++i) image[static_cast<size_t>(i)] = static_cast<uint8_t>((r * 7 + i) % 256);
+      w.add(image.data(), static_cast<int32_t>(r % 3));
+    }
+    return w.finish();
+  }
+
+  std::string open_error(const std::string& split = "train") {
+    try {
+      ShardDataset::open(dir_, split);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  }
+
+  // Rewrites a dataset of a shard (and fixes the manifest checksum so only the intended fault remains).
+  void tamper(const std::string& file, const std::function<void(hid_t)>& edit, bool fix_checksum = true) {
+    {
+      std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
+      hid_t f = H5Fopen((dir_ / file).c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+      ASSERT_GE(f, 0);
+      edit(f);
+      H5Fclose(f);
+    }
+    if (fix_checksum) {
+      nlohmann::json m = nlohmann::json::parse(std::ifstream(dir_ / "manifest.json"));
+      for (auto& [name, split] : m["splits"].items())
+        for (auto& sh : split["shards"])
+          if (sh["file"] == file) {
+            char buf[16];
+            std::snprintf(buf, sizeof buf, "%08x", file_crc32(dir_ / file));
+            sh["crc32"] = buf;
+          }
+      std::ofstream(dir_ / "manifest.json") << m.dump(2);
+    }
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(Shards, RoundTripAcrossShardBoundaries) {
+  SplitInfo info = write();
+  EXPECT_EQ(info.shards.size(), 3u);
+  EXPECT_EQ(info.shards[0].file, "train-00000-of-00003.h5");
+  EXPECT_EQ(info.shards[0].records + info.shards[1].records + info.shards[2].records, 10);
+  ShardDataset ds = ShardDataset::open(dir_, "train");
+  EXPECT_EQ(ds.size(), 10);
+  EXPECT_EQ(ds.info().record_bytes(), 24);
+  std::vector<uint8_t> images(10 * 24);
+  std::vector<int32_t> labels(10);
+  ds.read_range(0, 10, images.data(), labels.data());
+  for (int64_t r = 0; r < 10; ++r) {
+    EXPECT_EQ(labels[static_cast<size_t>(r)], r % 3);
+    for (int64_t i = 0; i < 24; ++i) ASSERT_EQ(images[static_cast<size_t>(r * 24 + i)], (r * 7 + i) % 256);
+  }
+  std::vector<int64_t> picks{9, 2, 3, 4, 0};
+  std::vector<uint8_t> some(5 * 24);
+  std::vector<int32_t> some_labels(5);
+  ds.read_indices(picks, some.data(), some_labels.data());
+  for (size_t k = 0; k < picks.size(); ++k) {
+    EXPECT_EQ(some_labels[k], picks[k] % 3);
+    EXPECT_EQ(some[k * 24], (picks[k] * 7) % 256);
+  }
+  EXPECT_EQ(ds.locate(3), std::make_pair(1, int64_t{0}));
+  EXPECT_THROW(ds.locate(10), Error);
+  EXPECT_THROW(ds.read_range(8, 3, images.data(), labels.data()), Error);
+}
+
+TEST_F(Shards, MeanStdAndManifestKeepOtherSplits) {
+  SplitInfo train = write("train", 2, 10);
+  write("test", 1, 4);
+  auto splits = read_manifest(dir_);
+  ASSERT_EQ(splits.size(), 2u);
+  // Channel 0 holds even bytes i, channel 1 odd bytes; mean of (r*7 + i) % 256 / 255 per channel.
+  double sum0 = 0;
+  for (int r = 0; r < 10; ++r)
+    for (int i = 0; i < 24; i += 2) sum0 += ((r * 7 + i) % 256) / 255.0;
+  EXPECT_NEAR(train.mean[0], sum0 / 120, 1e-6);
+  EXPECT_GT(train.std[0], 0.0f);
+  EXPECT_EQ(ShardDataset::open(dir_, "test").size(), 4);
+  EXPECT_EQ(ShardDataset::open(dir_, "train").size(), 10);
+}
+
+TEST_F(Shards, MoreShardsThanRecordsAndEmptySplit) {
+  write("train", 4, 2);
+  EXPECT_EQ(ShardDataset::open(dir_, "train").size(), 2);
+  write("empty", 2, 0);
+  EXPECT_EQ(ShardDataset::open(dir_, "empty").size(), 0);
+}
+
+TEST_F(Shards, WriterRejectsBadInputAndCleansUp) {
+  WriterOptions o;
+  o.dir = dir_;
+  o.total_records = 2;
+  o.height = o.width = o.channels = 1;
+  o.num_classes = 2;
+  {
+    ShardWriter w(o);
+    uint8_t px = 1;
+    EXPECT_THROW(w.add(&px, 2), Error);  // label out of range
+    w.add(&px, 1);
+    EXPECT_THROW(w.finish(), Error);     // one record short
+  }
+  // The abandoned writer left no files behind.
+  for (const auto& e : fs::directory_iterator(dir_)) ADD_FAILURE() << "left behind: " << e.path();
+  o.num_shards = 0;
+  EXPECT_THROW(ShardWriter{o}, Error);
+}
+
+TEST_F(Shards, MissingManifestFileAndSplit) {
+  EXPECT_NE(open_error().find("does not exist"), std::string::npos);
+  write();
+  EXPECT_NE(open_error("val").find("has no split 'val'"), std::string::npos) << open_error("val");
+  fs::remove(dir_ / "train-00001-of-00003.h5");
+  std::string e = open_error();
+  EXPECT_NE(e.find("train-00001-of-00003.h5"), std::string::npos) << e;
+  EXPECT_NE(e.find("missing"), std::string::npos) << e;
+  fs::remove(dir_ / "manifest.json");
+  EXPECT_NE(open_error().find("no manifest.json"), std::string::npos);
+}
+
+TEST_F(Shards, CorruptAndTruncatedFiles) {
+  write();
+  const fs::path shard = dir_ / "train-00002-of-00003.h5";
+  {  // flip one byte: checksum catches it
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-10, std::ios::end);
+    f.put('\x5a');
+  }
+  std::string e = open_error();
+  EXPECT_NE(e.find("train-00002-of-00003.h5"), std::string::npos) << e;
+  EXPECT_NE(e.find("corrupt"), std::string::npos) << e;
+  // Truncated, with checksums off: HDF5's error is translated and names the file.
+  fs::resize_file(shard, 100);
+  try {
+    ShardDataset::open(dir_, "train", {.verify_checksums = false, .check_labels = true});
+    FAIL();
+  } catch (const Error& err) {
+    std::string w = err.what();
+    EXPECT_NE(w.find("train-00002-of-00003.h5"), std::string::npos) << w;
+    EXPECT_NE(w.find("truncated"), std::string::npos) << w;
+  }
+}
+
+TEST_F(Shards, WrongDtypeRankAndMissingDataset) {
+  write();
+  tamper("train-00000-of-00003.h5", [](hid_t f) {
+    H5Ldelete(f, "labels", H5P_DEFAULT);
+    hsize_t dims[1] = {3};
+    hid_t space = H5Screate_simple(1, dims, nullptr);
+    hid_t ds = H5Dcreate2(f, "labels", H5T_IEEE_F32LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    H5Dclose(ds);
+    H5Sclose(space);
+  });
+  std::string e = open_error();
+  EXPECT_NE(e.find("'/labels' must be int32"), std::string::npos) << e;
+  EXPECT_NE(e.find("train-00000-of-00003.h5"), std::string::npos) << e;
+
+  write();
+  tamper("train-00001-of-00003.h5", [](hid_t f) { H5Ldelete(f, "images", H5P_DEFAULT); });
+  e = open_error();
+  EXPECT_NE(e.find("missing dataset '/images'"), std::string::npos) << e;
+
+  write();
+  tamper("train-00001-of-00003.h5", [](hid_t f) {
+    H5Ldelete(f, "images", H5P_DEFAULT);
+    hsize_t dims[2] = {3, 24};
+    hid_t space = H5Screate_simple(2, dims, nullptr);
+    H5Dclose(H5Dcreate2(f, "images", H5T_STD_U8LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+    H5Sclose(space);
+  });
+  e = open_error();
+  EXPECT_NE(e.find("rank 2, expected 4"), std::string::npos) << e;
+}
+
+TEST_F(Shards, ShapeMismatchCountMismatchAndBadLabels) {
+  write();
+  tamper("train-00001-of-00003.h5", [](hid_t f) {
+    H5Ldelete(f, "images", H5P_DEFAULT);
+    hsize_t dims[4] = {3, 4, 4, 2};
+    hid_t space = H5Screate_simple(4, dims, nullptr);
+    H5Dclose(H5Dcreate2(f, "images", H5T_STD_U8LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+    H5Sclose(space);
+  });
+  std::string e = open_error();
+  EXPECT_NE(e.find("4x4x2"), std::string::npos) << e;
+  EXPECT_NE(e.find("4x3x2"), std::string::npos) << e;
+
+  write();
+  tamper("train-00001-of-00003.h5", [](hid_t f) {
+    H5Ldelete(f, "labels", H5P_DEFAULT);
+    hsize_t dims[1] = {2};
+    hid_t space = H5Screate_simple(1, dims, nullptr);
+    hid_t ds = H5Dcreate2(f, "labels", H5T_STD_I32LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    int32_t v[2] = {0, 1};
+    H5Dwrite(ds, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, v);
+    H5Dclose(ds);
+    H5Sclose(space);
+  });
+  e = open_error();
+  EXPECT_NE(e.find("3 images but 2 labels"), std::string::npos) << e;
+
+  write();
+  tamper("train-00002-of-00003.h5", [](hid_t f) {
+    hid_t ds = H5Dopen2(f, "labels", H5P_DEFAULT);
+    int32_t v[4] = {0, 1, 7, 2};
+    H5Dwrite(ds, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, v);
+    H5Dclose(ds);
+  });
+  e = open_error();
+  EXPECT_NE(e.find("label 7 outside [0, 3)"), std::string::npos) << e;
+  EXPECT_NE(e.find("train-00002-of-00003.h5"), std::string::npos) << e;
+}
+
+TEST_F(Shards, ManifestThatDisagreesWithTheFiles) {
+  write();
+  nlohmann::json m = nlohmann::json::parse(std::ifstream(dir_ / "manifest.json"));
+  m["splits"]["train"]["shards"][1]["records"] = 4;
+  m["splits"]["train"]["records"] = 11;
+  std::ofstream(dir_ / "manifest.json") << m.dump(2);
+  std::string e = open_error();
+  EXPECT_NE(e.find("train-00001-of-00003.h5"), std::string::npos) << e;
+  EXPECT_NE(e.find("the manifest says 4"), std::string::npos) << e;
+
+  write();
+  fs::copy_file(dir_ / "train-00000-of-00003.h5", dir_ / "train-00007-of-00009.h5");
+  e = open_error();
+  EXPECT_NE(e.find("train-00007-of-00009.h5"), std::string::npos) << e;
+  EXPECT_NE(e.find("not listed"), std::string::npos) << e;
+
+  write();
+  m = nlohmann::json::parse(std::ifstream(dir_ / "manifest.json"));
+  m["format_version"] = 99;
+  std::ofstream(dir_ / "manifest.json") << m.dump(2);
+  EXPECT_NE(open_error().find("format_version 99"), std::string::npos);
+}
+
+TEST_F(Shards, RewritingWithFewerShardsRemovesStaleFiles) {
+  write("train", 4, 10);
+  write("train", 2, 10);
+  int files = 0;
+  for (const auto& e : fs::directory_iterator(dir_)) files += e.path().extension() == ".h5";
+  EXPECT_EQ(files, 2);
+  EXPECT_EQ(ShardDataset::open(dir_, "train").size(), 10);
+}
+
+}  // namespace
+}  // namespace ringtrain::data
