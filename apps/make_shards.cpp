@@ -55,10 +55,11 @@ std::string floats_text(const std::vector<float>& values) {
 void print_summary(const ConvertResult& result, const std::string& out) {
   for (const std::string& note : result.notes) std::fprintf(stderr, "make_shards: note: %s\n", note.c_str());
   for (const SplitInfo& split : result.splits) {
-    std::printf("%s: %" PRId64 " records in %zu shard%s, %" PRId64 "x%" PRId64 "x%" PRId64 " %s, %d classes, mean %s std %s\n",
+    std::printf("%s: %" PRId64 " records in %zu shard%s, %" PRId64 "x%" PRId64 "x%" PRId64
+                " %s, %d classes, mean %s std %s\n",
                 split.split.c_str(), split.records, split.shards.size(), split.shards.size() == 1 ? "" : "s",
-                split.height, split.width, split.channels, split.encoded ? "JPEG-encoded" : "pixels",
-                split.num_classes, floats_text(split.mean).c_str(), floats_text(split.std).c_str());
+                split.height, split.width, split.channels, split.encoded ? "JPEG-encoded" : "pixels", split.num_classes,
+                floats_text(split.mean).c_str(), floats_text(split.std).c_str());
   }
   std::printf("wrote and validated %s/manifest.json\n", out.c_str());
 }
@@ -76,7 +77,8 @@ int main(int argc, char** argv) {
   CLI::App* fashion = app.add_subcommand("fashion-mnist", "Fashion-MNIST idx files (gzipped or not) -> train, test");
   CLI::App* mnist = app.add_subcommand("mnist", "MNIST idx files (gzipped or not) -> train, test");
   CLI::App* cifar10 = app.add_subcommand("cifar10", "CIFAR-10 binary version (cifar-10-batches-bin) -> train, test");
-  CLI::App* cifar100 = app.add_subcommand("cifar100", "CIFAR-100 binary version (cifar-100-binary), fine labels -> train, test");
+  CLI::App* cifar100 =
+      app.add_subcommand("cifar100", "CIFAR-100 binary version (cifar-100-binary), fine labels -> train, test");
   for (CLI::App* sub : {fashion, mnist, cifar10, cifar100}) {
     sub->add_option("SRC", src, "Source folder")->required()->check(CLI::ExistingDirectory);
     sub->add_option("OUT", out, "Output dataset folder (created if missing)")->required();
@@ -90,8 +92,10 @@ int main(int argc, char** argv) {
       "imagefolder", "Class-per-subfolder JPEG/PNG tree: SRC/train/<class>/* (+ SRC/val, SRC/test) or SRC/<class>/*");
   imagefolder->add_option("SRC", src, "Source folder")->required()->check(CLI::ExistingDirectory);
   imagefolder->add_option("OUT", out, "Output dataset folder (created if missing)")->required();
-  imagefolder->add_option("--size", image_options.size, "Output side: shorter side resized to S, then center-cropped to SxS")
+  imagefolder
+      ->add_option("--size", image_options.size, "Output side: shorter side resized to S, then center-cropped to SxS")
       ->required()
+      ->default_str("")  // required: a default in --help would mislead
       ->check(CLI::Range(int64_t{1}, int64_t{8192}));
   imagefolder->add_option("--channels", image_options.channels, "1 (grayscale) or 3 (RGB); other images are converted")
       ->check(CLI::IsMember({1, 3}));

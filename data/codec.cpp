@@ -7,10 +7,12 @@
 // values; C++ objects (vectors, strings) are owned by the caller and only touched between library calls.
 #include "data/codec.h"
 
-// jpeglib.h needs FILE declared before it, and jerror.h needs jpeglib.h.
+// jpeglib.h needs FILE declared before it, and jerror.h needs jpeglib.h: keep this order.
+// clang-format off
 #include <cstdio>
 #include <jpeglib.h>
 #include <jerror.h>
+// clang-format on
 #include <png.h>
 
 #include <algorithm>
@@ -293,7 +295,8 @@ Taps make_taps(int64_t in_size, int64_t out_size, double scale, double offset) {
       count = std::min(last - first, taps.max_taps);
       double total = 0;
       for (int64_t k = 0; k < count; ++k) {
-        const double overlap = std::min(hi, static_cast<double>(first + k + 1)) - std::max(lo, static_cast<double>(first + k));
+        const double overlap =
+            std::min(hi, static_cast<double>(first + k + 1)) - std::max(lo, static_cast<double>(first + k));
         w[k] = static_cast<float>(std::max(overlap, 0.0));
         total += w[k];
       }
@@ -327,9 +330,12 @@ ImageFormat detect_image_format(const uint8_t* bytes, size_t size) {
 
 DecodedImage decode_image(const uint8_t* bytes, size_t size) {
   switch (detect_image_format(bytes, size)) {
-    case ImageFormat::kJpeg: return decode_jpeg(bytes, size);
-    case ImageFormat::kPng: return decode_png(bytes, size);
-    case ImageFormat::kUnknown: break;
+    case ImageFormat::kJpeg:
+      return decode_jpeg(bytes, size);
+    case ImageFormat::kPng:
+      return decode_png(bytes, size);
+    case ImageFormat::kUnknown:
+      break;
   }
   std::string head;
   for (size_t i = 0; i < std::min<size_t>(size, 8); ++i) {
@@ -341,8 +347,7 @@ DecodedImage decode_image(const uint8_t* bytes, size_t size) {
   RT_THROW("not a JPEG or PNG image (", size, " bytes, starting ", size ? head : "<empty>", ")");
 }
 
-std::vector<uint8_t> encode_jpeg(const uint8_t* pixels, int64_t height, int64_t width, int64_t channels,
-                                 int quality) {
+std::vector<uint8_t> encode_jpeg(const uint8_t* pixels, int64_t height, int64_t width, int64_t channels, int quality) {
   RT_CHECK(channels == 1 || channels == 3, "encode_jpeg: channels must be 1 or 3, got ", channels);
   RT_CHECK(height > 0 && width > 0 && height <= JPEG_MAX_DIMENSION && width <= JPEG_MAX_DIMENSION,
            "encode_jpeg: bad size ", height, "x", width);
@@ -358,8 +363,8 @@ std::vector<uint8_t> encode_jpeg(const uint8_t* pixels, int64_t height, int64_t 
 
 std::vector<uint8_t> encode_png(const uint8_t* pixels, int64_t height, int64_t width, int64_t channels) {
   RT_CHECK(channels >= 1 && channels <= 4, "encode_png: channels must be 1..4, got ", channels);
-  RT_CHECK(height > 0 && width > 0 && height <= PNG_UINT_31_MAX && width <= PNG_UINT_31_MAX,
-           "encode_png: bad size ", height, "x", width);
+  RT_CHECK(height > 0 && width > 0 && height <= PNG_UINT_31_MAX && width <= PNG_UINT_31_MAX, "encode_png: bad size ",
+           height, "x", width);
   static constexpr png_uint_32 kFormats[] = {PNG_FORMAT_GRAY, PNG_FORMAT_GA, PNG_FORMAT_RGB, PNG_FORMAT_RGBA};
   png_image image;
   std::memset(&image, 0, sizeof image);
@@ -381,8 +386,8 @@ std::vector<uint8_t> encode_png(const uint8_t* pixels, int64_t height, int64_t w
 
 std::vector<uint8_t> resize_shorter_side_center_crop(const uint8_t* pixels, int64_t height, int64_t width,
                                                      int64_t channels, int64_t size) {
-  RT_CHECK(height > 0 && width > 0 && channels > 0 && size > 0, "resize: bad shape ", height, "x", width, "x",
-           channels, " -> ", size);
+  RT_CHECK(height > 0 && width > 0 && channels > 0 && size > 0, "resize: bad shape ", height, "x", width, "x", channels,
+           " -> ", size);
   const double scale = static_cast<double>(size) / static_cast<double>(std::min(height, width));
   // The longer side is cropped symmetrically on the scaled axis.
   const Taps rows = make_taps(height, size, scale, (height * scale - static_cast<double>(size)) / 2);
@@ -412,7 +417,8 @@ std::vector<uint8_t> resize_shorter_side_center_crop(const uint8_t* pixels, int6
     uint8_t* dst = out.data() + y * row_elems;
     for (int64_t i = 0; i < row_elems; ++i) {
       float v = 0;
-      for (int64_t k = 0; k < count; ++k) v += w[k] * horizontal[static_cast<size_t>((first + k - row_lo) * row_elems + i)];
+      for (int64_t k = 0; k < count; ++k)
+        v += w[k] * horizontal[static_cast<size_t>((first + k - row_lo) * row_elems + i)];
       dst[i] = static_cast<uint8_t>(std::clamp(std::lround(v), 0L, 255L));
     }
   }

@@ -27,8 +27,7 @@ ImageFormat detect_image_format(const uint8_t* bytes, size_t size);
 DecodedImage decode_image(const uint8_t* bytes, size_t size);
 
 // pixels: (height, width, channels) with channels 1 or 3. quality: 1..100.
-std::vector<uint8_t> encode_jpeg(const uint8_t* pixels, int64_t height, int64_t width, int64_t channels,
-                                 int quality);
+std::vector<uint8_t> encode_jpeg(const uint8_t* pixels, int64_t height, int64_t width, int64_t channels, int quality);
 // pixels: (height, width, channels) with channels 1, 2 (gray + alpha), 3 or 4 (RGBA). Lossless.
 std::vector<uint8_t> encode_png(const uint8_t* pixels, int64_t height, int64_t width, int64_t channels);
 

@@ -49,9 +49,9 @@ std::vector<std::string> read_class_names(const fs::path& path, int expected) {
   return names;
 }
 
-WriterOptions writer_options(const fs::path& out, const std::string& split, int shards, int64_t records,
-                             int64_t height, int64_t width, int64_t channels, int num_classes,
-                             std::vector<std::string> classes, const std::string& source, bool show_progress) {
+WriterOptions writer_options(const fs::path& out, const std::string& split, int shards, int64_t records, int64_t height,
+                             int64_t width, int64_t channels, int num_classes, std::vector<std::string> classes,
+                             const std::string& source, bool show_progress) {
   WriterOptions w;
   w.dir = out;
   w.split = split;
@@ -100,9 +100,12 @@ struct CifarLayout {
 
 CifarLayout cifar_layout(int num_classes) {
   if (num_classes == 10)
-    return {10, 1, "cifar-10-batches-bin",
+    return {10,
+            1,
+            "cifar-10-batches-bin",
             {"data_batch_1.bin", "data_batch_2.bin", "data_batch_3.bin", "data_batch_4.bin", "data_batch_5.bin"},
-            {"test_batch.bin"}, "batches.meta.txt"};
+            {"test_batch.bin"},
+            "batches.meta.txt"};
   if (num_classes == 100) return {100, 2, "cifar-100-binary", {"train.bin"}, {"test.bin"}, "fine_label_names.txt"};
   RT_THROW("CIFAR has 10 or 100 classes, got ", num_classes);
 }
@@ -121,8 +124,8 @@ int64_t cifar_records(const fs::path& path, const CifarLayout& layout) {
   if (!fs::exists(path)) RT_THROW("CIFAR-", layout.num_classes, " file '", path.string(), "' not found");
   const auto bytes = static_cast<int64_t>(fs::file_size(path));
   if (bytes == 0 || bytes % layout.record_bytes() != 0)
-    RT_THROW("CIFAR-", layout.num_classes, " file '", path.string(), "' is ", bytes,
-             " bytes, not a whole number of ", layout.record_bytes(), "-byte records (truncated?)");
+    RT_THROW("CIFAR-", layout.num_classes, " file '", path.string(), "' is ", bytes, " bytes, not a whole number of ",
+             layout.record_bytes(), "-byte records (truncated?)");
   return bytes / layout.record_bytes();
 }
 
@@ -213,8 +216,8 @@ PreparedImage prepare_image(const fs::path& path, const ImageFolderOptions& opti
     const std::vector<uint8_t> bytes = read_file(path);
     DecodedImage image = convert_channels(decode_image(bytes.data(), bytes.size()), options.channels);
     PreparedImage prepared;
-    prepared.data = resize_shorter_side_center_crop(image.pixels.data(), image.height, image.width, image.channels,
-                                                    options.size);
+    prepared.data =
+        resize_shorter_side_center_crop(image.pixels.data(), image.height, image.width, image.channels, options.size);
     if (options.storage == ImageStorage::kJpeg) {
       const int64_t c = options.channels, n = options.size * options.size;
       prepared.sums.assign(static_cast<size_t>(c), 0.0);
@@ -236,9 +239,9 @@ PreparedImage prepare_image(const fs::path& path, const ImageFolderOptions& opti
 SplitInfo write_image_split(const FolderSplit& split, const fs::path& out, int shards, int num_classes,
                             const std::vector<std::string>& classes, const std::string& source,
                             const ImageFolderOptions& image_options, const ConvertOptions& options, uint64_t stream) {
-  WriterOptions w = writer_options(out, split.name, shards, static_cast<int64_t>(split.records.size()),
-                                   image_options.size, image_options.size, image_options.channels, num_classes,
-                                   classes, source, options.show_progress);
+  WriterOptions w =
+      writer_options(out, split.name, shards, static_cast<int64_t>(split.records.size()), image_options.size,
+                     image_options.size, image_options.channels, num_classes, classes, source, options.show_progress);
   w.encoded = image_options.storage == ImageStorage::kJpeg;
   ShardWriter writer(std::move(w));
   const std::vector<int64_t> order = shuffled_order(static_cast<int64_t>(split.records.size()), options.seed, stream);
@@ -250,9 +253,8 @@ SplitInfo write_image_split(const FolderSplit& split, const fs::path& out, int s
     std::vector<PreparedImage> prepared(static_cast<size_t>(count));
     parallel_for(count, 1, [&](int64_t lo, int64_t hi) {
       for (int64_t i = lo; i < hi; ++i)
-        prepared[static_cast<size_t>(i)] =
-            prepare_image(split.records[static_cast<size_t>(order[static_cast<size_t>(begin + i)])].path,
-                          image_options);
+        prepared[static_cast<size_t>(i)] = prepare_image(
+            split.records[static_cast<size_t>(order[static_cast<size_t>(begin + i)])].path, image_options);
     });
     for (int64_t i = 0; i < count; ++i) {
       const ImageRecord& record = split.records[static_cast<size_t>(order[static_cast<size_t>(begin + i)])];
@@ -326,8 +328,9 @@ ConvertResult convert_idx(const fs::path& src, const fs::path& out, const std::s
     if (s.data.images.count == 0) RT_THROW("idx file '", s.data.images.path.string(), "' has no images");
     for (int64_t i = 0; i < s.data.labels.count; ++i)
       if (s.data.labels.labels[static_cast<size_t>(i)] >= classes.size())
-        RT_THROW("idx file '", s.data.labels.path.string(), "': label ", int{s.data.labels.labels[static_cast<size_t>(i)]},
-                 " of record ", i, " is outside [0, ", classes.size(), ")");
+        RT_THROW("idx file '", s.data.labels.path.string(), "': label ",
+                 int{s.data.labels.labels[static_cast<size_t>(i)]}, " of record ", i, " is outside [0, ",
+                 classes.size(), ")");
   }
   const int64_t largest = sources[0].data.images.count;
   check_shard_count(options, largest, "train");
@@ -336,9 +339,9 @@ ConvertResult convert_idx(const fs::path& src, const fs::path& out, const std::s
   for (const Source& s : sources) {
     const IdxImages& images = s.data.images;
     const int64_t records = images.count, record_bytes = images.rows * images.cols;
-    ShardWriter writer(writer_options(out, s.split, shards_for_split(options.num_shards, records, std::max(largest, records)),
-                                      records, images.rows, images.cols, 1, static_cast<int>(classes.size()), classes,
-                                      source, options.show_progress));
+    ShardWriter writer(writer_options(
+        out, s.split, shards_for_split(options.num_shards, records, std::max(largest, records)), records, images.rows,
+        images.cols, 1, static_cast<int>(classes.size()), classes, source, options.show_progress));
     for (int64_t i = 0; i < records; ++i)
       writer.add(images.pixels.data() + i * record_bytes, s.data.labels.labels[static_cast<size_t>(i)]);
     result.splits.push_back(writer.finish());
@@ -365,8 +368,7 @@ ConvertResult convert_cifar(const fs::path& src, const fs::path& out, int num_cl
 
   ConvertResult result;
   const std::vector<std::string> classes = read_class_names(dir / layout.names_file, num_classes);
-  if (classes.empty())
-    result.notes.push_back("no class names: '" + (dir / layout.names_file).string() + "' not found");
+  if (classes.empty()) result.notes.push_back("no class names: '" + (dir / layout.names_file).string() + "' not found");
   const std::string source = "cifar" + std::to_string(num_classes) + ":" + absolute_text(dir);
   std::vector<uint8_t> hwc(static_cast<size_t>(kCifarPixels));
   constexpr int64_t kPlane = kCifarSide * kCifarSide;
@@ -430,8 +432,8 @@ ConvertResult convert_imagefolder(const fs::path& src, const fs::path& out, cons
   const std::string source = "imagefolder:" + absolute_text(src);
   for (size_t i = 0; i < splits.size(); ++i) {
     const int shards = shards_for_split(options.num_shards, static_cast<int64_t>(splits[i].records.size()), largest);
-    result.splits.push_back(write_image_split(splits[i], out, shards, static_cast<int>(classes.size()), classes,
-                                              source, image_options, options, /*stream=*/i));
+    result.splits.push_back(write_image_split(splits[i], out, shards, static_cast<int>(classes.size()), classes, source,
+                                              image_options, options, /*stream=*/i));
   }
   return result;
 }
@@ -445,8 +447,9 @@ ConvertResult convert_synthetic(const fs::path& out, const SyntheticSpec& spec, 
   const int64_t record_bytes = spec.height * spec.width * spec.channels;
   std::vector<uint8_t> templates(static_cast<size_t>(spec.num_classes * record_bytes));
   philox_bytes(options.seed, kTemplateStream, 0, static_cast<int64_t>(templates.size()), templates.data());
-  const std::string source = detail::str_cat("synthetic:", spec.height, "x", spec.width, "x", spec.channels,
-                                             ",count=", spec.count, ",classes=", spec.num_classes, ",seed=", options.seed);
+  const std::string source =
+      detail::str_cat("synthetic:", spec.height, "x", spec.width, "x", spec.channels, ",count=", spec.count,
+                      ",classes=", spec.num_classes, ",seed=", options.seed);
   ConvertResult result;
   const int64_t counts[2] = {spec.count, std::max<int64_t>(1, spec.count / 5)};
   const char* names[2] = {"train", "test"};

@@ -50,10 +50,10 @@ ConvertResult convert_cifar(const std::filesystem::path& src, const std::filesys
 enum class ImageStorage { kPixels, kJpeg };
 
 struct ImageFolderOptions {
-  int64_t size = 224;      // output is size x size (shorter side resized to size, then center-cropped)
-  int64_t channels = 3;    // 1 or 3; images with the other count are converted (gray replicated, RGB to luma)
+  int64_t size = 224;    // output is size x size (shorter side resized to size, then center-cropped)
+  int64_t channels = 3;  // 1 or 3; images with the other count are converted (gray replicated, RGB to luma)
   ImageStorage storage = ImageStorage::kPixels;
-  int jpeg_quality = 95;   // for ImageStorage::kJpeg
+  int jpeg_quality = 95;  // for ImageStorage::kJpeg
 };
 
 // src/train/<class>/... plus src/val/<class>/... and src/test/<class>/... when present (splits named

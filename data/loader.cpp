@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <type_traits>
 
 #include "core/check.h"
 #include "core/parallel.h"
@@ -50,65 +51,105 @@ std::array<int64_t, 3> transformed_shape(const SplitInfo& info, const Transform&
   return {info.height, info.width, info.channels};
 }
 
-void apply_transform(const SplitInfo& info, const Transform& t, const uint8_t* image, uint64_t seed, int64_t epoch,
-                     int64_t sample_index, void* out) {
+namespace {
+
+// The transform's inner loops, for one output element type. scale/shift: per-channel normalisation.
+template <typename Out>
+void transform_into(const SplitInfo& info, const Transform& t, const uint8_t* image, uint64_t seed, int64_t epoch,
+                    int64_t sample_index, Out* out, const float* scale, const float* shift) {
   const int64_t H = info.height, W = info.width, C = info.channels;
   const auto [OH, OW, OC] = transformed_shape(info, t);
   (void)OC;
-  std::array<float, 16> scale{}, shift{};
-  RT_CHECK(C <= 16, "transform: at most 16 channels, got ", C);
-  for (int64_t c = 0; c < C; ++c) {
-    const double mean = t.normalize && c < static_cast<int64_t>(info.mean.size()) ? info.mean[static_cast<size_t>(c)] : 0.0;
-    const double std = t.normalize && c < static_cast<int64_t>(info.std.size()) && info.std[static_cast<size_t>(c)] > 0
-                           ? info.std[static_cast<size_t>(c)]
-                           : 1.0;
-    scale[static_cast<size_t>(c)] = static_cast<float>(1.0 / (255.0 * std));
-    shift[static_cast<size_t>(c)] = static_cast<float>(-mean / std);
-  }
+  auto store = [](float v) {
+    if constexpr (std::is_same_v<Out, BFloat16>) return f32_to_bf16(v);
+    else return v;
+  };
   const Philox4 r = draws(seed, epoch, sample_index, 0);
   const bool flip = t.hflip && t.train && (r.v[0] & 1u);
-  auto store = [&](int64_t at, float v) {
-    if (t.dtype == DType::BF16) static_cast<BFloat16*>(out)[at] = f32_to_bf16(v);
-    else static_cast<float*>(out)[at] = v;
-  };
   if (t.resized_crop > 0) {
     const Crop crop = resized_crop_window(H, W, t.train, seed, epoch, sample_index);
-    // Bilinear sampling at pixel centres of the crop window.
+    // Bilinear sampling at pixel centres of the crop window; column taps computed once per image.
     const double sy = crop.h / static_cast<double>(OH), sx = crop.w / static_cast<double>(OW);
+    std::vector<int64_t> col0(static_cast<size_t>(OW)), col1(static_cast<size_t>(OW));
+    std::vector<float> colw(static_cast<size_t>(OW));
+    for (int64_t ox = 0; ox < OW; ++ox) {
+      const int64_t tx = flip ? OW - 1 - ox : ox;
+      const double fx = std::clamp(crop.x0 + (tx + 0.5) * sx - 0.5, 0.0, static_cast<double>(W - 1));
+      col0[static_cast<size_t>(ox)] = static_cast<int64_t>(fx) * C;
+      col1[static_cast<size_t>(ox)] = std::min(static_cast<int64_t>(fx) + 1, W - 1) * C;
+      colw[static_cast<size_t>(ox)] = static_cast<float>(fx - std::floor(fx));
+    }
     for (int64_t oy = 0; oy < OH; ++oy) {
       const double fy = std::clamp(crop.y0 + (oy + 0.5) * sy - 0.5, 0.0, static_cast<double>(H - 1));
       const int64_t y0 = static_cast<int64_t>(fy), y1 = std::min(y0 + 1, H - 1);
       const float wy = static_cast<float>(fy - static_cast<double>(y0));
+      const uint8_t* row0 = image + y0 * W * C;
+      const uint8_t* row1 = image + y1 * W * C;
+      Out* o = out + oy * OW * C;
       for (int64_t ox = 0; ox < OW; ++ox) {
-        const int64_t tx = flip ? OW - 1 - ox : ox;
-        const double fx = std::clamp(crop.x0 + (tx + 0.5) * sx - 0.5, 0.0, static_cast<double>(W - 1));
-        const int64_t x0 = static_cast<int64_t>(fx), x1 = std::min(x0 + 1, W - 1);
-        const float wx = static_cast<float>(fx - static_cast<double>(x0));
+        const int64_t a0 = col0[static_cast<size_t>(ox)], a1 = col1[static_cast<size_t>(ox)];
+        const float wx = colw[static_cast<size_t>(ox)];
         for (int64_t c = 0; c < C; ++c) {
-          const float a = image[(y0 * W + x0) * C + c], b = image[(y0 * W + x1) * C + c];
-          const float d = image[(y1 * W + x0) * C + c], e = image[(y1 * W + x1) * C + c];
-          const float v = (a * (1 - wx) + b * wx) * (1 - wy) + (d * (1 - wx) + e * wx) * wy;
-          store((oy * OW + ox) * C + c, v * scale[static_cast<size_t>(c)] + shift[static_cast<size_t>(c)]);
+          const float top = row0[a0 + c] + (row0[a1 + c] - row0[a0 + c]) * wx;
+          const float bottom = row1[a0 + c] + (row1[a1 + c] - row1[a0 + c]) * wx;
+          o[ox * C + c] = store((top + (bottom - top) * wy) * scale[c] + shift[c]);
         }
       }
     }
     return;
   }
-  // Pad-and-crop (offsets in [0, 2p]) or identity; zero pixels outside the image.
+  // Pad-and-crop (offsets in [0, 2p]) or identity; zero pixels outside the image. Row by row: the
+  // in-image part of a row is one tight loop.
   const int64_t p = t.train ? t.pad_crop : 0;
   const int64_t dy = p ? static_cast<int64_t>(r.v[1] % static_cast<uint32_t>(2 * p + 1)) - p : 0;
   const int64_t dx = p ? static_cast<int64_t>(r.v[2] % static_cast<uint32_t>(2 * p + 1)) - p : 0;
+  std::vector<float> row_scale(static_cast<size_t>(OW * C)), row_shift(static_cast<size_t>(OW * C));
+  for (int64_t i = 0; i < OW * C; ++i) {
+    row_scale[static_cast<size_t>(i)] = scale[i % C];
+    row_shift[static_cast<size_t>(i)] = shift[i % C];
+  }
   for (int64_t y = 0; y < OH; ++y) {
-    const int64_t sy = y + dy;
+    Out* o = out + y * OW * C;
+    const int64_t src_y = y + dy;
+    if (src_y < 0 || src_y >= H) {
+      for (int64_t i = 0; i < OW * C; ++i) o[i] = store(row_shift[static_cast<size_t>(i)]);
+      continue;
+    }
+    const uint8_t* row = image + src_y * W * C;
+    if (!flip && dx == 0) {
+      for (int64_t i = 0; i < OW * C; ++i)
+        o[i] = store(row[i] * row_scale[static_cast<size_t>(i)] + row_shift[static_cast<size_t>(i)]);
+      continue;
+    }
     for (int64_t x = 0; x < OW; ++x) {
-      const int64_t sx = (flip ? OW - 1 - x : x) + dx;
-      const bool inside = sy >= 0 && sy < H && sx >= 0 && sx < W;
+      const int64_t src_x = (flip ? OW - 1 - x : x) + dx;
+      const bool inside = src_x >= 0 && src_x < W;
       for (int64_t c = 0; c < C; ++c) {
-        const float v = inside ? image[(sy * W + sx) * C + c] : 0.0f;
-        store((y * OW + x) * C + c, v * scale[static_cast<size_t>(c)] + shift[static_cast<size_t>(c)]);
+        const float v = inside ? row[src_x * C + c] : 0.0f;
+        o[x * C + c] = store(v * scale[c] + shift[c]);
       }
     }
   }
+}
+
+}  // namespace
+
+void apply_transform(const SplitInfo& info, const Transform& t, const uint8_t* image, uint64_t seed, int64_t epoch,
+                     int64_t sample_index, void* out) {
+  const int64_t C = info.channels;
+  RT_CHECK(C <= 16, "transform: at most 16 channels, got ", C);
+  std::array<float, 16> scale{}, shift{};
+  for (int64_t c = 0; c < C; ++c) {
+    const size_t k = static_cast<size_t>(c);
+    const double mean = t.normalize && k < info.mean.size() ? info.mean[k] : 0.0;
+    const double std = t.normalize && k < info.std.size() && info.std[k] > 0 ? info.std[k] : 1.0;
+    scale[k] = static_cast<float>(1.0 / (255.0 * std));
+    shift[k] = static_cast<float>(-mean / std);
+  }
+  if (t.dtype == DType::BF16)
+    transform_into(info, t, image, seed, epoch, sample_index, static_cast<BFloat16*>(out), scale.data(), shift.data());
+  else
+    transform_into(info, t, image, seed, epoch, sample_index, static_cast<float*>(out), scale.data(), shift.data());
 }
 
 Loader::Loader(const ShardDataset& dataset, LoaderOptions options) : dataset_(dataset), options_(options) {
@@ -181,12 +222,13 @@ Batch Loader::build(int64_t t) {
   batch.index = t;
   batch.valid = static_cast<int64_t>(real.size());
   const Shape image_shape{n, shape[0], shape[1], shape[2]};
+  // Every real slot is overwritten by its sample; only padding slots are zeroed below.
   if (options_.device.is_cuda()) {
-    batch.images = Tensor::empty_pinned(image_shape, options_.transform.dtype).fill_(0.0);
-    batch.labels = Tensor::empty_pinned(Shape{n}, DType::I64).fill_(0.0);
+    batch.images = Tensor::empty_pinned(image_shape, options_.transform.dtype);
+    batch.labels = Tensor::empty_pinned(Shape{n}, DType::I64);
   } else {
-    batch.images = Tensor::zeros(image_shape, options_.transform.dtype);
-    batch.labels = Tensor::zeros(Shape{n}, DType::I64);
+    batch.images = Tensor::empty(image_shape, options_.transform.dtype);
+    batch.labels = Tensor::empty(Shape{n}, DType::I64);
   }
   const int64_t sample_elems = shape[0] * shape[1] * shape[2];
   const int64_t elem_bytes = dtype_size(options_.transform.dtype);
@@ -198,6 +240,10 @@ Batch Loader::build(int64_t t) {
     apply_transform(info, options_.transform, raw.data() + k * static_cast<size_t>(info.record_bytes()), options_.seed,
                     epoch_, real[k], out + slot * sample_elems * elem_bytes);
     out_labels[slot] = labels[k];
+  }
+  if (slot < n) {
+    std::fill(out + slot * sample_elems * elem_bytes, out + n * sample_elems * elem_bytes, uint8_t{0});
+    std::fill(out_labels + slot, out_labels + n, int64_t{0});
   }
   return batch;
 }

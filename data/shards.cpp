@@ -2,6 +2,7 @@
 #include "data/shards.h"
 
 #include <hdf5.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -335,6 +336,16 @@ struct ShardWriter::Impl {
     }
   }
 
+  // On a terminal one updating line; otherwise a plain line at every 10%.
+  void progress(int64_t written) {
+    const int64_t total = options.total_records;
+    const bool tty = isatty(fileno(stderr));
+    const int64_t step = tty ? std::max<int64_t>(1, total / 200) : std::max<int64_t>(1, total / 10);
+    if (written % step != 0 && written != total) return;
+    std::fprintf(stderr, tty ? "\r%s: %lld / %lld records%s" : "%s: %lld / %lld records%s\n", options.split.c_str(),
+                 static_cast<long long>(written), static_cast<long long>(total), tty && written == total ? "\n" : "");
+  }
+
   void remove_partials() noexcept {
     for (const auto& p : temp_files) {
       std::error_code ec;
@@ -399,9 +410,7 @@ void ShardWriter::add(const uint8_t* image, int32_t label) {
   }
   if (static_cast<int64_t>(m.pending.size()) >= m.chunk * m.record_bytes) m.flush_pending();
   ++written_;
-  if (m.options.show_progress && (written_ % 5000 == 0 || written_ == m.options.total_records))
-    std::fprintf(stderr, "\r%s: %lld / %lld records", m.options.split.c_str(), static_cast<long long>(written_),
-                 static_cast<long long>(m.options.total_records));
+  if (m.options.show_progress) m.progress(written_);
 }
 
 void ShardWriter::add_encoded(const std::vector<uint8_t>& bytes, const int64_t decoded_hwc[3], int32_t label,
@@ -439,9 +448,7 @@ void ShardWriter::add_encoded(const std::vector<uint8_t>& bytes, const int64_t d
     m.squares[c] += channel_squares[c];
   }
   ++written_;
-  if (m.options.show_progress && (written_ % 1000 == 0 || written_ == m.options.total_records))
-    std::fprintf(stderr, "\r%s: %lld / %lld records", m.options.split.c_str(), static_cast<long long>(written_),
-                 static_cast<long long>(m.options.total_records));
+  if (m.options.show_progress) m.progress(written_);
 }
 
 SplitInfo ShardWriter::finish() {
@@ -449,7 +456,6 @@ SplitInfo ShardWriter::finish() {
   const auto& o = m.options;
   if (written_ != o.total_records)
     RT_THROW("ShardWriter: split '", o.split, "' announced ", o.total_records, " records but got ", written_);
-  if (o.show_progress && o.total_records > 0) std::fprintf(stderr, "\n");
   m.close_shard();  // then every remaining (empty) shard is created below, even for an empty split
   for (int s = static_cast<int>(m.shards.size()); s < o.num_shards; ++s) {
     m.open_shard(s);
@@ -533,38 +539,51 @@ struct ShardDataset::Impl {
   fs::path dir;
   std::vector<int64_t> begin;  // global index of each shard's first record (size shards + 1)
   int64_t chunk = 1;
-  // Open file handles, at most kMaxOpen at once (least recently used closed first).
+  std::vector<int32_t> labels;  // every label of the split, read once at open (4 bytes per record)
+  // Open shards (file + image dataset), at most kMaxOpen at once (least recently used closed first).
   static constexpr size_t kMaxOpen = 64;
-  std::vector<hid_t> files;
+  struct Open {
+    hid_t file = H5I_INVALID_HID, images = H5I_INVALID_HID;
+  };
+  std::vector<Open> open;
   std::list<int> lru;
 
   ~Impl() {
     std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
-    for (hid_t f : files)
-      if (f >= 0) H5Fclose(f);
+    for (auto& o : open) close(o);
   }
 
-  hid_t file(int shard, const SplitInfo& info) {
-    hid_t& f = files[static_cast<size_t>(shard)];
+  static void close(Open& o) {
+    if (o.images >= 0) H5Dclose(o.images);
+    if (o.file >= 0) H5Fclose(o.file);
+    o = Open{};
+  }
+
+  // The image dataset (/images or /jpeg) of a shard, opening it if needed. Caller holds hdf5_mutex().
+  hid_t images(int shard, const SplitInfo& info) {
+    Open& o = open[static_cast<size_t>(shard)];
     lru.remove(shard);
     lru.push_front(shard);
-    if (f >= 0) return f;
+    if (o.images >= 0) return o.images;
     if (lru.size() > kMaxOpen) {
-      int victim = lru.back();
+      const int victim = lru.back();
       lru.pop_back();
-      H5Fclose(files[static_cast<size_t>(victim)]);
-      files[static_cast<size_t>(victim)] = H5I_INVALID_HID;
+      close(open[static_cast<size_t>(victim)]);
     }
     const fs::path path = dir / info.shards[static_cast<size_t>(shard)].file;
-    f = h5_or_throw(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), path, "", "cannot open");
-    return f;
+    const char* name = info.encoded ? "/jpeg" : "/images";
+    o.file = h5_or_throw(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), path, "", "cannot open");
+    o.images = h5_or_throw(H5Dopen2(o.file, name, H5P_DEFAULT), path, name, "cannot open dataset");
+    return o.images;
   }
 };
 
 namespace {
 
 // Validates one shard file against the manifest entry; returns nothing, throws naming file and object.
-void validate_shard(const fs::path& path, const SplitInfo& info, const ShardInfo& shard, bool check_labels) {
+// Appends the shard's labels to `all_labels`.
+void validate_shard(const fs::path& path, const SplitInfo& info, const ShardInfo& shard, bool check_labels,
+                    std::vector<int32_t>& all_labels) {
   detail::h5_silence_errors();
   if (H5Fis_hdf5(path.c_str()) <= 0)
     RT_THROW("shard '", path.string(), "' is truncated or not an HDF5 file (HDF5: ", detail::h5_error_text(), ")");
@@ -620,15 +639,17 @@ void validate_shard(const fs::path& path, const SplitInfo& info, const ShardInfo
   H5Sget_simple_extent_dims(lspace, ldims, nullptr);
   if (ldims[0] != idims[0])
     RT_THROW("shard '", path.string(), "': ", idims[0], " images but ", ldims[0], " labels in dataset '/labels'");
-  if (check_labels && ldims[0] > 0) {
-    std::vector<int32_t> values(ldims[0]);
+  std::vector<int32_t> values(ldims[0]);
+  if (ldims[0] > 0)
     h5_or_throw(H5Dread(labels, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()), path, "/labels",
                 "truncated or corrupt data, cannot read");
+  if (check_labels) {
     for (size_t i = 0; i < values.size(); ++i)
       if (values[i] < 0 || values[i] >= info.num_classes)
         RT_THROW("shard '", path.string(), "': dataset '/labels' record ", i, " has label ", values[i], " outside [0, ",
                  info.num_classes, ")");
   }
+  all_labels.insert(all_labels.end(), values.begin(), values.end());
 }
 
 }  // namespace
@@ -650,6 +671,7 @@ ShardDataset ShardDataset::open(const fs::path& dir, const std::string& split, O
   const SplitInfo& info = ds.info_;
   int64_t total = 0;
   std::set<std::string> listed;
+  std::vector<int32_t> labels;
   for (const auto& shard : info.shards) {
     listed.insert(shard.file);
     const fs::path path = dir / shard.file;
@@ -660,7 +682,7 @@ ShardDataset ShardDataset::open(const fs::path& dir, const std::string& split, O
         RT_THROW("shard '", path.string(), "' is corrupt: CRC-32 ", hex32(crc), " but the manifest says ",
                  hex32(shard.crc32));
     }
-    validate_shard(path, info, shard, options.check_labels);
+    validate_shard(path, info, shard, options.check_labels, labels);
     total += shard.records;
   }
   if (total != info.records)
@@ -677,7 +699,8 @@ ShardDataset ShardDataset::open(const fs::path& dir, const std::string& split, O
   ds.impl_->dir = dir;
   ds.impl_->begin.push_back(0);
   for (const auto& shard : info.shards) ds.impl_->begin.push_back(ds.impl_->begin.back() + shard.records);
-  ds.impl_->files.assign(info.shards.size(), H5I_INVALID_HID);
+  ds.impl_->open.assign(info.shards.size(), Impl::Open{});
+  ds.impl_->labels = std::move(labels);
   ds.impl_->chunk = chunk_records_for(info.record_bytes());
   return ds;
 }
@@ -703,10 +726,10 @@ std::pair<int, int64_t> ShardDataset::locate(int64_t index) const {
 std::vector<uint8_t> ShardDataset::read_encoded(int64_t index, int32_t* label) const {
   RT_CHECK(info_.encoded, "read_encoded on split '", info_.split, "' which stores decoded images");
   auto [shard, local] = locate(index);
+  if (label) *label = impl_->labels[static_cast<size_t>(index)];
   std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
   const fs::path path = impl_->dir / info_.shards[static_cast<size_t>(shard)].file;
-  hid_t file = impl_->file(shard, info_);
-  H5Id ds(h5_or_throw(H5Dopen2(file, "jpeg", H5P_DEFAULT), path, "/jpeg", "cannot open dataset"), H5Dclose);
+  hid_t ds = impl_->images(shard, info_);
   hsize_t start[1] = {static_cast<hsize_t>(local)}, count[1] = {1};
   H5Id fspace(H5Dget_space(ds), H5Sclose);
   H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start, nullptr, count, nullptr);
@@ -716,12 +739,6 @@ std::vector<uint8_t> ShardDataset::read_encoded(int64_t index, int32_t* label) c
   h5_or_throw(H5Dread(ds, vlen, mspace, fspace, H5P_DEFAULT, &value), path, "/jpeg", "truncated or corrupt record");
   std::vector<uint8_t> bytes(static_cast<const uint8_t*>(value.p), static_cast<const uint8_t*>(value.p) + value.len);
   H5Dvlen_reclaim(vlen, mspace, H5P_DEFAULT, &value);
-  if (label) {
-    H5Id lds(h5_or_throw(H5Dopen2(file, "labels", H5P_DEFAULT), path, "/labels", "cannot open dataset"), H5Dclose);
-    H5Id lfspace(H5Dget_space(lds), H5Sclose);
-    H5Sselect_hyperslab(lfspace, H5S_SELECT_SET, start, nullptr, count, nullptr);
-    h5_or_throw(H5Dread(lds, H5T_NATIVE_INT32, mspace, lfspace, H5P_DEFAULT, label), path, "/labels", "cannot read");
-  }
   return bytes;
 }
 
@@ -751,14 +768,14 @@ void ShardDataset::read_range(int64_t begin, int64_t count, uint8_t* images, int
     }
     return;
   }
+  if (labels) std::copy_n(impl_->labels.data() + begin, count, labels);
   std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
   int64_t done = 0;
   while (done < count) {
     auto [shard, local] = locate(begin + done);
     const int64_t in_shard = std::min(count - done, info_.shards[static_cast<size_t>(shard)].records - local);
     const fs::path path = impl_->dir / info_.shards[static_cast<size_t>(shard)].file;
-    hid_t file = impl_->file(shard, info_);
-    H5Id ds(h5_or_throw(H5Dopen2(file, "images", H5P_DEFAULT), path, "/images", "cannot open dataset"), H5Dclose);
+    hid_t ds = impl_->images(shard, info_);
     hsize_t start[4] = {static_cast<hsize_t>(local), 0, 0, 0};
     hsize_t counts[4] = {static_cast<hsize_t>(in_shard), static_cast<hsize_t>(info_.height),
                          static_cast<hsize_t>(info_.width), static_cast<hsize_t>(info_.channels)};
@@ -767,14 +784,6 @@ void ShardDataset::read_range(int64_t begin, int64_t count, uint8_t* images, int
     H5Id mspace(H5Screate_simple(4, counts, nullptr), H5Sclose);
     h5_or_throw(H5Dread(ds, H5T_NATIVE_UINT8, mspace, fspace, H5P_DEFAULT, images + done * record_bytes), path,
                 "/images", "truncated or corrupt data, cannot read records");
-    if (labels) {
-      H5Id lds(h5_or_throw(H5Dopen2(file, "labels", H5P_DEFAULT), path, "/labels", "cannot open dataset"), H5Dclose);
-      H5Id lfspace(H5Dget_space(lds), H5Sclose);
-      H5Sselect_hyperslab(lfspace, H5S_SELECT_SET, start, nullptr, counts, nullptr);
-      H5Id lmspace(H5Screate_simple(1, counts, nullptr), H5Sclose);
-      h5_or_throw(H5Dread(lds, H5T_NATIVE_INT32, lmspace, lfspace, H5P_DEFAULT, labels + done), path, "/labels",
-                  "cannot read labels");
-    }
     done += in_shard;
   }
 }
@@ -785,21 +794,21 @@ void ShardDataset::read_indices(const std::vector<int64_t>& indices, uint8_t* im
   std::vector<size_t> order(indices.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return indices[a] < indices[b]; });
+  // A gap of up to max_gap unwanted records is read through: one larger HDF5 read beats many small ones.
+  const int64_t max_gap = info_.encoded ? 0 : std::max<int64_t>(0, (256 << 10) / std::max<int64_t>(1, record_bytes));
   std::vector<uint8_t> run_images;
-  std::vector<int32_t> run_labels;
   size_t i = 0;
   while (i < order.size()) {
     size_t j = i + 1;
-    while (j < order.size() && indices[order[j]] == indices[order[j - 1]] + 1) ++j;
-    const int64_t first = indices[order[i]], n = static_cast<int64_t>(j - i);
-    run_images.resize(static_cast<size_t>(n * record_bytes));
-    run_labels.resize(static_cast<size_t>(n));
-    read_range(first, n, run_images.data(), run_labels.data());
+    while (j < order.size() && indices[order[j]] - indices[order[j - 1]] <= max_gap + 1) ++j;
+    const int64_t first = indices[order[i]], span = indices[order[j - 1]] - first + 1;
+    run_images.resize(static_cast<size_t>(span * record_bytes));
+    read_range(first, span, run_images.data(), nullptr);
     for (size_t k = i; k < j; ++k) {
       const size_t at = order[k];
-      std::copy_n(run_images.data() + (k - i) * static_cast<size_t>(record_bytes), record_bytes,
-                  images + at * static_cast<size_t>(record_bytes));
-      if (labels) labels[at] = run_labels[k - i];
+      const int64_t offset = indices[at] - first;
+      std::copy_n(run_images.data() + offset * record_bytes, record_bytes, images + at * static_cast<size_t>(record_bytes));
+      if (labels) labels[at] = impl_->labels[static_cast<size_t>(indices[at])];
     }
     i = j;
   }

@@ -32,8 +32,8 @@ Split load_split(const fs::path& dir, const std::string& prefix) {
   // A missing file most likely means the dataset package is not installed: say how to get it.
   for (const std::string& name : {image_name, label_name})
     if (!fs::exists(dir / name) && !fs::exists(dir / (name + ".gz")))
-      RT_THROW("Fashion-MNIST file '", (dir / name).string(), "' (or .gz) not found; install Debian's "
-               "dataset-fashion-mnist or pass the folder with --data");
+      RT_THROW("Fashion-MNIST file '", (dir / name).string(),
+               "' (or .gz) not found; install Debian's dataset-fashion-mnist or pass the folder with --data");
   const data::IdxSplit split = data::read_idx_split(dir / image_name, dir / label_name);
   const int64_t n = split.images.count, pixels = split.images.rows * split.images.cols;
   Tensor raw = Tensor::empty(Shape{n, pixels}, DType::U8);

@@ -96,7 +96,8 @@ std::string expect_error(const std::function<void()>& fn, std::initializer_list<
     fn();
   } catch (const Error& e) {
     const std::string what = e.what();
-    for (const std::string& part : parts) EXPECT_NE(what.find(part), std::string::npos) << "'" << part << "' not in: " << what;
+    for (const std::string& part : parts)
+      EXPECT_NE(what.find(part), std::string::npos) << "'" << part << "' not in: " << what;
     return what;
   }
   ADD_FAILURE() << "no ringtrain::Error thrown";
@@ -106,7 +107,8 @@ std::string expect_error(const std::function<void()>& fn, std::initializer_list<
 // A PNG built by hand (for bit depths and color types our encoder does not write): rows are the raw
 // scanline bytes without the filter byte.
 std::vector<uint8_t> handmade_png(uint32_t width, uint32_t height, uint8_t bit_depth, uint8_t color_type,
-                                  const std::vector<std::vector<uint8_t>>& rows, const std::vector<uint8_t>& palette = {},
+                                  const std::vector<std::vector<uint8_t>>& rows,
+                                  const std::vector<uint8_t>& palette = {},
                                   const std::vector<uint8_t>& transparency = {}) {
   std::vector<uint8_t> png = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
   auto chunk = [&png](const char* type, const std::vector<uint8_t>& data) {
@@ -436,7 +438,8 @@ std::vector<uint8_t> cifar_records(int count, const std::vector<uint8_t>& labels
   std::vector<uint8_t> out;
   for (int r = 0; r < count; ++r) {
     for (size_t k = 0; k < labels_per_record.size(); ++k)
-      out.push_back(static_cast<uint8_t>(labels_per_record[k] + (k + 1 == labels_per_record.size() ? first_label + r : 0)));
+      out.push_back(
+          static_cast<uint8_t>(labels_per_record[k] + (k + 1 == labels_per_record.size() ? first_label + r : 0)));
     std::vector<uint8_t> planes(3072);
     for (int p = 0; p < 1024; ++p) {
       planes[static_cast<size_t>(p)] = static_cast<uint8_t>((r + p) % 256);
@@ -503,7 +506,8 @@ TEST_F(ConverterCifar, Cifar100UsesFineLabels) {
 
 TEST_F(ConverterCifar, ErrorsNameTheFile) {
   const fs::path bin = dir_ / "cifar-10-batches-bin";
-  for (int b = 1; b <= 5; ++b) write_bytes(bin / ("data_batch_" + std::to_string(b) + ".bin"), cifar_records(1, {0}, 0));
+  for (int b = 1; b <= 5; ++b)
+    write_bytes(bin / ("data_batch_" + std::to_string(b) + ".bin"), cifar_records(1, {0}, 0));
   expect_error([&] { convert_cifar(bin, dir_ / "out", 10, {}); }, {(bin / "test_batch.bin").string(), "not found"});
   std::vector<uint8_t> short_file = cifar_records(2, {0}, 0);
   short_file.pop_back();
