@@ -1,0 +1,32 @@
+// layers/basic.cpp: ReLU, Dropout, Sequential.
+#include "layers/basic.h"
+
+#include "core/check.h"
+#include "core/ops.h"
+
+namespace ringtrain {
+
+Tensor ReLU::forward(const Tensor& x) { return relu(x); }
+
+Dropout::Dropout(double p) : p_(p) {
+  RT_CHECK(p >= 0.0 && p < 1.0, "Dropout: probability must be in [0, 1), got ", p);
+}
+
+Tensor Dropout::forward(const Tensor& x) { return dropout(x, p_, is_training()); }
+
+Sequential::Sequential(std::initializer_list<std::shared_ptr<Module>> modules) {
+  for (const auto& m : modules) add(m);
+}
+
+Sequential& Sequential::add(std::shared_ptr<Module> module) {
+  modules_.push_back(register_module(std::to_string(modules_.size()), std::move(module)));
+  return *this;
+}
+
+Tensor Sequential::forward(const Tensor& x) {
+  Tensor y = x;
+  for (auto& m : modules_) y = m->forward(y);
+  return y;
+}
+
+}  // namespace ringtrain
