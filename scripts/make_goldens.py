@@ -80,12 +80,47 @@ def composed_golden(out_dir):
                                 "grad_b": b.grad})
 
 
+def optimizer_golden(out_dir):
+    # Parameters after each of 5 steps on a fixed quadratic, for SGD (momentum, Nesterov, weight decay)
+    # and AdamW; a matrix and a bias so DecayPolicy.ExceptBiasAndNorm can be checked too.
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(6, 3, generator=g)
+    y = torch.randn(6, 2, generator=g)
+    w0 = torch.randn(2, 3, generator=g)
+    b0 = torch.randn(2, generator=g)
+    tensors = {"x": x, "y": y, "w0": w0, "b0": b0}
+    configs = {
+        "sgd": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01),
+        "sgd_plain": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, dampening=0.1, weight_decay=0.0),
+        "adamw": lambda ps: torch.optim.AdamW(ps, lr=0.01, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1),
+        "sgd_nodecay_bias": lambda ps: torch.optim.SGD([{"params": [ps[0]], "weight_decay": 0.05},
+                                                        {"params": [ps[1]], "weight_decay": 0.0}],
+                                                       lr=0.1, momentum=0.9),
+    }
+    for name, make in configs.items():
+        w = w0.clone().requires_grad_(True)
+        b = b0.clone().requires_grad_(True)
+        opt = make([w, b])
+        ws, bs = [], []
+        for _ in range(5):
+            opt.zero_grad()
+            loss = ((x @ w.t() + b - y) ** 2).sum()
+            loss.backward()
+            opt.step()
+            ws.append(w.detach().clone())
+            bs.append(b.detach().clone())
+        tensors[name + "_w"] = torch.stack(ws)
+        tensors[name + "_b"] = torch.stack(bs)
+    write(out_dir, "optimizer", tensors)
+
+
 def main():
     out_dir = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "tests", "golden")
     os.makedirs(out_dir, exist_ok=True)
     matmul_golden(out_dir)
     cross_entropy_golden(out_dir)
     composed_golden(out_dir)
+    optimizer_golden(out_dir)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,236 @@
+// core/optim/optimizer.cpp: update rules written with tensor ops (any device), schedules, clipping.
+#include "core/optim/optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <numbers>
+
+#include "core/autograd.h"
+#include "core/check.h"
+#include "core/ops.h"
+
+namespace ringtrain {
+
+std::vector<NamedParameter> as_named(const std::vector<std::pair<std::string, Tensor>>& params) {
+  std::vector<NamedParameter> out;
+  for (const auto& [name, t] : params) out.push_back({name, t});
+  return out;
+}
+
+Optimizer::Optimizer(std::vector<NamedParameter> params, double weight_decay, DecayPolicy policy)
+    : params_(std::move(params)), weight_decay_(weight_decay), policy_(policy) {
+  RT_CHECK(weight_decay >= 0, "optimizer: weight decay must be >= 0, got ", weight_decay);
+  for (const auto& p : params_) {
+    RT_CHECK(p.tensor.defined() && p.tensor.requires_grad(), "optimizer: parameter '", p.name,
+             "' must be a tensor that requires grad");
+    RT_CHECK(is_floating(p.tensor.dtype()), "optimizer: parameter '", p.name, "' is ", p.tensor.describe());
+  }
+}
+
+bool Optimizer::decays(const Tensor& p) const {
+  if (weight_decay_ == 0.0) return false;
+  return policy_ == DecayPolicy::All || p.ndim() > 1;
+}
+
+void Optimizer::zero_grad(bool set_to_none) {
+  for (auto& p : params_) p.tensor.zero_grad(set_to_none);
+}
+
+namespace {
+
+using State = std::vector<std::pair<std::string, Tensor>>;
+
+std::map<std::string, Tensor> index_state(const State& state) {
+  std::map<std::string, Tensor> out;
+  for (const auto& [n, t] : state) out[n] = t;
+  return out;
+}
+
+int64_t read_step(const std::map<std::string, Tensor>& state) {
+  auto it = state.find("step");
+  if (it == state.end()) RT_THROW("optimizer state: missing entry 'step'");
+  return static_cast<int64_t>(it->second.item());
+}
+
+// Copies state entry `key` into slot (allocating it like `like`), or leaves the slot empty if absent
+// and `optional`.
+void restore_slot(const std::map<std::string, Tensor>& state, const std::string& key, const Tensor& like,
+                  Tensor& slot) {
+  auto it = state.find(key);
+  if (it == state.end()) {
+    slot = Tensor();
+    return;
+  }
+  if (!(it->second.shape() == like.shape()))
+    RT_THROW("optimizer state: entry '", key, "' has shape ", it->second.shape(), ", the parameter is ", like.shape());
+  slot = Tensor::empty(like.shape(), like.dtype(), like.device());
+  slot.copy_(it->second);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------------
+// SGD: PyTorch's rule. g = grad + wd p; buf = momentum buf + (1 - dampening) g (buf = g at first);
+// g = nesterov ? g + momentum buf : buf; p -= lr g.
+
+Sgd::Sgd(std::vector<NamedParameter> params, SgdOptions options)
+    : Optimizer(std::move(params), options.weight_decay, options.decay_policy), options_(options) {
+  RT_CHECK(options.momentum >= 0, "SGD: momentum must be >= 0, got ", options.momentum);
+  RT_CHECK(!options.nesterov || (options.momentum > 0 && options.dampening == 0),
+           "SGD: Nesterov momentum needs momentum > 0 and no dampening");
+  momentum_.resize(params_.size());
+}
+
+void Sgd::step(double lr) {
+  NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Tensor& p = params_[i].tensor;
+    Tensor grad = p.grad();
+    if (!grad.defined()) continue;
+    Tensor g = decays(p) ? add(grad, mul(p, weight_decay_)) : grad;
+    if (options_.momentum != 0.0) {
+      Tensor& buf = momentum_[i];
+      if (!buf.defined()) buf = g.clone();
+      else buf.copy_(add(mul(buf, options_.momentum), mul(g, 1.0 - options_.dampening)));
+      g = options_.nesterov ? add(g, mul(buf, options_.momentum)) : buf;
+    }
+    p.add_(g, -lr);
+  }
+  ++steps_;
+}
+
+State Sgd::state() const {
+  State out;
+  out.emplace_back("step", Tensor::scalar(static_cast<double>(steps_), DType::I64));
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (momentum_[i].defined()) out.emplace_back(params_[i].name + ".momentum", momentum_[i]);
+  return out;
+}
+
+void Sgd::load_state(const State& state) {
+  auto index = index_state(state);
+  steps_ = read_step(index);
+  for (size_t i = 0; i < params_.size(); ++i)
+    restore_slot(index, params_[i].name + ".momentum", params_[i].tensor, momentum_[i]);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// AdamW: p -= lr wd p; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
+// p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps).
+
+AdamW::AdamW(std::vector<NamedParameter> params, AdamWOptions options)
+    : Optimizer(std::move(params), options.weight_decay, options.decay_policy), options_(options) {
+  RT_CHECK(options.beta1 >= 0 && options.beta1 < 1 && options.beta2 >= 0 && options.beta2 < 1,
+           "AdamW: betas must be in [0, 1), got ", options.beta1, ", ", options.beta2);
+  RT_CHECK(options.eps > 0, "AdamW: eps must be > 0");
+  m_.resize(params_.size());
+  v_.resize(params_.size());
+}
+
+void AdamW::step(double lr) {
+  NoGradGuard no_grad;
+  ++steps_;
+  const double t = static_cast<double>(steps_);
+  const double bias1 = 1.0 - std::pow(options_.beta1, t), bias2 = 1.0 - std::pow(options_.beta2, t);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Tensor& p = params_[i].tensor;
+    Tensor g = p.grad();
+    if (!g.defined()) continue;
+    if (decays(p)) p.mul_(1.0 - lr * weight_decay_);
+    if (!m_[i].defined()) {
+      m_[i] = Tensor::zeros(p.shape(), p.dtype(), p.device());
+      v_[i] = Tensor::zeros(p.shape(), p.dtype(), p.device());
+    }
+    m_[i].copy_(add(mul(m_[i], options_.beta1), mul(g, 1.0 - options_.beta1)));
+    v_[i].copy_(add(mul(v_[i], options_.beta2), mul(mul(g, g), 1.0 - options_.beta2)));
+    Tensor denom = add(sqrt(mul(v_[i], 1.0 / bias2)), options_.eps);
+    p.add_(div(m_[i], denom), -lr / bias1);
+  }
+}
+
+State AdamW::state() const {
+  State out;
+  out.emplace_back("step", Tensor::scalar(static_cast<double>(steps_), DType::I64));
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!m_[i].defined()) continue;
+    out.emplace_back(params_[i].name + ".exp_avg", m_[i]);
+    out.emplace_back(params_[i].name + ".exp_avg_sq", v_[i]);
+  }
+  return out;
+}
+
+void AdamW::load_state(const State& state) {
+  auto index = index_state(state);
+  steps_ = read_step(index);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    restore_slot(index, params_[i].name + ".exp_avg", params_[i].tensor, m_[i]);
+    restore_slot(index, params_[i].name + ".exp_avg_sq", params_[i].tensor, v_[i]);
+    if (m_[i].defined() != v_[i].defined())
+      RT_THROW("optimizer state: parameter '", params_[i].name, "' has only one of exp_avg / exp_avg_sq");
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Schedules
+
+LrSchedule::LrSchedule(LrScheduleOptions options) : options_(std::move(options)) {
+  const auto& o = options_;
+  RT_CHECK(o.base_lr > 0, "learning rate must be > 0, got ", o.base_lr);
+  RT_CHECK(o.warmup_steps >= 0, "warmup steps must be >= 0, got ", o.warmup_steps);
+  RT_CHECK(o.shape != LrShape::Step || o.step_size > 0, "step schedule needs a positive step size, got ", o.step_size);
+  RT_CHECK(o.shape != LrShape::Cosine || o.total_steps > o.warmup_steps, "cosine schedule needs total steps (",
+           o.total_steps, ") > warmup steps (", o.warmup_steps, ")");
+  RT_CHECK(std::is_sorted(o.milestones.begin(), o.milestones.end()), "multistep milestones must be increasing");
+}
+
+double LrSchedule::at(int64_t step) const {
+  const auto& o = options_;
+  RT_CHECK(step >= 0, "learning-rate schedule: negative step ", step);
+  if (step < o.warmup_steps) {
+    const double f = o.warmup_start_factor + (1.0 - o.warmup_start_factor) * static_cast<double>(step) /
+                                                 static_cast<double>(o.warmup_steps);
+    return o.base_lr * f;
+  }
+  const int64_t s = step - o.warmup_steps;
+  switch (o.shape) {
+    case LrShape::Constant: return o.base_lr;
+    case LrShape::Step: return o.base_lr * std::pow(o.gamma, static_cast<double>(s / o.step_size));
+    case LrShape::MultiStep: {
+      const auto passed = std::upper_bound(o.milestones.begin(), o.milestones.end(), step) - o.milestones.begin();
+      return o.base_lr * std::pow(o.gamma, static_cast<double>(passed));
+    }
+    case LrShape::Cosine: {
+      const double span = static_cast<double>(o.total_steps - o.warmup_steps);
+      const double progress = std::min(1.0, static_cast<double>(s) / span);
+      return o.min_lr + (o.base_lr - o.min_lr) * 0.5 * (1.0 + std::cos(std::numbers::pi * progress));
+    }
+  }
+  return o.base_lr;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Clipping
+
+double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
+  RT_CHECK(max_norm > 0, "clip_grad_norm: max_norm must be > 0, got ", max_norm);
+  NoGradGuard no_grad;
+  double total_sq = 0.0;
+  for (const Tensor& p : params) {
+    Tensor g = p.grad();
+    if (!g.defined()) continue;
+    Tensor g64 = g.to(DType::F64);
+    total_sq += sum(mul(g64, g64)).item();
+  }
+  const double norm = std::sqrt(total_sq);
+  if (norm > max_norm) {
+    const double factor = max_norm / (norm + 1e-6);
+    for (const Tensor& p : params) {
+      Tensor g = p.grad();
+      if (g.defined()) g.mul_(factor);
+    }
+  }
+  return norm;
+}
+
+}  // namespace ringtrain

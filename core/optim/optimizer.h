@@ -1,0 +1,116 @@
+// core/optim/optimizer.h: SGD (momentum, Nesterov, weight decay) and AdamW with PyTorch's update rules,
+// learning-rate schedules (linear warmup, then constant, step, multistep or cosine), and gradient
+// clipping by global norm. Optimizer state (momentum buffers, Adam moments) lives beside each parameter
+// and is exposed by name for checkpoints.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace ringtrain {
+
+// Which parameters weight decay applies to. ExceptBiasAndNorm skips 1-D parameters (biases and
+// batch-norm scales/shifts), the usual choice for ResNets.
+enum class DecayPolicy : uint8_t { All, ExceptBiasAndNorm };
+
+struct NamedParameter {
+  std::string name;
+  Tensor tensor;
+};
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  // Applies one update with learning rate `lr` to every parameter that has a gradient.
+  virtual void step(double lr) = 0;
+  void zero_grad(bool set_to_none = true);
+  // State tensors by "<parameter name>.<slot>" (e.g. "fc.weight.momentum"), plus "step".
+  virtual std::vector<std::pair<std::string, Tensor>> state() const = 0;
+  // Restores state() output; errors name missing or mismatched entries.
+  virtual void load_state(const std::vector<std::pair<std::string, Tensor>>& state) = 0;
+  int64_t steps() const { return steps_; }
+
+ protected:
+  explicit Optimizer(std::vector<NamedParameter> params, double weight_decay, DecayPolicy policy);
+  bool decays(const Tensor& p) const;
+  std::vector<NamedParameter> params_;
+  double weight_decay_;
+  DecayPolicy policy_;
+  int64_t steps_ = 0;
+};
+
+struct SgdOptions {
+  double momentum = 0.9;
+  double dampening = 0.0;
+  bool nesterov = false;
+  double weight_decay = 0.0;  // L2, added to the gradient (PyTorch SGD)
+  DecayPolicy decay_policy = DecayPolicy::All;
+};
+
+class Sgd final : public Optimizer {
+ public:
+  Sgd(std::vector<NamedParameter> params, SgdOptions options);
+  void step(double lr) override;
+  std::vector<std::pair<std::string, Tensor>> state() const override;
+  void load_state(const std::vector<std::pair<std::string, Tensor>>& state) override;
+
+ private:
+  SgdOptions options_;
+  std::vector<Tensor> momentum_;  // undefined until the parameter's first step
+};
+
+struct AdamWOptions {
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  double weight_decay = 0.01;  // decoupled: p -= lr * wd * p
+  DecayPolicy decay_policy = DecayPolicy::All;
+};
+
+class AdamW final : public Optimizer {
+ public:
+  AdamW(std::vector<NamedParameter> params, AdamWOptions options);
+  void step(double lr) override;
+  std::vector<std::pair<std::string, Tensor>> state() const override;
+  void load_state(const std::vector<std::pair<std::string, Tensor>>& state) override;
+
+ private:
+  AdamWOptions options_;
+  std::vector<Tensor> m_, v_;
+};
+
+enum class LrShape : uint8_t { Constant, Step, MultiStep, Cosine };
+
+struct LrScheduleOptions {
+  double base_lr = 0.1;
+  int64_t total_steps = 0;      // optimizer steps in the whole run (cosine needs it)
+  int64_t warmup_steps = 0;     // linear from warmup_start_factor * base_lr to base_lr
+  double warmup_start_factor = 0.0;
+  LrShape shape = LrShape::Constant;
+  int64_t step_size = 0;        // Step: decay every step_size steps (after warmup)
+  std::vector<int64_t> milestones{};  // MultiStep: absolute steps where the rate is multiplied by gamma
+  double gamma = 0.1;
+  double min_lr = 0.0;          // Cosine: final rate
+};
+
+class LrSchedule {
+ public:
+  explicit LrSchedule(LrScheduleOptions options);
+  // The rate for optimizer step `step` (0-based). Pure: resuming at any step gives the same rate.
+  double at(int64_t step) const;
+  const LrScheduleOptions& options() const { return options_; }
+
+ private:
+  LrScheduleOptions options_;
+};
+
+// Scales all gradients so their global L2 norm is at most max_norm (PyTorch's clip_grad_norm_:
+// factor max_norm / (norm + 1e-6) when norm > max_norm). Returns the norm before clipping.
+double clip_grad_norm(const std::vector<Tensor>& params, double max_norm);
+
+// Module parameters as NamedParameter (convenience for Module::named_parameters()).
+std::vector<NamedParameter> as_named(const std::vector<std::pair<std::string, Tensor>>& params);
+
+}  // namespace ringtrain

@@ -1,0 +1,144 @@
+// Tests for core/optim: SGD and AdamW trajectories against PyTorch dumps, weight-decay policy,
+// state save/restore, schedules against their closed forms, and gradient clipping.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numbers>
+
+#include "core/check.h"
+#include "core/ops.h"
+#include "core/optim/optimizer.h"
+#include "test_util.h"
+
+namespace ringtrain {
+namespace {
+
+using testing::all_close;
+using testing::load_golden;
+
+// Runs 5 steps of `make` on the golden quadratic and compares w and b after every step.
+void check_trajectory(const std::string& name, double lr,
+                      const std::function<std::unique_ptr<Optimizer>(std::vector<NamedParameter>)>& make) {
+  auto g = load_golden("optimizer");
+  Tensor w = g.at("w0").detach().clone().set_requires_grad(), b = g.at("b0").detach().clone().set_requires_grad();
+  auto opt = make({{"w", w}, {"b", b}});
+  const Tensor& x = g.at("x");
+  const Tensor& y = g.at("y");
+  for (int step = 0; step < 5; ++step) {
+    opt->zero_grad();
+    Tensor r = sub(linear(x, w, b), y);
+    sum(mul(r, r)).backward();
+    opt->step(lr);
+    EXPECT_TRUE(all_close(w, g.at(name + "_w").slice(step, step + 1).reshape(w.shape()), 1e-12, 1e-12))
+        << name << " step " << step;
+    EXPECT_TRUE(all_close(b, g.at(name + "_b").slice(step, step + 1).reshape(b.shape()), 1e-12, 1e-12))
+        << name << " step " << step;
+  }
+  EXPECT_EQ(opt->steps(), 5);
+}
+
+TEST(Optim, SgdNesterovWithWeightDecayMatchesPyTorch) {
+  check_trajectory("sgd", 0.1, [](std::vector<NamedParameter> p) {
+    return std::make_unique<Sgd>(std::move(p), SgdOptions{.momentum = 0.9, .nesterov = true, .weight_decay = 0.01});
+  });
+}
+
+TEST(Optim, SgdWithDampeningMatchesPyTorch) {
+  check_trajectory("sgd_plain", 0.05, [](std::vector<NamedParameter> p) {
+    return std::make_unique<Sgd>(std::move(p), SgdOptions{.momentum = 0.9, .dampening = 0.1});
+  });
+}
+
+TEST(Optim, SgdWithoutDecayOnBiasMatchesPyTorchParamGroups) {
+  check_trajectory("sgd_nodecay_bias", 0.1, [](std::vector<NamedParameter> p) {
+    return std::make_unique<Sgd>(std::move(p), SgdOptions{.momentum = 0.9, .weight_decay = 0.05,
+                                                          .decay_policy = DecayPolicy::ExceptBiasAndNorm});
+  });
+}
+
+TEST(Optim, AdamWMatchesPyTorch) {
+  check_trajectory("adamw", 0.01, [](std::vector<NamedParameter> p) {
+    return std::make_unique<AdamW>(std::move(p), AdamWOptions{.beta1 = 0.9, .beta2 = 0.99, .eps = 1e-8,
+                                                              .weight_decay = 0.1});
+  });
+}
+
+TEST(Optim, StateRoundTripContinuesTheSameTrajectory) {
+  auto run = [](bool restore_midway) {
+    Tensor w = Tensor::from_vector({1, -2, 3}, Shape{3}, DType::F64).set_requires_grad();
+    auto make = [&] { return AdamW({{"w", w}}, AdamWOptions{}); };
+    AdamW opt = make();
+    for (int s = 0; s < 6; ++s) {
+      if (restore_midway && s == 3) {
+        auto saved = opt.state();
+        std::vector<std::pair<std::string, Tensor>> copy;
+        for (auto& [n, t] : saved) copy.emplace_back(n, t.clone());
+        opt = make();
+        opt.load_state(copy);
+      }
+      opt.zero_grad();
+      sum(mul(mul(w, w), w)).backward();
+      opt.step(0.05);
+    }
+    return w.to_vector();
+  };
+  EXPECT_EQ(run(false), run(true));
+  Tensor w = Tensor::ones(Shape{2}).set_requires_grad();
+  Sgd sgd({{"w", w}}, SgdOptions{});
+  try {
+    sgd.load_state({{"step", Tensor::scalar(1, DType::I64)}, {"w.momentum", Tensor::zeros(Shape{3})}});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'w.momentum'"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(sgd.load_state({}), Error);
+}
+
+TEST(Optim, ParametersWithoutGradientsAreSkippedAndBadOptionsRejected) {
+  Tensor a = Tensor::ones(Shape{2}).set_requires_grad(), b = Tensor::ones(Shape{2}).set_requires_grad();
+  Sgd sgd({{"a", a}, {"b", b}}, SgdOptions{.momentum = 0.0});
+  sum(a * 2.0).backward();
+  sgd.step(0.5);
+  EXPECT_EQ(a.to_vector(), (std::vector<double>{0, 0}));
+  EXPECT_EQ(b.to_vector(), (std::vector<double>{1, 1}));
+  EXPECT_THROW(Sgd({{"c", Tensor::ones(Shape{1})}}, SgdOptions{}), Error);  // no requires_grad
+  EXPECT_THROW(Sgd({{"a", a}}, SgdOptions{.momentum = 0.0, .nesterov = true}), Error);
+  EXPECT_THROW(AdamW({{"a", a}}, AdamWOptions{.beta1 = 1.0}), Error);
+}
+
+TEST(Schedule, WarmupThenCosineStepAndMultiStep) {
+  LrSchedule cosine({.base_lr = 0.4, .total_steps = 110, .warmup_steps = 10, .shape = LrShape::Cosine, .min_lr = 0.0});
+  EXPECT_DOUBLE_EQ(cosine.at(0), 0.0);
+  EXPECT_DOUBLE_EQ(cosine.at(5), 0.2);
+  EXPECT_DOUBLE_EQ(cosine.at(10), 0.4);
+  EXPECT_NEAR(cosine.at(60), 0.2, 1e-15);
+  EXPECT_NEAR(cosine.at(35), 0.2 * (1 + std::cos(std::numbers::pi * 0.25)), 1e-15);
+  EXPECT_NEAR(cosine.at(110), 0.0, 1e-15);
+  EXPECT_NEAR(cosine.at(500), 0.0, 1e-15) << "clamped past the end";
+  LrSchedule step({.base_lr = 1.0, .shape = LrShape::Step, .step_size = 30, .gamma = 0.1});
+  EXPECT_DOUBLE_EQ(step.at(29), 1.0);
+  EXPECT_NEAR(step.at(30), 0.1, 1e-15);
+  EXPECT_NEAR(step.at(65), 0.01, 1e-15);
+  LrSchedule multi({.base_lr = 0.1, .shape = LrShape::MultiStep, .milestones = {100, 150}, .gamma = 0.1});
+  EXPECT_DOUBLE_EQ(multi.at(99), 0.1);
+  EXPECT_NEAR(multi.at(100), 0.01, 1e-15);
+  EXPECT_NEAR(multi.at(150), 0.001, 1e-15);
+  EXPECT_THROW(LrSchedule({.base_lr = 0.1, .total_steps = 5, .warmup_steps = 5, .shape = LrShape::Cosine}), Error);
+  EXPECT_THROW(LrSchedule({.base_lr = -1}), Error);
+}
+
+TEST(Clip, GlobalNormClippingMatchesPyTorchsRule) {
+  Tensor a = Tensor::ones(Shape{3}, DType::F64).set_requires_grad();
+  Tensor b = Tensor::ones(Shape{1}, DType::F64).set_requires_grad();
+  sum(mul(a, 3.0)).backward();  // grad 3,3,3
+  sum(mul(b, 4.0)).backward();  // grad 4
+  const double norm = clip_grad_norm({a, b}, 1.0);
+  EXPECT_NEAR(norm, std::sqrt(27.0 + 16.0), 1e-12);
+  const double factor = 1.0 / (norm + 1e-6);
+  EXPECT_NEAR(a.grad().to_vector()[0], 3 * factor, 1e-12);
+  EXPECT_NEAR(b.grad().to_vector()[0], 4 * factor, 1e-12);
+  EXPECT_NEAR(clip_grad_norm({a, b}, 10.0), norm * factor, 1e-9) << "below the limit: unchanged";
+}
+
+}  // namespace
+}  // namespace ringtrain
