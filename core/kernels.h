@@ -45,6 +45,15 @@ struct GemmArgs {
   bool allow_tf32 = true;
 };
 
+// Convolution geometry, NHWC activations and KRSC filters: x (N, H, W, C), w (K, R, S, C / groups),
+// y (N, P, Q, K). Padding is symmetric; dilation 1 means dense.
+struct ConvGeometry {
+  int64_t n = 0, h = 0, w = 0, c = 0;  // input
+  int64_t k = 0, r = 0, s = 0;         // filters
+  int64_t p = 0, q = 0;                // output height, width
+  int64_t stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0, dilation_h = 1, dilation_w = 1, groups = 1;
+};
+
 struct KernelTable {
   // out[i] = value.
   void (*fill)(Tensor& out, double value) = nullptr;
@@ -84,6 +93,14 @@ struct KernelTable {
                                  Tensor& dlogits) = nullptr;
   // mask[i] = (philox_uniform(seed, stream, i) > p) ? 1/(1-p) : 0 (x's dtype); out = x * mask.
   void (*dropout)(const Tensor& x, double p, uint64_t seed, uint64_t stream, Tensor& out, Tensor& mask) = nullptr;
+  // y = conv(x, w) (+ bias broadcast over K when bias != null).
+  void (*conv2d_forward)(const Tensor& x, const Tensor& w, const Tensor* bias, const ConvGeometry& g,
+                         Tensor& y) = nullptr;
+  // dx = conv_transpose(dy, w) (overwrites dx).
+  void (*conv2d_backward_data)(const Tensor& dy, const Tensor& w, const ConvGeometry& g, Tensor& dx) = nullptr;
+  // dw = correlation of x and dy (overwrites dw); dbias = sum of dy over N, P, Q when dbias != null.
+  void (*conv2d_backward_weights)(const Tensor& x, const Tensor& dy, const ConvGeometry& g, Tensor& dw,
+                                  Tensor* dbias) = nullptr;
   // Called by the dispatcher after every op on this device, naming the op: on CUDA it checks
   // cudaGetLastError once per op and, when RINGTRAIN_CUDA_SYNC=1, synchronizes so that asynchronous
   // faults are reported against the op that caused them. Null on the CPU.

@@ -545,6 +545,74 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 }
 
 // ---------------------------------------------------------------------------------------------------
+// Convolution
+
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dParams& params) {
+  check_same_device_dtype("conv2d", x, weight);
+  check_floating("conv2d", x);
+  const auto& pr = params;
+  if (pr.stride_h < 1 || pr.stride_w < 1 || pr.dilation_h < 1 || pr.dilation_w < 1 || pr.pad_h < 0 || pr.pad_w < 0 ||
+      pr.groups < 1)
+    RT_THROW("op 'conv2d': stride (", pr.stride_h, ", ", pr.stride_w, ") and dilation (", pr.dilation_h, ", ",
+             pr.dilation_w, ") must be >= 1, padding (", pr.pad_h, ", ", pr.pad_w, ") >= 0, groups (", pr.groups,
+             ") >= 1");
+  if (x.ndim() != 4 || weight.ndim() != 4)
+    RT_THROW("op 'conv2d': expected input (N, H, W, C) and weight (K, R, S, C/groups), got ", x.describe(), " and ",
+             weight.describe());
+  ConvGeometry g;
+  g.n = x.size(0);
+  g.h = x.size(1);
+  g.w = x.size(2);
+  g.c = x.size(3);
+  g.k = weight.size(0);
+  g.r = weight.size(1);
+  g.s = weight.size(2);
+  g.stride_h = pr.stride_h;
+  g.stride_w = pr.stride_w;
+  g.pad_h = pr.pad_h;
+  g.pad_w = pr.pad_w;
+  g.dilation_h = pr.dilation_h;
+  g.dilation_w = pr.dilation_w;
+  g.groups = pr.groups;
+  if (g.c % g.groups != 0 || g.k % g.groups != 0 || weight.size(3) != g.c / g.groups)
+    RT_THROW("op 'conv2d': input ", x.describe(), " with ", g.groups, " group(s) needs weight (K, R, S, ",
+             g.c / std::max<int64_t>(1, g.groups), ") with K divisible by the groups, got ", weight.describe());
+  if (bias.defined()) {
+    check_same_device_dtype("conv2d", x, bias);
+    if (bias.ndim() != 1 || bias.size(0) != g.k)
+      RT_THROW("op 'conv2d': bias ", bias.describe(), " does not match ", g.k, " output channels");
+  }
+  g.p = (g.h + 2 * g.pad_h - g.dilation_h * (g.r - 1) - 1) / g.stride_h + 1;
+  g.q = (g.w + 2 * g.pad_w - g.dilation_w * (g.s - 1) - 1) / g.stride_w + 1;
+  if (g.p <= 0 || g.q <= 0)
+    RT_THROW("op 'conv2d': input ", x.describe(), " is smaller than the ", g.r, "x", g.s, " filter (dilation ",
+             g.dilation_h, ", padding ", g.pad_h, ")");
+  Tensor y = Tensor::empty(Shape{g.n, g.p, g.q, g.k}, x.dtype(), x.device());
+  const Tensor* bias_ptr = bias.defined() ? &bias : nullptr;
+  RT_KERNEL(x.device(), "conv2d", conv2d_forward)(x, weight, bias_ptr, g, y);
+  detail::after_op(x.device(), "conv2d");
+  if (!needs_grad({&x, &weight, &bias})) return y;
+  Tensor sx = x.detach(), sw = weight.detach();
+  const bool need_x = x.requires_grad(), need_w = weight.requires_grad();
+  const bool need_b = bias.defined() && bias.requires_grad();
+  return record("conv2d", {&x, &weight, &bias}, y, [sx, sw, g, need_x, need_w, need_b](const Tensor& dy) {
+    Tensor dx, dw, db;
+    if (need_x) {
+      dx = Tensor::empty(sx.shape(), dy.dtype(), dy.device());
+      RT_KERNEL(dy.device(), "conv2d_backward", conv2d_backward_data)(dy, sw, g, dx);
+    }
+    if (need_w || need_b) {
+      dw = Tensor::empty(sw.shape(), dy.dtype(), dy.device());
+      if (need_b) db = Tensor::empty(Shape{g.k}, dy.dtype(), dy.device());
+      RT_KERNEL(dy.device(), "conv2d_backward", conv2d_backward_weights)(sx, dy, g, dw, need_b ? &db : nullptr);
+      if (!need_w) dw = Tensor();
+    }
+    detail::after_op(dy.device(), "conv2d_backward");
+    return Grads{dx, dw, db};
+  });
+}
+
+// ---------------------------------------------------------------------------------------------------
 // Softmax family
 
 namespace {

@@ -64,6 +64,17 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor
 void set_allow_tf32(bool allow);
 bool allow_tf32();
 
+// ---- convolution (NHWC activations, KRSC filters)
+struct Conv2dParams {
+  int64_t stride_h = 1, stride_w = 1;
+  int64_t pad_h = 0, pad_w = 0;
+  int64_t dilation_h = 1, dilation_w = 1;
+  int64_t groups = 1;
+};
+// x: (N, H, W, C), weight: (K, R, S, C / groups), bias: (K) or undefined -> (N, P, Q, K).
+// CPU: oneDNN for f32 (16-bit through f32), a direct reference loop for f64.
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dParams& params);
+
 // ---- softmax family (over the last dim)
 Tensor softmax(const Tensor& x);
 Tensor log_softmax(const Tensor& x);

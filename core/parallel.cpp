@@ -13,6 +13,8 @@
 #include <thread>
 #include <vector>
 
+#include "core/cpu/cpu_kernels.h"
+
 namespace ringtrain {
 namespace {
 
@@ -124,6 +126,7 @@ ThreadPool& pool() {
   static ThreadPool* instance = [] {
     int n = default_threads();
     openblas_set_num_threads(n);
+    cpu::set_onednn_threads(n);
     return new ThreadPool(n);
   }();
   return *instance;
@@ -156,6 +159,7 @@ void set_num_threads(int n) {
   ThreadPool& p = pool();
   if (p.size() != n) p.resize(n);
   openblas_set_num_threads(n);
+  cpu::set_onednn_threads(n);
 }
 
 void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {

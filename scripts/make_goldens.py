@@ -114,6 +114,29 @@ def optimizer_golden(out_dir):
     write(out_dir, "optimizer", tensors)
 
 
+def conv_golden(out_dir):
+    # Tensors are dumped in ringtrain's layouts: activations NHWC, filters KRSC (out, kh, kw, in).
+    g = torch.Generator().manual_seed(5)
+    cases = {
+        "plain": dict(stride=1, padding=1, dilation=1, groups=1, cin=4, cout=6, k=3, hw=(6, 5)),
+        "strided": dict(stride=2, padding=0, dilation=1, groups=1, cin=3, cout=5, k=1, hw=(7, 7)),
+        "dilated_grouped": dict(stride=1, padding=2, dilation=2, groups=2, cin=4, cout=6, k=3, hw=(6, 6)),
+    }
+    tensors = {}
+    for name, c in cases.items():
+        x = torch.randn(2, c["cin"], *c["hw"], generator=g, requires_grad=True)
+        w = torch.randn(c["cout"], c["cin"] // c["groups"], c["k"], c["k"], generator=g, requires_grad=True)
+        b = torch.randn(c["cout"], generator=g, requires_grad=True)
+        y = F.conv2d(x, w, b, stride=c["stride"], padding=c["padding"], dilation=c["dilation"], groups=c["groups"])
+        upstream = torch.randn(*y.shape, generator=g)
+        y.backward(upstream)
+        nhwc = lambda t: t.permute(0, 2, 3, 1)
+        tensors.update({name + "_x": nhwc(x), name + "_w": nhwc(w), name + "_b": b, name + "_y": nhwc(y),
+                        name + "_upstream": nhwc(upstream), name + "_grad_x": nhwc(x.grad),
+                        name + "_grad_w": nhwc(w.grad), name + "_grad_b": b.grad})
+    write(out_dir, "conv", tensors)
+
+
 def main():
     out_dir = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "tests", "golden")
     os.makedirs(out_dir, exist_ok=True)
@@ -121,6 +144,7 @@ def main():
     cross_entropy_golden(out_dir)
     composed_golden(out_dir)
     optimizer_golden(out_dir)
+    conv_golden(out_dir)
 
 
 if __name__ == "__main__":

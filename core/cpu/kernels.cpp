@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "core/cpu/cpu_kernels.h"
 #include "core/kernels.h"
 #include "core/parallel.h"
 #include "core/philox.h"
@@ -624,6 +625,9 @@ const KernelTable& cpu_kernels() {
     t.cross_entropy = cpu_cross_entropy;
     t.cross_entropy_backward = cpu_cross_entropy_backward;
     t.dropout = cpu_dropout;
+    t.conv2d_forward = cpu::conv2d_forward;
+    t.conv2d_backward_data = cpu::conv2d_backward_data;
+    t.conv2d_backward_weights = cpu::conv2d_backward_weights;
     return t;
   }();
   return table;

@@ -80,6 +80,14 @@ std::vector<GradCase> cases() {
        [] { return Inputs{random_f64(Shape{4, 5}, 46)}; }},
       {"views", [](const Inputs& x) { return x[0].slice(1, 3).reshape(Shape{-1}).flatten(); },
        [] { return Inputs{random_f64(Shape{4, 3}, 47)}; }},
+      {"conv2d_padded_bias", [](const Inputs& x) { return conv2d(x[0], x[1], x[2], {.pad_h = 1, .pad_w = 1}); },
+       [] { return Inputs{random_f64(Shape{2, 4, 3, 3}, 50), random_f64(Shape{2, 3, 3, 3}, 51), random_f64(Shape{2}, 52)}; }},
+      {"conv2d_strided_dilated_grouped",
+       [](const Inputs& x) {
+         return conv2d(x[0], x[1], Tensor(), {.stride_h = 2, .stride_w = 1, .pad_h = 1, .pad_w = 2, .dilation_h = 1,
+                                              .dilation_w = 2, .groups = 2});
+       },
+       [] { return Inputs{random_f64(Shape{1, 5, 4, 4}, 53), random_f64(Shape{4, 2, 3, 2}, 54)}; }},
       {"clone", [](const Inputs& x) { return mul(x[0].clone(), x[0]); },
        [] { return Inputs{random_f64(Shape{3}, 48)}; }},
   };
