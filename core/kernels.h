@@ -101,6 +101,25 @@ struct KernelTable {
   // dw = correlation of x and dy (overwrites dw); dbias = sum of dy over N, P, Q when dbias != null.
   void (*conv2d_backward_weights)(const Tensor& x, const Tensor& dy, const ConvGeometry& g, Tensor& dw,
                                   Tensor* dbias) = nullptr;
+  // Batch norm over x viewed as (M, C) (NHWC: C innermost). training: per-channel batch mean and
+  // 1/sqrt(biased var + eps) are computed and written to save_mean / save_invstd; eval: they are
+  // computed from running_mean / running_var. y = (x - mean) * invstd * gamma + beta. gamma, beta,
+  // running stats and the saved stats are F32 (F64 for f64 inputs). relu: y = max(y, 0) (fused).
+  void (*batch_norm_forward)(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
+                             const Tensor& running_var, bool training, double eps, bool relu, Tensor& y,
+                             Tensor& save_mean, Tensor& save_invstd) = nullptr;
+  // Gradients given dy (already masked by the fused ReLU when there was one). training: the full batch
+  // statistics gradient; eval: dx = dy * gamma * invstd. dgamma = sum(dy * xhat), dbeta = sum(dy).
+  void (*batch_norm_backward)(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& save_mean,
+                              const Tensor& save_invstd, bool training, Tensor& dx, Tensor& dgamma,
+                              Tensor& dbeta) = nullptr;
+  // Pooling over NHWC x (N, H, W, C) -> y (N, P, Q, C) with geometry g (k = c, r x s window).
+  // Max writes the argmax as a flat h * W + w index per output element (I64); padding never wins.
+  void (*max_pool2d_forward)(const Tensor& x, const ConvGeometry& g, Tensor& y, Tensor& argmax) = nullptr;
+  void (*max_pool2d_backward)(const Tensor& dy, const Tensor& argmax, const ConvGeometry& g, Tensor& dx) = nullptr;
+  // Average: count_include_pad semantics (divide by r * s), as PyTorch's default.
+  void (*avg_pool2d_forward)(const Tensor& x, const ConvGeometry& g, Tensor& y) = nullptr;
+  void (*avg_pool2d_backward)(const Tensor& dy, const ConvGeometry& g, Tensor& dx) = nullptr;
   // Called by the dispatcher after every op on this device, naming the op: on CUDA it checks
   // cudaGetLastError once per op and, when RINGTRAIN_CUDA_SYNC=1, synchronizes so that asynchronous
   // faults are reported against the op that caused them. Null on the CPU.

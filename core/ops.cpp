@@ -613,6 +613,120 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const C
 }
 
 // ---------------------------------------------------------------------------------------------------
+// Batch norm and pooling
+
+Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+                  const Tensor& running_var, bool training, double momentum, double eps, bool fuse_relu) {
+  check_floating("batch_norm", x);
+  RT_CHECK(x.ndim() >= 2, "op 'batch_norm': expected (N, ..., C), got ", x.describe());
+  const int64_t C = x.size(-1), M = x.numel() / std::max<int64_t>(C, 1);
+  const DType param_dtype = x.dtype() == DType::F64 ? DType::F64 : DType::F32;
+  for (const Tensor* t : {&weight, &bias, &running_mean, &running_var}) {
+    RT_CHECK(t->defined(), "op 'batch_norm': undefined parameter or statistic");
+    if (t->ndim() != 1 || t->size(0) != C || t->dtype() != param_dtype || t->device() != x.device())
+      RT_THROW("op 'batch_norm': ", t->describe(), " must be ", dtype_name(param_dtype), "[", C, "] on ",
+               x.device().str(), " for input ", x.describe());
+  }
+  if (training && M < 2)
+    RT_THROW("op 'batch_norm': training needs more than one value per channel, got input ", x.describe());
+  if (!(eps > 0) || !(momentum >= 0 && momentum <= 1))
+    RT_THROW("op 'batch_norm': eps must be > 0 and momentum in [0, 1], got eps=", eps, " momentum=", momentum);
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
+  Tensor save_mean = Tensor::empty(Shape{C}, param_dtype, x.device());
+  Tensor save_invstd = Tensor::empty(Shape{C}, param_dtype, x.device());
+  RT_KERNEL(x.device(), "batch_norm", batch_norm_forward)(x, weight, bias, running_mean, running_var, training, eps,
+                                                          fuse_relu, y, save_mean, save_invstd);
+  detail::after_op(x.device(), "batch_norm");
+  if (training) {
+    NoGradGuard no_grad;
+    // Biased batch variance from the saved 1/sqrt(var + eps); running_var uses the unbiased one.
+    Tensor var = add(rdiv(mul(save_invstd, save_invstd), 1.0), -eps);
+    Tensor(running_mean).copy_(add(mul(running_mean, 1.0 - momentum), mul(save_mean, momentum)));
+    Tensor(running_var)
+        .copy_(add(mul(running_var, 1.0 - momentum), mul(var, momentum * static_cast<double>(M) / (M - 1))));
+  }
+  if (!needs_grad({&x, &weight, &bias})) return y;
+  Tensor sx = x.detach(), sw = weight.detach(), sy = fuse_relu ? y.detach() : Tensor();
+  return record(fuse_relu ? "batch_norm_relu" : "batch_norm", {&x, &weight, &bias}, y,
+                [sx, sw, sy, save_mean, save_invstd, training](const Tensor& dy_in) {
+                  Tensor dy = dy_in;
+                  if (sy.defined()) {
+                    dy = Tensor::empty(dy_in.shape(), dy_in.dtype(), dy_in.device());
+                    RT_KERNEL(dy.device(), "batch_norm_backward", binary)(
+                        BinaryOp::ReluGrad, dy_in, sy, dy, make_broadcast(dy.shape(), sy.shape(), dy.shape()));
+                  }
+                  Tensor dx = Tensor::empty(sx.shape(), sx.dtype(), sx.device());
+                  Tensor dw = Tensor::empty(sw.shape(), sw.dtype(), sw.device());
+                  Tensor db = Tensor::empty(sw.shape(), sw.dtype(), sw.device());
+                  RT_KERNEL(dy.device(), "batch_norm_backward", batch_norm_backward)(sx, dy, sw, save_mean, save_invstd,
+                                                                                     training, dx, dw, db);
+                  detail::after_op(dy.device(), "batch_norm_backward");
+                  return Grads{dx, dw, db};
+                });
+}
+
+namespace {
+ConvGeometry pool_geometry(const char* op, const Tensor& x, const Pool2dParams& p) {
+  check_floating(op, x);
+  if (x.ndim() != 4) RT_THROW("op '", op, "': expected (N, H, W, C), got ", x.describe());
+  if (p.kernel_h < 1 || p.kernel_w < 1 || p.stride_h < 1 || p.stride_w < 1 || p.pad_h < 0 || p.pad_w < 0 ||
+      2 * p.pad_h > p.kernel_h || 2 * p.pad_w > p.kernel_w)
+    RT_THROW("op '", op, "': kernel (", p.kernel_h, ", ", p.kernel_w, ") and stride (", p.stride_h, ", ", p.stride_w,
+             ") must be >= 1 and padding (", p.pad_h, ", ", p.pad_w, ") at most half the kernel");
+  ConvGeometry g;
+  g.n = x.size(0);
+  g.h = x.size(1);
+  g.w = x.size(2);
+  g.c = g.k = x.size(3);
+  g.r = p.kernel_h;
+  g.s = p.kernel_w;
+  g.stride_h = p.stride_h;
+  g.stride_w = p.stride_w;
+  g.pad_h = p.pad_h;
+  g.pad_w = p.pad_w;
+  g.p = (g.h + 2 * g.pad_h - g.r) / g.stride_h + 1;
+  g.q = (g.w + 2 * g.pad_w - g.s) / g.stride_w + 1;
+  if (g.h + 2 * g.pad_h < g.r || g.w + 2 * g.pad_w < g.s)
+    RT_THROW("op '", op, "': input ", x.describe(), " is smaller than the ", g.r, "x", g.s, " window");
+  return g;
+}
+}  // namespace
+
+Tensor max_pool2d(const Tensor& x, const Pool2dParams& params) {
+  const ConvGeometry g = pool_geometry("max_pool2d", x, params);
+  Tensor y = Tensor::empty(Shape{g.n, g.p, g.q, g.c}, x.dtype(), x.device());
+  Tensor argmax = Tensor::empty(y.shape(), DType::I64, x.device());
+  RT_KERNEL(x.device(), "max_pool2d", max_pool2d_forward)(x, g, y, argmax);
+  detail::after_op(x.device(), "max_pool2d");
+  if (!needs_grad({&x})) return y;
+  return record("max_pool2d", {&x}, y, [argmax, g](const Tensor& dy) {
+    Tensor dx = Tensor::empty(Shape{g.n, g.h, g.w, g.c}, dy.dtype(), dy.device());
+    RT_KERNEL(dy.device(), "max_pool2d_backward", max_pool2d_backward)(dy, argmax, g, dx);
+    detail::after_op(dy.device(), "max_pool2d_backward");
+    return Grads{dx};
+  });
+}
+
+Tensor avg_pool2d(const Tensor& x, const Pool2dParams& params) {
+  const ConvGeometry g = pool_geometry("avg_pool2d", x, params);
+  Tensor y = Tensor::empty(Shape{g.n, g.p, g.q, g.c}, x.dtype(), x.device());
+  RT_KERNEL(x.device(), "avg_pool2d", avg_pool2d_forward)(x, g, y);
+  detail::after_op(x.device(), "avg_pool2d");
+  if (!needs_grad({&x})) return y;
+  return record("avg_pool2d", {&x}, y, [g](const Tensor& dy) {
+    Tensor dx = Tensor::empty(Shape{g.n, g.h, g.w, g.c}, dy.dtype(), dy.device());
+    RT_KERNEL(dy.device(), "avg_pool2d_backward", avg_pool2d_backward)(dy, g, dx);
+    detail::after_op(dy.device(), "avg_pool2d_backward");
+    return Grads{dx};
+  });
+}
+
+Tensor global_avg_pool(const Tensor& x) {
+  if (x.ndim() != 4) RT_THROW("op 'global_avg_pool': expected (N, H, W, C), got ", x.describe());
+  return mean(x.reshape(Shape{x.size(0), x.size(1) * x.size(2), x.size(3)}), 1);
+}
+
+// ---------------------------------------------------------------------------------------------------
 // Softmax family
 
 namespace {

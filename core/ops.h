@@ -75,6 +75,25 @@ struct Conv2dParams {
 // CPU: oneDNN for f32 (16-bit through f32), a direct reference loop for f64.
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dParams& params);
 
+// ---- normalisation and pooling (NHWC)
+// Batch norm over every dim but the last (channels). weight, bias, running_mean, running_var: (C), f32
+// (f64 for f64 x) — the fp32 master copies under mixed precision. In training the batch statistics are
+// used and the running ones updated in place (momentum as in PyTorch, unbiased variance); in eval the
+// running statistics are used. fuse_relu applies ReLU to the output in the same pass.
+Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+                  const Tensor& running_var, bool training, double momentum, double eps, bool fuse_relu = false);
+struct Pool2dParams {
+  int64_t kernel_h = 2, kernel_w = 2;
+  int64_t stride_h = 2, stride_w = 2;
+  int64_t pad_h = 0, pad_w = 0;
+};
+// x: (N, H, W, C) -> (N, P, Q, C). Max: gradient to the first maximum of each window.
+Tensor max_pool2d(const Tensor& x, const Pool2dParams& params);
+// Average over the window including padding (PyTorch's count_include_pad=True).
+Tensor avg_pool2d(const Tensor& x, const Pool2dParams& params);
+// (N, H, W, C) -> (N, C), the mean over H and W.
+Tensor global_avg_pool(const Tensor& x);
+
 // ---- softmax family (over the last dim)
 Tensor softmax(const Tensor& x);
 Tensor log_softmax(const Tensor& x);

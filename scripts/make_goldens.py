@@ -137,6 +137,48 @@ def conv_golden(out_dir):
     write(out_dir, "conv", tensors)
 
 
+def norm_pool_golden(out_dir):
+    # NHWC dumps. Batch norm in training (output, gradients, updated running statistics) and in eval;
+    # max pooling 3x3/2 pad 1 (ResNet's stem) and 2x2/2; average pooling 3x3/2 pad 1.
+    g = torch.Generator().manual_seed(6)
+    nhwc = lambda t: t.permute(0, 2, 3, 1)
+    x = (torch.randn(3, 4, 5, 5, generator=g) * 2 + 1).requires_grad_(True)
+    bn = torch.nn.BatchNorm2d(4, momentum=0.1, eps=1e-5).double()
+    with torch.no_grad():
+        bn.weight.copy_(torch.randn(4, generator=g))
+        bn.bias.copy_(torch.randn(4, generator=g))
+        bn.running_mean.copy_(torch.randn(4, generator=g))
+        bn.running_var.copy_(torch.rand(4, generator=g) + 0.5)
+    tensors = {"bn_x": nhwc(x), "bn_weight": bn.weight, "bn_bias": bn.bias,
+               "bn_running_mean_before": bn.running_mean.clone(), "bn_running_var_before": bn.running_var.clone()}
+    y = bn(x)
+    up = torch.randn(*y.shape, generator=g)
+    y.backward(up)
+    # Clones: the eval pass below accumulates into the same .grad tensors.
+    tensors.update({"bn_y": nhwc(y), "bn_upstream": nhwc(up), "bn_grad_x": nhwc(x.grad).clone(),
+                    "bn_grad_weight": bn.weight.grad.clone(), "bn_grad_bias": bn.bias.grad.clone(),
+                    "bn_running_mean_after": bn.running_mean.clone(), "bn_running_var_after": bn.running_var.clone()})
+    bn.eval()
+    x.grad = None
+    bn.weight.grad = None
+    bn.bias.grad = None
+    ye = torch.relu(bn(x))
+    ye.backward(up)
+    tensors.update({"bn_eval_relu_y": nhwc(ye), "bn_eval_relu_grad_x": nhwc(x.grad),
+                    "bn_eval_relu_grad_weight": bn.weight.grad})
+    px = torch.randn(2, 3, 7, 6, generator=g, requires_grad=True)
+    for name, fn in {"maxpool3s2p1": lambda t: F.max_pool2d(t, 3, 2, 1),
+                     "maxpool2s2": lambda t: F.max_pool2d(t, 2, 2),
+                     "avgpool3s2p1": lambda t: F.avg_pool2d(t, 3, 2, 1)}.items():
+        px.grad = None
+        out = fn(px)
+        pup = torch.randn(*out.shape, generator=g)
+        out.backward(pup)
+        tensors.update({name + "_y": nhwc(out), name + "_upstream": nhwc(pup), name + "_grad_x": nhwc(px.grad)})
+    tensors["pool_x"] = nhwc(px)
+    write(out_dir, "norm_pool", tensors, {"momentum": 0.1, "eps": 1e-5})
+
+
 def main():
     out_dir = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "tests", "golden")
     os.makedirs(out_dir, exist_ok=True)
@@ -145,6 +187,7 @@ def main():
     composed_golden(out_dir)
     optimizer_golden(out_dir)
     conv_golden(out_dir)
+    norm_pool_golden(out_dir)
 
 
 if __name__ == "__main__":

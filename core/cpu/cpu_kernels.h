@@ -15,3 +15,18 @@ void conv2d_backward_weights(const Tensor& x, const Tensor& dy, const ConvGeomet
 void set_onednn_threads(int n);
 
 }  // namespace ringtrain::cpu
+
+namespace ringtrain::cpu {
+
+// core/cpu/norm_pool.cpp
+void batch_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
+                        const Tensor& running_var, bool training, double eps, bool relu, Tensor& y, Tensor& save_mean,
+                        Tensor& save_invstd);
+void batch_norm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& save_mean,
+                         const Tensor& save_invstd, bool training, Tensor& dx, Tensor& dgamma, Tensor& dbeta);
+void max_pool2d_forward(const Tensor& x, const ConvGeometry& g, Tensor& y, Tensor& argmax);
+void max_pool2d_backward(const Tensor& dy, const Tensor& argmax, const ConvGeometry& g, Tensor& dx);
+void avg_pool2d_forward(const Tensor& x, const ConvGeometry& g, Tensor& y);
+void avg_pool2d_backward(const Tensor& dy, const ConvGeometry& g, Tensor& dx);
+
+}  // namespace ringtrain::cpu

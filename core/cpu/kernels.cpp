@@ -628,6 +628,12 @@ const KernelTable& cpu_kernels() {
     t.conv2d_forward = cpu::conv2d_forward;
     t.conv2d_backward_data = cpu::conv2d_backward_data;
     t.conv2d_backward_weights = cpu::conv2d_backward_weights;
+    t.batch_norm_forward = cpu::batch_norm_forward;
+    t.batch_norm_backward = cpu::batch_norm_backward;
+    t.max_pool2d_forward = cpu::max_pool2d_forward;
+    t.max_pool2d_backward = cpu::max_pool2d_backward;
+    t.avg_pool2d_forward = cpu::avg_pool2d_forward;
+    t.avg_pool2d_backward = cpu::avg_pool2d_backward;
     return t;
   }();
   return table;

@@ -88,6 +88,24 @@ std::vector<GradCase> cases() {
                                               .dilation_w = 2, .groups = 2});
        },
        [] { return Inputs{random_f64(Shape{1, 5, 4, 4}, 53), random_f64(Shape{4, 2, 3, 2}, 54)}; }},
+      {"batch_norm_training",
+       [](const Inputs& x) {
+         return batch_norm(x[0], x[1], x[2], Tensor::zeros(Shape{3}, DType::F64), Tensor::ones(Shape{3}, DType::F64),
+                           true, 0.1, 1e-5);
+       },
+       [] { return Inputs{random_f64(Shape{2, 3, 2, 3}, 55), random_f64(Shape{3}, 56), random_f64(Shape{3}, 57)}; }},
+      {"batch_norm_eval_relu",
+       [](const Inputs& x) {
+         return batch_norm(x[0], x[1], x[2], Tensor::full(Shape{2}, 0.1, DType::F64),
+                           Tensor::full(Shape{2}, 2.0, DType::F64), false, 0.1, 1e-5, true);
+       },
+       [] { return Inputs{random_f64(Shape{2, 2, 2, 2}, 58), random_f64(Shape{2}, 59), random_f64(Shape{2}, 60)}; }},
+      {"max_pool2d", [](const Inputs& x) { return max_pool2d(x[0], {3, 3, 2, 2, 1, 1}); },
+       [] { return Inputs{random_f64(Shape{2, 5, 4, 2}, 61)}; }},
+      {"avg_pool2d", [](const Inputs& x) { return avg_pool2d(x[0], {3, 2, 2, 1, 1, 1}); },
+       [] { return Inputs{random_f64(Shape{1, 5, 4, 3}, 62)}; }},
+      {"global_avg_pool", [](const Inputs& x) { return global_avg_pool(x[0]); },
+       [] { return Inputs{random_f64(Shape{2, 3, 2, 4}, 63)}; }},
       {"clone", [](const Inputs& x) { return mul(x[0].clone(), x[0]); },
        [] { return Inputs{random_f64(Shape{3}, 48)}; }},
   };

@@ -1,0 +1,271 @@
+// core/cpu/norm_pool.cpp: batch norm (with optional fused ReLU) and max/average pooling on NHWC
+// tensors. Per-channel statistics are summed in fixed row blocks combined in order, so results do
+// not depend on the thread count.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#include "core/check.h"
+#include "core/cpu/cpu_kernels.h"
+#include "core/parallel.h"
+
+namespace ringtrain::cpu {
+namespace {
+
+constexpr int64_t kRowBlock = 256;  // rows of (M, C) per statistics block
+
+template <typename Fn>
+void visit_float(DType t, const char* op, Fn&& fn) {
+  switch (t) {
+    case DType::F32: fn(float{}); return;
+    case DType::F64: fn(double{}); return;
+    case DType::F16: fn(Half{}); return;
+    case DType::BF16: fn(BFloat16{}); return;
+    default: RT_THROW("op '", op, "' has no CPU kernel for dtype ", dtype_name(t));
+  }
+}
+
+template <typename S>
+using acc_t = std::conditional_t<std::is_same_v<S, double>, double, float>;
+
+// Per-channel sums of f(row, c) over rows of an (M, C) view, blocked and combined in order (double).
+template <typename F>
+std::vector<double> channel_sums(int64_t rows, int64_t channels, F&& f) {
+  const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock;
+  std::vector<double> partial(static_cast<size_t>(std::max<int64_t>(blocks, 1) * channels), 0.0);
+  parallel_for(blocks, 1, [&](int64_t lo, int64_t hi) {
+    std::vector<double> acc(static_cast<size_t>(channels));
+    for (int64_t b = lo; b < hi; ++b) {
+      std::fill(acc.begin(), acc.end(), 0.0);
+      const int64_t r_end = std::min(rows, (b + 1) * kRowBlock);
+      for (int64_t r = b * kRowBlock; r < r_end; ++r)
+        for (int64_t c = 0; c < channels; ++c) acc[static_cast<size_t>(c)] += f(r, c);
+      std::copy(acc.begin(), acc.end(), partial.begin() + b * channels);
+    }
+  });
+  std::vector<double> total(static_cast<size_t>(channels), 0.0);
+  for (int64_t b = 0; b < blocks; ++b)
+    for (int64_t c = 0; c < channels; ++c) total[static_cast<size_t>(c)] += partial[static_cast<size_t>(b * channels + c)];
+  return total;
+}
+
+}  // namespace
+
+void batch_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
+                        const Tensor& running_var, bool training, double eps, bool relu, Tensor& y, Tensor& save_mean,
+                        Tensor& save_invstd) {
+  const int64_t C = x.size(-1), M = x.numel() / std::max<int64_t>(C, 1);
+  visit_float(x.dtype(), "batch_norm", [&](auto tag) {
+    using S = decltype(tag);
+    using P = std::conditional_t<std::is_same_v<S, double>, double, float>;  // parameter / stats dtype
+    using A = acc_t<S>;
+    const S* px = x.data<S>();
+    S* py = y.data<S>();
+    const P *pg = gamma.data<P>(), *pb = beta.data<P>();
+    P *pm = save_mean.data<P>(), *pi = save_invstd.data<P>();
+    if (training) {
+      auto sums = channel_sums(M, C, [&](int64_t r, int64_t c) { return static_cast<double>(load_as<A>(px[r * C + c])); });
+      for (int64_t c = 0; c < C; ++c) pm[c] = static_cast<P>(sums[static_cast<size_t>(c)] / static_cast<double>(M));
+      // Two-pass variance: numerically safe for large means.
+      auto sq = channel_sums(M, C, [&](int64_t r, int64_t c) {
+        const double d = static_cast<double>(load_as<A>(px[r * C + c])) - static_cast<double>(pm[c]);
+        return d * d;
+      });
+      for (int64_t c = 0; c < C; ++c)
+        pi[c] = static_cast<P>(1.0 / std::sqrt(sq[static_cast<size_t>(c)] / static_cast<double>(M) + eps));
+    } else {
+      const P *rm = running_mean.data<P>(), *rv = running_var.data<P>();
+      for (int64_t c = 0; c < C; ++c) {
+        pm[c] = rm[c];
+        pi[c] = static_cast<P>(1.0 / std::sqrt(static_cast<double>(rv[c]) + eps));
+      }
+    }
+    // y = x * scale + shift per channel.
+    std::vector<A> scale(static_cast<size_t>(C)), shift(static_cast<size_t>(C));
+    for (int64_t c = 0; c < C; ++c) {
+      scale[static_cast<size_t>(c)] = static_cast<A>(pg[c] * pi[c]);
+      shift[static_cast<size_t>(c)] = static_cast<A>(pb[c] - pm[c] * pg[c] * pi[c]);
+    }
+    parallel_for(M, std::max<int64_t>(1, 16384 / std::max<int64_t>(C, 1)), [&](int64_t lo, int64_t hi) {
+      for (int64_t r = lo; r < hi; ++r)
+        for (int64_t c = 0; c < C; ++c) {
+          A v = load_as<A>(px[r * C + c]) * scale[static_cast<size_t>(c)] + shift[static_cast<size_t>(c)];
+          if (relu && v < A(0)) v = A(0);
+          py[r * C + c] = store_as<S>(v);
+        }
+    });
+  });
+}
+
+void batch_norm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& save_mean,
+                         const Tensor& save_invstd, bool training, Tensor& dx, Tensor& dgamma, Tensor& dbeta) {
+  const int64_t C = x.size(-1), M = x.numel() / std::max<int64_t>(C, 1);
+  visit_float(x.dtype(), "batch_norm_backward", [&](auto tag) {
+    using S = decltype(tag);
+    using P = std::conditional_t<std::is_same_v<S, double>, double, float>;
+    using A = acc_t<S>;
+    const S *px = x.data<S>(), *pdy = dy.data<S>();
+    S* pdx = dx.data<S>();
+    const P *pg = gamma.data<P>(), *pm = save_mean.data<P>(), *pi = save_invstd.data<P>();
+    P *pdg = dgamma.data<P>(), *pdb = dbeta.data<P>();
+    auto sum_dy = channel_sums(M, C, [&](int64_t r, int64_t c) { return static_cast<double>(load_as<A>(pdy[r * C + c])); });
+    auto sum_dy_xhat = channel_sums(M, C, [&](int64_t r, int64_t c) {
+      const double xhat = (static_cast<double>(load_as<A>(px[r * C + c])) - pm[c]) * pi[c];
+      return static_cast<double>(load_as<A>(pdy[r * C + c])) * xhat;
+    });
+    std::vector<A> k1(static_cast<size_t>(C)), k2(static_cast<size_t>(C)), k3(static_cast<size_t>(C));
+    for (int64_t c = 0; c < C; ++c) {
+      const size_t i = static_cast<size_t>(c);
+      pdg[c] = static_cast<P>(sum_dy_xhat[i]);
+      pdb[c] = static_cast<P>(sum_dy[i]);
+      // dx = g * invstd * (dy - mean(dy) - xhat * mean(dy * xhat)) in training; g * invstd * dy in eval.
+      const double gi = static_cast<double>(pg[c]) * pi[c];
+      k1[i] = static_cast<A>(gi);
+      k2[i] = static_cast<A>(training ? gi * sum_dy[i] / static_cast<double>(M) : 0.0);
+      k3[i] = static_cast<A>(training ? gi * sum_dy_xhat[i] / static_cast<double>(M) : 0.0);
+    }
+    parallel_for(M, std::max<int64_t>(1, 16384 / std::max<int64_t>(C, 1)), [&](int64_t lo, int64_t hi) {
+      for (int64_t r = lo; r < hi; ++r)
+        for (int64_t c = 0; c < C; ++c) {
+          const size_t i = static_cast<size_t>(c);
+          const A xhat = (load_as<A>(px[r * C + c]) - static_cast<A>(pm[c])) * static_cast<A>(pi[c]);
+          pdx[r * C + c] = store_as<S>(load_as<A>(pdy[r * C + c]) * k1[i] - k2[i] - xhat * k3[i]);
+        }
+    });
+  });
+}
+
+void max_pool2d_forward(const Tensor& x, const ConvGeometry& g, Tensor& y, Tensor& argmax) {
+  visit_float(x.dtype(), "max_pool2d", [&](auto tag) {
+    using S = decltype(tag);
+    using A = acc_t<S>;
+    const S* px = x.data<S>();
+    S* py = y.data<S>();
+    int64_t* pa = argmax.data<int64_t>();
+    parallel_for(g.n * g.p, 1, [&](int64_t lo, int64_t hi) {
+      std::vector<A> best(static_cast<size_t>(g.c));
+      std::vector<int64_t> where(static_cast<size_t>(g.c));
+      for (int64_t np = lo; np < hi; ++np) {
+        const int64_t n = np / g.p, p = np % g.p;
+        for (int64_t q = 0; q < g.q; ++q) {
+          std::fill(best.begin(), best.end(), -std::numeric_limits<A>::infinity());
+          std::fill(where.begin(), where.end(), int64_t{-1});
+          for (int64_t r = 0; r < g.r; ++r) {
+            const int64_t h = p * g.stride_h - g.pad_h + r * g.dilation_h;
+            if (h < 0 || h >= g.h) continue;
+            for (int64_t s = 0; s < g.s; ++s) {
+              const int64_t w = q * g.stride_w - g.pad_w + s * g.dilation_w;
+              if (w < 0 || w >= g.w) continue;
+              const S* src = px + ((n * g.h + h) * g.w + w) * g.c;
+              for (int64_t c = 0; c < g.c; ++c) {
+                const A v = load_as<A>(src[c]);
+                // NaN propagates (as in PyTorch); otherwise the first maximum wins.
+                const A b = best[static_cast<size_t>(c)];
+                if (where[static_cast<size_t>(c)] < 0 || v > b || (v != v && b == b)) {
+                  best[static_cast<size_t>(c)] = v;
+                  where[static_cast<size_t>(c)] = h * g.w + w;
+                }
+              }
+            }
+          }
+          const int64_t out = ((n * g.p + p) * g.q + q) * g.c;
+          for (int64_t c = 0; c < g.c; ++c) {
+            py[out + c] = store_as<S>(best[static_cast<size_t>(c)]);
+            pa[out + c] = where[static_cast<size_t>(c)];
+          }
+        }
+      }
+    });
+  });
+}
+
+void max_pool2d_backward(const Tensor& dy, const Tensor& argmax, const ConvGeometry& g, Tensor& dx) {
+  visit_float(dy.dtype(), "max_pool2d_backward", [&](auto tag) {
+    using S = decltype(tag);
+    using A = acc_t<S>;
+    const S* pdy = dy.data<S>();
+    const int64_t* pa = argmax.data<int64_t>();
+    S* pdx = dx.data<S>();
+    // One image per task: overlapping windows only scatter within their own image.
+    parallel_for(g.n, 1, [&](int64_t lo, int64_t hi) {
+      std::vector<A> acc(static_cast<size_t>(g.h * g.w * g.c));
+      for (int64_t n = lo; n < hi; ++n) {
+        std::fill(acc.begin(), acc.end(), A(0));
+        for (int64_t i = 0; i < g.p * g.q; ++i)
+          for (int64_t c = 0; c < g.c; ++c) {
+            const int64_t o = (n * g.p * g.q + i) * g.c + c;
+            if (pa[o] >= 0) acc[static_cast<size_t>(pa[o] * g.c + c)] += load_as<A>(pdy[o]);
+          }
+        S* dst = pdx + n * g.h * g.w * g.c;
+        for (size_t i = 0; i < acc.size(); ++i) dst[i] = store_as<S>(acc[i]);
+      }
+    });
+  });
+}
+
+void avg_pool2d_forward(const Tensor& x, const ConvGeometry& g, Tensor& y) {
+  visit_float(x.dtype(), "avg_pool2d", [&](auto tag) {
+    using S = decltype(tag);
+    using A = acc_t<S>;
+    const S* px = x.data<S>();
+    S* py = y.data<S>();
+    const A inv = A(1) / static_cast<A>(g.r * g.s);
+    parallel_for(g.n * g.p, 1, [&](int64_t lo, int64_t hi) {
+      std::vector<A> acc(static_cast<size_t>(g.c));
+      for (int64_t np = lo; np < hi; ++np) {
+        const int64_t n = np / g.p, p = np % g.p;
+        for (int64_t q = 0; q < g.q; ++q) {
+          std::fill(acc.begin(), acc.end(), A(0));
+          for (int64_t r = 0; r < g.r; ++r) {
+            const int64_t h = p * g.stride_h - g.pad_h + r;
+            if (h < 0 || h >= g.h) continue;
+            for (int64_t s = 0; s < g.s; ++s) {
+              const int64_t w = q * g.stride_w - g.pad_w + s;
+              if (w < 0 || w >= g.w) continue;
+              const S* src = px + ((n * g.h + h) * g.w + w) * g.c;
+              for (int64_t c = 0; c < g.c; ++c) acc[static_cast<size_t>(c)] += load_as<A>(src[c]);
+            }
+          }
+          S* dst = py + ((n * g.p + p) * g.q + q) * g.c;
+          for (int64_t c = 0; c < g.c; ++c) dst[c] = store_as<S>(acc[static_cast<size_t>(c)] * inv);
+        }
+      }
+    });
+  });
+}
+
+void avg_pool2d_backward(const Tensor& dy, const ConvGeometry& g, Tensor& dx) {
+  visit_float(dy.dtype(), "avg_pool2d_backward", [&](auto tag) {
+    using S = decltype(tag);
+    using A = acc_t<S>;
+    const S* pdy = dy.data<S>();
+    S* pdx = dx.data<S>();
+    const A inv = A(1) / static_cast<A>(g.r * g.s);
+    parallel_for(g.n, 1, [&](int64_t lo, int64_t hi) {
+      std::vector<A> acc(static_cast<size_t>(g.h * g.w * g.c));
+      for (int64_t n = lo; n < hi; ++n) {
+        std::fill(acc.begin(), acc.end(), A(0));
+        for (int64_t p = 0; p < g.p; ++p)
+          for (int64_t q = 0; q < g.q; ++q) {
+            const S* src = pdy + ((n * g.p + p) * g.q + q) * g.c;
+            for (int64_t r = 0; r < g.r; ++r) {
+              const int64_t h = p * g.stride_h - g.pad_h + r;
+              if (h < 0 || h >= g.h) continue;
+              for (int64_t s = 0; s < g.s; ++s) {
+                const int64_t w = q * g.stride_w - g.pad_w + s;
+                if (w < 0 || w >= g.w) continue;
+                A* dst = acc.data() + (h * g.w + w) * g.c;
+                for (int64_t c = 0; c < g.c; ++c) dst[c] += load_as<A>(src[c]) * inv;
+              }
+            }
+          }
+        S* out = pdx + n * g.h * g.w * g.c;
+        for (size_t i = 0; i < acc.size(); ++i) out[i] = store_as<S>(acc[i]);
+      }
+    });
+  });
+}
+
+}  // namespace ringtrain::cpu

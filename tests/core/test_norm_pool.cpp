@@ -1,0 +1,96 @@
+// Batch norm (training, eval, fused ReLU, running statistics) and pooling against PyTorch dumps.
+#include <gtest/gtest.h>
+
+#include "core/check.h"
+#include "core/ops.h"
+#include "test_util.h"
+
+namespace ringtrain {
+namespace {
+
+using testing::all_close;
+using testing::load_golden;
+
+TEST(BatchNorm, TrainingMatchesPyTorchIncludingRunningStatistics) {
+  auto g = load_golden("norm_pool");
+  for (DType dtype : {DType::F64, DType::F32}) {
+    const DType pd = dtype == DType::F64 ? DType::F64 : DType::F32;
+    const double tol = dtype == DType::F64 ? 1e-12 : 1e-4;
+    Tensor x = g.at("bn_x").to(dtype).detach().set_requires_grad();
+    Tensor w = g.at("bn_weight").to(pd).detach().set_requires_grad();
+    Tensor b = g.at("bn_bias").to(pd).detach().set_requires_grad();
+    Tensor rm = g.at("bn_running_mean_before").to(pd).detach().clone();
+    Tensor rv = g.at("bn_running_var_before").to(pd).detach().clone();
+    Tensor y = batch_norm(x, w, b, rm, rv, /*training=*/true, g.meta.at("momentum"), g.meta.at("eps"));
+    EXPECT_TRUE(all_close(y, g.at("bn_y"), tol, tol)) << dtype_name(dtype);
+    EXPECT_TRUE(all_close(rm, g.at("bn_running_mean_after"), tol, tol));
+    EXPECT_TRUE(all_close(rv, g.at("bn_running_var_after"), tol, tol));
+    y.backward(g.at("bn_upstream").to(dtype));
+    EXPECT_TRUE(all_close(x.grad(), g.at("bn_grad_x"), tol, tol)) << dtype_name(dtype);
+    EXPECT_TRUE(all_close(w.grad(), g.at("bn_grad_weight"), tol, tol));
+    EXPECT_TRUE(all_close(b.grad(), g.at("bn_grad_bias"), tol, tol));
+  }
+}
+
+TEST(BatchNorm, EvalWithFusedReluMatchesPyTorch) {
+  auto g = load_golden("norm_pool");
+  Tensor x = g.at("bn_x").detach().clone().set_requires_grad();
+  Tensor w = g.at("bn_weight").detach().clone().set_requires_grad();
+  Tensor b = g.at("bn_bias").detach().clone().set_requires_grad();
+  // PyTorch ran eval after the training step, so it used the updated running statistics.
+  Tensor rm = g.at("bn_running_mean_after").clone(), rv = g.at("bn_running_var_after").clone();
+  Tensor y = batch_norm(x, w, b, rm, rv, /*training=*/false, 0.1, 1e-5, /*fuse_relu=*/true);
+  EXPECT_TRUE(all_close(y, g.at("bn_eval_relu_y"), 1e-12, 1e-12));
+  EXPECT_EQ(rm.to_vector(), g.at("bn_running_mean_after").to_vector()) << "eval leaves statistics alone";
+  y.backward(g.at("bn_upstream"));
+  EXPECT_TRUE(all_close(x.grad(), g.at("bn_eval_relu_grad_x"), 1e-12, 1e-12));
+  EXPECT_TRUE(all_close(w.grad(), g.at("bn_eval_relu_grad_weight"), 1e-12, 1e-12));
+}
+
+TEST(BatchNorm, Bf16ActivationsWithF32ParametersAndErrors) {
+  Tensor x = Tensor::normal(Shape{4, 3, 3, 8}, 2, 3, 1);
+  Tensor w = Tensor::ones(Shape{8}), b = Tensor::zeros(Shape{8});
+  Tensor rm = Tensor::zeros(Shape{8}), rv = Tensor::ones(Shape{8});
+  Tensor y32 = batch_norm(x, w, b, rm.clone(), rv.clone(), true, 0.1, 1e-5);
+  Tensor y16 = batch_norm(x.to(DType::BF16), w, b, rm.clone(), rv.clone(), true, 0.1, 1e-5);
+  EXPECT_EQ(y16.dtype(), DType::BF16);
+  EXPECT_TRUE(all_close(y16.to(DType::F32), y32, 2e-2, 2e-2));
+  try {
+    batch_norm(x, Tensor::ones(Shape{7}), b, rm, rv, true, 0.1, 1e-5);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("f32[8]"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(batch_norm(Tensor::ones(Shape{1, 1, 1, 8}), w, b, rm, rv, true, 0.1, 1e-5), Error);
+}
+
+TEST(Pooling, MaxAndAveragePoolingMatchPyTorch) {
+  auto g = load_golden("norm_pool");
+  struct Case {
+    std::string name;
+    bool max;
+    Pool2dParams p;
+  };
+  for (const Case& c : {Case{"maxpool3s2p1", true, {3, 3, 2, 2, 1, 1}}, Case{"maxpool2s2", true, {2, 2, 2, 2, 0, 0}},
+                        Case{"avgpool3s2p1", false, {3, 3, 2, 2, 1, 1}}}) {
+    for (DType dtype : {DType::F64, DType::F32}) {
+      const double tol = dtype == DType::F64 ? 1e-12 : 1e-5;
+      Tensor x = g.at("pool_x").to(dtype).detach().set_requires_grad();
+      Tensor y = c.max ? max_pool2d(x, c.p) : avg_pool2d(x, c.p);
+      EXPECT_TRUE(all_close(y, g.at(c.name + "_y"), tol, tol)) << c.name;
+      y.backward(g.at(c.name + "_upstream").to(dtype));
+      EXPECT_TRUE(all_close(x.grad(), g.at(c.name + "_grad_x"), tol, tol)) << c.name;
+    }
+  }
+  EXPECT_THROW(max_pool2d(Tensor::zeros(Shape{1, 2, 2, 1}), {3, 3, 1, 1, 0, 0}), Error);
+  EXPECT_THROW(max_pool2d(Tensor::zeros(Shape{1, 4, 4, 1}), {2, 2, 1, 1, 2, 2}), Error);
+}
+
+TEST(Pooling, GlobalAveragePool) {
+  Tensor x = Tensor::from_vector({1, 10, 2, 20, 3, 30, 4, 40}, Shape{1, 2, 2, 2});
+  EXPECT_EQ(global_avg_pool(x).to_vector(), (std::vector<double>{2.5, 25}));
+  EXPECT_EQ(global_avg_pool(x).shape(), (Shape{1, 2}));
+}
+
+}  // namespace
+}  // namespace ringtrain
