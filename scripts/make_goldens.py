@@ -179,6 +179,105 @@ def norm_pool_golden(out_dir):
     write(out_dir, "norm_pool", tensors, {"momentum": 0.1, "eps": 1e-5})
 
 
+class CifarBlock(torch.nn.Module):
+    def __init__(self, i, o, stride):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(i, o, 3, stride, 1, bias=False)
+        self.bn1 = torch.nn.BatchNorm2d(o)
+        self.conv2 = torch.nn.Conv2d(o, o, 3, 1, 1, bias=False)
+        self.bn2 = torch.nn.BatchNorm2d(o)
+        self.downsample = None
+        if stride != 1 or i != o:
+            self.downsample = torch.nn.Sequential(torch.nn.Conv2d(i, o, 1, stride, bias=False), torch.nn.BatchNorm2d(o))
+
+    def forward(self, x):
+        out = self.bn2(self.conv2(torch.relu(self.bn1(self.conv1(x)))))
+        return torch.relu(out + (x if self.downsample is None else self.downsample(x)))
+
+
+class CifarResNet(torch.nn.Module):
+    """ringtrain's CIFAR ResNet with the same parameter names (He et al. 2016, projection shortcuts)."""
+    def __init__(self, depth, in_channels=3, num_classes=10):
+        super().__init__()
+        n = (depth - 2) // 6
+        self.conv1 = torch.nn.Conv2d(in_channels, 16, 3, 1, 1, bias=False)
+        self.bn1 = torch.nn.BatchNorm2d(16)
+        i = 16
+        for stage, o in enumerate([16, 32, 64]):
+            blocks = []
+            for b in range(n):
+                blocks.append(CifarBlock(i, o, 2 if (stage > 0 and b == 0) else 1))
+                i = o
+            setattr(self, "layer%d" % (stage + 1), torch.nn.Sequential(*blocks))
+        self.fc = torch.nn.Linear(64, num_classes)
+
+    def forward(self, x):
+        x = torch.relu(self.bn1(self.conv1(x)))
+        x = self.layer3(self.layer2(self.layer1(x)))
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+def to_ringtrain_layout(name, t):
+    return t.permute(0, 2, 3, 1) if t.dim() == 4 else t
+
+
+def deterministic_state(model):
+    """Fills every parameter and buffer from a formula of (entry index, flat index in ringtrain's
+    layout), which the C++ test reproduces, so no weights need to be stored."""
+    state = model.state_dict()
+    for e, (name, t) in enumerate(state.items()):
+        if name.endswith("num_batches_tracked"):
+            continue
+        shape = list(t.shape)
+        rt_shape = [shape[0], shape[2], shape[3], shape[1]] if t.dim() == 4 else shape
+        n = 1
+        for d in rt_shape:
+            n *= d
+        i = torch.arange(n, dtype=torch.float64)
+        wave = torch.sin(0.1 * i + 0.7 * e)
+        if name.endswith("running_var"):
+            v = 1.0 + 0.5 * wave.abs()
+        elif name.endswith("running_mean") or name.endswith("bias"):
+            v = 0.1 * wave
+        elif t.dim() == 1:  # batch-norm weight
+            v = 1.0 + 0.2 * wave
+        else:
+            fan_in = n // shape[0]
+            v = wave * (2.0 / fan_in) ** 0.5
+        v = v.reshape(rt_shape)
+        if t.dim() == 4:
+            v = v.permute(0, 3, 1, 2)
+        state[name] = v.to(t.dtype)
+    model.load_state_dict(state)
+
+
+def resnet_golden(out_dir):
+    import torchvision
+    tensors = {}
+    for arch, make, hw, classes in [("resnet20", lambda: CifarResNet(20), 16, 10),
+                                    ("resnet18", lambda: torchvision.models.resnet18(num_classes=7), 64, 7)]:
+        model = make().double()
+        deterministic_state(model)
+        n = 2
+        i = torch.arange(n * hw * hw * 3, dtype=torch.float64)
+        x_nhwc = torch.sin(0.05 * i).reshape(n, hw, hw, 3)
+        x = x_nhwc.permute(0, 3, 1, 2).contiguous()
+        labels = torch.tensor([1, classes - 1])
+        model.train()
+        logits = model(x)
+        loss = F.cross_entropy(logits, labels, label_smoothing=0.1)
+        loss.backward()
+        params = dict(model.named_parameters())
+        tensors.update({arch + "_logits": logits, arch + "_loss": loss})
+        for name in ["conv1.weight", "layer1.0.bn1.weight", "layer2.0.downsample.0.weight", "fc.weight", "fc.bias"]:
+            tensors[arch + "_grad_" + name] = to_ringtrain_layout(name, params[name].grad)
+        tensors[arch + "_running_mean_bn1"] = model.bn1.running_mean.clone()
+        model.eval()
+        with torch.no_grad():
+            tensors[arch + "_eval_logits"] = model(x)
+    write(out_dir, "resnet", tensors)
+
+
 def main():
     out_dir = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "tests", "golden")
     os.makedirs(out_dir, exist_ok=True)
@@ -188,6 +287,7 @@ def main():
     optimizer_golden(out_dir)
     conv_golden(out_dir)
     norm_pool_golden(out_dir)
+    resnet_golden(out_dir)
 
 
 if __name__ == "__main__":

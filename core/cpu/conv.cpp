@@ -22,9 +22,11 @@ dnnl::engine& engine() {
   return e;
 }
 
-// Descriptors shared by forward and both backward passes.
+// Descriptors shared by forward and both backward passes. `weights` is ringtrain's KRSC layout;
+// `weights_any` lets oneDNN pick its own (its JIT kernels do not take ohwi directly; the reference
+// kernel that does is ~1000x slower), and weights are reordered to and from it (they are small).
 struct ConvDescs {
-  memory::desc src, weights, bias, dst;
+  memory::desc src, weights, weights_any, bias, dst;
   memory::dims strides, dilates, pad_l, pad_r;
 };
 
@@ -32,8 +34,13 @@ ConvDescs make_descs(const ConvGeometry& g, bool with_bias) {
   ConvDescs d;
   d.src = memory::desc({g.n, g.c, g.h, g.w}, dt::f32, tag::nhwc);
   d.dst = memory::desc({g.n, g.k, g.p, g.q}, dt::f32, tag::nhwc);
-  if (g.groups == 1) d.weights = memory::desc({g.k, g.c, g.r, g.s}, dt::f32, tag::ohwi);
-  else d.weights = memory::desc({g.groups, g.k / g.groups, g.c / g.groups, g.r, g.s}, dt::f32, tag::gohwi);
+  if (g.groups == 1) {
+    d.weights = memory::desc({g.k, g.c, g.r, g.s}, dt::f32, tag::ohwi);
+    d.weights_any = memory::desc({g.k, g.c, g.r, g.s}, dt::f32, tag::any);
+  } else {
+    d.weights = memory::desc({g.groups, g.k / g.groups, g.c / g.groups, g.r, g.s}, dt::f32, tag::gohwi);
+    d.weights_any = memory::desc({g.groups, g.k / g.groups, g.c / g.groups, g.r, g.s}, dt::f32, tag::any);
+  }
   if (with_bias) d.bias = memory::desc({g.k}, dt::f32, tag::x);
   d.strides = {g.stride_h, g.stride_w};
   d.dilates = {g.dilation_h - 1, g.dilation_w - 1};  // oneDNN counts dilation from 0
@@ -47,11 +54,12 @@ ConvDescs make_descs(const ConvGeometry& g, bool with_bias) {
 dnnl::convolution_forward::primitive_desc forward_pd(const ConvDescs& d) {
   if (d.bias.get_size() > 0) {
     return {dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
-                                            d.src, d.weights, d.bias, d.dst, d.strides, d.dilates, d.pad_l, d.pad_r),
+                                            d.src, d.weights_any, d.bias, d.dst, d.strides, d.dilates, d.pad_l,
+                                            d.pad_r),
             engine()};
   }
   return {dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
-                                          d.src, d.weights, d.dst, d.strides, d.dilates, d.pad_l, d.pad_r),
+                                          d.src, d.weights_any, d.dst, d.strides, d.dilates, d.pad_l, d.pad_r),
           engine()};
 }
 
@@ -63,6 +71,24 @@ Tensor as_f32(const Tensor& t) { return t.dtype() == DType::F32 ? t : t.detach()
 void run(dnnl::primitive prim, const std::unordered_map<int, memory>& args) {
   dnnl::stream stream(engine());
   prim.execute(stream, args);
+  stream.wait();
+}
+
+// `user` (ringtrain layout) as memory in layout `wanted`, reordering into a new buffer if they differ.
+memory in_layout(const memory& user, const memory::desc& wanted) {
+  if (user.get_desc() == wanted) return user;
+  memory converted(wanted, engine());
+  dnnl::stream stream(engine());
+  dnnl::reorder(user, converted).execute(stream, const_cast<memory&>(user), converted);
+  stream.wait();
+  return converted;
+}
+
+// Copies `produced` (oneDNN's layout) into `user` (ringtrain layout) if they are different buffers.
+void back_to_user(const memory& produced, memory& user) {
+  if (produced.get_data_handle() == user.get_data_handle()) return;
+  dnnl::stream stream(engine());
+  dnnl::reorder(produced, user).execute(stream, const_cast<memory&>(produced), user);
   stream.wait();
 }
 
@@ -166,9 +192,10 @@ void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor* bias, const 
   auto pd = forward_pd(d);
   Tensor x32 = as_f32(x), w32 = as_f32(w), y32 = y.dtype() == DType::F32 ? y : Tensor::empty(y.shape());
   Tensor b32 = bias ? as_f32(*bias) : Tensor();
-  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, memory(d.src, engine(), ptr(x32))},
-                                       {DNNL_ARG_WEIGHTS, memory(d.weights, engine(), ptr(w32))},
-                                       {DNNL_ARG_DST, memory(d.dst, engine(), ptr(y32))}};
+  std::unordered_map<int, memory> args{
+      {DNNL_ARG_SRC, memory(d.src, engine(), ptr(x32))},
+      {DNNL_ARG_WEIGHTS, in_layout(memory(d.weights, engine(), ptr(w32)), pd.weights_desc())},
+      {DNNL_ARG_DST, memory(d.dst, engine(), ptr(y32))}};
   if (bias) args.emplace(DNNL_ARG_BIAS, memory(d.bias, engine(), ptr(b32)));
   run(dnnl::convolution_forward(pd), args);
   if (y32.data_ptr() != y.data_ptr()) y.copy_(y32);
@@ -180,12 +207,13 @@ void conv2d_backward_data(const Tensor& dy, const Tensor& w, const ConvGeometry&
   ConvDescs d = make_descs(g, false);
   auto hint = forward_pd(d);
   dnnl::convolution_backward_data::primitive_desc pd(
-      dnnl::convolution_backward_data::desc(dnnl::algorithm::convolution_direct, d.src, d.weights, d.dst, d.strides,
-                                            d.dilates, d.pad_l, d.pad_r),
+      dnnl::convolution_backward_data::desc(dnnl::algorithm::convolution_direct, d.src, d.weights_any, d.dst,
+                                            d.strides, d.dilates, d.pad_l, d.pad_r),
       engine(), hint);
   Tensor dy32 = as_f32(dy), w32 = as_f32(w), dx32 = dx.dtype() == DType::F32 ? dx : Tensor::empty(dx.shape());
   run(dnnl::convolution_backward_data(pd), {{DNNL_ARG_DIFF_DST, memory(d.dst, engine(), ptr(dy32))},
-                                            {DNNL_ARG_WEIGHTS, memory(d.weights, engine(), ptr(w32))},
+                                            {DNNL_ARG_WEIGHTS, in_layout(memory(d.weights, engine(), ptr(w32)),
+                                                                         pd.weights_desc())},
                                             {DNNL_ARG_DIFF_SRC, memory(d.src, engine(), ptr(dx32))}});
   if (dx32.data_ptr() != dx.data_ptr()) dx.copy_(dx32);
 }
@@ -195,18 +223,23 @@ void conv2d_backward_weights(const Tensor& x, const Tensor& dy, const ConvGeomet
   if (x.dtype() == DType::F64) return reference_backward_weights(x, dy, g, dw, dbias);
   ConvDescs d = make_descs(g, dbias != nullptr);
   auto hint = forward_pd(d);
-  auto desc = dbias ? dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, d.src, d.weights,
-                                                               d.bias, d.dst, d.strides, d.dilates, d.pad_l, d.pad_r)
-                    : dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, d.src, d.weights,
-                                                               d.dst, d.strides, d.dilates, d.pad_l, d.pad_r);
+  auto desc = dbias ? dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, d.src,
+                                                               d.weights_any, d.bias, d.dst, d.strides, d.dilates,
+                                                               d.pad_l, d.pad_r)
+                    : dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, d.src,
+                                                               d.weights_any, d.dst, d.strides, d.dilates, d.pad_l,
+                                                               d.pad_r);
   dnnl::convolution_backward_weights::primitive_desc pd(desc, engine(), hint);
   Tensor x32 = as_f32(x), dy32 = as_f32(dy), dw32 = dw.dtype() == DType::F32 ? dw : Tensor::empty(dw.shape());
   Tensor db32 = dbias ? (dbias->dtype() == DType::F32 ? *dbias : Tensor::empty(dbias->shape())) : Tensor();
+  memory user_dw(d.weights, engine(), ptr(dw32));
+  memory produced_dw = pd.diff_weights_desc() == d.weights ? user_dw : memory(pd.diff_weights_desc(), engine());
   std::unordered_map<int, memory> args{{DNNL_ARG_SRC, memory(d.src, engine(), ptr(x32))},
                                        {DNNL_ARG_DIFF_DST, memory(d.dst, engine(), ptr(dy32))},
-                                       {DNNL_ARG_DIFF_WEIGHTS, memory(d.weights, engine(), ptr(dw32))}};
+                                       {DNNL_ARG_DIFF_WEIGHTS, produced_dw}};
   if (dbias) args.emplace(DNNL_ARG_DIFF_BIAS, memory(d.bias, engine(), ptr(db32)));
   run(dnnl::convolution_backward_weights(pd), args);
+  back_to_user(produced_dw, user_dw);
   if (dw32.data_ptr() != dw.data_ptr()) dw.copy_(dw32);
   if (dbias && db32.data_ptr() != dbias->data_ptr()) dbias->copy_(db32);
 }

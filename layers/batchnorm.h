@@ -1,0 +1,29 @@
+// layers/batchnorm.h: BatchNorm2d over NHWC activations (statistics per channel, the last dim).
+// Parameters and running statistics are f32 (f64 for f64 models) whatever the activation dtype.
+// The state dict has torchvision's entries: weight, bias, running_mean, running_var, num_batches_tracked.
+#pragma once
+
+#include "layers/module.h"
+
+namespace ringtrain {
+
+class BatchNorm2d : public Module {
+ public:
+  explicit BatchNorm2d(int64_t channels, double momentum = 0.1, double eps = 1e-5, DType dtype = DType::F32);
+  Tensor forward(const Tensor& x) override { return run(x, false); }
+  // BN followed by ReLU in one pass.
+  Tensor forward_relu(const Tensor& x) { return run(x, true); }
+  std::string type_name() const override { return "BatchNorm2d"; }
+  const Tensor& weight() const { return weight_; }
+  const Tensor& bias() const { return bias_; }
+  const Tensor& running_mean() const { return running_mean_; }
+  const Tensor& running_var() const { return running_var_; }
+
+ private:
+  Tensor run(const Tensor& x, bool relu);
+  int64_t channels_;
+  double momentum_, eps_;
+  Tensor weight_, bias_, running_mean_, running_var_, num_batches_tracked_;
+};
+
+}  // namespace ringtrain
