@@ -1,0 +1,77 @@
+// apps/bench_step: one process, synthetic data: median training-step time, img/s and peak memory of a
+// ResNet (forward, softmax cross-entropy, backward, SGD with momentum and weight decay).
+//   bench_step -a resnet20 -b 128 --threads 1 [--hw 32] [--in-ch 3] [--steps 10] [--warmup 2]
+//              [--device cpu] [--precision fp32]
+// Prints one line: "ringtrain resnet20 b128 32x32x3 threads=1 median_step_s=... img_per_s=... peak_rss_mb=..."
+#include <sys/resource.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+
+#include "core/allocator.h"
+#include "core/check.h"
+#include "core/ops.h"
+#include "core/optim/optimizer.h"
+#include "core/parallel.h"
+#include "layers/loss.h"
+#include "layers/models/resnet.h"
+
+using namespace ringtrain;
+
+int main(int argc, char** argv) {
+  CLI::App app{"Times ResNet training steps on synthetic data"};
+  std::string arch = "resnet20", device_text = "cpu", precision = "fp32";
+  int64_t batch = 128, hw = 32, in_ch = 3, classes = 10;
+  int threads = 0, steps = 10, warmup = 2;
+  app.add_option("-a,--arch", arch, "architecture")->capture_default_str();
+  app.add_option("-b,--batch-size", batch, "images per step")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--threads", threads, "CPU threads (0: cores / local ranks)")->capture_default_str();
+  app.add_option("--hw", hw, "image height and width")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--in-ch", in_ch, "input channels")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--classes", classes, "classes")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--steps", steps, "timed steps (median reported)")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--warmup", warmup, "untimed steps first")->capture_default_str();
+  app.add_option("--device", device_text, "cpu or cuda[:i]")->capture_default_str();
+  app.add_option("--precision", precision, "fp32 (bf16/fp16 autocast comes with mixed precision)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fp32"}));
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (threads > 0) set_num_threads(threads);
+    const Device device = parse_device(device_text);
+    manual_seed(0);
+    ResNet model(arch, {.in_channels = in_ch, .num_classes = classes});
+    model.to(device);
+    Sgd opt(as_named(model.named_parameters()), SgdOptions{.momentum = 0.9, .weight_decay = 5e-4});
+    CrossEntropyLoss loss_fn;
+    Tensor x = Tensor::normal(Shape{batch, hw, hw, in_ch}, 0, 1, 1, DType::F32, device);
+    std::vector<double> ys(static_cast<size_t>(batch));
+    for (int64_t i = 0; i < batch; ++i) ys[static_cast<size_t>(i)] = static_cast<double>(i % classes);
+    Tensor y = Tensor::from_vector(ys, Shape{batch}, DType::I64, device);
+    std::vector<double> times;
+    for (int s = 0; s < warmup + steps; ++s) {
+      auto t0 = std::chrono::steady_clock::now();
+      opt.zero_grad();
+      Tensor loss = loss_fn(model(x), y);
+      loss.backward();
+      opt.step(0.1);
+      synchronize(device);
+      const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (s >= warmup) times.push_back(dt);
+    }
+    std::sort(times.begin(), times.end());
+    const double median = times[times.size() / 2];
+    rusage usage{};
+    getrusage(RUSAGE_SELF, &usage);
+    std::printf("ringtrain %s b%lld %lldx%lldx%lld threads=%d median_step_s=%.4f img_per_s=%.1f peak_rss_mb=%.0f\n",
+                arch.c_str(), static_cast<long long>(batch), static_cast<long long>(hw), static_cast<long long>(hw),
+                static_cast<long long>(in_ch), num_threads(), median, static_cast<double>(batch) / median,
+                static_cast<double>(usage.ru_maxrss) / 1024.0);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_step: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
