@@ -72,4 +72,9 @@ std::string h5_error_text() {
 
 void h5_silence_errors() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
 
+std::recursive_mutex& hdf5_mutex() {
+  static std::recursive_mutex mutex;
+  return mutex;
+}
+
 }  // namespace ringtrain::detail

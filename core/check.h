@@ -4,6 +4,7 @@
 // for destructors. The status-to-text helpers for the GPU libraries live in core/cuda/cuda_check.h.
 #pragma once
 
+#include <mutex>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -40,6 +41,9 @@ void report_call_error(std::string_view library, long long code, std::string_vie
 std::string mpi_error_text(int code);
 std::string h5_error_text();  // walks and clears HDF5's error stack
 void h5_silence_errors();     // turns off HDF5's automatic stack printing (we translate instead)
+// The one lock every HDF5 call in the process takes: the serial HDF5 library is not thread-safe
+// (loader threads read shards while the training thread writes checkpoints).
+std::recursive_mutex& hdf5_mutex();
 constexpr int kNoDevice = -1;
 
 }  // namespace detail

@@ -22,10 +22,7 @@ namespace ringtrain::data {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-std::recursive_mutex& hdf5_mutex() {
-  static std::recursive_mutex mutex;
-  return mutex;
-}
+std::recursive_mutex& hdf5_mutex() { return detail::hdf5_mutex(); }
 
 std::string shard_file_name(const std::string& split, int index, int count) {
   char buffer[64];

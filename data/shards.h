@@ -15,7 +15,7 @@ namespace ringtrain::data {
 inline constexpr const char* kFormatName = "ringtrain-shards";
 inline constexpr int kFormatVersion = 1;
 
-// The lock every HDF5 call in ringtrain takes.
+// The lock every HDF5 call in ringtrain takes (the same one as ringtrain::detail::hdf5_mutex()).
 std::recursive_mutex& hdf5_mutex();
 
 // "train-00003-of-00016.h5"

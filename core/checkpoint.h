@@ -1,0 +1,38 @@
+// core/checkpoint.h: checkpoints in HDF5, readable with h5py. Layout:
+//   /model/<dotted name>      one dataset per parameter and buffer (ringtrain layouts: conv weights KRSC)
+//   /optimizer/<state name>   optimizer state ("step", "<param>.momentum", "<param>.exp_avg", ...)
+//   /meta                     group whose attribute "json" holds step, epoch, config, world size, ...
+// Root attributes: format "ringtrain-checkpoint", format_version 1, layout "NHWC activations, KRSC filters".
+// Datasets keep their dtype (f32, f64, i32, i64, u8 natively; f16/bf16 as uint16 with an attribute
+// "dtype"). Writing is atomic: a temporary file in the same folder is written, flushed and fsync'ed,
+// then renamed over the target, so a crash never leaves a torn checkpoint.
+#pragma once
+
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace ringtrain {
+
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+
+struct Checkpoint {
+  NamedTensors model;
+  NamedTensors optimizer;
+  std::string meta_json = "{}";
+};
+
+struct SaveOptions {
+  // Test seam: runs after the temporary file is complete and synced, just before the rename.
+  std::function<void()> before_rename;
+};
+
+void save_checkpoint(const std::filesystem::path& path, const Checkpoint& checkpoint, const SaveOptions& options = {});
+// Errors name the file and the object (missing group, unsupported dtype, not a ringtrain checkpoint).
+Checkpoint load_checkpoint(const std::filesystem::path& path);
+
+}  // namespace ringtrain
