@@ -12,7 +12,6 @@
 #include <list>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <regex>
 #include <set>
 
 #include "core/check.h"
@@ -48,6 +47,17 @@ uint32_t file_crc32(const fs::path& path) {
 }
 
 namespace {
+
+// True for "{split}-NNNNN-of-NNNNN.h5" (what shard_file_name produces for any index and count).
+bool is_shard_file_of(const std::string& name, const std::string& split) {
+  const std::string tail = "-00000-of-00000.h5";
+  if (name.size() != split.size() + tail.size() || name.compare(0, split.size(), split) != 0) return false;
+  for (size_t i = 0; i < tail.size(); ++i) {
+    const char c = name[split.size() + i], t = tail[i];
+    if (t == '0' ? (c < '0' || c > '9') : c != t) return false;
+  }
+  return true;
+}
 
 std::string hex32(uint32_t v) {
   char buffer[16];
@@ -495,10 +505,8 @@ SplitInfo ShardWriter::finish() {
     m.shards[static_cast<size_t>(s)].crc32 = file_crc32(tmp);
   }
   // Stale shards of this split from an earlier run with another shard count would confuse readers.
-  const std::regex own_pattern(o.split + R"(-\d{5}-of-\d{5}\.h5)");
   for (const auto& entry : fs::directory_iterator(o.dir)) {
-    const std::string name = entry.path().filename().string();
-    if (std::regex_match(name, own_pattern)) fs::remove(entry.path());
+    if (is_shard_file_of(entry.path().filename().string(), o.split)) fs::remove(entry.path());
   }
   for (int s = 0; s < o.num_shards; ++s) fs::rename(m.temp_path(s), o.dir / m.shards[static_cast<size_t>(s)].file);
   m.temp_files.clear();
@@ -685,10 +693,9 @@ ShardDataset ShardDataset::open(const fs::path& dir, const std::string& split, O
   if (total != info.records)
     RT_THROW("manifest '", manifest_path.string(), "': split '", split, "' says ", info.records,
              " records but its shards hold ", total);
-  const std::regex own_pattern(split + R"(-\d{5}-of-\d{5}\.h5)");
   for (const auto& entry : fs::directory_iterator(dir)) {
     const std::string name = entry.path().filename().string();
-    if (std::regex_match(name, own_pattern) && !listed.count(name))
+    if (is_shard_file_of(name, split) && !listed.count(name))
       RT_THROW("shard '", entry.path().string(), "' is not listed in '", manifest_path.string(),
                "' (the manifest disagrees with the files; rewrite the split with make_shards)");
   }
