@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/autograd.h"
+#include "core/check.h"
 
 namespace ringtrain::testing {
 
@@ -43,6 +44,15 @@ namespace ringtrain::testing {
   if (!(actual.shape() == expected.shape()))
     return ::testing::AssertionFailure() << "shapes differ: " << actual.describe() << " vs " << expected.describe();
   return all_close(actual.to_vector(), expected.to_vector(), rtol, atol);
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
 }
 
 Tensor random_f64(const Shape& shape, uint64_t seed, double low, double high) {

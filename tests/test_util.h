@@ -33,6 +33,9 @@ struct Golden {
 };
 Golden load_golden(const std::string& name);
 
+// The message of the ringtrain::Error that f throws, or "" when it throws none.
+std::string error_of(const std::function<void()>& f);
+
 // Random f64 tensor (deterministic per seed).
 Tensor random_f64(const Shape& shape, uint64_t seed, double low = -1.0, double high = 1.0);
 

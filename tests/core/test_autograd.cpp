@@ -11,14 +11,7 @@
 namespace ringtrain {
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::error_of;
 
 TEST(Autograd, SimpleChainAndLeafUsedTwice) {
   Tensor x = Tensor::from_vector({1, 2, 3}, Shape{3}, DType::F64).set_requires_grad();

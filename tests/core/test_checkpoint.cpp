@@ -13,6 +13,7 @@
 #include "core/optim/optimizer.h"
 #include "layers/loss.h"
 #include "layers/models/resnet.h"
+#include "test_util.h"
 
 namespace ringtrain {
 namespace {
@@ -77,14 +78,7 @@ TEST_F(CheckpointTest, InterruptedWriteLeavesThePreviousFileIntact) {
 }
 
 TEST_F(CheckpointTest, ErrorsNameTheFile) {
-  auto err = [](const std::function<void()>& f) {
-    try {
-      f();
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string();
-  };
+  auto err = testing::error_of;
   EXPECT_NE(err([&] { load_checkpoint(dir_ / "missing.h5"); }).find("missing.h5' does not exist"), std::string::npos);
   std::ofstream(dir_ / "junk.h5") << "not hdf5";
   EXPECT_NE(err([&] { load_checkpoint(dir_ / "junk.h5"); }).find("junk.h5' is truncated or not an HDF5 file"),

@@ -88,14 +88,7 @@ TEST(Conv, SixteenBitInputsGoThroughF32) {
 
 TEST(Conv, BadArgumentsNameTheProblem) {
   Tensor x = Tensor::zeros(Shape{1, 5, 5, 4}), w = Tensor::zeros(Shape{3, 3, 3, 4});
-  auto err = [](const std::function<void()>& f) {
-    try {
-      f();
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string();
-  };
+  auto err = testing::error_of;
   EXPECT_NE(err([&] { conv2d(x, Tensor::zeros(Shape{3, 3, 3, 5}), Tensor(), {}); }).find("weight (K, R, S, 4)"),
             std::string::npos);
   EXPECT_NE(err([&] { conv2d(x, w, Tensor(), {.stride_h = 0}); }).find("stride"), std::string::npos);

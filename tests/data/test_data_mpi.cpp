@@ -113,13 +113,3 @@ TEST(DataMpi, RanksReadDisjointPartsOfEachGlobalBatch) {
 
 }  // namespace
 }  // namespace ringtrain::data
-
-int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  ::testing::InitGoogleTest(&argc, argv);
-  int result = RUN_ALL_TESTS();
-  int worst = 0;
-  MPI_Allreduce(&result, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Finalize();
-  return worst;
-}

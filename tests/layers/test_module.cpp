@@ -39,14 +39,7 @@ std::vector<std::string> names(const StateDict& sd) {
   return out;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::error_of;
 
 TEST(Module, DottedNamesInStateDictOrder) {
   Tiny m;
