@@ -361,7 +361,7 @@ struct ShardWriter::Impl {
   }
 };
 
-ShardWriter::ShardWriter(WriterOptions options) : impl_(new Impl) {
+ShardWriter::ShardWriter(WriterOptions options) : impl_(nullptr) {
   auto& o = options;
   RT_CHECK(!o.split.empty() && o.split.find('/') == std::string::npos && o.split.find('-') == std::string::npos,
            "ShardWriter: split name '", o.split, "' must be non-empty without '/' or '-'");
@@ -375,6 +375,7 @@ ShardWriter::ShardWriter(WriterOptions options) : impl_(new Impl) {
   std::error_code ec;
   fs::create_directories(o.dir, ec);
   if (ec) RT_THROW("cannot create dataset folder '", o.dir.string(), "': ", ec.message());
+  impl_ = new Impl;  // only after every check: a throwing constructor never runs the destructor
   impl_->options = std::move(options);
   impl_->record_bytes = impl_->options.height * impl_->options.width * impl_->options.channels;
   impl_->chunk = chunk_records_for(impl_->record_bytes);
