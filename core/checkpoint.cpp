@@ -119,13 +119,19 @@ NamedTensors read_group(hid_t file, const char* group_name, const fs::path& path
   Id group{check(H5Gopen2(file, group_name, H5P_DEFAULT), path, group_name, "open group"), H5Gclose};
   std::vector<std::string> names;
   // Creation order is not tracked by default; iterate by name and rely on callers matching by name.
-  H5Literate(
+  // The callback must not throw through HDF5's C frames: failures are reported by return value.
+  const herr_t walked = H5Literate(
       group, H5_INDEX_NAME, H5_ITER_INC, nullptr,
       [](hid_t, const char* name, const H5L_info_t*, void* out) -> herr_t {
-        static_cast<std::vector<std::string>*>(out)->push_back(name);
-        return 0;
+        try {
+          static_cast<std::vector<std::string>*>(out)->push_back(name);
+          return 0;
+        } catch (...) {
+          return -1;
+        }
       },
       &names);
+  check(walked, path, group_name, "cannot list the group (corrupt file?)");
   NamedTensors out;
   for (const auto& name : names) {
     const std::string object = detail::str_cat("/", group_name, "/", name);
@@ -176,7 +182,15 @@ void save_checkpoint(const fs::path& path, const Checkpoint& checkpoint, const S
       write_group(file, "optimizer", checkpoint.optimizer, tmp);
       Id meta{check(H5Gcreate2(file, "meta", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), tmp, "/meta", "create group"),
               H5Gclose};
-      string_attribute(meta, "json", checkpoint.meta_json, tmp);
+      // A dataset, not an attribute: attributes are limited to 64 KiB and a config can grow.
+      Id type{H5Tcopy(H5T_C_S1), H5Tclose};
+      H5Tset_size(type, std::max<size_t>(1, checkpoint.meta_json.size()));
+      Id space{H5Screate(H5S_SCALAR), H5Sclose};
+      Id json{check(H5Dcreate2(meta, "json", type, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), tmp, "/meta/json",
+                    "create dataset"),
+              H5Dclose};
+      check(H5Dwrite(json, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, checkpoint.meta_json.data()), tmp, "/meta/json",
+            "write dataset");
       check(H5Fflush(file, H5F_SCOPE_GLOBAL), tmp, "", "flush");
     }
     fsync_path(tmp, false);
@@ -199,12 +213,26 @@ Checkpoint load_checkpoint(const fs::path& path) {
   const std::string format = read_string_attribute(file, "format", path, "/");
   if (format != kFormat)
     RT_THROW("checkpoint '", path.string(), "' has format '", format, "', expected '", kFormat, "'");
+  int version = 0;
+  {
+    Id attr{check(H5Aopen(file, "format_version", H5P_DEFAULT), path, "/", "missing attribute 'format_version'"),
+            H5Aclose};
+    check(H5Aread(attr, H5T_NATIVE_INT32, &version), path, "/", "read attribute 'format_version'");
+  }
+  if (version != kVersion)
+    RT_THROW("checkpoint '", path.string(), "' has format_version ", version, "; this ringtrain reads ", kVersion);
   Checkpoint c;
   c.model = read_group(file, "model", path);
   c.optimizer = read_group(file, "optimizer", path);
   if (H5Lexists(file, "meta", H5P_DEFAULT) <= 0) RT_THROW("checkpoint '", path.string(), "' has no group '/meta'");
   Id meta{check(H5Gopen2(file, "meta", H5P_DEFAULT), path, "/meta", "open group"), H5Gclose};
-  c.meta_json = read_string_attribute(meta, "json", path, "/meta");
+  if (H5Lexists(meta, "json", H5P_DEFAULT) <= 0) RT_THROW("checkpoint '", path.string(), "' has no dataset '/meta/json'");
+  Id json{check(H5Dopen2(meta, "json", H5P_DEFAULT), path, "/meta/json", "open dataset"), H5Dclose};
+  Id type{H5Dget_type(json), H5Tclose};
+  std::string text(H5Tget_size(type), '\0');
+  check(H5Dread(json, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, text.data()), path, "/meta/json", "read dataset");
+  text.erase(std::find(text.begin(), text.end(), '\0'), text.end());
+  c.meta_json = text;
   return c;
 }
 

@@ -1,7 +1,7 @@
 // core/checkpoint.h: checkpoints in HDF5, readable with h5py. Layout:
 //   /model/<dotted name>      one dataset per parameter and buffer (ringtrain layouts: conv weights KRSC)
 //   /optimizer/<state name>   optimizer state ("step", "<param>.momentum", "<param>.exp_avg", ...)
-//   /meta                     group whose attribute "json" holds step, epoch, config, world size, ...
+//   /meta/json                string dataset with step, epoch, config, world size, ... as JSON
 // Root attributes: format "ringtrain-checkpoint", format_version 1, layout "NHWC activations, KRSC filters".
 // Datasets keep their dtype (f32, f64, i32, i64, u8 natively; f16/bf16 as uint16 with an attribute
 // "dtype"). Writing is atomic: a temporary file in the same folder is written, flushed and fsync'ed,

@@ -23,13 +23,19 @@ thread_local bool t_inside_pool = false;
 class ThreadPool {
  public:
   explicit ThreadPool(int threads) { resize(threads); }
+  // Not synchronised with resize(): both are only called with submit_mutex_ free or held by the caller.
   ~ThreadPool() { stop_workers(); }
 
   int size() const { return static_cast<int>(workers_.size()) + 1; }
 
+  // Waits for a running job (submit_mutex_) so workers_ never changes under it.
   void resize(int threads) {
+    std::lock_guard<std::mutex> submit(submit_mutex_);
     stop_workers();
-    stopping_ = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = false;
+    }
     for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { worker_loop(); });
   }
 

@@ -178,7 +178,7 @@ void Loader::stop() {
   workers_.clear();
 }
 
-void Loader::start(std::vector<std::vector<int64_t>> batches, int64_t epoch) {
+void Loader::start(std::vector<std::vector<int64_t>> batches, int64_t epoch, int64_t first_batch) {
   stop();
   for (const auto& b : batches)
     for (int64_t i : b)
@@ -188,6 +188,7 @@ void Loader::start(std::vector<std::vector<int64_t>> batches, int64_t epoch) {
   std::lock_guard<std::mutex> lock(mutex_);
   batches_ = std::move(batches);
   epoch_ = epoch;
+  first_batch_ = first_batch;  // set before the workers start: they read it without the lock
   ready_.clear();
   next_to_build_ = next_to_deliver_ = 0;
   stopping_ = false;
@@ -202,9 +203,12 @@ void Loader::start_epoch(DistributedSampler& sampler, int64_t epoch) {
   std::vector<int64_t> indices;
   const int64_t first = sampler.state().next_batch;
   while (sampler.next(indices)) batches.push_back(indices);
-  // Batch numbering follows the epoch, so a resumed epoch keeps the same augmentation.
-  (void)first;
-  start(std::move(batches), epoch);
+  start(std::move(batches), epoch, first);
+}
+
+SamplerState Loader::position() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return SamplerState{epoch_, first_batch_ + next_to_deliver_};
 }
 
 Batch Loader::build(int64_t t) {
@@ -219,7 +223,7 @@ Batch Loader::build(int64_t t) {
   std::vector<int32_t> labels(real.size());
   dataset_.read_indices(real, raw.data(), labels.data());
   Batch batch;
-  batch.index = t;
+  batch.index = first_batch_ + t;
   batch.valid = static_cast<int64_t>(real.size());
   const Shape image_shape{n, shape[0], shape[1], shape[2]};
   // Every real slot is overwritten by its sample; only padding slots are zeroed below.
@@ -268,11 +272,16 @@ void Loader::worker() {
       std::lock_guard<std::mutex> lock(mutex_);
       if (!error_) {
         try {
-          RT_THROW("loader: batch ", t, " of epoch ", epoch_, " (split '", dataset_.info().split, "'): ", e.what());
+          RT_THROW("loader: batch ", first_batch_ + t, " of epoch ", epoch_, " (split '", dataset_.info().split,
+                   "'): ", e.what());
         } catch (...) {
           error_ = std::current_exception();
         }
       }
+      stopping_ = true;
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!error_) error_ = std::current_exception();
       stopping_ = true;
     }
     produced_.notify_all();
@@ -291,14 +300,17 @@ std::optional<Batch> Loader::next() {
     std::rethrow_exception(e);
   }
   if (stopping_) return std::nullopt;  // stopped: prefetched batches are dropped
-  auto it = ready_.find(next_to_deliver_);
-  Batch b = std::move(it->second);
-  ready_.erase(it);
+  // Copy the handles out and deliver (which may fail: device memory) before the batch leaves the
+  // queue, so a failed delivery can be retried instead of silently skipping the batch.
+  Batch b = ready_.at(next_to_deliver_);
+  lock.unlock();
+  Batch delivered = options_.device.is_cuda() ? to_device(b) : b;
+  lock.lock();
+  ready_.erase(next_to_deliver_);
   ++next_to_deliver_;
   lock.unlock();
   consumed_.notify_all();
-  if (options_.device.is_cuda()) return to_device(std::move(b));
-  return b;
+  return delivered;
 }
 
 Batch Loader::to_device(Batch host) {

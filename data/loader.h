@@ -63,10 +63,14 @@ class Loader {
   Loader(const Loader&) = delete;
   Loader& operator=(const Loader&) = delete;
 
-  // Starts an epoch over explicit per-batch index lists (index -1 = padding). Stops a running epoch.
-  void start(std::vector<std::vector<int64_t>> batches, int64_t epoch);
-  // Starts a training epoch: this rank's batches from `sampler`, from its current position on.
+  // Starts an epoch over explicit per-batch index lists (index -1 = padding); first_batch is the
+  // position of batches[0] in the epoch (Batch::index). Stops a running epoch.
+  void start(std::vector<std::vector<int64_t>> batches, int64_t epoch, int64_t first_batch = 0);
+  // Starts a training epoch: this rank's batches from `sampler`, from its current position on (a
+  // restored state resumes mid-epoch; Batch::index counts from the epoch's start).
   void start_epoch(DistributedSampler& sampler, int64_t epoch);
+  // What to save in a checkpoint: the epoch and the next batch the consumer has not received yet.
+  SamplerState position() const;
   // Next batch in order; nullopt at the end of the epoch. Rethrows the first worker error.
   std::optional<Batch> next();
   // Joins every worker (safe mid-epoch, idempotent).
@@ -89,7 +93,8 @@ class Loader {
   int threads_ = 1;
   std::vector<std::vector<int64_t>> batches_;
   int64_t epoch_ = 0;
-  std::mutex mutex_;
+  int64_t first_batch_ = 0;  // index in the epoch of batches_[0]
+  mutable std::mutex mutex_;
   std::condition_variable produced_, consumed_;
   std::map<int64_t, Batch> ready_;
   int64_t next_to_build_ = 0, next_to_deliver_ = 0;

@@ -578,8 +578,16 @@ struct ShardDataset::Impl {
     }
     const fs::path path = dir / info.shards[static_cast<size_t>(shard)].file;
     const char* name = info.encoded ? "/jpeg" : "/images";
-    o.file = h5_or_throw(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), path, "", "cannot open");
-    o.images = h5_or_throw(H5Dopen2(o.file, name, H5P_DEFAULT), path, name, "cannot open dataset");
+    // Opened into locals and stored only when both succeed, so a failure leaks no handle.
+    H5Id file(h5_or_throw(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), path, "", "cannot open"), H5Fclose);
+    const hid_t images = H5Dopen2(file, name, H5P_DEFAULT);
+    if (images < 0) {
+      lru.remove(shard);
+      h5_or_throw(images, path, name, "cannot open dataset");
+    }
+    o.file = file.id;
+    file.id = H5I_INVALID_HID;
+    o.images = images;
     return o.images;
   }
 };

@@ -52,7 +52,7 @@ def write_checkpoint(path, state, meta=None):
             else:
                 model.create_dataset(name, data=t.numpy())
         f.create_group("optimizer")
-        f.create_group("meta").attrs["json"] = np.bytes_(json.dumps(meta or {}))
+        f.create_group("meta").create_dataset("json", data=np.bytes_(json.dumps(meta or {})))
     os.replace(tmp, path)
 
 

@@ -110,9 +110,12 @@ State Sgd::state() const {
 
 void Sgd::load_state(const State& state) {
   auto index = index_state(state);
-  steps_ = read_step(index);
+  const int64_t steps = read_step(index);
+  std::vector<Tensor> momentum(params_.size());
   for (size_t i = 0; i < params_.size(); ++i)
-    restore_slot(index, params_[i].name + ".momentum", params_[i].tensor, momentum_[i]);
+    restore_slot(index, params_[i].name + ".momentum", params_[i].tensor, momentum[i]);
+  steps_ = steps;
+  momentum_ = std::move(momentum);
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -126,17 +129,18 @@ AdamW::AdamW(std::vector<NamedParameter> params, AdamWOptions options)
   RT_CHECK(options.eps > 0, "AdamW: eps must be > 0");
   m_.resize(params_.size());
   v_.resize(params_.size());
+  param_steps_.assign(params_.size(), 0);
 }
 
 void AdamW::step(double lr) {
   NoGradGuard no_grad;
   ++steps_;
-  const double t = static_cast<double>(steps_);
-  const double bias1 = 1.0 - std::pow(options_.beta1, t), bias2 = 1.0 - std::pow(options_.beta2, t);
   for (size_t i = 0; i < params_.size(); ++i) {
     Tensor& p = params_[i].tensor;
     Tensor g = p.grad();
     if (!g.defined()) continue;
+    const double t = static_cast<double>(++param_steps_[i]);
+    const double bias1 = 1.0 - std::pow(options_.beta1, t), bias2 = 1.0 - std::pow(options_.beta2, t);
     if (decays(p)) p.mul_(1.0 - lr * weight_decay_);
     if (!m_[i].defined()) {
       m_[i] = Tensor::zeros(p.shape(), p.dtype(), p.device());
@@ -156,19 +160,32 @@ State AdamW::state() const {
     if (!m_[i].defined()) continue;
     out.emplace_back(params_[i].name + ".exp_avg", m_[i]);
     out.emplace_back(params_[i].name + ".exp_avg_sq", v_[i]);
+    out.emplace_back(params_[i].name + ".step", Tensor::scalar(static_cast<double>(param_steps_[i]), DType::I64));
   }
   return out;
 }
 
 void AdamW::load_state(const State& state) {
   auto index = index_state(state);
-  steps_ = read_step(index);
+  const int64_t steps = read_step(index);
+  std::vector<Tensor> m(params_.size()), v(params_.size());
+  std::vector<int64_t> param_steps(params_.size(), 0);
   for (size_t i = 0; i < params_.size(); ++i) {
-    restore_slot(index, params_[i].name + ".exp_avg", params_[i].tensor, m_[i]);
-    restore_slot(index, params_[i].name + ".exp_avg_sq", params_[i].tensor, v_[i]);
-    if (m_[i].defined() != v_[i].defined())
-      RT_THROW("optimizer state: parameter '", params_[i].name, "' has only one of exp_avg / exp_avg_sq");
+    const std::string& name = params_[i].name;
+    restore_slot(index, name + ".exp_avg", params_[i].tensor, m[i]);
+    restore_slot(index, name + ".exp_avg_sq", params_[i].tensor, v[i]);
+    if (m[i].defined() != v[i].defined())
+      RT_THROW("optimizer state: parameter '", name, "' has only one of exp_avg / exp_avg_sq");
+    if (m[i].defined()) {
+      auto it = index.find(name + ".step");
+      if (it == index.end()) RT_THROW("optimizer state: missing entry '", name, ".step'");
+      param_steps[i] = static_cast<int64_t>(it->second.item());
+    }
   }
+  steps_ = steps;
+  m_ = std::move(m);
+  v_ = std::move(v);
+  param_steps_ = std::move(param_steps);
 }
 
 // ---------------------------------------------------------------------------------------------------

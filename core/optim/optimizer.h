@@ -30,7 +30,7 @@ class Optimizer {
   void zero_grad(bool set_to_none = true);
   // State tensors by "<parameter name>.<slot>" (e.g. "fc.weight.momentum"), plus "step".
   virtual std::vector<std::pair<std::string, Tensor>> state() const = 0;
-  // Restores state() output; errors name missing or mismatched entries.
+  // Restores state() output; errors name missing or mismatched entries, and a failed load changes nothing.
   virtual void load_state(const std::vector<std::pair<std::string, Tensor>>& state) = 0;
   int64_t steps() const { return steps_; }
 
@@ -79,6 +79,7 @@ class AdamW final : public Optimizer {
  private:
   AdamWOptions options_;
   std::vector<Tensor> m_, v_;
+  std::vector<int64_t> param_steps_;  // per parameter, as PyTorch: bias correction counts its own updates
 };
 
 enum class LrShape : uint8_t { Constant, Step, MultiStep, Cosine };

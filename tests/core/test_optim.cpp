@@ -63,6 +63,29 @@ TEST(Optim, AdamWMatchesPyTorch) {
   });
 }
 
+TEST(Optim, AdamWBiasCorrectionCountsEachParametersOwnSteps) {
+  // b gets its first gradient at the third step: its first update must be the textbook first Adam
+  // step (about lr * sign(g)), not one corrected as if three steps had passed (PyTorch behaves so).
+  Tensor a = Tensor::from_vector({1.0}, Shape{1}, DType::F64).set_requires_grad();
+  Tensor b = Tensor::from_vector({2.0}, Shape{1}, DType::F64).set_requires_grad();
+  AdamW opt({{"a", a}, {"b", b}}, AdamWOptions{.weight_decay = 0.0});
+  for (int s = 0; s < 3; ++s) {
+    opt.zero_grad();
+    Tensor loss = s < 2 ? mul(a, 3.0) : add(mul(a, 3.0), mul(b, 0.5));
+    sum(loss).backward();
+    opt.step(0.1);
+  }
+  EXPECT_NEAR(b.item(), 2.0 - 0.1 * 0.5 / (0.5 + 1e-8), 1e-12);
+  auto state = opt.state();
+  bool found = false;
+  for (auto& [n, t] : state)
+    if (n == "b.step") {
+      found = true;
+      EXPECT_EQ(t.item(), 1.0);
+    }
+  EXPECT_TRUE(found);
+}
+
 TEST(Optim, StateRoundTripContinuesTheSameTrajectory) {
   auto run = [](bool restore_midway) {
     Tensor w = Tensor::from_vector({1, -2, 3}, Shape{3}, DType::F64).set_requires_grad();
@@ -92,6 +115,7 @@ TEST(Optim, StateRoundTripContinuesTheSameTrajectory) {
     EXPECT_NE(std::string(e.what()).find("'w.momentum'"), std::string::npos) << e.what();
   }
   EXPECT_THROW(sgd.load_state({}), Error);
+  EXPECT_EQ(sgd.steps(), 0) << "a failed load changes nothing";
 }
 
 TEST(Optim, ParametersWithoutGradientsAreSkippedAndBadOptionsRejected) {

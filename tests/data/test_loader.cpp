@@ -139,6 +139,25 @@ TEST_F(LoaderTest, TransformsFlipCropAndNormalise) {
   }
 }
 
+TEST_F(LoaderTest, ResumedEpochKeepsBatchNumbersAndAugmentation) {
+  ShardDataset ds = ShardDataset::open(dir_, "train");
+  LoaderOptions lo;
+  lo.transform.pad_crop = 2;
+  lo.transform.hflip = true;
+  lo.seed = 4;
+  auto full = run_epoch(ds, lo, sampler_options(), 2);
+  DistributedSampler sampler(sampler_options());
+  sampler.restore({2, 5});
+  Loader loader(ds, lo);
+  loader.start_epoch(sampler, 2);
+  auto b = loader.next();
+  ASSERT_TRUE(b);
+  EXPECT_EQ(b->index, 5);
+  EXPECT_EQ(b->images.to_vector(), full[5]) << "same samples and augmentation as batch 5 of the full epoch";
+  EXPECT_EQ(loader.position().epoch, 2);
+  EXPECT_EQ(loader.position().next_batch, 6) << "what a checkpoint taken now must record";
+}
+
 TEST_F(LoaderTest, PaddingSlotsComeLastAndAreCounted) {
   ShardDataset ds = ShardDataset::open(dir_, "train");
   Loader loader(ds, LoaderOptions{});
