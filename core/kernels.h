@@ -104,9 +104,10 @@ struct KernelTable {
   // Batch norm over x viewed as (M, C) (NHWC: C innermost). training: per-channel batch mean and
   // 1/sqrt(biased var + eps) are computed and written to save_mean / save_invstd; eval: they are
   // computed from running_mean / running_var. y = (x - mean) * invstd * gamma + beta. gamma, beta,
-  // running stats and the saved stats are F32 (F64 for f64 inputs). relu: y = max(y, 0) (fused).
+  // running stats and the saved stats are F32 (F64 for f64 inputs). residual (x's shape and dtype, may
+  // be null) is added before the ReLU; relu: y = max(y, 0) (fused BN + add + ReLU of residual blocks).
   void (*batch_norm_forward)(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
-                             const Tensor& running_var, bool training, double eps, bool relu, Tensor& y,
+                             const Tensor& running_var, bool training, double eps, bool relu, const Tensor* residual, Tensor& y,
                              Tensor& save_mean, Tensor& save_invstd) = nullptr;
   // Gradients given dy (already masked by the fused ReLU when there was one). training: the full batch
   // statistics gradient; eval: dx = dy * gamma * invstd. dgamma = sum(dy * xhat), dbeta = sum(dy).

@@ -616,7 +616,8 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const C
 // Batch norm and pooling
 
 Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
-                  const Tensor& running_var, bool training, double momentum, double eps, bool fuse_relu) {
+                  const Tensor& running_var, bool training, double momentum, double eps, bool fuse_relu,
+                  const Tensor& residual) {
   check_floating("batch_norm", x);
   RT_CHECK(x.ndim() >= 2, "op 'batch_norm': expected (N, ..., C), got ", x.describe());
   const int64_t C = x.size(-1), M = x.numel() / std::max<int64_t>(C, 1);
@@ -629,13 +630,19 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, con
   }
   if (training && M < 2)
     RT_THROW("op 'batch_norm': training needs more than one value per channel, got input ", x.describe());
+  if (residual.defined()) {
+    check_same_device_dtype("batch_norm", x, residual);
+    if (!(residual.shape() == x.shape()))
+      RT_THROW("op 'batch_norm': residual ", residual.describe(), " must have the input's shape ", x.shape());
+  }
   if (!(eps > 0) || !(momentum >= 0 && momentum <= 1))
     RT_THROW("op 'batch_norm': eps must be > 0 and momentum in [0, 1], got eps=", eps, " momentum=", momentum);
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
   Tensor save_mean = Tensor::empty(Shape{C}, param_dtype, x.device());
   Tensor save_invstd = Tensor::empty(Shape{C}, param_dtype, x.device());
+  const Tensor* residual_ptr = residual.defined() ? &residual : nullptr;
   RT_KERNEL(x.device(), "batch_norm", batch_norm_forward)(x, weight, bias, running_mean, running_var, training, eps,
-                                                          fuse_relu, y, save_mean, save_invstd);
+                                                          fuse_relu, residual_ptr, y, save_mean, save_invstd);
   detail::after_op(x.device(), "batch_norm");
   if (training) {
     NoGradGuard no_grad;
@@ -645,10 +652,13 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, con
     Tensor(running_var)
         .copy_(add(mul(running_var, 1.0 - momentum), mul(var, momentum * static_cast<double>(M) / (M - 1))));
   }
-  if (!needs_grad({&x, &weight, &bias})) return y;
+  if (!needs_grad({&x, &weight, &bias, &residual})) return y;
   Tensor sx = x.detach(), sw = weight.detach(), sy = fuse_relu ? y.detach() : Tensor();
-  return record(fuse_relu ? "batch_norm_relu" : "batch_norm", {&x, &weight, &bias}, y,
-                [sx, sw, sy, save_mean, save_invstd, training](const Tensor& dy_in) {
+  const bool has_residual = residual.defined();
+  const char* name = has_residual ? (fuse_relu ? "batch_norm_add_relu" : "batch_norm_add")
+                                  : (fuse_relu ? "batch_norm_relu" : "batch_norm");
+  return record(name, {&x, &weight, &bias, &residual}, y,
+                [sx, sw, sy, save_mean, save_invstd, training, has_residual](const Tensor& dy_in) {
                   Tensor dy = dy_in;
                   if (sy.defined()) {
                     dy = Tensor::empty(dy_in.shape(), dy_in.dtype(), dy_in.device());
@@ -661,7 +671,8 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, con
                   RT_KERNEL(dy.device(), "batch_norm_backward", batch_norm_backward)(sx, dy, sw, save_mean, save_invstd,
                                                                                      training, dx, dw, db);
                   detail::after_op(dy.device(), "batch_norm_backward");
-                  return Grads{dx, dw, db};
+                  // The residual's gradient is the (ReLU-masked) output gradient itself.
+                  return Grads{dx, dw, db, has_residual ? dy : Tensor()};
                 });
 }
 

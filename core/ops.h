@@ -79,9 +79,11 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const C
 // Batch norm over every dim but the last (channels). weight, bias, running_mean, running_var: (C), f32
 // (f64 for f64 x) — the fp32 master copies under mixed precision. In training the batch statistics are
 // used and the running ones updated in place (momentum as in PyTorch, unbiased variance); in eval the
-// running statistics are used. fuse_relu applies ReLU to the output in the same pass.
+// running statistics are used. fuse_relu applies ReLU to the output in the same pass; a defined
+// `residual` (x's shape) is added before it: relu(bn(x) + residual), the end of a residual block.
 Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
-                  const Tensor& running_var, bool training, double momentum, double eps, bool fuse_relu = false);
+                  const Tensor& running_var, bool training, double momentum, double eps, bool fuse_relu = false,
+                  const Tensor& residual = Tensor());
 struct Pool2dParams {
   int64_t kernel_h = 2, kernel_w = 2;
   int64_t stride_h = 2, stride_w = 2;

@@ -18,7 +18,7 @@ BatchNorm2d::BatchNorm2d(int64_t channels, double momentum, double eps, DType dt
   num_batches_tracked_ = register_buffer("num_batches_tracked", Tensor::zeros(Shape{}, DType::I64));
 }
 
-Tensor BatchNorm2d::run(const Tensor& x, bool relu) {
+Tensor BatchNorm2d::run(const Tensor& x, bool relu, const Tensor& residual) {
   if (x.ndim() != 4 || x.size(3) != channels_)
     RT_THROW("BatchNorm2d(", channels_, ") '", weight_.name(), "': input ", x.describe(), " must be (N, H, W, ",
              channels_, ")");
@@ -26,7 +26,7 @@ Tensor BatchNorm2d::run(const Tensor& x, bool relu) {
     NoGradGuard no_grad;
     Tensor(num_batches_tracked_).add_(Tensor::ones(Shape{}, DType::I64, num_batches_tracked_.device()));
   }
-  return batch_norm(x, weight_, bias_, running_mean_, running_var_, is_training(), momentum_, eps_, relu);
+  return batch_norm(x, weight_, bias_, running_mean_, running_var_, is_training(), momentum_, eps_, relu, residual);
 }
 
 }  // namespace ringtrain

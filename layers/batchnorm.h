@@ -13,6 +13,8 @@ class BatchNorm2d : public Module {
   Tensor forward(const Tensor& x) override { return run(x, false); }
   // BN followed by ReLU in one pass.
   Tensor forward_relu(const Tensor& x) { return run(x, true); }
+  // relu(bn(x) + residual) in one pass: the end of a residual block.
+  Tensor forward_add_relu(const Tensor& x, const Tensor& residual) { return run(x, true, residual); }
   std::string type_name() const override { return "BatchNorm2d"; }
   const Tensor& weight() const { return weight_; }
   const Tensor& bias() const { return bias_; }
@@ -20,7 +22,7 @@ class BatchNorm2d : public Module {
   const Tensor& running_var() const { return running_var_; }
 
  private:
-  Tensor run(const Tensor& x, bool relu);
+  Tensor run(const Tensor& x, bool relu, const Tensor& residual = Tensor());
   int64_t channels_;
   double momentum_, eps_;
   Tensor weight_, bias_, running_mean_, running_var_, num_batches_tracked_;

@@ -54,7 +54,7 @@ std::vector<double> channel_sums(int64_t rows, int64_t channels, F&& f) {
 }  // namespace
 
 void batch_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
-                        const Tensor& running_var, bool training, double eps, bool relu, Tensor& y, Tensor& save_mean,
+                        const Tensor& running_var, bool training, double eps, bool relu, const Tensor* residual, Tensor& y, Tensor& save_mean,
                         Tensor& save_invstd) {
   const int64_t C = x.size(-1), M = x.numel() / std::max<int64_t>(C, 1);
   visit_float(x.dtype(), "batch_norm", [&](auto tag) {
@@ -88,10 +88,12 @@ void batch_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta
       scale[static_cast<size_t>(c)] = static_cast<A>(pg[c] * pi[c]);
       shift[static_cast<size_t>(c)] = static_cast<A>(pb[c] - pm[c] * pg[c] * pi[c]);
     }
+    const S* pres = residual ? residual->data<S>() : nullptr;
     parallel_for(M, std::max<int64_t>(1, 16384 / std::max<int64_t>(C, 1)), [&](int64_t lo, int64_t hi) {
       for (int64_t r = lo; r < hi; ++r)
         for (int64_t c = 0; c < C; ++c) {
           A v = load_as<A>(px[r * C + c]) * scale[static_cast<size_t>(c)] + shift[static_cast<size_t>(c)];
+          if (pres) v += load_as<A>(pres[r * C + c]);
           if (relu && v < A(0)) v = A(0);
           py[r * C + c] = store_as<S>(v);
         }

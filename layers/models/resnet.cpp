@@ -77,9 +77,8 @@ void BasicBlock::init_weights(bool zero_init_residual) {
 
 Tensor BasicBlock::forward(const Tensor& x) {
   Tensor out = bn1_->forward_relu(conv1_->forward(x));
-  out = bn2_->forward(conv2_->forward(out));
   Tensor identity = downsample_ ? downsample_->forward(x) : x;
-  return relu(add(out, identity));
+  return bn2_->forward_add_relu(conv2_->forward(out), identity);
 }
 
 Bottleneck::Bottleneck(int64_t in, int64_t planes, int64_t stride, DType dtype) {
@@ -103,9 +102,8 @@ void Bottleneck::init_weights(bool zero_init_residual) {
 Tensor Bottleneck::forward(const Tensor& x) {
   Tensor out = bn1_->forward_relu(conv1_->forward(x));
   out = bn2_->forward_relu(conv2_->forward(out));
-  out = bn3_->forward(conv3_->forward(out));
   Tensor identity = downsample_ ? downsample_->forward(x) : x;
-  return relu(add(out, identity));
+  return bn3_->forward_add_relu(conv3_->forward(out), identity);
 }
 
 ResNet::ResNet(const std::string& arch, ResNetOptions o) : arch_(arch) {

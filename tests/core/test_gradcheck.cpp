@@ -100,6 +100,15 @@ std::vector<GradCase> cases() {
                            Tensor::full(Shape{2}, 2.0, DType::F64), false, 0.1, 1e-5, true);
        },
        [] { return Inputs{random_f64(Shape{2, 2, 2, 2}, 58), random_f64(Shape{2}, 59), random_f64(Shape{2}, 60)}; }},
+      {"batch_norm_add_relu",
+       [](const Inputs& x) {
+         return batch_norm(x[0], x[1], x[2], Tensor::zeros(Shape{3}, DType::F64), Tensor::ones(Shape{3}, DType::F64),
+                           true, 0.1, 1e-5, true, x[3]);
+       },
+       [] {
+         return Inputs{random_f64(Shape{2, 2, 2, 3}, 64), random_f64(Shape{3}, 65), random_f64(Shape{3}, 66),
+                       random_f64(Shape{2, 2, 2, 3}, 67)};
+       }},
       {"max_pool2d", [](const Inputs& x) { return max_pool2d(x[0], {3, 3, 2, 2, 1, 1}); },
        [] { return Inputs{random_f64(Shape{2, 5, 4, 2}, 61)}; }},
       {"avg_pool2d", [](const Inputs& x) { return avg_pool2d(x[0], {3, 2, 2, 1, 1, 1}); },

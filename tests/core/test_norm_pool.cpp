@@ -62,6 +62,12 @@ TEST(BatchNorm, Bf16ActivationsWithF32ParametersAndErrors) {
     EXPECT_NE(std::string(e.what()).find("f32[8]"), std::string::npos) << e.what();
   }
   EXPECT_THROW(batch_norm(Tensor::ones(Shape{1, 1, 1, 8}), w, b, rm, rv, true, 0.1, 1e-5), Error);
+  // The fused residual must match the input; the fused result equals the unfused composition.
+  EXPECT_THROW(batch_norm(x, w, b, rm, rv, true, 0.1, 1e-5, true, Tensor::zeros(Shape{4, 3, 3, 7})), Error);
+  Tensor res = Tensor::normal(x.shape(), 0, 1, 2);
+  Tensor fused = batch_norm(x, w, b, rm.clone(), rv.clone(), true, 0.1, 1e-5, true, res);
+  Tensor plain = relu(add(batch_norm(x, w, b, rm.clone(), rv.clone(), true, 0.1, 1e-5), res));
+  EXPECT_TRUE(all_close(fused, plain, 1e-6, 1e-6));
 }
 
 TEST(Pooling, MaxAndAveragePoolingMatchPyTorch) {
