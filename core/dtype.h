@@ -129,6 +129,12 @@ template <> struct StorageOf<DType::I32> { using type = int32_t; };
 template <> struct StorageOf<DType::I64> { using type = int64_t; };
 template <> struct StorageOf<DType::U8> { using type = uint8_t; };
 
+// The type kernels compute in for storage type S: f32 for f32 and the 16-bit floats, f64 for f64,
+// i64 for every integer type. Shared by the CPU and CUDA kernels so both round the same way.
+template <typename S>
+using compute_t = std::conditional_t<std::is_same_v<S, double>, double,
+                                     std::conditional_t<std::is_integral_v<S>, int64_t, float>>;
+
 // Loads any storage type as the compute type C (float for the 16-bit types) and stores back.
 template <typename C, typename S>
 RT_HOST_DEVICE inline C load_as(S v) {

@@ -22,10 +22,6 @@ namespace {
 constexpr int64_t kGrain = 1 << 14;         // elements per task for cheap elementwise work
 constexpr int64_t kReduceBlock = 1 << 12;   // fixed block for thread-count-independent sums
 
-template <typename S>
-using compute_t = std::conditional_t<std::is_same_v<S, double>, double,
-                                     std::conditional_t<std::is_integral_v<S>, int64_t, float>>;
-
 template <typename T>
 struct TypeTag {
   using type = T;

@@ -65,36 +65,12 @@ class DeviceScope {
        i += static_cast<int64_t>(blockDim.x) * gridDim.x)
 
 // ---------------------------------------------------------------------------------------------------
-// Types: storage type S, compute type compute_t<S> (f32 for f32 and the 16-bit types, f64 for f64,
-// i64 for integers).
+// Types: storage type S, compute type compute_t<S> (core/dtype.h).
 
 template <typename T>
 struct Tag {
   using type = T;
 };
-
-template <typename S>
-struct ComputeOf {
-  using type = float;
-};
-template <>
-struct ComputeOf<double> {
-  using type = double;
-};
-template <>
-struct ComputeOf<int32_t> {
-  using type = int64_t;
-};
-template <>
-struct ComputeOf<int64_t> {
-  using type = int64_t;
-};
-template <>
-struct ComputeOf<uint8_t> {
-  using type = int64_t;
-};
-template <typename S>
-using compute_t = typename ComputeOf<S>::type;
 
 [[noreturn]] void raise_unsupported(const char* op, DType t) {
   RT_THROW("op '", op, "': the CUDA kernel does not support dtype ", dtype_name(t));
