@@ -1,0 +1,251 @@
+// comm/host_comm.cpp: communication thread, host staging of GPU tensors, and the vectorised reductions
+// the ring uses.
+#include "comm/host_comm.h"
+
+#include <cstring>
+
+#include "core/check.h"
+#include "core/device.h"
+
+namespace ringtrain::comm {
+
+// ---------------------------------------------------------------------------------------------------
+// TaskWork
+
+void TaskWork::wait() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  cv_.wait(lock, [&] { return done_; });
+  if (error_) std::rethrow_exception(error_);
+}
+
+bool TaskWork::test() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return done_;
+}
+
+void TaskWork::complete(std::exception_ptr error) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    done_ = true;
+    error_ = std::move(error);
+  }
+  cv_.notify_all();
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Reductions. Plain loops the compiler vectorises; multiversioned like the CPU kernels.
+
+#define RT_COMM_MULTIVERSION __attribute__((target_clones("avx512f", "avx2", "default")))
+
+namespace {
+template <typename T>
+RT_COMM_MULTIVERSION void add_loop(T* __restrict d, const T* __restrict s, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) d[i] += s[i];
+}
+template <typename S>
+RT_COMM_MULTIVERSION void add_loop_16(S* __restrict d, const S* __restrict s, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) d[i] = store_as<S>(load_as<float>(d[i]) + load_as<float>(s[i]));
+}
+template <typename T, typename C>
+void scale_loop(T* d, int64_t n, C inv) {
+  for (int64_t i = 0; i < n; ++i) d[i] = store_as<T>(static_cast<C>(load_as<C>(d[i]) * inv));
+}
+}  // namespace
+
+bool reducible(DType dtype, ReduceOp op) {
+  switch (dtype) {
+    case DType::F32: case DType::F64: case DType::BF16: case DType::F16: return true;
+    case DType::I32: case DType::I64: return op == ReduceOp::Sum;
+    default: return false;
+  }
+}
+
+void reduce_sum_into(void* dst, const void* src, int64_t count, DType dtype) {
+  switch (dtype) {
+    case DType::F32: add_loop(static_cast<float*>(dst), static_cast<const float*>(src), count); break;
+    case DType::F64: add_loop(static_cast<double*>(dst), static_cast<const double*>(src), count); break;
+    case DType::I32: add_loop(static_cast<int32_t*>(dst), static_cast<const int32_t*>(src), count); break;
+    case DType::I64: add_loop(static_cast<int64_t*>(dst), static_cast<const int64_t*>(src), count); break;
+    case DType::BF16:
+      add_loop_16(static_cast<BFloat16*>(dst), static_cast<const BFloat16*>(src), count);
+      break;
+    case DType::F16: add_loop_16(static_cast<Half*>(dst), static_cast<const Half*>(src), count); break;
+    default: RT_THROW("reduce: dtype ", dtype, " cannot be summed");
+  }
+}
+
+void scale_inplace(void* data, int64_t count, DType dtype, int divisor) {
+  if (divisor == 1) return;
+  switch (dtype) {
+    case DType::F32: scale_loop(static_cast<float*>(data), count, 1.0f / static_cast<float>(divisor)); break;
+    case DType::F64: scale_loop(static_cast<double*>(data), count, 1.0 / divisor); break;
+    case DType::BF16: scale_loop(static_cast<BFloat16*>(data), count, 1.0f / static_cast<float>(divisor)); break;
+    case DType::F16: scale_loop(static_cast<Half*>(data), count, 1.0f / static_cast<float>(divisor)); break;
+    default: RT_THROW("average: dtype ", dtype, " cannot be averaged (sum it instead)");
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// HostCommunicator
+
+HostCommunicator::HostCommunicator(MPI_Comm parent, const CommOptions& options)
+    : Communicator(parent), options_(options) {
+  int level = MPI_THREAD_SINGLE;
+  MPI_CHECK(MPI_Query_thread(&level));
+  threaded_ = level == MPI_THREAD_MULTIPLE;
+  if (threaded_) thread_ = std::thread([this] { loop(); });
+}
+
+HostCommunicator::~HostCommunicator() { shutdown(); }
+
+void HostCommunicator::shutdown() noexcept {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void HostCommunicator::loop() {
+  for (;;) {
+    std::function<void()> task;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping and drained
+      task = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    task();  // never throws: errors go into the task's Work
+  }
+}
+
+WorkPtr HostCommunicator::submit(std::string what, std::function<void()> fn) {
+  auto work = std::make_shared<TaskWork>();
+  auto task = [work, what = std::move(what), fn = std::move(fn), rank = rank_]() {
+    try {
+      fn();
+      work->complete(nullptr);
+    } catch (const std::exception& e) {
+      work->complete(std::make_exception_ptr(Error(detail::str_cat(what, " failed on rank ", rank, ": ", e.what()))));
+    }
+  };
+  if (!threaded_) {
+    task();
+    return work;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    RT_CHECK(!stopping_, what, ": the communicator is shutting down");
+    queue_.push_back(std::move(task));
+  }
+  cv_.notify_one();
+  return work;
+}
+
+namespace {
+// A host view of `t` for the communication thread: the tensor itself on the CPU, otherwise a pinned copy
+// made after the work queued so far on the caller's stream (the event) and written back afterwards.
+struct HostStage {
+  Tensor device_tensor, host;
+  Event ready;
+  bool staged = false;
+
+  HostStage(const Tensor& t, bool copy_in) : device_tensor(t) {
+    if (t.device().is_cpu()) {
+      host = t;
+      return;
+    }
+    staged = true;
+    ready = Event::create(t.device());
+    ready.record(current_stream());
+    copy_in_ = copy_in;
+  }
+  // On the communication thread.
+  void* begin() {
+    if (!staged) return host.data_ptr();
+    ready.synchronize();
+    host = Tensor::empty_pinned(device_tensor.shape(), device_tensor.dtype());
+    if (copy_in_) host.copy_(device_tensor);
+    return host.data_ptr();
+  }
+  void end() {
+    if (!staged) return;
+    device_tensor.copy_(host);
+    synchronize(device_tensor.device());
+  }
+
+ private:
+  bool copy_in_ = true;
+};
+
+std::string op_text(const char* op, const Tensor& t) { return detail::str_cat(op, "(", t.describe(), ")"); }
+}  // namespace
+
+void check_collective_tensor(const char* op, const Tensor& t, int rank) {
+  RT_CHECK(t.defined(), op, " on rank ", rank, ": the tensor is undefined");
+}
+
+WorkPtr HostCommunicator::all_reduce_async(const Tensor& t, ReduceOp op) {
+  check_collective_tensor("all_reduce", t, rank_);
+  RT_CHECK(reducible(t.dtype(), op), "all_reduce on rank ", rank_, ": dtype ", t.dtype(), " cannot be ",
+           op == ReduceOp::Sum ? "summed" : "averaged", " (", t.describe(), ")");
+  auto stage = std::make_shared<HostStage>(t, true);
+  return submit(op_text("all_reduce", t), [this, stage, op, count = t.numel(), dtype = t.dtype()] {
+    void* data = stage->begin();
+    host_all_reduce(data, count, dtype, op);
+    stage->end();
+  });
+}
+
+WorkPtr HostCommunicator::broadcast_async(const Tensor& t, int root) {
+  check_collective_tensor("broadcast", t, rank_);
+  RT_CHECK(root >= 0 && root < size_, "broadcast: root ", root, " is not a rank of a world of ", size_);
+  auto stage = std::make_shared<HostStage>(t, rank_ == root);
+  return submit(op_text("broadcast", t), [this, stage, root, bytes = t.nbytes()] {
+    void* data = stage->begin();
+    host_broadcast(data, bytes, root);
+    stage->end();
+  });
+}
+
+WorkPtr HostCommunicator::all_gather_async(const Tensor& in, const Tensor& out) {
+  check_collective_tensor("all_gather", in, rank_);
+  check_collective_tensor("all_gather", out, rank_);
+  RT_CHECK(in.dtype() == out.dtype() && out.numel() == in.numel() * size_, "all_gather on rank ", rank_,
+           ": output ", out.describe(), " must hold ", size_, " x ", in.numel(), " elements of ", in.dtype());
+  auto sin = std::make_shared<HostStage>(in, true);
+  auto sout = std::make_shared<HostStage>(out, false);
+  return submit(op_text("all_gather", in), [this, sin, sout, bytes = in.nbytes()] {
+    const void* src = sin->begin();
+    void* dst = sout->begin();
+    host_all_gather(src, dst, bytes);
+    sout->end();
+  });
+}
+
+WorkPtr HostCommunicator::reduce_scatter_async(const Tensor& in, const Tensor& out, ReduceOp op) {
+  check_collective_tensor("reduce_scatter", in, rank_);
+  check_collective_tensor("reduce_scatter", out, rank_);
+  RT_CHECK(in.dtype() == out.dtype() && in.numel() == out.numel() * size_, "reduce_scatter on rank ", rank_,
+           ": input ", in.describe(), " must hold ", size_, " x ", out.numel(), " elements of ", out.dtype());
+  RT_CHECK(reducible(in.dtype(), op), "reduce_scatter on rank ", rank_, ": dtype ", in.dtype(),
+           " cannot be reduced");
+  auto sin = std::make_shared<HostStage>(in, true);
+  auto sout = std::make_shared<HostStage>(out, false);
+  return submit(op_text("reduce_scatter", in),
+                [this, sin, sout, op, count = out.numel(), dtype = out.dtype()] {
+                  const void* src = sin->begin();
+                  void* dst = sout->begin();
+                  host_reduce_scatter(src, dst, count, dtype, op);
+                  sout->end();
+                });
+}
+
+void HostCommunicator::barrier() {
+  submit("barrier", [this] { MPI_CHECK(MPI_Barrier(comm_)); })->wait();
+}
+
+}  // namespace ringtrain::comm

@@ -1,0 +1,12 @@
+// comm/nccl_none.cpp: the NCCL backend of a build without the CUDA path.
+#include "comm/backends.h"
+#include "core/check.h"
+
+namespace ringtrain::comm {
+
+CommunicatorPtr make_nccl_communicator(MPI_Comm, const CommOptions&) {
+  RT_THROW("the nccl backend needs a CUDA build (this ringtrain was configured with RINGTRAIN_CUDA=OFF "
+           "or without nvcc/NCCL); use --backend ring or mpi");
+}
+
+}  // namespace ringtrain::comm

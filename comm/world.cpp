@@ -1,0 +1,145 @@
+// comm/world.cpp: MPI bootstrap, local ranks, device binding, job-wide abort.
+#include "comm/world.h"
+
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <mutex>
+#include <set>
+
+#include "core/check.h"
+#include "core/parallel.h"
+
+namespace ringtrain::comm {
+namespace {
+
+World* g_world = nullptr;
+bool g_we_initialized = false;
+
+void finalize_at_exit() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized && g_we_initialized) MPI_Finalize();
+}
+
+// Ranks on this node whose CPU affinity equals ours: they share those cores.
+int ranks_sharing_my_cores(MPI_Comm local) {
+  cpu_set_t mine;
+  CPU_ZERO(&mine);
+  if (sched_getaffinity(0, sizeof mine, &mine) != 0) return 1;
+  int n = 1;
+  MPI_CHECK(MPI_Comm_size(local, &n));
+  std::vector<cpu_set_t> all(n);
+  MPI_CHECK(MPI_Allgather(&mine, sizeof mine, MPI_BYTE, all.data(), sizeof mine, MPI_BYTE, local));
+  int same = 0;
+  for (const auto& s : all) same += CPU_EQUAL(&s, &mine) ? 1 : 0;
+  return std::max(1, same);
+}
+
+int g_sharing = 1;
+
+}  // namespace
+
+bool World::initialized() { return g_world != nullptr; }
+
+World& World::init(int* argc, char*** argv) {
+  static std::mutex mutex;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (g_world) return *g_world;
+  int already = 0;
+  MPI_CHECK(MPI_Initialized(&already));
+  int provided = MPI_THREAD_SINGLE;
+  if (!already) {
+    const int rc = MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
+    if (rc != MPI_SUCCESS) RT_THROW("MPI_Init_thread failed (code ", rc, "): is the MPI installation usable?");
+    g_we_initialized = true;
+    std::atexit(finalize_at_exit);
+  } else {
+    MPI_CHECK(MPI_Query_thread(&provided));
+  }
+  auto* w = new World();  // lives for the process (communicators and apps hold references)
+  w->thread_level_ = provided;
+  MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &w->comm_));
+  MPI_CHECK(MPI_Comm_set_errhandler(w->comm_, MPI_ERRORS_RETURN));
+  MPI_CHECK(MPI_Comm_rank(w->comm_, &w->rank_));
+  MPI_CHECK(MPI_Comm_size(w->comm_, &w->size_));
+
+  MPI_Comm local = MPI_COMM_NULL;
+  MPI_CHECK(MPI_Comm_split_type(w->comm_, MPI_COMM_TYPE_SHARED, w->rank_, MPI_INFO_NULL, &local));
+  MPI_CHECK(MPI_Comm_set_errhandler(local, MPI_ERRORS_RETURN));
+  MPI_CHECK(MPI_Comm_rank(local, &w->local_rank_));
+  MPI_CHECK(MPI_Comm_size(local, &w->local_size_));
+  g_sharing = ranks_sharing_my_cores(local);
+  // Node count: the ranks that are local rank 0.
+  int leader = w->local_rank_ == 0 ? 1 : 0;
+  MPI_CHECK(MPI_Allreduce(&leader, &w->num_nodes_, 1, MPI_INT, MPI_SUM, w->comm_));
+  MPI_CHECK(MPI_Comm_free(&local));
+
+  char name[MPI_MAX_PROCESSOR_NAME] = {0};
+  int length = 0;
+  MPI_CHECK(MPI_Get_processor_name(name, &length));
+  std::vector<char> all(static_cast<size_t>(MPI_MAX_PROCESSOR_NAME) * w->size_);
+  MPI_CHECK(MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR,
+                          w->comm_));
+  w->hosts_.clear();
+  for (int r = 0; r < w->size_; ++r) w->hosts_.emplace_back(all.data() + static_cast<size_t>(r) * MPI_MAX_PROCESSOR_NAME);
+  g_world = w;
+  return *w;
+}
+
+std::string World::describe() const {
+  return detail::str_cat("rank ", rank_, " of ", size_, " (local ", local_rank_, " of ", local_size_, ") on ",
+                         host());
+}
+
+DeviceBinding World::bind(Device want, int threads, bool allow_shared_gpu) const {
+  DeviceBinding b;
+  if (threads <= 0) threads = std::max(1, available_cores() / g_sharing);
+  b.threads = threads;
+  set_num_threads(threads);
+  if (want.is_cpu()) {
+    b.device = Device::cpu();
+    b.description = detail::str_cat("rank ", rank_, " -> cpu, ", threads, " threads (local rank ", local_rank_,
+                                    " of ", local_size_, ")");
+    return b;
+  }
+  const int count = cuda_device_count();
+  if (count == 0)
+    RT_THROW("rank ", rank_, " on ", host(), ": asked for a CUDA device but none is usable (",
+             cuda_status().reason, "); use --device cpu");
+  if (local_size_ > count && !allow_shared_gpu)
+    RT_THROW("rank ", rank_, " on ", host(), ": ", local_size_, " ranks on this node but only ", count,
+             " GPU(s); start at most ", count, " ranks per node, or allow sharing GPUs (--allow-shared-gpu)");
+  b.device = Device::cuda(local_rank_ % count);
+  set_current_device(b.device);
+  b.description = detail::str_cat("rank ", rank_, " -> ", b.device.str(), " (local rank ", local_rank_, " of ",
+                                  local_size_, ", ", count, " GPUs), ", threads, " CPU threads");
+  return b;
+}
+
+void World::abort(const std::string& message, int code) const {
+  std::fprintf(stderr, "ringtrain: rank %d (%s): %s\n", rank_, host().c_str(), message.c_str());
+  std::fflush(stderr);
+  if (size_ == 1) std::_Exit(code);
+  MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);
+}
+
+int run_main(int argc, char** argv, const std::function<int(World&)>& fn) {
+  World* world = nullptr;
+  try {
+    world = &World::init(&argc, &argv);
+    return fn(*world);
+  } catch (const std::exception& e) {
+    if (world) world->abort(e.what());
+    std::fprintf(stderr, "ringtrain: %s\n", e.what());
+    return 1;
+  }
+}
+
+}  // namespace ringtrain::comm

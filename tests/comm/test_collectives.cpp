@@ -1,0 +1,203 @@
+// Runs under mpirun with 1, 2, 3 and 4 ranks: every collective of the ring and mpi backends gives exact
+// results for every dtype and for awkward element counts (0, 1, fewer than ranks, not divisible, many
+// pipelined chunks), results are bitwise identical on every rank, asynchronous operations complete in
+// submission order, and bad arguments are errors naming the tensor and rank.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "comm/world.h"
+#include "core/check.h"
+#include "core/dtype.h"
+#include "test_util.h"
+
+namespace ringtrain::comm {
+namespace {
+
+struct Case {
+  Backend backend;
+  int64_t chunk_bytes;
+};
+
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  return std::string(backend_name(info.param.backend)) + "_chunk" + std::to_string(info.param.chunk_bytes);
+}
+
+class Collectives : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override {
+    CommOptions o;
+    o.chunk_bytes = GetParam().chunk_bytes;
+    o.pipeline_depth = 3;
+    comm = make_communicator(GetParam().backend, World::init().comm(), o);
+  }
+  CommunicatorPtr comm;
+};
+
+// Small integers: exact in every dtype, so sums are exact whatever the order.
+double value(int64_t i, int rank) { return static_cast<double>(i % 7 + rank + 1); }
+
+double expected_sum(int64_t i, int n) { return static_cast<double>(n * (i % 7) + n * (n + 1) / 2); }
+
+// What an average must be bit for bit: the exact sum scaled in the compute type, rounded once.
+double expected_average(double sum, int n, DType dt) {
+  if (dt == DType::F64) return sum * (1.0 / n);
+  const float scaled = static_cast<float>(sum) * (1.0f / static_cast<float>(n));
+  return Tensor::from_vector({static_cast<double>(scaled)}, Shape{1}, dt).to(DType::F64).data<double>()[0];
+}
+
+Tensor filled(int64_t count, DType dt, int rank) {
+  std::vector<double> v(count);
+  for (int64_t i = 0; i < count; ++i) v[i] = value(i, rank);
+  return Tensor::from_vector(v, Shape{count}, dt);
+}
+
+std::vector<double> as_f64(const Tensor& t) {
+  Tensor d = t.to(DType::F64);
+  return std::vector<double>(d.data<double>(), d.data<double>() + d.numel());
+}
+
+const std::vector<int64_t> kCounts = {0, 1, 2, 3, 5, 7, 64, 1001, 65537, 300007};
+
+TEST_P(Collectives, AllReduceSumIsExactForEveryDtypeAndCount) {
+  const int n = comm->size();
+  for (DType dt : {DType::F32, DType::F64, DType::BF16, DType::F16, DType::I32, DType::I64}) {
+    for (int64_t count : kCounts) {
+      Tensor t = filled(count, dt, comm->rank());
+      comm->all_reduce(t, ReduceOp::Sum);
+      const auto got = as_f64(t);
+      int64_t wrong = 0, first = -1;
+      for (int64_t i = 0; i < count; ++i)
+        if (got[i] != expected_sum(i, n) && wrong++ == 0) first = i;
+      ASSERT_EQ(wrong, 0) << dt << " count " << count << ": first wrong element " << first << " = " << got[first]
+                          << ", expected " << expected_sum(first, n);
+    }
+  }
+}
+
+TEST_P(Collectives, AllReduceAverageMatchesTheRoundedExactAverage) {
+  const int n = comm->size();
+  for (DType dt : {DType::F32, DType::F64, DType::BF16, DType::F16}) {
+    for (int64_t count : {int64_t{1}, int64_t{3}, int64_t{1001}, int64_t{65537}}) {
+      Tensor t = filled(count, dt, comm->rank());
+      comm->all_reduce(t, ReduceOp::Average);
+      const auto got = as_f64(t);
+      for (int64_t i = 0; i < count; ++i)
+        ASSERT_EQ(got[i], expected_average(expected_sum(i, n), n, dt)) << dt << " count " << count << " at " << i;
+    }
+  }
+}
+
+TEST_P(Collectives, RandomFloatResultsAreBitwiseIdenticalOnEveryRank) {
+  for (DType dt : {DType::F32, DType::BF16}) {
+    Tensor t = Tensor::uniform(Shape{100003}, -1, 1, 1234 + comm->rank(), dt);
+    comm->all_reduce(t, ReduceOp::Average);
+    // Compare every rank's bytes with rank 0's.
+    Tensor root = t.clone();
+    comm->broadcast(root, 0);
+    EXPECT_EQ(std::memcmp(root.data_ptr(), t.data_ptr(), t.nbytes()), 0) << dt << " differs on rank " << comm->rank();
+  }
+}
+
+TEST_P(Collectives, BroadcastAllGatherReduceScatter) {
+  const int n = comm->size(), r = comm->rank();
+  for (int64_t count : {int64_t{0}, int64_t{1}, int64_t{5}, int64_t{70001}}) {
+    for (int root = 0; root < n; ++root) {
+      Tensor t = filled(count, DType::F32, r);
+      comm->broadcast(t, root);
+      const auto got = as_f64(t);
+      for (int64_t i = 0; i < count; ++i) ASSERT_EQ(got[i], value(i, root)) << "broadcast from " << root;
+    }
+    Tensor in = filled(count, DType::BF16, r);
+    Tensor out = Tensor::zeros(Shape{count * n}, DType::BF16);
+    comm->all_gather(in, out);
+    const auto gathered = as_f64(out);
+    for (int k = 0; k < n; ++k)
+      for (int64_t i = 0; i < count; ++i) ASSERT_EQ(gathered[k * count + i], value(i, k)) << "all_gather block " << k;
+
+    Tensor big = filled(count * n, DType::F32, r);
+    Tensor mine = Tensor::zeros(Shape{count}, DType::F32);
+    comm->reduce_scatter(big, mine, ReduceOp::Sum);
+    const auto scattered = as_f64(mine);
+    for (int64_t i = 0; i < count; ++i)
+      ASSERT_EQ(scattered[i], expected_sum(r * count + i, n)) << "reduce_scatter element " << i;
+  }
+}
+
+TEST_P(Collectives, AsynchronousOperationsCompleteInSubmissionOrder) {
+  const int n = comm->size();
+  std::vector<Tensor> tensors;
+  std::vector<WorkPtr> work;
+  for (int k = 0; k < 8; ++k) {
+    tensors.push_back(Tensor::full(Shape{10000 + k}, k + comm->rank(), DType::F32));
+    work.push_back(comm->all_reduce_async(tensors.back(), ReduceOp::Sum));
+  }
+  work.back()->wait();
+  // Ordered: once the last is done, every earlier one is too.
+  for (auto& w : work) EXPECT_TRUE(w->test());
+  for (int k = 0; k < 8; ++k) {
+    work[k]->wait();
+    EXPECT_EQ(tensors[k].data<float>()[0], static_cast<float>(k * n + n * (n - 1) / 2));
+  }
+  comm->barrier();
+}
+
+TEST_P(Collectives, BadArgumentsAreErrorsNamingTheTensor) {
+  Tensor bytes = Tensor::zeros(Shape{4}, DType::U8);
+  std::string e = ringtrain::testing::error_of([&] { comm->all_reduce(bytes); });
+  EXPECT_NE(e.find("dtype u8 cannot be summed"), std::string::npos) << e;
+  Tensor ints = Tensor::zeros(Shape{4}, DType::I32);
+  e = ringtrain::testing::error_of([&] { comm->all_reduce(ints, ReduceOp::Average); });
+  EXPECT_NE(e.find("cannot be averaged"), std::string::npos) << e;
+  e = ringtrain::testing::error_of([&] { comm->all_gather(Tensor::zeros(Shape{3}), Tensor::zeros(Shape{3 * comm->size() + 1})); });
+  EXPECT_NE(e.find("all_gather on rank " + std::to_string(comm->rank())), std::string::npos) << e;
+  EXPECT_NE(e.find("must hold"), std::string::npos) << e;
+  e = ringtrain::testing::error_of([&] { comm->broadcast(Tensor::zeros(Shape{3}), comm->size()); });
+  EXPECT_NE(e.find("root " + std::to_string(comm->size()) + " is not a rank"), std::string::npos) << e;
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, Collectives,
+                         ::testing::Values(Case{Backend::Ring, 512 << 10}, Case{Backend::Ring, 64},
+                                           Case{Backend::Ring, 4096}, Case{Backend::Mpi, 512 << 10}),
+                         case_name);
+
+TEST(Agreement, OneRankErrorMakesEveryRankThrowTheSameMessage) {
+  World& w = World::init();
+  const std::string local = w.rank() == w.size() - 1 ? "shard 3 is corrupt" : "";
+  const std::string e = ringtrain::testing::error_of([&] { agree_or_throw(w.comm(), local, "opening the dataset"); });
+  EXPECT_NE(e.find("opening the dataset failed on rank " + std::to_string(w.size() - 1)), std::string::npos) << e;
+  EXPECT_NE(e.find("shard 3 is corrupt"), std::string::npos) << e;
+  EXPECT_NO_THROW(agree_or_throw(w.comm(), "", "nothing"));
+}
+
+TEST(WorldInfo, RanksAndNodesAreConsistent) {
+  World& w = World::init();
+  int size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  EXPECT_EQ(w.size(), size);
+  EXPECT_GE(w.local_rank(), 0);
+  EXPECT_LT(w.local_rank(), w.local_size());
+  EXPECT_EQ(w.num_nodes(), 1);  // CTest runs every rank on this machine
+  EXPECT_EQ(w.local_size(), w.size());
+  EXPECT_EQ(static_cast<int>(w.hosts().size()), w.size());
+  EXPECT_EQ(w.thread_level(), MPI_THREAD_MULTIPLE);
+  const DeviceBinding b = w.bind(Device::cpu());
+  EXPECT_GE(b.threads, 1);
+  EXPECT_NE(b.description.find("rank " + std::to_string(w.rank()) + " -> cpu"), std::string::npos);
+  if (cuda_device_count() == 0) {
+    const std::string e = ringtrain::testing::error_of([&] { w.bind(Device::cuda(0)); });
+    EXPECT_NE(e.find("asked for a CUDA device but none is usable"), std::string::npos) << e;
+  }
+}
+
+TEST(Backends, ParseNamesTheBadValue) {
+  EXPECT_EQ(parse_backend("ring"), Backend::Ring);
+  const std::string e = ringtrain::testing::error_of([] { parse_backend("gloo"); });
+  EXPECT_NE(e.find("unknown communication backend 'gloo'"), std::string::npos) << e;
+}
+
+}  // namespace
+}  // namespace ringtrain::comm
