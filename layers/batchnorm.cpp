@@ -26,7 +26,38 @@ Tensor BatchNorm2d::run(const Tensor& x, bool relu, const Tensor& residual) {
     NoGradGuard no_grad;
     Tensor(num_batches_tracked_).add_(Tensor::ones(Shape{}, DType::I64, num_batches_tracked_.device()));
   }
+  if (cross_replica_ && is_training()) return run_synchronized(x, relu, residual);
   return batch_norm(x, weight_, bias_, running_mean_, running_var_, is_training(), momentum_, eps_, relu, residual);
+}
+
+// SyncBatchNorm, composed from differentiable ops: per-channel sum and sum of squares of the local batch,
+// summed over replicas (the cross-replica sum is differentiable), give the global mean and biased
+// variance; autograd then carries the gradient through both sums, which is exactly the synchronised
+// backward (the per-channel sums of dy and dy*x-hat are all-reduced). Statistics accumulate in f32
+// (f64 for f64 models) whatever the activation dtype.
+Tensor BatchNorm2d::run_synchronized(const Tensor& x, bool relu, const Tensor& residual) {
+  const DType p = weight_.dtype();
+  const Tensor xs = x.dtype() == p ? x : x.to(p);
+  const int64_t local_count = x.numel() / channels_;
+  const Tensor x2 = xs.reshape(Shape{local_count, channels_});
+  const Tensor sum = cross_replica_->sum(ringtrain::sum(x2, 0));
+  const Tensor sum_sq = cross_replica_->sum(ringtrain::sum(mul(x2, x2), 0));
+  const double count = cross_replica_->sum_count(static_cast<double>(local_count));
+  RT_CHECK(count > 1, "SyncBatchNorm '", weight_.name(), "': needs more than one value per channel over all ",
+           "replicas, got ", count);
+  const Tensor mean = mul(sum, 1.0 / count);
+  const Tensor var = maximum(sub(mul(sum_sq, 1.0 / count), mul(mean, mean)), Tensor::zeros(Shape{channels_}, p, x.device()));
+  const Tensor scale = mul(pow(add(var, eps_), -0.5), weight_);
+  Tensor y = add(mul(sub(xs, mean), scale), bias_);
+  if (residual.defined()) y = add(y, residual.dtype() == p ? residual : residual.to(p));
+  if (relu) y = ringtrain::relu(y);
+  {
+    NoGradGuard no_grad;
+    Tensor rm(running_mean_), rv(running_var_);
+    rm.copy_(add(mul(rm, 1.0 - momentum_), mul(mean.detach(), momentum_)));
+    rv.copy_(add(mul(rv, 1.0 - momentum_), mul(var.detach(), momentum_ * count / (count - 1))));
+  }
+  return y.dtype() == x.dtype() ? y : y.to(x.dtype());
 }
 
 }  // namespace ringtrain

@@ -3,9 +3,21 @@
 // The state dict has torchvision's entries: weight, bias, running_mean, running_var, num_batches_tracked.
 #pragma once
 
+#include <memory>
+
 #include "layers/module.h"
 
 namespace ringtrain {
+
+// Sums per-channel statistics over the replicas of a data-parallel job; a BatchNorm2d given one is a
+// SyncBatchNorm (comm/sync_batchnorm.h makes them). sum() must be differentiable: its backward sums the
+// incoming gradients over the replicas the same way.
+class CrossReplicaSum {
+ public:
+  virtual ~CrossReplicaSum() = default;
+  virtual Tensor sum(const Tensor& local) = 0;
+  virtual double sum_count(double local) = 0;
+};
 
 class BatchNorm2d : public Module {
  public:
@@ -20,9 +32,15 @@ class BatchNorm2d : public Module {
   const Tensor& bias() const { return bias_; }
   const Tensor& running_mean() const { return running_mean_; }
   const Tensor& running_var() const { return running_var_; }
+  // Synchronised statistics in training (SyncBatchNorm): batch mean and variance over every replica's
+  // batch. Null switches back to local statistics.
+  void set_cross_replica(std::shared_ptr<CrossReplicaSum> sum) { cross_replica_ = std::move(sum); }
+  bool synchronized() const { return cross_replica_ != nullptr; }
 
  private:
   Tensor run(const Tensor& x, bool relu, const Tensor& residual = Tensor());
+  Tensor run_synchronized(const Tensor& x, bool relu, const Tensor& residual);
+  std::shared_ptr<CrossReplicaSum> cross_replica_;
   int64_t channels_;
   double momentum_, eps_;
   Tensor weight_, bias_, running_mean_, running_var_, num_batches_tracked_;

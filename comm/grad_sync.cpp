@@ -1,0 +1,353 @@
+// comm/grad_sync.cpp: bucket planning, gradient-ready hooks, ordered launches, startup model check.
+#include "comm/grad_sync.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <mutex>
+#include <sstream>
+
+#include "core/autograd.h"
+#include "core/check.h"
+#include "core/device.h"
+#include "layers/module.h"
+
+namespace ringtrain::comm {
+
+Compression parse_compression(const std::string& text) {
+  if (text == "none") return Compression::None;
+  if (text == "bf16") return Compression::BF16;
+  if (text == "fp16" || text == "f16") return Compression::F16;
+  RT_THROW("unknown gradient compression '", text, "' (expected none, bf16 or fp16)");
+}
+
+uint64_t fingerprint(const Tensor& t) {
+  Tensor host = t.device().is_cpu() ? t : t.to(Device::cpu());
+  const auto* p = static_cast<const unsigned char*>(host.data_ptr());
+  const int64_t n = host.nbytes();
+  uint64_t h = 1469598103934665603ull;
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, p + i, 8);
+    h = (h ^ w) * 1099511628211ull;
+  }
+  for (; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h ^ static_cast<uint64_t>(n);
+}
+
+namespace {
+
+struct Param {
+  std::string name;
+  Tensor tensor;
+  int bucket = -1;
+  Tensor view;  // the .grad view into the bucket
+  bool ready = false;
+};
+
+struct Bucket {
+  BucketInfo info;
+  Tensor flat, wire;  // wire: compressed copy (undefined without compression)
+  std::vector<int> params;
+  int pending = 0;
+  WorkPtr work;
+};
+
+std::string structure_line(const std::string& kind, const std::string& name, const Tensor& t) {
+  std::ostringstream os;
+  os << kind << " '" << name << "' " << t.dtype() << t.shape();
+  return os.str();
+}
+
+}  // namespace
+
+struct GradSync::State {
+  CommunicatorPtr comm;
+  GradSyncOptions options;
+  std::vector<Param> params;
+  GradSync::Named buffers;
+  std::vector<Bucket> buckets;
+  std::vector<BucketInfo> infos;
+  int next_launch = 0;
+  bool no_sync = false;
+  double last_wait = 0;
+  int launched_early = 0;
+  std::mutex mutex;  // hooks and finish() may come from different threads
+
+  void check_same_model();
+  void plan();
+  void on_ready(int index);
+  void launch(int b);
+  void ensure_view(Param& p);
+  void reset_step();
+  void wait_all() noexcept;
+};
+
+// Collective: every rank compares its structure (and, without a broadcast, its values) with rank 0's.
+void GradSync::State::check_same_model() {
+  std::vector<std::string> lines;
+  for (const auto& p : params) lines.push_back(structure_line("parameter", p.name, p.tensor));
+  for (const auto& [name, t] : buffers) lines.push_back(structure_line("buffer", name, t));
+  std::string mine;
+  for (const auto& l : lines) mine += l + "\n";
+  // Rank 0's structure text to everyone.
+  int64_t length = static_cast<int64_t>(mine.size());
+  MPI_CHECK(MPI_Bcast(&length, 1, MPI_INT64_T, 0, comm->mpi_comm()));
+  std::string root(static_cast<size_t>(length), '\0');
+  if (comm->rank() == 0) root = mine;
+  MPI_CHECK(MPI_Bcast(root.data(), static_cast<int>(length), MPI_CHAR, 0, comm->mpi_comm()));
+  std::string error;
+  if (root != mine) {
+    std::vector<std::string> theirs;
+    std::istringstream is(root);
+    for (std::string l; std::getline(is, l);) theirs.push_back(l);
+    size_t i = 0;
+    while (i < lines.size() && i < theirs.size() && lines[i] == theirs[i]) ++i;
+    if (i < lines.size() && i < theirs.size())
+      error = detail::str_cat("entry ", i, " is ", lines[i], " here but ", theirs[i], " on rank 0");
+    else
+      error = detail::str_cat("the model has ", lines.size(), " parameters and buffers here but ", theirs.size(),
+                              " on rank 0", i < lines.size() ? "; first extra: " + lines[i] : std::string());
+  }
+  agree_or_throw(comm->mpi_comm(), error, "GradSync: the model check (every rank must build the same model)");
+
+  if (options.broadcast_parameters) {
+    NoGradGuard no_grad;
+    std::vector<WorkPtr> work;
+    for (auto& p : params) work.push_back(comm->broadcast_async(p.tensor.detach(), 0));
+    for (auto& [name, t] : buffers) work.push_back(comm->broadcast_async(t, 0));
+    for (auto& w : work) w->wait();
+  }
+  // Values: every rank's fingerprints against rank 0's.
+  std::vector<uint64_t> prints;
+  std::vector<std::string> names;
+  for (const auto& p : params) {
+    prints.push_back(fingerprint(p.tensor));
+    names.push_back("parameter '" + p.name + "'");
+  }
+  for (const auto& [name, t] : buffers) {
+    prints.push_back(fingerprint(t));
+    names.push_back("buffer '" + name + "'");
+  }
+  std::vector<uint64_t> root_prints = prints;
+  MPI_CHECK(MPI_Bcast(root_prints.data(), static_cast<int>(root_prints.size()), MPI_UINT64_T, 0, comm->mpi_comm()));
+  error.clear();
+  for (size_t i = 0; i < prints.size(); ++i)
+    if (prints[i] != root_prints[i]) {
+      error = detail::str_cat(names[i], " holds different values than on rank 0 (start every rank from the same ",
+                              "seed or checkpoint, or keep broadcast_parameters on)");
+      break;
+    }
+  agree_or_throw(comm->mpi_comm(), error, "GradSync: the weight check (every rank must start from rank 0's weights)");
+}
+
+void GradSync::State::plan() {
+  const auto cap = [&](size_t bucket_index) {
+    const double mb = bucket_index == 0 ? options.first_bucket_mb : options.bucket_mb;
+    return static_cast<int64_t>(mb * 1024 * 1024);
+  };
+  // Reverse registration order: the order backward tends to produce gradients in.
+  for (int i = static_cast<int>(params.size()) - 1; i >= 0; --i) {
+    Param& p = params[i];
+    const Tensor& t = p.tensor;
+    bool fits = false;
+    if (!buckets.empty()) {
+      Bucket& b = buckets.back();
+      fits = b.info.dtype == t.dtype() && b.info.device == t.device() &&
+             (b.info.bytes + t.nbytes() <= cap(buckets.size() - 1) || b.params.empty());
+    }
+    if (!fits) {
+      buckets.emplace_back();
+      buckets.back().info.dtype = t.dtype();
+      buckets.back().info.device = t.device();
+    }
+    Bucket& b = buckets.back();
+    p.bucket = static_cast<int>(buckets.size()) - 1;
+    b.params.push_back(i);
+    b.info.parameters.push_back(p.name);
+    b.info.numel += t.numel();
+    b.info.bytes += t.nbytes();
+  }
+  for (Bucket& b : buckets) {
+    b.flat = Tensor::zeros(Shape{b.info.numel}, b.info.dtype, b.info.device);
+    if (options.compression != Compression::None) {
+      const DType wire = options.compression == Compression::BF16 ? DType::BF16 : DType::F16;
+      RT_CHECK(is_floating(b.info.dtype), "GradSync: compression needs floating gradients; bucket of ",
+               b.info.parameters.front(), " is ", b.info.dtype);
+      b.wire = Tensor::zeros(Shape{b.info.numel}, wire, b.info.device);
+    }
+    int64_t offset = 0;
+    for (int i : b.params) {
+      Param& p = params[i];
+      p.view = b.flat.slice(offset, offset + p.tensor.numel()).view(p.tensor.shape());
+      offset += p.tensor.numel();
+      // Keep what the parameter had accumulated so far (usually nothing).
+      if (p.tensor.grad().defined()) p.view.copy_(p.tensor.grad());
+      p.tensor.set_grad(p.view);
+    }
+    b.pending = static_cast<int>(b.params.size());
+    infos.push_back(b.info);
+  }
+}
+
+void GradSync::State::ensure_view(Param& p) {
+  Tensor g = p.tensor.grad();
+  if (g.defined() && g.data_ptr() == p.view.data_ptr()) return;
+  // zero_grad(set_to_none) replaced the view by a fresh tensor: bring its values home.
+  if (g.defined()) p.view.copy_(g);
+  else p.view.zero_();
+  p.tensor.set_grad(p.view);
+}
+
+void GradSync::State::launch(int index) {
+  Bucket& b = buckets[index];
+  if (b.wire.defined()) {
+    b.wire.copy_(b.flat);
+    b.work = comm->all_reduce_async(b.wire, ReduceOp::Average);
+  } else {
+    b.work = comm->all_reduce_async(b.flat, ReduceOp::Average);
+  }
+}
+
+void GradSync::State::on_ready(int index) {
+  std::lock_guard<std::mutex> lock(mutex);
+  Param& p = params[index];
+  ensure_view(p);
+  if (no_sync) return;  // accumulate locally
+  if (p.ready)
+    RT_THROW("GradSync: parameter '", p.name, "' received its gradient twice in one step (backward ran again ",
+             "before finish(); accumulate micro-batches under no_sync(), or call finish() between steps)");
+  p.ready = true;
+  --buckets[p.bucket].pending;
+  if (!options.overlap) return;
+  while (next_launch < static_cast<int>(buckets.size()) && buckets[next_launch].pending == 0) launch(next_launch++);
+}
+
+void GradSync::State::reset_step() {
+  for (Param& p : params) p.ready = false;
+  for (Bucket& b : buckets) {
+    b.pending = static_cast<int>(b.params.size());
+    b.work.reset();
+  }
+  next_launch = 0;
+}
+
+void GradSync::State::wait_all() noexcept {
+  for (Bucket& b : buckets) {
+    if (!b.work) continue;
+    try {
+      b.work->wait();
+    } catch (...) {
+    }
+    b.work.reset();
+  }
+}
+
+GradSync::GradSync(const Module& model, CommunicatorPtr comm, GradSyncOptions options)
+    : GradSync(model.named_parameters(), model.named_buffers(), std::move(comm), options) {}
+
+GradSync::GradSync(Named parameters, Named buffers, CommunicatorPtr comm, GradSyncOptions options)
+    : state_(std::make_shared<State>()) {
+  RT_CHECK(comm, "GradSync: no communicator");
+  RT_CHECK(options.first_bucket_mb > 0 && options.bucket_mb > 0, "GradSync: bucket sizes must be positive, got ",
+           options.first_bucket_mb, " and ", options.bucket_mb, " MB");
+  State& s = *state_;
+  s.comm = std::move(comm);
+  s.options = options;
+  for (auto& [name, t] : parameters) {
+    RT_CHECK(t.defined() && t.is_leaf() && t.requires_grad(), "GradSync: parameter '", name,
+             "' must be a leaf that requires grad");
+    Param p;
+    p.name = name;
+    p.tensor = t;
+    s.params.push_back(std::move(p));
+  }
+  s.buffers = std::move(buffers);
+  s.check_same_model();
+  s.plan();
+  std::weak_ptr<State> weak = state_;
+  for (int i = 0; i < static_cast<int>(s.params.size()); ++i)
+    s.params[i].tensor.register_ready_hook([weak, i](Tensor&) {
+      if (auto st = weak.lock()) st->on_ready(i);
+    });
+}
+
+GradSync::~GradSync() { state_->wait_all(); }
+
+void GradSync::finish() {
+  State& s = *state_;
+  std::lock_guard<std::mutex> lock(s.mutex);
+  if (s.no_sync) return;
+  std::vector<std::string> missing;
+  for (Param& p : s.params) {
+    if (p.ready) continue;
+    s.ensure_view(p);
+    missing.push_back(p.name);
+  }
+  if (!missing.empty() && !s.options.allow_unused) {
+    s.wait_all();
+    s.reset_step();
+    std::string list;
+    for (size_t i = 0; i < missing.size() && i < 5; ++i) list += detail::str_cat(i ? ", '" : "'", missing[i], "'");
+    if (missing.size() > 5) list += detail::str_cat(" and ", missing.size() - 5, " more");
+    RT_THROW("GradSync: parameter ", list, " received no gradient this step (not used by the forward pass?); ",
+             "set GradSyncOptions.allow_unused if the model has parameters a step may skip");
+  }
+  s.launched_early = s.next_launch;
+  // Unused parameters (allowed) contribute what their view holds: zeros after zero_grad().
+  for (Param& p : s.params) {
+    if (p.ready) continue;
+    p.ready = true;
+    --s.buckets[p.bucket].pending;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  while (s.next_launch < static_cast<int>(s.buckets.size())) s.launch(s.next_launch++);
+  std::exception_ptr error;
+  for (Bucket& b : s.buckets) {
+    try {
+      b.work->wait();
+      if (b.wire.defined()) b.flat.copy_(b.wire);
+    } catch (...) {
+      if (!error) error = std::current_exception();
+    }
+  }
+  s.last_wait = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  s.reset_step();
+  if (error) std::rethrow_exception(error);
+}
+
+void GradSync::zero_grad() {
+  State& s = *state_;
+  std::lock_guard<std::mutex> lock(s.mutex);
+  for (Bucket& b : s.buckets) b.flat.zero_();
+  for (Param& p : s.params) s.ensure_view(p);
+}
+
+GradSync::NoSync::NoSync(GradSync& owner) : owner_(owner) {
+  std::lock_guard<std::mutex> lock(owner_.state_->mutex);
+  previous_ = owner_.state_->no_sync;
+  owner_.state_->no_sync = true;
+}
+
+GradSync::NoSync::~NoSync() {
+  std::lock_guard<std::mutex> lock(owner_.state_->mutex);
+  owner_.state_->no_sync = previous_;
+}
+
+void GradSync::average_buffers() {
+  State& s = *state_;
+  NoGradGuard no_grad;
+  std::vector<WorkPtr> work;
+  for (auto& [name, t] : s.buffers)
+    work.push_back(is_floating(t.dtype()) ? s.comm->all_reduce_async(t, ReduceOp::Average)
+                                          : s.comm->broadcast_async(t, 0));
+  for (auto& w : work) w->wait();
+}
+
+const std::vector<BucketInfo>& GradSync::buckets() const { return state_->infos; }
+const Communicator& GradSync::communicator() const { return *state_->comm; }
+double GradSync::last_wait_seconds() const { return state_->last_wait; }
+int GradSync::last_buckets_launched_early() const { return state_->launched_early; }
+
+}  // namespace ringtrain::comm

@@ -1,0 +1,111 @@
+// comm/grad_sync.h: GradSync, the data-parallel reducer (what DDP is to PyTorch).
+//
+//   GradSync sync(model, comm);          // broadcasts rank 0's weights, checks every rank has the model
+//   for (...) {
+//     sync.zero_grad();                  // zeroes the buckets (gradients stay views into them)
+//     loss(model(x), y).backward();      // full buckets are all-reduced while backward goes on
+//     sync.finish();                     // waits for the last bucket: gradients are now the average
+//     opt.step(lr);
+//   }
+//
+// Buckets are planned once, in reverse registration order (the order backward produces gradients): a
+// small first bucket (first_bucket_mb) so communication starts early, then bucket_mb each. A bucket
+// holds one dtype on one device; each parameter's .grad is a view into its bucket's flat buffer, so
+// backward accumulates straight into the buffer the all-reduce sends. A bucket is launched the moment
+// all its gradients are ready and every earlier bucket has been launched, so every rank launches the
+// same buckets in the same order. CPU tensors go to the communicator's thread; GPU tensors to its stream.
+//
+// Errors name the parameter: one whose gradient arrives twice in a step, or never (unless allow_unused),
+// and at construction a rank whose model differs from rank 0's (names, shapes, dtypes; values too when
+// broadcast_parameters is off).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "core/tensor.h"
+
+namespace ringtrain {
+class Module;
+}
+
+namespace ringtrain::comm {
+
+enum class Compression : uint8_t { None, BF16, F16 };
+Compression parse_compression(const std::string& text);  // "none" | "bf16" | "fp16"
+
+struct GradSyncOptions {
+  double first_bucket_mb = 1.0;
+  double bucket_mb = 25.0;
+  // Copy rank 0's parameters and buffers to every rank at construction (then verify). Off: only verify,
+  // and a rank whose values differ is an error naming it and the first differing tensor.
+  bool broadcast_parameters = true;
+  // Parameters that get no gradient in a step contribute zeros instead of raising an error.
+  bool allow_unused = false;
+  // Gradients travel as bf16/f16 (halved traffic); the average is converted back to the bucket dtype.
+  Compression compression = Compression::None;
+  // Launch buckets during backward. Off: everything is reduced in finish() (for measuring overlap).
+  bool overlap = true;
+};
+
+struct BucketInfo {
+  int64_t numel = 0, bytes = 0;
+  DType dtype = DType::F32;
+  Device device = Device::cpu();
+  std::vector<std::string> parameters;  // in the bucket's order
+};
+
+class GradSync {
+ public:
+  using Named = std::vector<std::pair<std::string, Tensor>>;
+  GradSync(const Module& model, CommunicatorPtr comm, GradSyncOptions options = {});
+  GradSync(Named parameters, Named buffers, CommunicatorPtr comm, GradSyncOptions options = {});
+  ~GradSync();  // waits for buckets still on the wire; never throws
+  GradSync(const GradSync&) = delete;
+  GradSync& operator=(const GradSync&) = delete;
+
+  // Waits until every bucket is reduced; gradients then hold the average over ranks. A no-op inside
+  // no_sync(). Errors: a parameter that got no gradient this step (unless allow_unused).
+  void finish();
+  // Zeroes every bucket. Gradients stay views into the buckets (Module/Optimizer zero_grad with
+  // set_to_none also works, at the price of one copy per parameter in the next backward).
+  void zero_grad();
+
+  // While alive, backward accumulates locally and nothing is communicated (gradient accumulation):
+  // k micro-batches under no_sync followed by one synchronised backward equal one k-times-larger batch.
+  class NoSync {
+   public:
+    explicit NoSync(GradSync& owner);
+    ~NoSync();
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+
+   private:
+    GradSync& owner_;
+    bool previous_;
+  };
+  NoSync no_sync() { return NoSync(*this); }
+
+  // Averages the floating buffers (BatchNorm running statistics) over ranks; integer buffers are copied
+  // from rank 0. Call before evaluating or saving when BatchNorm is not synchronised.
+  void average_buffers();
+
+  const std::vector<BucketInfo>& buckets() const;
+  const Communicator& communicator() const;
+  // Of the last finish(): seconds spent waiting for communication, and buckets launched before it.
+  double last_wait_seconds() const;
+  int last_buckets_launched_early() const;
+
+  struct State;
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+// A 64-bit fingerprint of a tensor's bytes (FNV-1a over 8-byte words), e.g. to compare ranks.
+uint64_t fingerprint(const Tensor& t);
+
+}  // namespace ringtrain::comm
