@@ -1,8 +1,11 @@
-// apps/bench_step: one process, synthetic data: median training-step time, img/s and peak memory of a
-// ResNet (forward, softmax cross-entropy, backward, SGD with momentum and weight decay).
+// apps/bench_step: synthetic data: median training-step time, img/s and peak memory of a ResNet
+// (forward, softmax cross-entropy, backward, SGD with momentum and weight decay).
 //   bench_step -a resnet20 -b 128 --threads 1 [--hw 32] [--in-ch 3] [--steps 10] [--warmup 2]
 //              [--device cpu] [--precision fp32]
 // Prints one line: "ringtrain resnet20 b128 32x32x3 threads=1 median_step_s=... img_per_s=... peak_rss_mb=..."
+// Under mpirun it is data-parallel (GradSync over --backend, default ring; -b is per rank): the step
+// time is the slowest rank's median, img/s counts every rank's images, and the line adds ranks=N and
+// comm_wait_s (median time finish() waited for gradients after backward: the communication not hidden).
 #include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
@@ -10,6 +13,8 @@
 #include <chrono>
 #include <cstdio>
 
+#include "comm/grad_sync.h"
+#include "comm/world.h"
 #include "core/allocator.h"
 #include "core/check.h"
 #include "core/ops.h"
@@ -22,7 +27,7 @@ using namespace ringtrain;
 
 int main(int argc, char** argv) {
   CLI::App app{"Times ResNet training steps on synthetic data"};
-  std::string arch = "resnet20", device_text = "cpu", precision = "fp32";
+  std::string arch = "resnet20", device_text = "cpu", precision = "fp32", backend = "ring";
   int64_t batch = 128, hw = 32, in_ch = 3, classes = 10;
   int threads = 0, steps = 10, warmup = 2;
   app.add_option("-a,--arch", arch, "architecture")->capture_default_str();
@@ -37,41 +42,54 @@ int main(int argc, char** argv) {
   app.add_option("--precision", precision, "fp32 (bf16/fp16 autocast comes with mixed precision)")
       ->capture_default_str()
       ->check(CLI::IsMember({"fp32"}));
+  app.add_option("--backend", backend, "gradient all-reduce under mpirun: ring, mpi or nccl")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
-  try {
-    if (threads > 0) set_num_threads(threads);
-    const Device device = parse_device(device_text);
+  return comm::run_main(argc, argv, [&](comm::World& world) {
+    const Device device = world.bind(parse_device(device_text), threads).device;
     manual_seed(0);
     ResNet model(arch, {.in_channels = in_ch, .num_classes = classes});
     model.to(device);
     Sgd opt(as_named(model.named_parameters()), SgdOptions{.momentum = 0.9, .weight_decay = 5e-4});
+    std::unique_ptr<comm::GradSync> sync;
+    if (world.size() > 1)
+      sync = std::make_unique<comm::GradSync>(model, comm::make_communicator(comm::parse_backend(backend), world.comm()));
     CrossEntropyLoss loss_fn;
     Tensor x = Tensor::normal(Shape{batch, hw, hw, in_ch}, 0, 1, 1, DType::F32, device);
     std::vector<double> ys(static_cast<size_t>(batch));
     for (int64_t i = 0; i < batch; ++i) ys[static_cast<size_t>(i)] = static_cast<double>(i % classes);
     Tensor y = Tensor::from_vector(ys, Shape{batch}, DType::I64, device);
-    std::vector<double> times;
+    std::vector<double> times, waits;
     for (int s = 0; s < warmup + steps; ++s) {
       auto t0 = std::chrono::steady_clock::now();
-      opt.zero_grad();
+      if (sync) sync->zero_grad();
+      else opt.zero_grad();
       Tensor loss = loss_fn(model(x), y);
       loss.backward();
+      if (sync) {
+        sync->finish();
+        if (s >= warmup) waits.push_back(sync->last_wait_seconds());
+      }
       opt.step(0.1);
       synchronize(device);
       const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (s >= warmup) times.push_back(dt);
     }
     std::sort(times.begin(), times.end());
-    const double median = times[times.size() / 2];
+    std::sort(waits.begin(), waits.end());
+    double median = times[times.size() / 2], wait = waits.empty() ? 0.0 : waits[waits.size() / 2];
     rusage usage{};
     getrusage(RUSAGE_SELF, &usage);
-    std::printf("ringtrain %s b%lld %lldx%lldx%lld threads=%d median_step_s=%.4f img_per_s=%.1f peak_rss_mb=%.0f\n",
+    double rss_mb = static_cast<double>(usage.ru_maxrss) / 1024.0;
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &median, 1, MPI_DOUBLE, MPI_MAX, world.comm()));
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &wait, 1, MPI_DOUBLE, MPI_MAX, world.comm()));
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &rss_mb, 1, MPI_DOUBLE, MPI_MAX, world.comm()));
+    if (!world.is_root()) return 0;
+    std::printf("ringtrain %s b%lld %lldx%lldx%lld threads=%d median_step_s=%.4f img_per_s=%.1f peak_rss_mb=%.0f",
                 arch.c_str(), static_cast<long long>(batch), static_cast<long long>(hw), static_cast<long long>(hw),
-                static_cast<long long>(in_ch), num_threads(), median, static_cast<double>(batch) / median,
-                static_cast<double>(usage.ru_maxrss) / 1024.0);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_step: error: %s\n", e.what());
-    return 1;
-  }
-  return 0;
+                static_cast<long long>(in_ch), num_threads(), median,
+                static_cast<double>(batch) * world.size() / median, rss_mb);
+    if (world.size() > 1) std::printf(" ranks=%d backend=%s comm_wait_s=%.4f", world.size(), backend.c_str(), wait);
+    std::printf("\n");
+    return 0;
+  });
 }

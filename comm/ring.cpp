@@ -10,9 +10,12 @@
 // non-blocking; the moment a received chunk is reduced it is sent on for the next step, so sending,
 // receiving and reducing overlap across chunks and steps. Receives land in `pipeline_depth` staging
 // buffers (reduce-scatter) or straight in place (all-gather). Messages of step s carry tag s on the
-// communicator's private duplicate, so they cannot match anything else.
+// communicator's private duplicate, so they cannot match anything else. The two phases of an all-reduce
+// are one pipeline (fused_all_reduce): a chunk is passed on as all-gather traffic the moment it is final.
 #include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "comm/backends.h"
@@ -21,6 +24,25 @@
 
 namespace ringtrain::comm {
 namespace {
+
+// Waits for a request without spinning a core: MPI_Wait busy-polls, which on a fully subscribed node
+// (every core running a rank's compute threads) steals the core backward is computing on while the
+// peer is not ready yet. Poll briefly, then sleep between polls (at most 100 us, well below the time a
+// chunk takes). MPI makes progress (including CMA copies) inside MPI_Test.
+void wait_polite(MPI_Request* request) {
+  int done = 0;
+  for (int spin = 0; spin < 64; ++spin) {
+    MPI_CHECK(MPI_Test(request, &done, MPI_STATUS_IGNORE));
+    if (done) return;
+  }
+  auto pause = std::chrono::microseconds(5);
+  for (;;) {
+    MPI_CHECK(MPI_Test(request, &done, MPI_STATUS_IGNORE));
+    if (done) return;
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(100));
+  }
+}
 
 class RingCommunicator final : public HostCommunicator {
  public:
@@ -34,15 +56,7 @@ class RingCommunicator final : public HostCommunicator {
  protected:
   void host_all_reduce(void* data, int64_t count, DType dtype, ReduceOp op) override {
     if (size_ == 1 || count == 0) return;
-    const auto offs = balanced_segments(count);
-    char* bytes = static_cast<char*>(data);
-    reduce_scatter_phase(bytes, offs, dtype, 0);
-    if (op == ReduceOp::Average) {
-      // Each rank scales the segment it owns before sharing it, so every rank ends with the same bits.
-      const int own = (rank_ + 1) % size_;
-      scale_inplace(bytes + offs[own] * dtype_size(dtype), offs[own + 1] - offs[own], dtype, size_);
-    }
-    all_gather_phase(bytes, offs, dtype_size(dtype), 0);
+    fused_all_reduce(static_cast<char*>(data), balanced_segments(count), dtype, op);
   }
 
   void host_broadcast(void* data, int64_t bytes, int root) override {
@@ -109,8 +123,59 @@ class RingCommunicator final : public HostCommunicator {
   int left() const { return (rank_ + size_ - 1) % size_; }
 
   void wait_sends() {
-    if (!sends_.empty()) MPI_CHECK(MPI_Waitall(static_cast<int>(sends_.size()), sends_.data(), MPI_STATUSES_IGNORE));
+    for (MPI_Request& r : sends_) wait_polite(&r);
     sends_.clear();
+  }
+
+  // Reduce-scatter and all-gather in one pipeline: the moment a chunk of the segment this rank owns is
+  // fully reduced (and averaged) it goes out as all-gather traffic, while it is still hot in cache and
+  // while the rest of the reduce-scatter is in flight. The all-gather receives are posted up front,
+  // straight into place. (A segment's final values can only arrive after this rank's own contribution
+  // to it has been received downstream, so nothing lands on data that is still being read.)
+  void fused_all_reduce(char* data, const std::vector<int64_t>& offs, DType dtype, ReduceOp op) {
+    const int64_t es = dtype_size(dtype), ce = chunk_elems(es);
+    const int n = size_, ag_tag0 = n;
+    std::vector<Piece> first, recvs, gathers;
+    append_chunks(first, offs, wrap(rank_), 0, ce);
+    for (int s = 0; s + 1 < n; ++s) append_chunks(recvs, offs, wrap(rank_ - s - 1), s, ce);
+    for (int s = 0; s + 1 < n; ++s) append_chunks(gathers, offs, wrap(rank_ - s), s, ce);
+
+    std::vector<MPI_Request> gather_req(gathers.size(), MPI_REQUEST_NULL);
+    for (size_t i = 0; i < gathers.size(); ++i)
+      MPI_CHECK(MPI_Irecv(data + gathers[i].offset * es, static_cast<int>(gathers[i].length * es), MPI_BYTE, left(),
+                          ag_tag0 + gathers[i].step, comm_, &gather_req[i]));
+    sends_.clear();
+    for (const Piece& p : first) isend(data, p, es, 0);
+
+    const int depth = options_.pipeline_depth;
+    staging_.resize(static_cast<size_t>(depth * ce * es));
+    std::vector<MPI_Request> recv_req(depth, MPI_REQUEST_NULL);
+    auto post = [&](size_t i) {
+      const int slot = static_cast<int>(i % depth);
+      MPI_CHECK(MPI_Irecv(staging_.data() + slot * ce * es, static_cast<int>(recvs[i].length * es), MPI_BYTE, left(),
+                          recvs[i].step, comm_, &recv_req[slot]));
+    };
+    for (size_t i = 0; i < recvs.size() && i < static_cast<size_t>(depth); ++i) post(i);
+    for (size_t i = 0; i < recvs.size(); ++i) {
+      const int slot = static_cast<int>(i % depth);
+      wait_polite(&recv_req[slot]);
+      const Piece& p = recvs[i];
+      reduce_sum_into(data + p.offset * es, staging_.data() + slot * ce * es, p.length, dtype);
+      if (i + depth < recvs.size()) post(i + depth);
+      if (p.step + 2 < n) {
+        isend(data, p, es, p.step + 1);  // reduce-scatter: on to the next step
+      } else {
+        // Final: this rank owns the sum of this chunk. Scale it once, here, so every rank gets these bits.
+        if (op == ReduceOp::Average) scale_inplace(data + p.offset * es, p.length, dtype, n);
+        isend(data, p, es, ag_tag0);
+      }
+    }
+    for (size_t i = 0; i < gathers.size(); ++i) {
+      wait_polite(&gather_req[i]);
+      const Piece& p = gathers[i];
+      if (p.step + 2 < n) isend(data, p, es, ag_tag0 + p.step + 1);
+    }
+    wait_sends();
   }
 
   // After it, rank r holds the full reduction of segment (r + 1 + shift) mod n.
@@ -136,7 +201,7 @@ class RingCommunicator final : public HostCommunicator {
     for (size_t i = 0; i < recvs.size() && i < static_cast<size_t>(depth); ++i) post(i);
     for (size_t i = 0; i < recvs.size(); ++i) {
       const int slot = static_cast<int>(i % depth);
-      MPI_CHECK(MPI_Wait(&recv_req[slot], MPI_STATUS_IGNORE));
+      wait_polite(&recv_req[slot]);
       const Piece& p = recvs[i];
       reduce_sum_into(data + p.offset * es, staging_.data() + slot * ce * es, p.length, dtype);
       if (p.step + 2 < n) isend(data, p, es, p.step + 1);  // on to the next step
@@ -161,7 +226,7 @@ class RingCommunicator final : public HostCommunicator {
     sends_.clear();
     for (const Piece& p : first) isend(data, p, es, tag0);
     for (size_t i = 0; i < recvs.size(); ++i) {
-      MPI_CHECK(MPI_Wait(&recv_req[i], MPI_STATUS_IGNORE));
+      wait_polite(&recv_req[i]);
       const Piece& p = recvs[i];
       if (p.step + 2 < n) isend(data, p, es, tag0 + p.step + 1);
     }
