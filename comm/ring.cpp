@@ -25,21 +25,27 @@
 namespace ringtrain::comm {
 namespace {
 
-// Waits for a request without spinning a core: MPI_Wait busy-polls, which on a fully subscribed node
-// (every core running a rank's compute threads) steals the core backward is computing on while the
-// peer is not ready yet. Poll briefly, then sleep between polls (at most 100 us, well below the time a
-// chunk takes). MPI makes progress (including CMA copies) inside MPI_Test.
+// Waits for a request without hogging a core: MPI_Wait busy-polls, which on a fully subscribed node
+// (every core running a rank's compute threads) steals the core backward is computing on while the peer
+// is not ready yet. Poll briefly, then yield between polls (other runnable threads go first), then
+// sleep with a growing pause (at most 100 us, well below the time a large chunk takes). MPI makes
+// progress, including the single-copy (CMA) transfers, inside MPI_Test.
 void wait_polite(MPI_Request* request) {
   int done = 0;
-  for (int spin = 0; spin < 64; ++spin) {
+  for (int i = 0; i < 64; ++i) {
     MPI_CHECK(MPI_Test(request, &done, MPI_STATUS_IGNORE));
     if (done) return;
   }
-  auto pause = std::chrono::microseconds(5);
-  for (;;) {
+  for (int i = 0; i < 256; ++i) {
+    std::this_thread::yield();
     MPI_CHECK(MPI_Test(request, &done, MPI_STATUS_IGNORE));
     if (done) return;
+  }
+  auto pause = std::chrono::microseconds(10);
+  for (;;) {
     std::this_thread::sleep_for(pause);
+    MPI_CHECK(MPI_Test(request, &done, MPI_STATUS_IGNORE));
+    if (done) return;
     pause = std::min(pause * 2, std::chrono::microseconds(100));
   }
 }

@@ -160,9 +160,50 @@ TEST_P(Collectives, BadArgumentsAreErrorsNamingTheTensor) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, Collectives,
-                         ::testing::Values(Case{Backend::Ring, 512 << 10}, Case{Backend::Ring, 64},
+                         ::testing::Values(Case{Backend::Ring, 512 << 10}, Case{Backend::Ring, 1024},
                                            Case{Backend::Ring, 4096}, Case{Backend::Mpi, 512 << 10}),
                          case_name);
+
+// GPU tensors: the ring stages them through pinned host memory (ranks may share one GPU); NCCL reduces
+// them on the device. Both must agree exactly with the CPU results.
+void check_gpu_all_reduce(Backend backend) {
+  World& w = World::init();
+  CommunicatorPtr comm = make_communicator(backend, w.comm());
+  const int n = comm->size();
+  for (DType dt : {DType::F32, DType::BF16}) {
+    for (int64_t count : {int64_t{1}, int64_t{5}, int64_t{300007}}) {
+      Tensor t = filled(count, dt, comm->rank()).to(Device::cuda(0));
+      comm->all_reduce(t, ReduceOp::Sum);
+      const auto got = as_f64(t.to(Device::cpu()));
+      for (int64_t i = 0; i < count; ++i) ASSERT_EQ(got[i], expected_sum(i, n)) << dt << " count " << count << " at " << i;
+    }
+  }
+  Tensor cpu = Tensor::zeros(Shape{4});
+  if (backend == Backend::Nccl) {
+    const std::string e = ringtrain::testing::error_of([&] { comm->all_reduce(cpu); });
+    EXPECT_NE(e.find("ring"), std::string::npos) << "a CPU tensor on nccl should point to the ring backend: " << e;
+  }
+}
+
+TEST(GpuCollectives, RingStagesCudaTensorsThroughPinnedMemory) {
+  RT_REQUIRE_CUDA();
+  check_gpu_all_reduce(Backend::Ring);
+}
+
+TEST(GpuCollectives, NcclAllReduceIsExact) {
+  RT_REQUIRE_CUDA();
+  World& w = World::init();
+  if (w.local_size() > cuda_device_count()) GTEST_SKIP() << "NCCL needs one GPU per rank: " << w.local_size()
+                                                         << " ranks, " << cuda_device_count() << " GPU(s)";
+  w.bind(Device::cuda(0));
+  check_gpu_all_reduce(Backend::Nccl);
+}
+
+TEST(GpuCollectives, NcclIsAnErrorWithoutCuda) {
+  if (cuda_status().built_with_cuda) GTEST_SKIP() << "this build has the CUDA path";
+  const std::string e = ringtrain::testing::error_of([] { make_communicator(Backend::Nccl, World::init().comm()); });
+  EXPECT_NE(e.find("the nccl backend needs a CUDA build"), std::string::npos) << e;
+}
 
 TEST(Agreement, OneRankErrorMakesEveryRankThrowTheSameMessage) {
   World& w = World::init();
