@@ -81,7 +81,7 @@ void agree_or_throw(MPI_Comm comm, const std::string& local_error, const std::st
     if (failed <= 4) details += detail::str_cat("\n  rank ", r, ": ", std::string(all.data() + displs[r], lengths[r]));
   }
   if (failed > 4) details += detail::str_cat("\n  (", failed - 4, " more ranks failed)");
-  throw Error(message + details);
+  throw CollectiveError(message + details);
 }
 
 }  // namespace ringtrain::comm

@@ -19,6 +19,7 @@
 #include <memory>
 #include <string>
 
+#include "core/check.h"
 #include "core/tensor.h"
 
 namespace ringtrain::comm {
@@ -93,8 +94,14 @@ CommunicatorPtr make_communicator(Backend backend, MPI_Comm parent = MPI_COMM_WO
 // Shape/dtype/count checks shared by the backends; errors name the operation, tensor and rank.
 void check_collective_tensor(const char* op, const Tensor& t, int rank);
 
+// An error every rank raises identically (a collective verdict): run_main prints it once, from rank 0.
+class CollectiveError : public ::ringtrain::Error {
+ public:
+  using ::ringtrain::Error::Error;
+};
+
 // A collective verdict: every rank passes its local error text ("" when fine); if any rank has one,
-// every rank throws the same ringtrain::Error naming the failing rank(s) and their texts. Use it
+// every rank throws the same CollectiveError naming the failing rank(s) and their texts. Use it
 // before anything that would otherwise leave healthy ranks waiting for a failed one.
 void agree_or_throw(MPI_Comm comm, const std::string& local_error, const std::string& what);
 

@@ -11,7 +11,9 @@
 #include <iostream>
 #include <mutex>
 #include <set>
+#include <thread>
 
+#include "comm/communicator.h"
 #include "core/check.h"
 #include "core/parallel.h"
 
@@ -135,6 +137,12 @@ int run_main(int argc, char** argv, const std::function<int(World&)>& fn) {
   try {
     world = &World::init(&argc, &argv);
     return fn(*world);
+  } catch (const CollectiveError& e) {
+    // Every rank has the same message: rank 0 prints it and ends the job; the others give it a moment.
+    if (world && world->rank() != 0 && world->size() > 1) std::this_thread::sleep_for(std::chrono::seconds(5));
+    if (world) world->abort(e.what());
+    std::fprintf(stderr, "ringtrain: %s\n", e.what());
+    return 1;
   } catch (const std::exception& e) {
     if (world) world->abort(e.what());
     std::fprintf(stderr, "ringtrain: %s\n", e.what());
