@@ -34,6 +34,7 @@
 #include "comm/host_comm.h"
 #include "core/check.h"
 #include "core/cuda/cuda_check.h"
+#include "core/cuda/device_guard.h"
 #include "core/device.h"
 #include "core/tensor.h"
 
@@ -91,24 +92,6 @@ ncclResult_t settle(ncclComm_t comm, Clock::time_point deadline) {
     std::this_thread::sleep_for(kPollInterval);
   }
 }
-
-// Makes `index` the current device for a scope and restores the previous one.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int index) {
-    CUDA_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != index) CUDA_CHECK(cudaSetDevice(index));
-    else previous_ = -1;
-  }
-  ~DeviceGuard() {
-    if (previous_ >= 0) CUDA_CHECK_NOTHROW(cudaSetDevice(previous_));
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int previous_ = -1;  // -1: nothing to restore
-};
 
 // ncclGroupStart now, ncclGroupEnd at end(). A group left open by an error is closed by the destructor
 // (otherwise every later NCCL call of this thread would join it).

@@ -11,7 +11,7 @@
 // receiving and reducing overlap across chunks and steps. Receives land in `pipeline_depth` staging
 // buffers (reduce-scatter) or straight in place (all-gather). Messages of step s carry tag s on the
 // communicator's private duplicate, so they cannot match anything else. The two phases of an all-reduce
-// are one pipeline (fused_all_reduce): a chunk is passed on as all-gather traffic the moment it is final.
+// are one pipeline (ring_reduce): a chunk is passed on as all-gather traffic the moment it is final.
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -62,7 +62,7 @@ class RingCommunicator final : public HostCommunicator {
  protected:
   void host_all_reduce(void* data, int64_t count, DType dtype, ReduceOp op) override {
     if (size_ == 1 || count == 0) return;
-    fused_all_reduce(static_cast<char*>(data), balanced_segments(count), dtype, op);
+    ring_reduce(static_cast<char*>(data), balanced_segments(count), dtype, op, 0, true);
   }
 
   void host_broadcast(void* data, int64_t bytes, int root) override {
@@ -95,10 +95,8 @@ class RingCommunicator final : public HostCommunicator {
     std::vector<int64_t> offs(size_ + 1);
     for (int r = 0; r <= size_; ++r) offs[r] = r * count_per_rank;
     // shift n-1: rank r ends owning block r.
-    reduce_scatter_phase(work_.data(), offs, dtype, size_ - 1);
-    char* mine = work_.data() + rank_ * count_per_rank * es;
-    if (op == ReduceOp::Average) scale_inplace(mine, count_per_rank, dtype, size_);
-    std::memcpy(out, mine, static_cast<size_t>(count_per_rank * es));
+    ring_reduce(work_.data(), offs, dtype, op, size_ - 1, false);
+    std::memcpy(out, work_.data() + rank_ * count_per_rank * es, static_cast<size_t>(count_per_rank * es));
   }
 
  private:
@@ -133,18 +131,20 @@ class RingCommunicator final : public HostCommunicator {
     sends_.clear();
   }
 
-  // Reduce-scatter and all-gather in one pipeline: the moment a chunk of the segment this rank owns is
-  // fully reduced (and averaged) it goes out as all-gather traffic, while it is still hot in cache and
-  // while the rest of the reduce-scatter is in flight. The all-gather receives are posted up front,
+  // Reduce-scatter: afterwards rank r owns the full reduction (averaged for Average) of segment
+  // (r + 1 + shift) mod n. With `gather`, the all-gather runs in the same pipeline: the moment a chunk of
+  // the owned segment is final it goes out as all-gather traffic, while it is still hot in cache and
+  // while the rest of the reduce-scatter is in flight; the all-gather receives are posted up front,
   // straight into place. (A segment's final values can only arrive after this rank's own contribution
   // to it has been received downstream, so nothing lands on data that is still being read.)
-  void fused_all_reduce(char* data, const std::vector<int64_t>& offs, DType dtype, ReduceOp op) {
+  void ring_reduce(char* data, const std::vector<int64_t>& offs, DType dtype, ReduceOp op, int shift, bool gather) {
     const int64_t es = dtype_size(dtype), ce = chunk_elems(es);
     const int n = size_, ag_tag0 = n;
     std::vector<Piece> first, recvs, gathers;
-    append_chunks(first, offs, wrap(rank_), 0, ce);
-    for (int s = 0; s + 1 < n; ++s) append_chunks(recvs, offs, wrap(rank_ - s - 1), s, ce);
-    for (int s = 0; s + 1 < n; ++s) append_chunks(gathers, offs, wrap(rank_ - s), s, ce);
+    append_chunks(first, offs, wrap(rank_ + shift), 0, ce);
+    for (int s = 0; s + 1 < n; ++s) append_chunks(recvs, offs, wrap(rank_ + shift - s - 1), s, ce);
+    if (gather)
+      for (int s = 0; s + 1 < n; ++s) append_chunks(gathers, offs, wrap(rank_ + shift - s), s, ce);
 
     std::vector<MPI_Request> gather_req(gathers.size(), MPI_REQUEST_NULL);
     for (size_t i = 0; i < gathers.size(); ++i)
@@ -170,48 +170,16 @@ class RingCommunicator final : public HostCommunicator {
       if (i + depth < recvs.size()) post(i + depth);
       if (p.step + 2 < n) {
         isend(data, p, es, p.step + 1);  // reduce-scatter: on to the next step
-      } else {
-        // Final: this rank owns the sum of this chunk. Scale it once, here, so every rank gets these bits.
-        if (op == ReduceOp::Average) scale_inplace(data + p.offset * es, p.length, dtype, n);
-        isend(data, p, es, ag_tag0);
+        continue;
       }
+      // Final: this rank owns the sum of this chunk. Scale it once, here, so every rank gets these bits.
+      if (op == ReduceOp::Average) scale_inplace(data + p.offset * es, p.length, dtype, n);
+      if (gather) isend(data, p, es, ag_tag0);
     }
     for (size_t i = 0; i < gathers.size(); ++i) {
       wait_polite(&gather_req[i]);
       const Piece& p = gathers[i];
       if (p.step + 2 < n) isend(data, p, es, ag_tag0 + p.step + 1);
-    }
-    wait_sends();
-  }
-
-  // After it, rank r holds the full reduction of segment (r + 1 + shift) mod n.
-  void reduce_scatter_phase(char* data, const std::vector<int64_t>& offs, DType dtype, int shift) {
-    const int64_t es = dtype_size(dtype), ce = chunk_elems(es);
-    const int n = size_;
-    std::vector<Piece> first;
-    append_chunks(first, offs, wrap(rank_ + shift), 0, ce);
-    std::vector<Piece> recvs;
-    for (int s = 0; s + 1 < n; ++s) append_chunks(recvs, offs, wrap(rank_ + shift - s - 1), s, ce);
-
-    sends_.clear();
-    for (const Piece& p : first) isend(data, p, es, 0);
-
-    const int depth = options_.pipeline_depth;
-    staging_.resize(static_cast<size_t>(depth * ce * es));
-    std::vector<MPI_Request> recv_req(depth, MPI_REQUEST_NULL);
-    auto post = [&](size_t i) {
-      const int slot = static_cast<int>(i % depth);
-      MPI_CHECK(MPI_Irecv(staging_.data() + slot * ce * es, static_cast<int>(recvs[i].length * es), MPI_BYTE, left(),
-                          recvs[i].step, comm_, &recv_req[slot]));
-    };
-    for (size_t i = 0; i < recvs.size() && i < static_cast<size_t>(depth); ++i) post(i);
-    for (size_t i = 0; i < recvs.size(); ++i) {
-      const int slot = static_cast<int>(i % depth);
-      wait_polite(&recv_req[slot]);
-      const Piece& p = recvs[i];
-      reduce_sum_into(data + p.offset * es, staging_.data() + slot * ce * es, p.length, dtype);
-      if (p.step + 2 < n) isend(data, p, es, p.step + 1);  // on to the next step
-      if (i + depth < recvs.size()) post(i + depth);
     }
     wait_sends();
   }

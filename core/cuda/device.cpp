@@ -18,6 +18,7 @@
 #include "core/allocator.h"
 #include "core/check.h"
 #include "core/cuda/cuda_check.h"
+#include "core/cuda/device_guard.h"
 #include "core/device.h"
 
 namespace ringtrain {
@@ -78,24 +79,10 @@ void check_device_index(Device d, const char* what) {
   }
 }
 
-// Makes `d` the current device for a scope and restores the previous one (so that e.g. creating a
-// stream on cuda:1 does not silently move the calling thread's later work to cuda:1).
-class DeviceGuard {
- public:
-  explicit DeviceGuard(Device d) {
-    check_device_index(d, "DeviceGuard");
-    CUDA_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != d.index) CUDA_CHECK(cudaSetDevice(d.index));
-    else previous_ = -1;
-  }
-  ~DeviceGuard() {
-    if (previous_ >= 0) CUDA_CHECK_NOTHROW(cudaSetDevice(previous_));
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int previous_ = -1;  // -1: nothing to restore
+// DeviceGuard (core/cuda/device_guard.h) for a checked device.
+struct CheckedDeviceGuard {
+  explicit CheckedDeviceGuard(Device d) : guard((check_device_index(d, "DeviceGuard"), d.index)) {}
+  DeviceGuard guard;
 };
 
 CudaStatus query_cuda_status() {
@@ -176,7 +163,7 @@ void set_current_device(Device d) {
 
 Stream Stream::create(Device device) {
   RT_CHECK(device.is_cuda(), "Stream::create: streams exist only on CUDA devices, not on ", device.str());
-  DeviceGuard guard(device);
+  CheckedDeviceGuard guard(device);
   cudaStream_t stream = nullptr;
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   Stream result;
@@ -192,7 +179,7 @@ void Stream::synchronize() const { CUDA_CHECK(cudaStreamSynchronize(as_stream(ha
 
 Event Event::create(Device device, bool timing) {
   RT_CHECK(device.is_cuda(), "Event::create: events exist only on CUDA devices, not on ", device.str());
-  DeviceGuard guard(device);
+  CheckedDeviceGuard guard(device);
   cudaEvent_t event = nullptr;
   CUDA_CHECK(cudaEventCreateWithFlags(&event, timing ? cudaEventDefault : cudaEventDisableTiming));
   Event result;
@@ -232,7 +219,7 @@ void set_current_stream(const Stream& s) { t_current_stream = s; }
 
 void synchronize(Device d) {
   if (d.is_cpu()) return;
-  DeviceGuard guard(d);
+  CheckedDeviceGuard guard(d);
   CUDA_CHECK(cudaDeviceSynchronize());
 }
 
@@ -246,7 +233,7 @@ class CudaBackend final : public RawBackend {
   explicit CudaBackend(int index) : index_(index) {}
 
   void* raw_allocate(int64_t nbytes) override {
-    DeviceGuard guard(Device::cuda(index_));
+    CheckedDeviceGuard guard(Device::cuda(index_));
     void* ptr = nullptr;
     cudaError_t status = cudaMalloc(&ptr, static_cast<size_t>(nbytes));
     if (status == cudaErrorMemoryAllocation) {
@@ -321,7 +308,7 @@ void cuda_copy_bytes(void* dst, Device dst_device, const void* src, Device src_d
   const Stream current = current_stream();
   const bool use_current =
       current.handle() != nullptr && (current.device() == dst_device || current.device() == src_device);
-  DeviceGuard guard(use_current ? current.device() : dst_device.is_cuda() ? dst_device : src_device);
+  CheckedDeviceGuard guard(use_current ? current.device() : dst_device.is_cuda() ? dst_device : src_device);
   cudaStream_t stream = use_current ? as_stream(current.handle()) : nullptr;
   // cudaMemcpyDefault: unified addressing tells host, device and peer pointers apart.
   CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(nbytes), cudaMemcpyDefault, stream));
@@ -331,7 +318,7 @@ void cuda_copy_bytes(void* dst, Device dst_device, const void* src, Device src_d
 void cuda_copy_bytes_async(void* dst, Device dst_device, const void* src, Device src_device, int64_t nbytes,
                            const Stream& stream) {
   if (nbytes == 0) return;
-  DeviceGuard guard(dst_device.is_cuda() ? dst_device : src_device);
+  CheckedDeviceGuard guard(dst_device.is_cuda() ? dst_device : src_device);
   CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(nbytes), cudaMemcpyDefault, as_stream(stream.handle())));
 }
 
