@@ -118,9 +118,10 @@ class Watchdog {
 class Trace {
  public:
   explicit Trace(bool on) : on_(on), origin_(Clock::now()) {}
-  void span(const char* name, Clock::time_point begin, Clock::time_point end, int64_t step) {
+  // tid 0: the training thread; tid 1: the communication thread (bucket all-reduces).
+  void span(const std::string& name, Clock::time_point begin, Clock::time_point end, int64_t step, int tid = 0) {
     if (!on_) return;
-    events_.push_back({{"name", name}, {"ph", "X"}, {"tid", 0},
+    events_.push_back({{"name", name}, {"ph", "X"}, {"tid", tid},
                        {"ts", std::chrono::duration<double, std::micro>(begin - origin_).count()},
                        {"dur", std::chrono::duration<double, std::micro>(end - begin).count()},
                        {"args", {{"step", step}}}});
@@ -614,6 +615,8 @@ int train(comm::World& world, Config cfg) {
       check_in_step(world, step, plan);
       const auto t5 = Clock::now();
       trace.span("exposed_comm", t3, t4, step - 1);
+      for (const auto& b : sync.last_bucket_timings())
+        trace.span(detail::str_cat("allreduce bucket ", b.bucket), b.begin, b.end, step - 1, 1);
       trace.span("optimizer", t4, t5, step - 1);
       interval[3] += std::chrono::duration<double>(t4 - t3).count();
       interval[4] += std::chrono::duration<double>(t5 - t4).count();

@@ -34,9 +34,17 @@ const char* backend_name(Backend b);
 // Handle of an asynchronous collective.
 class Work {
  public:
+  using TimePoint = std::chrono::steady_clock::time_point;
   virtual ~Work() = default;
   virtual void wait() = 0;  // blocks until done; rethrows the operation's error
   virtual bool test() = 0;  // true once complete (an error is raised by wait(), not here)
+  // When the operation ran (began and ended on the communication thread), once complete; backends that
+  // cannot tell (NCCL runs on the device) return false.
+  virtual bool ran(TimePoint& begin, TimePoint& end) {
+    (void)begin;
+    (void)end;
+    return false;
+  }
 };
 using WorkPtr = std::shared_ptr<Work>;
 

@@ -52,6 +52,7 @@ struct Bucket {
   std::vector<int> params;
   int pending = 0;
   WorkPtr work;
+  Work::TimePoint launched;
 };
 
 std::string structure_line(const std::string& kind, const std::string& name, const Tensor& t) {
@@ -73,6 +74,7 @@ struct GradSync::State {
   bool no_sync = false;
   double last_wait = 0;
   int launched_early = 0;
+  std::vector<GradSync::BucketTiming> timings;
   std::mutex mutex;  // hooks and finish() may come from different threads
 
   void check_same_model();
@@ -202,6 +204,7 @@ void GradSync::State::ensure_view(Param& p) {
 
 void GradSync::State::launch(int index) {
   Bucket& b = buckets[index];
+  b.launched = std::chrono::steady_clock::now();
   if (b.wire.defined()) {
     b.wire.copy_(b.flat);
     b.work = comm->all_reduce_async(b.wire, ReduceOp::Average);
@@ -304,9 +307,14 @@ void GradSync::finish() {
   const auto t0 = std::chrono::steady_clock::now();
   while (s.next_launch < static_cast<int>(s.buckets.size())) s.launch(s.next_launch++);
   std::exception_ptr error;
-  for (Bucket& b : s.buckets) {
+  s.timings.clear();
+  for (int i = 0; i < static_cast<int>(s.buckets.size()); ++i) {
+    Bucket& b = s.buckets[i];
     try {
       b.work->wait();
+      BucketTiming t{i, b.launched, b.launched, std::chrono::steady_clock::now()};
+      b.work->ran(t.begin, t.end);
+      s.timings.push_back(t);
       if (b.wire.defined()) b.flat.copy_(b.wire);
     } catch (...) {
       if (!error) error = std::current_exception();
@@ -349,5 +357,6 @@ const std::vector<BucketInfo>& GradSync::buckets() const { return state_->infos;
 const Communicator& GradSync::communicator() const { return *state_->comm; }
 double GradSync::last_wait_seconds() const { return state_->last_wait; }
 int GradSync::last_buckets_launched_early() const { return state_->launched_early; }
+const std::vector<GradSync::BucketTiming>& GradSync::last_bucket_timings() const { return state_->timings; }
 
 }  // namespace ringtrain::comm

@@ -98,6 +98,13 @@ class GradSync {
   // Of the last finish(): seconds spent waiting for communication, and buckets launched before it.
   double last_wait_seconds() const;
   int last_buckets_launched_early() const;
+  // Of the last finish(), per bucket in launch order: when it was launched and, where the backend can
+  // tell, when its all-reduce ran (otherwise begin = launch and end = the moment finish() saw it done).
+  struct BucketTiming {
+    int bucket = 0;
+    Work::TimePoint launched, begin, end;
+  };
+  const std::vector<BucketTiming>& last_bucket_timings() const;
 
   struct State;
 

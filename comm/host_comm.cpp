@@ -23,9 +23,18 @@ bool TaskWork::test() {
   return done_;
 }
 
+bool TaskWork::ran(TimePoint& begin, TimePoint& end) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!done_) return false;
+  begin = begin_;
+  end = end_;
+  return true;
+}
+
 void TaskWork::complete(std::exception_ptr error) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    end_ = std::chrono::steady_clock::now();
     done_ = true;
     error_ = std::move(error);
   }
@@ -126,6 +135,7 @@ WorkPtr HostCommunicator::submit(std::string what, std::function<void()> fn) {
   auto work = std::make_shared<TaskWork>();
   auto task = [work, what = std::move(what), fn = std::move(fn), rank = rank_]() {
     try {
+      work->begin();
       fn();
       work->complete(nullptr);
     } catch (const std::exception& e) {

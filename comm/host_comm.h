@@ -23,8 +23,11 @@ class TaskWork final : public Work {
   void wait() override;
   bool test() override;
   void complete(std::exception_ptr error);
+  void begin() { begin_ = std::chrono::steady_clock::now(); }
+  bool ran(TimePoint& begin, TimePoint& end) override;
 
  private:
+  TimePoint begin_, end_;
   std::mutex mutex_;
   std::condition_variable cv_;
   bool done_ = false;

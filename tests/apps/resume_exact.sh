@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # resume_exact.sh BUILD_DIR WORK_DIR: a 2-rank CPU run of 6 steps with a checkpoint every 3, and a second
 # run resumed from the step-3 checkpoint, must end with bitwise identical parameters and optimizer
-# state. Also checks the JSONL summary and that a resume at a different global batch is refused.
+# state. Also checks the JSONL schema, the merged trace, and that a resume at a different global batch
+# is refused.
 set -euo pipefail
 build=$1; work=$2
 rm -rf "$work"; mkdir -p "$work"
 mpi=(mpirun -np 2 --allow-run-as-root --oversubscribe)
 "$build/make_shards" synthetic "$work/data" --shape 12x12x3 --count 400 --classes 5 --shards 2 > /dev/null
 common=(--data "$work/data" -a resnet20 --steps 6 --log-every 2 --lr 0.05 --threads 1)
-"${mpi[@]}" "$build/train_resnet" "${common[@]}" -b 8 --checkpoint-dir "$work/a" --checkpoint-every 3 --log-jsonl "$work/a.jsonl"
+"${mpi[@]}" "$build/train_resnet" "${common[@]}" -b 8 --checkpoint-dir "$work/a" --checkpoint-every 3 --log-jsonl "$work/a.jsonl" --trace "$work/a.trace.json"
 "${mpi[@]}" "$build/train_resnet" "${common[@]}" -b 8 --checkpoint-dir "$work/b" --resume "$work/a/ckpt-step00000003.h5"
 "$build/tests/compare_checkpoints" "$work/a/ckpt-step00000006.h5" "$work/b/ckpt-step00000006.h5"
 python3 - "$work/a.jsonl" <<'PY'
@@ -23,6 +24,17 @@ assert 0 <= s["test_top1"] <= s["test_top5"] <= 1 and s["world_size"] == 2 and s
 train = [r for r in records if r["type"] == "train"]
 assert train and all(set(r["time"]) == {"data_wait", "forward", "backward", "exposed_comm", "optimizer"} for r in train)
 print("jsonl schema ok:", len(records), "records")
+PY
+python3 - "$work/a.trace.json" <<'PY'
+import json, sys
+events = json.load(open(sys.argv[1]))["traceEvents"]
+spans = [e for e in events if e["ph"] == "X"]
+assert {e["pid"] for e in spans} == {0, 1}, "one process per rank"
+names = {e["name"] for e in spans}
+for n in ("data_wait", "forward", "backward", "exposed_comm", "optimizer", "allreduce bucket 0"):
+    assert n in names, f"trace lacks {n}: {sorted(names)}"
+assert all(e["dur"] >= 0 for e in spans)
+print("trace ok:", len(spans), "spans")
 PY
 if out=$("${mpi[@]}" "$build/train_resnet" "${common[@]}" -b 4 --resume "$work/a/ckpt-step00000003.h5" 2>&1); then
   echo "FAIL: a resume at a different global batch was accepted"; exit 1
