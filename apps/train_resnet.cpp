@@ -50,6 +50,8 @@ struct Config {
   std::string milestones, progress = "auto";
   bool synthetic = false, nesterov = false, sync_bn = false, check = false, hflip = true;
   int64_t batch = 128, epochs = 1, steps = 0, accum = 1, checkpoint_every = 0, eval_every = 1, log_every = 50;
+  int64_t trace_steps = 100;
+  bool allow_shared_gpu = false;
   int64_t synthetic_size = 2048, image_size = 0, pad_crop = -1, seed = 0;
   double lr = 0.1, momentum = 0.9, wd = 5e-4, warmup_epochs = 0, label_smoothing = 0, bucket_mb = 25,
          timeout = 1800, lr_gamma = 0.1, step_epochs = 30;
@@ -117,10 +119,10 @@ class Watchdog {
 
 class Trace {
  public:
-  explicit Trace(bool on) : on_(on), origin_(Clock::now()) {}
+  Trace(bool on, int64_t max_steps) : on_(on), max_steps_(max_steps), origin_(Clock::now()) {}
   // tid 0: the training thread; tid 1: the communication thread (bucket all-reduces).
   void span(const std::string& name, Clock::time_point begin, Clock::time_point end, int64_t step, int tid = 0) {
-    if (!on_) return;
+    if (!on_ || step >= max_steps_) return;
     events_.push_back({{"name", name}, {"ph", "X"}, {"tid", tid},
                        {"ts", std::chrono::duration<double, std::micro>(begin - origin_).count()},
                        {"dur", std::chrono::duration<double, std::micro>(end - begin).count()},
@@ -154,9 +156,14 @@ class Trace {
 
  private:
   bool on_;
+  int64_t max_steps_;
   Clock::time_point origin_;
   json events_ = json::array();
 };
+
+// --trace covers the first --trace-steps steps of the run (a trace of every step of a long run would be
+// gigabytes).
+int64_t first_trace_step_limit(const Config& cfg) { return cfg.trace_steps; }
 
 // ---------------------------------------------------------------------------------------------------
 // Data: shard folders through the threaded loader, or synthetic batches drawn from (seed, epoch, index).
@@ -257,9 +264,12 @@ EvalResult evaluate(ResNet& model, Source& src, const comm::World& world, int64_
     const int64_t classes = host.size(1);
     for (int64_t i = 0; i < b->valid; ++i) {
       const float* row = host.data<float>() + i * classes;
-      const float target = row[lab.data<int64_t>()[i]];
-      int64_t above = 0;
-      for (int64_t c = 0; c < classes; ++c) above += row[c] > target ? 1 : 0;
+      const int64_t label = lab.data<int64_t>()[i];
+      const float target = row[label];
+      // Rank of the true class: classes scoring higher, ties broken by index; a non-finite score is wrong.
+      int64_t above = std::isfinite(target) ? 0 : classes;
+      for (int64_t c = 0; c < classes && above < classes; ++c)
+        above += (row[c] > target || (row[c] == target && c < label) || std::isnan(row[c])) ? 1 : 0;
       sums[0] += above == 0 ? 1 : 0;
       sums[1] += above < 5 ? 1 : 0;
     }
@@ -353,8 +363,9 @@ int train(comm::World& world, Config cfg) {
   Device device = Device::cpu();
   if (cfg.device == "cuda" || (cfg.device == "auto" && cuda_available())) device = Device::cuda(0);
   else if (cfg.device != "cpu" && cfg.device != "auto") RT_THROW("--device must be auto, cpu or cuda, got '", cfg.device, "'");
-  const comm::DeviceBinding binding = world.bind(device, cfg.threads);
+  const comm::DeviceBinding binding = world.bind(device, cfg.threads, cfg.allow_shared_gpu);
   device = binding.device;
+  Watchdog dog(world, cfg.timeout);  // first, so that it also guards the destructors of what follows
   std::string backend = cfg.backend;
   if (backend == "auto") backend = device.is_cuda() ? "nccl" : "ring";
   const bool root = world.is_root();
@@ -401,13 +412,6 @@ int train(comm::World& world, Config cfg) {
   manual_seed(static_cast<uint64_t>(cfg.seed));
   ResNet model(cfg.arch, {.in_channels = src.channels, .num_classes = src.classes});
   model.to(device);
-  auto comm = comm::make_communicator(comm::parse_backend(backend), world.comm());
-  if (cfg.sync_bn) comm::convert_sync_batchnorm(model, comm::make_communicator(comm::parse_backend(backend), world.comm()));
-  comm::GradSyncOptions gso;
-  gso.bucket_mb = cfg.bucket_mb;
-  comm::GradSync sync(model, comm, gso);
-  uint64_t plan = 1469598103934665603ull;
-  for (const auto& b : sync.buckets()) plan = (plan ^ static_cast<uint64_t>(b.numel)) * 1099511628211ull;
 
   const int64_t per_step_global = cfg.batch * world.size();
   const int64_t global_batch = per_step_global * cfg.accum;
@@ -443,6 +447,10 @@ int train(comm::World& world, Config cfg) {
                                                    : parse_doubles("--lr-milestones", cfg.milestones);
     for (double e : m) lso.milestones.push_back(static_cast<int64_t>(e * static_cast<double>(steps_per_epoch)));
   }
+  RT_CHECK(lso.warmup_steps < total_steps || lso.shape != LrShape::Cosine, "--warmup-epochs ", cfg.warmup_epochs, " (",
+           lso.warmup_steps, " steps) must end before the run does (", total_steps, " steps)");
+  for (size_t i = 1; i < lso.milestones.size(); ++i)
+    RT_CHECK(lso.milestones[i] > lso.milestones[i - 1], "--lr-milestones must be increasing epochs, got '", cfg.milestones, "'");
   LrSchedule schedule(lso);
   std::unique_ptr<Optimizer> opt;
   if (cfg.optimizer == "sgd")
@@ -452,20 +460,36 @@ int train(comm::World& world, Config cfg) {
     opt = std::make_unique<AdamW>(as_named(model.named_parameters()), AdamWOptions{.weight_decay = cfg.wd});
   CrossEntropyLoss loss_fn(cfg.label_smoothing);
 
-  // ---- resume
+  // ---- resume: rank 0 picks the checkpoint, every rank loads it (a folder every rank can read), and
+  // GradSync below then checks every rank holds the same weights.
   int64_t step = 0;
   data::SamplerState position;
-  fs::path resume_path;
-  if (cfg.resume == "auto") resume_path = newest_checkpoint(cfg.checkpoint_dir);
-  else if (!cfg.resume.empty()) {
-    resume_path = cfg.resume;
-    RT_CHECK(fs::exists(resume_path), "--resume: checkpoint '", cfg.resume, "' does not exist");
+  std::string resume_text;
+  if (root) {
+    if (cfg.resume == "auto") resume_text = newest_checkpoint(cfg.checkpoint_dir).string();
+    else resume_text = cfg.resume;
   }
+  {
+    int length = static_cast<int>(resume_text.size());
+    MPI_CHECK(MPI_Bcast(&length, 1, MPI_INT, 0, world.comm()));
+    resume_text.resize(static_cast<size_t>(length));
+    MPI_CHECK(MPI_Bcast(resume_text.data(), length, MPI_CHAR, 0, world.comm()));
+  }
+  const fs::path resume_path = resume_text;
   if (!resume_path.empty()) {
-    Checkpoint ck = load_checkpoint(resume_path);
+    std::string error;
+    Checkpoint ck;
+    try {
+      RT_CHECK(fs::exists(resume_path), "checkpoint '", resume_text, "' does not exist here (every rank must be able ",
+               "to read the checkpoint folder)");
+      ck = load_checkpoint(resume_path);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    comm::agree_or_throw(world.comm(), error, "--resume");
     const json meta = json::parse(ck.meta_json);
     const int64_t ck_global = meta.at("global_batch").get<int64_t>();
-    RT_CHECK(ck_global == global_batch, "--resume ", resume_path.string(), ": the checkpoint was written with global batch ",
+    RT_CHECK(ck_global == global_batch, "--resume ", resume_text, ": the checkpoint was written with global batch ",
              ck_global, " (", meta.at("world_size").get<int>(), " ranks x batch ", meta.at("config").at("batch_size").get<int64_t>(),
              " x accum ", meta.at("config").at("accum_steps").get<int64_t>(), "); resume with the same global batch (now ",
              global_batch, ")");
@@ -473,17 +497,30 @@ int train(comm::World& world, Config cfg) {
     opt->load_state(ck.optimizer);
     step = meta.at("step").get<int64_t>();
     position.epoch = meta.at("sampler").at("epoch").get<int64_t>();
-    position.next_batch = meta.at("sampler").at("next_batch").get<int64_t>();
-    if (position.next_batch >= micro_per_epoch) {
+    // The position counts sampler batches of ranks x batch images; convert when that changed (e.g. more
+    // ranks with a smaller per-rank batch and accumulation).
+    const int64_t ck_psg = meta.value("per_step_global", per_step_global);
+    const int64_t samples = meta.at("sampler").at("next_batch").get<int64_t>() * ck_psg;
+    RT_CHECK(samples % per_step_global == 0, "--resume ", resume_text, ": the checkpoint stopped after ", samples,
+             " samples of its epoch, not a multiple of this run's ", per_step_global, " (ranks x --batch-size)");
+    position.next_batch = samples / per_step_global;
+    if (position.next_batch >= steps_per_epoch * cfg.accum) {
       ++position.epoch;
       position.next_batch = 0;
     }
-    if (root) std::printf("resumed from %s: step %lld, epoch %lld, batch %lld\n", resume_path.string().c_str(),
+    if (root) std::printf("resumed from %s: step %lld, epoch %lld, batch %lld\n", resume_text.c_str(),
                           static_cast<long long>(step), static_cast<long long>(position.epoch),
                           static_cast<long long>(position.next_batch));
-  } else {
-    position.epoch = 0;
   }
+
+  // ---- data parallelism: rank 0's (possibly resumed) weights everywhere, checked.
+  auto comm = comm::make_communicator(comm::parse_backend(backend), world.comm());
+  if (cfg.sync_bn) comm::convert_sync_batchnorm(model, comm::make_communicator(comm::parse_backend(backend), world.comm()));
+  comm::GradSyncOptions gso;
+  gso.bucket_mb = cfg.bucket_mb;
+  comm::GradSync sync(model, comm, gso);
+  uint64_t plan = 1469598103934665603ull;
+  for (const auto& b : sync.buckets()) plan = (plan ^ static_cast<uint64_t>(b.numel)) * 1099511628211ull;
 
   if (root) {
     std::printf("train_resnet: %s on %s, %d rank(s) on %d node(s), %s backend, batch %lld/rank x %lld accum = %lld global, "
@@ -506,8 +543,7 @@ int train(comm::World& world, Config cfg) {
     }
   };
 
-  Watchdog dog(world, cfg.timeout);
-  Trace trace(!cfg.trace.empty());
+  Trace trace(!cfg.trace.empty(), first_trace_step_limit(cfg));
   // A redrawn bar on a terminal, plain lines otherwise. Under mpirun rank 0's stdout is a pseudo-terminal
   // even when mpirun's own output goes to a file, so --progress auto uses lines there. Every rank must
   // agree (the bar reports every step, with a collective), so rank 0 decides.
@@ -524,7 +560,8 @@ int train(comm::World& world, Config cfg) {
     if (root) {
       fs::create_directories(cfg.checkpoint_dir);
       json meta{{"step", at_step}, {"epoch", pos.epoch}, {"sampler", {{"epoch", pos.epoch}, {"next_batch", pos.next_batch}}},
-                {"world_size", world.size()}, {"global_batch", global_batch}, {"config", cfg.to_json()},
+                {"world_size", world.size()}, {"global_batch", global_batch}, {"per_step_global", per_step_global},
+                {"config", cfg.to_json()},
                 {"lr", schedule.at(std::max<int64_t>(0, at_step - 1))}};
       save_checkpoint(checkpoint_path(cfg.checkpoint_dir, at_step), Checkpoint{model.state_dict(), opt->state(), meta.dump()});
     }
@@ -547,7 +584,12 @@ int train(comm::World& world, Config cfg) {
     synthetic_labels = Tensor::from_vector(y, Shape{cfg.batch}, DType::I64, device);
   }
 
+  // An epoch is steps_per_epoch * accum micro-batches: a leftover that cannot fill an optimizer step is
+  // not run at all.
+  const int64_t micro_limit = steps_per_epoch * cfg.accum;
   bool done = step >= total_steps;
+  const int64_t first_step = step;
+  data::SamplerState last_position = position;  // where the next step would start: what checkpoints save
   for (int64_t epoch = position.epoch; epoch < epochs && !done; ++epoch) {
     sampler.set_epoch(epoch);
     if (epoch == position.epoch && position.next_batch > 0) sampler.restore(position);
@@ -559,13 +601,13 @@ int train(comm::World& world, Config cfg) {
       const auto t0 = Clock::now();
       dog.phase("data loading", step);
       Tensor images, labels;
+      if (micro >= micro_limit) break;
       if (src.train_loader) {
         auto batch = src.train_loader->next();
         if (!batch) break;
         images = batch->images;
         labels = batch->labels;
       } else {
-        if (micro >= micro_per_epoch) break;
         images = synthetic_images(cfg.batch, src, static_cast<uint64_t>(cfg.seed), epoch, micro, world.rank()).to(device);
         labels = synthetic_labels;
       }
@@ -623,6 +665,7 @@ int train(comm::World& world, Config cfg) {
       ++interval_steps;
       images_total += global_batch;
       last_loss = loss_value;
+      last_position = src.train_loader ? src.train_loader->position() : data::SamplerState{epoch, micro};
 
       const bool finish_now = step >= total_steps;
       if (interval_steps >= cfg.log_every || finish_now || tty) {
@@ -661,14 +704,15 @@ int train(comm::World& world, Config cfg) {
         interval_start = Clock::now();
       }
       if (cfg.checkpoint_every > 0 && step % cfg.checkpoint_every == 0 && !finish_now)
-        save(step, src.train_loader ? src.train_loader->position() : data::SamplerState{epoch, micro});
+        save(step, last_position);
       if (finish_now) {
         done = true;
         break;
       }
     }
     if (tty && root) std::printf("\n");
-    const bool epoch_complete = !done || micro >= micro_per_epoch;
+    const bool epoch_complete = !done || micro >= micro_limit;
+    if (epoch_complete) last_position = data::SamplerState{epoch, micro_limit};
     if ((epoch + 1) % cfg.eval_every == 0 || done || epoch + 1 == epochs) {
       if (src.test) {
         // Without SyncBatchNorm the running statistics differ per rank: evaluate with their average.
@@ -685,10 +729,10 @@ int train(comm::World& world, Config cfg) {
         }
       }
     }
-    if (cfg.checkpoint_every == 0 && epoch_complete && !done) save(step, data::SamplerState{epoch, micro_per_epoch});
+    if (cfg.checkpoint_every == 0 && epoch_complete && !done) save(step, last_position);
   }
   if (src.train_loader) src.train_loader->stop();
-  save(step, src.train_loader ? src.train_loader->position() : data::SamplerState{0, 0});
+  if (step > first_step) save(step, last_position);  // a finished run relaunched writes nothing new
 
   // ---- summary
   const double elapsed = std::chrono::duration<double>(Clock::now() - run_start).count();
@@ -772,6 +816,9 @@ int main(int argc, char** argv) {
       ->capture_default_str()->check(CLI::IsMember({"auto", "bar", "lines"}));
   app.add_option("--log-jsonl", c.log_jsonl, "append one JSON object per log interval, eval and a summary");
   app.add_option("--trace", c.trace, "write a Chrome/Perfetto trace merged across ranks");
+  app.add_option("--trace-steps", c.trace_steps, "steps the trace covers (from the first)")->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--allow-shared-gpu", c.allow_shared_gpu, "allow more ranks per node than GPUs (ranks share GPUs)");
   app.add_flag("--check", c.check, "run the preflight doctor (ringtrain_env) first");
   app.add_option("--timeout", c.timeout, "seconds a step phase or collective may take before the job is aborted (0: off)")
       ->capture_default_str()->check(CLI::NonNegativeNumber);

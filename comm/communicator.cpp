@@ -44,7 +44,9 @@ void Communicator::free_comm() noexcept {
 }
 
 CommunicatorPtr make_communicator(Backend backend, MPI_Comm parent, const CommOptions& options) {
-  RT_CHECK(options.chunk_bytes >= 64, "CommOptions.chunk_bytes must be at least 64, got ", options.chunk_bytes);
+  RT_CHECK(options.chunk_bytes >= 64 && options.chunk_bytes <= (int64_t{1} << 30),
+           "chunk size (CommOptions.chunk_bytes, --chunk-bytes) must be between 64 bytes and 1 GiB, got ",
+           options.chunk_bytes);
   RT_CHECK(options.pipeline_depth >= 1, "CommOptions.pipeline_depth must be at least 1, got ",
            options.pipeline_depth);
   switch (backend) {

@@ -88,6 +88,17 @@ struct GradSync::State {
 
 // Collective: every rank compares its structure (and, without a broadcast, its values) with rank 0's.
 void GradSync::State::check_same_model() {
+  // On a private duplicate: the communicator's own thread may be running operations on its MPI
+  // communicator, and MPI forbids two threads using one communicator for collectives at once.
+  struct PrivateComm {
+    MPI_Comm c = MPI_COMM_NULL;
+    ~PrivateComm() {
+      if (c != MPI_COMM_NULL) MPI_Comm_free(&c);
+    }
+  } priv;
+  MPI_CHECK(MPI_Comm_dup(comm->mpi_comm(), &priv.c));
+  MPI_CHECK(MPI_Comm_set_errhandler(priv.c, MPI_ERRORS_RETURN));
+  const MPI_Comm check = priv.c;
   std::vector<std::string> lines;
   for (const auto& p : params) lines.push_back(structure_line("parameter", p.name, p.tensor));
   for (const auto& [name, t] : buffers) lines.push_back(structure_line("buffer", name, t));
@@ -95,10 +106,10 @@ void GradSync::State::check_same_model() {
   for (const auto& l : lines) mine += l + "\n";
   // Rank 0's structure text to everyone.
   int64_t length = static_cast<int64_t>(mine.size());
-  MPI_CHECK(MPI_Bcast(&length, 1, MPI_INT64_T, 0, comm->mpi_comm()));
+  MPI_CHECK(MPI_Bcast(&length, 1, MPI_INT64_T, 0, check));
   std::string root(static_cast<size_t>(length), '\0');
   if (comm->rank() == 0) root = mine;
-  MPI_CHECK(MPI_Bcast(root.data(), static_cast<int>(length), MPI_CHAR, 0, comm->mpi_comm()));
+  MPI_CHECK(MPI_Bcast(root.data(), static_cast<int>(length), MPI_CHAR, 0, check));
   std::string error;
   if (root != mine) {
     std::vector<std::string> theirs;
@@ -112,7 +123,7 @@ void GradSync::State::check_same_model() {
       error = detail::str_cat("the model has ", lines.size(), " parameters and buffers here but ", theirs.size(),
                               " on rank 0", i < lines.size() ? "; first extra: " + lines[i] : std::string());
   }
-  agree_or_throw(comm->mpi_comm(), error, "GradSync: the model check (every rank must build the same model)");
+  agree_or_throw(check, error, "GradSync: the model check (every rank must build the same model)");
 
   if (options.broadcast_parameters) {
     NoGradGuard no_grad;
@@ -133,7 +144,7 @@ void GradSync::State::check_same_model() {
     names.push_back("buffer '" + name + "'");
   }
   std::vector<uint64_t> root_prints = prints;
-  MPI_CHECK(MPI_Bcast(root_prints.data(), static_cast<int>(root_prints.size()), MPI_UINT64_T, 0, comm->mpi_comm()));
+  MPI_CHECK(MPI_Bcast(root_prints.data(), static_cast<int>(root_prints.size()), MPI_UINT64_T, 0, check));
   error.clear();
   for (size_t i = 0; i < prints.size(); ++i)
     if (prints[i] != root_prints[i]) {
@@ -141,7 +152,7 @@ void GradSync::State::check_same_model() {
                               "seed or checkpoint, or keep broadcast_parameters on)");
       break;
     }
-  agree_or_throw(comm->mpi_comm(), error, "GradSync: the weight check (every rank must start from rank 0's weights)");
+  agree_or_throw(check, error, "GradSync: the weight check (every rank must start from rank 0's weights)");
 }
 
 void GradSync::State::plan() {

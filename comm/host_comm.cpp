@@ -133,13 +133,33 @@ void HostCommunicator::loop() {
 
 WorkPtr HostCommunicator::submit(std::string what, std::function<void()> fn) {
   auto work = std::make_shared<TaskWork>();
-  auto task = [work, what = std::move(what), fn = std::move(fn), rank = rank_]() {
+  auto task = [this, work, what = std::move(what), fn = std::move(fn), rank = rank_]() {
+    auto fail = [&](const std::string& reason) {
+      // A failed operation may leave messages in flight: every later operation would mismatch them.
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (broken_.empty()) broken_ = what + ": " + reason;
+      }
+      work->complete(std::make_exception_ptr(Error(detail::str_cat(what, " failed on rank ", rank, ": ", reason))));
+    };
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      if (!broken_.empty()) {
+        const std::string earlier = broken_;
+        lock.unlock();
+        work->complete(std::make_exception_ptr(Error(detail::str_cat(
+            what, " on rank ", rank, ": the communicator is unusable after an earlier failure (", earlier, ")"))));
+        return;
+      }
+    }
     try {
       work->begin();
       fn();
       work->complete(nullptr);
     } catch (const std::exception& e) {
-      work->complete(std::make_exception_ptr(Error(detail::str_cat(what, " failed on rank ", rank, ": ", e.what()))));
+      fail(e.what());
+    } catch (...) {
+      fail("unknown exception");
     }
   };
   if (!threaded_) {
@@ -176,6 +196,7 @@ struct HostStage {
   // On the communication thread.
   void* begin() {
     if (!staged) return host.data_ptr();
+    set_current_device(device_tensor.device());  // the thread's copies and pinned memory on this GPU
     ready.synchronize();
     host = Tensor::empty_pinned(device_tensor.shape(), device_tensor.dtype());
     if (copy_in_) host.copy_(device_tensor);

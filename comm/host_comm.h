@@ -10,6 +10,7 @@
 #include <exception>
 #include <functional>
 #include <mutex>
+#include <string>
 #include <thread>
 
 #include "comm/communicator.h"
@@ -68,6 +69,7 @@ class HostCommunicator : public Communicator {
   std::condition_variable cv_;
   std::deque<std::function<void()>> queue_;
   bool stopping_ = false;
+  std::string broken_;  // set by the first failed operation (guarded by mutex_)
   std::thread thread_;
 };
 

@@ -30,22 +30,34 @@ namespace {
 // is not ready yet. Poll briefly, then yield between polls (other runnable threads go first), then
 // sleep with a growing pause (at most 100 us, well below the time a large chunk takes). MPI makes
 // progress, including the single-copy (CMA) transfers, inside MPI_Test.
-void wait_polite(MPI_Request* request) {
+// For receives, `expected_bytes` >= 0 checks the message's size: a shorter message means the ranks are
+// not running the same operation (different sizes or a different sequence), an error instead of
+// silently wrong data.
+void wait_polite(MPI_Request* request, int64_t expected_bytes = -1) {
   int done = 0;
+  MPI_Status status;
+  auto finished = [&] {
+    if (expected_bytes < 0) return;
+    int got = 0;
+    MPI_CHECK(MPI_Get_count(&status, MPI_BYTE, &got));
+    if (got != expected_bytes)
+      RT_THROW("ring: received ", got, " bytes from rank ", status.MPI_SOURCE, " where ", expected_bytes,
+               " were expected: the ranks are not running the same collective (sizes or order differ)");
+  };
   for (int i = 0; i < 64; ++i) {
-    MPI_CHECK(MPI_Test(request, &done, MPI_STATUS_IGNORE));
-    if (done) return;
+    MPI_CHECK(MPI_Test(request, &done, &status));
+    if (done) return finished();
   }
   for (int i = 0; i < 256; ++i) {
     std::this_thread::yield();
-    MPI_CHECK(MPI_Test(request, &done, MPI_STATUS_IGNORE));
-    if (done) return;
+    MPI_CHECK(MPI_Test(request, &done, &status));
+    if (done) return finished();
   }
   auto pause = std::chrono::microseconds(10);
   for (;;) {
     std::this_thread::sleep_for(pause);
-    MPI_CHECK(MPI_Test(request, &done, MPI_STATUS_IGNORE));
-    if (done) return;
+    MPI_CHECK(MPI_Test(request, &done, &status));
+    if (done) return finished();
     pause = std::min(pause * 2, std::chrono::microseconds(100));
   }
 }
@@ -164,8 +176,8 @@ class RingCommunicator final : public HostCommunicator {
     for (size_t i = 0; i < recvs.size() && i < static_cast<size_t>(depth); ++i) post(i);
     for (size_t i = 0; i < recvs.size(); ++i) {
       const int slot = static_cast<int>(i % depth);
-      wait_polite(&recv_req[slot]);
       const Piece& p = recvs[i];
+      wait_polite(&recv_req[slot], p.length * es);
       reduce_sum_into(data + p.offset * es, staging_.data() + slot * ce * es, p.length, dtype);
       if (i + depth < recvs.size()) post(i + depth);
       if (p.step + 2 < n) {
@@ -177,8 +189,8 @@ class RingCommunicator final : public HostCommunicator {
       if (gather) isend(data, p, es, ag_tag0);
     }
     for (size_t i = 0; i < gathers.size(); ++i) {
-      wait_polite(&gather_req[i]);
       const Piece& p = gathers[i];
+      wait_polite(&gather_req[i], p.length * es);
       if (p.step + 2 < n) isend(data, p, es, ag_tag0 + p.step + 1);
     }
     wait_sends();
@@ -200,8 +212,8 @@ class RingCommunicator final : public HostCommunicator {
     sends_.clear();
     for (const Piece& p : first) isend(data, p, es, tag0);
     for (size_t i = 0; i < recvs.size(); ++i) {
-      wait_polite(&recv_req[i]);
       const Piece& p = recvs[i];
+      wait_polite(&recv_req[i], p.length * es);
       if (p.step + 2 < n) isend(data, p, es, tag0 + p.step + 1);
     }
     wait_sends();

@@ -22,8 +22,8 @@ class CommSum final : public CrossReplicaSum {
  public:
   explicit CommSum(CommunicatorPtr comm) : comm_(std::move(comm)) {}
   Tensor sum(const Tensor& local) override { return all_reduce_sum(comm_, local); }
-  double sum_count(double local) override {
-    Tensor t = Tensor::scalar(local, DType::F64);
+  double sum_count(double local, Device device) override {
+    Tensor t = Tensor::scalar(local, DType::F64, device);
     comm_->all_reduce(t, ReduceOp::Sum);
     return t.item();
   }

@@ -116,7 +116,8 @@ DeviceBinding World::bind(Device want, int threads, bool allow_shared_gpu) const
              cuda_status().reason, "); use --device cpu");
   if (local_size_ > count && !allow_shared_gpu)
     RT_THROW("rank ", rank_, " on ", host(), ": ", local_size_, " ranks on this node but only ", count,
-             " GPU(s); start at most ", count, " ranks per node, or allow sharing GPUs (--allow-shared-gpu)");
+             " GPU(s); start at most ", count, " ranks per node, or allow ranks to share GPUs (train_resnet ",
+             "--allow-shared-gpu; World::bind(..., allow_shared_gpu = true))");
   b.device = Device::cuda(local_rank_ % count);
   set_current_device(b.device);
   b.description = detail::str_cat("rank ", rank_, " -> ", b.device.str(), " (local rank ", local_rank_, " of ",
@@ -146,6 +147,10 @@ int run_main(int argc, char** argv, const std::function<int(World&)>& fn) {
   } catch (const std::exception& e) {
     if (world) world->abort(e.what());
     std::fprintf(stderr, "ringtrain: %s\n", e.what());
+    return 1;
+  } catch (...) {
+    if (world) world->abort("an unknown exception (not derived from std::exception) escaped");
+    std::fprintf(stderr, "ringtrain: an unknown exception escaped\n");
     return 1;
   }
 }

@@ -16,7 +16,9 @@ class CrossReplicaSum {
  public:
   virtual ~CrossReplicaSum() = default;
   virtual Tensor sum(const Tensor& local) = 0;
-  virtual double sum_count(double local) = 0;
+  // The total element count; `device` is where the statistics live (some communicators take only
+  // tensors of their device).
+  virtual double sum_count(double local, Device device) = 0;
 };
 
 class BatchNorm2d : public Module {

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # resume_exact.sh BUILD_DIR WORK_DIR: a 2-rank CPU run of 6 steps with a checkpoint every 3, and a second
 # run resumed from the step-3 checkpoint, must end with bitwise identical parameters and optimizer
-# state. Also checks the JSONL schema, the merged trace, and that a resume at a different global batch
-# is refused.
+# state. Also checks the JSONL schema, the merged trace, that a resume at a different global batch is
+# refused, and that one at the same global batch on another world size continues at the right sample.
 set -euo pipefail
 build=$1; work=$2
 rm -rf "$work"; mkdir -p "$work"
@@ -41,3 +41,9 @@ if out=$("${mpi[@]}" "$build/train_resnet" "${common[@]}" -b 4 --resume "$work/a
 fi
 echo "$out" | grep -q "resume with the same global batch" || { echo "FAIL: unexpected error: $out"; exit 1; }
 echo "resume at another global batch refused"
+# Another world size at the same global batch: 1 rank x 8 x accum 2 continues 2 ranks x 8.
+out=$(mpirun -np 1 --allow-run-as-root "$build/train_resnet" "${common[@]}" -b 8 --accum-steps 2 \
+      --checkpoint-dir "$work/c" --resume "$work/a/ckpt-step00000003.h5")
+echo "$out" | grep -q "resumed from .*: step 3, epoch 0, batch 6" || { echo "FAIL: position not converted: $out"; exit 1; }
+echo "$out" | grep -q "done: 6 steps" || { echo "FAIL: resumed 1-rank run did not finish: $out"; exit 1; }
+echo "resume on 1 rank with accumulation ok"
