@@ -47,3 +47,8 @@ out=$(mpirun -np 1 --allow-run-as-root "$build/train_resnet" "${common[@]}" -b 8
 echo "$out" | grep -q "resumed from .*: step 3, epoch 0, batch 6" || { echo "FAIL: position not converted: $out"; exit 1; }
 echo "$out" | grep -q "done: 6 steps" || { echo "FAIL: resumed 1-rank run did not finish: $out"; exit 1; }
 echo "resume on 1 rank with accumulation ok"
+# --resume auto picks the newest checkpoint; relaunching a finished run trains nothing and overwrites nothing.
+out=$("${mpi[@]}" "$build/train_resnet" "${common[@]}" -b 8 --checkpoint-dir "$work/a" --resume auto)
+echo "$out" | grep -q "resumed from .*ckpt-step00000006.h5: step 6" || { echo "FAIL: --resume auto: $out"; exit 1; }
+"$build/tests/compare_checkpoints" "$work/a/ckpt-step00000006.h5" "$work/b/ckpt-step00000006.h5" > /dev/null
+echo "resume auto ok"
