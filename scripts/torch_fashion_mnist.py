@@ -22,7 +22,7 @@ def idx(name):
     raw = gzip.open(path + ".gz").read() if os.path.exists(path + ".gz") else open(path, "rb").read()
     ndim = raw[3]
     dims = [int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim)]
-    return np.frombuffer(raw, np.uint8, offset=4 + 4 * ndim).reshape(dims)
+    return np.frombuffer(raw, np.uint8, offset=4 + 4 * ndim).reshape(dims).copy()
 
 
 xtr, ytr = idx("train-images-idx3-ubyte"), idx("train-labels-idx1-ubyte")
