@@ -110,29 +110,10 @@ std::string host_report(const comm::World& world) {
   return text;
 }
 
-// Every rank's string, on rank 0 (empty elsewhere).
-std::vector<std::string> gather_strings(const comm::World& world, const std::string& mine) {
-  int length = static_cast<int>(mine.size());
-  std::vector<int> lengths(world.size()), displs(world.size(), 0);
-  MPI_CHECK(MPI_Gather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, 0, world.comm()));
-  int total = 0;
-  for (int r = 0; r < world.size(); ++r) {
-    displs[r] = total;
-    total += world.is_root() ? lengths[r] : 0;
-  }
-  std::vector<char> all(static_cast<size_t>(std::max(total, 1)));
-  MPI_CHECK(MPI_Gatherv(mine.data(), length, MPI_CHAR, all.data(), lengths.data(), displs.data(), MPI_CHAR, 0,
-                        world.comm()));
-  std::vector<std::string> out;
-  if (world.is_root())
-    for (int r = 0; r < world.size(); ++r) out.emplace_back(all.data() + displs[r], static_cast<size_t>(lengths[r]));
-  return out;
-}
-
 // One check: every rank reports "" (pass) or a reason; rank 0 prints PASS/FAIL naming failing ranks.
 bool report(const comm::World& world, const std::string& name, const std::string& local_failure,
             const std::string& pass_detail) {
-  const auto all = gather_strings(world, local_failure);
+  const auto all = comm::gather_strings(world.comm(), local_failure);
   int ok = local_failure.empty() ? 1 : 0;
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, world.comm()));
   if (world.is_root()) {
@@ -174,11 +155,11 @@ int main(int argc, char** argv) {
     const CudaStatus& cuda = cuda_status();
 
     // ---- facts
-    const auto hosts = gather_strings(world, world.local_rank() == 0 ? host_report(world) : "");
+    const auto hosts = comm::gather_strings(world.comm(), world.local_rank() == 0 ? host_report(world) : "");
     std::string versions = library_versions();
     if (const char* fake = std::getenv("RINGTRAIN_FAKE_BUILD")) versions += detail::str_cat(" [", fake, "]");  // tests
     const std::string device = cuda.device_count > 0 ? Device::cuda(world.local_rank() % cuda.device_count).str() : "cpu";
-    const auto map = gather_strings(world, detail::str_cat(world.host(), " -> ", device, ", ", cpu.threads, " CPU threads"));
+    const auto map = comm::gather_strings(world.comm(), detail::str_cat(world.host(), " -> ", device, ", ", cpu.threads, " CPU threads"));
     if (world.is_root()) {
       std::printf("%s\n", versions.c_str());
       std::printf("cpu: %d threads for this process (%d cores available, %d local ranks)\n", num_threads(),

@@ -130,23 +130,12 @@ class Trace {
   void write(const comm::World& world, const std::string& path) {
     if (!on_) return;
     for (auto& e : events_) e["pid"] = world.rank();
-    const std::string mine = events_.dump();
-    int length = static_cast<int>(mine.size());
-    std::vector<int> lengths(world.size()), displs(world.size(), 0);
-    MPI_CHECK(MPI_Gather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, 0, world.comm()));
-    int total = 0;
-    for (int r = 0; r < world.size(); ++r) {
-      displs[r] = total;
-      total += world.is_root() ? lengths[r] : 0;
-    }
-    std::vector<char> all(world.is_root() ? total : 0);
-    MPI_CHECK(MPI_Gatherv(mine.data(), length, MPI_CHAR, all.data(), lengths.data(), displs.data(), MPI_CHAR, 0,
-                          world.comm()));
+    const std::vector<std::string> all = comm::gather_strings(world.comm(), events_.dump());
     if (!world.is_root()) return;
     json merged = json::array();
     for (int r = 0; r < world.size(); ++r) {
       merged.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", r}, {"args", {{"name", "rank " + std::to_string(r) + " (" + world.hosts()[r] + ")"}}}});
-      for (auto& e : json::parse(all.begin() + displs[r], all.begin() + displs[r] + lengths[r])) merged.push_back(e);
+      for (auto& e : json::parse(all[r])) merged.push_back(e);
     }
     std::ofstream out(path);
     RT_CHECK(out.good(), "--trace: cannot write '", path, "'");

@@ -2,6 +2,7 @@
 // collective verdict (agree_or_throw).
 #include "comm/communicator.h"
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -55,6 +56,26 @@ CommunicatorPtr make_communicator(Backend backend, MPI_Comm parent, const CommOp
     case Backend::Nccl: return make_nccl_communicator(parent, options);
   }
   RT_THROW("make_communicator: bad backend");
+}
+
+std::vector<std::string> gather_strings(MPI_Comm comm, const std::string& mine, int root) {
+  int size = 1, rank = 0;
+  MPI_CHECK(MPI_Comm_size(comm, &size));
+  MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  const int length = static_cast<int>(mine.size());
+  std::vector<int> lengths(size), displs(size, 0);
+  MPI_CHECK(MPI_Gather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, root, comm));
+  int total = 0;
+  for (int r = 0; r < size; ++r) {
+    displs[r] = total;
+    total += rank == root ? lengths[r] : 0;
+  }
+  std::vector<char> all(static_cast<size_t>(std::max(total, 1)));
+  MPI_CHECK(MPI_Gatherv(mine.data(), length, MPI_CHAR, all.data(), lengths.data(), displs.data(), MPI_CHAR, root, comm));
+  std::vector<std::string> out;
+  if (rank == root)
+    for (int r = 0; r < size; ++r) out.emplace_back(all.data() + displs[r], static_cast<size_t>(lengths[r]));
+  return out;
 }
 
 void agree_or_throw(MPI_Comm comm, const std::string& local_error, const std::string& what) {

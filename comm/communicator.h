@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/check.h"
 #include "core/tensor.h"
@@ -101,6 +102,9 @@ CommunicatorPtr make_communicator(Backend backend, MPI_Comm parent = MPI_COMM_WO
 
 // Shape/dtype/count checks shared by the backends; errors name the operation, tensor and rank.
 void check_collective_tensor(const char* op, const Tensor& t, int rank);
+
+// Collective over `comm`: every rank's string, in rank order, on `root` (an empty vector elsewhere).
+std::vector<std::string> gather_strings(MPI_Comm comm, const std::string& mine, int root = 0);
 
 // An error every rank raises identically (a collective verdict): run_main prints it once, from rank 0.
 class CollectiveError : public ::ringtrain::Error {
