@@ -239,12 +239,7 @@ EvalResult evaluate(ResNet& model, Source& src, const comm::World& world, int64_
   if (!src.test) return r;
   model.eval();
   NoGradGuard no_grad;
-  const auto indices = data::eval_indices(src.test->size(), world.rank(), world.size());
-  std::vector<std::vector<int64_t>> batches;
-  for (size_t i = 0; i < indices.size(); i += static_cast<size_t>(batch))
-    batches.emplace_back(indices.begin() + static_cast<std::ptrdiff_t>(i),
-                         indices.begin() + static_cast<std::ptrdiff_t>(std::min(indices.size(), i + static_cast<size_t>(batch))));
-  src.test_loader->start(batches, 0);
+  src.test_loader->start(data::eval_batches(src.test->size(), world.rank(), world.size(), batch), 0);
   double sums[4] = {0, 0, 0, 0};  // top1, top5, loss, count
   CrossEntropyLoss loss_fn(label_smoothing);
   while (auto b = src.test_loader->next()) {
@@ -536,6 +531,17 @@ int train(comm::World& world, Config cfg) {
       jsonl.flush();
     }
   };
+  {  // what scripts/scaling_model.py needs besides the timings: the run's shape and its bucket plan
+    json buckets = json::array();
+    int64_t params = 0;
+    for (const auto& b : sync.buckets()) {
+      buckets.push_back({{"bytes", b.bytes}, {"numel", b.numel}, {"parameters", b.parameters.size()}});
+      params += b.numel;
+    }
+    log({{"type", "plan"}, {"world_size", world.size()}, {"nodes", world.num_nodes()}, {"arch", cfg.arch},
+         {"batch_size", cfg.batch}, {"accum_steps", cfg.accum}, {"global_batch", global_batch}, {"backend", backend},
+         {"device", binding.device.str()}, {"threads", binding.threads}, {"params", params}, {"buckets", buckets}});
+  }
 
   Trace trace(!cfg.trace.empty(), first_trace_step_limit(cfg));
   // A redrawn bar on a terminal, plain lines otherwise. Under mpirun rank 0's stdout is a pseudo-terminal
@@ -563,8 +569,14 @@ int train(comm::World& world, Config cfg) {
   };
 
   // ---- the loop
-  std::vector<double> step_times;
+  std::vector<double> step_times;  // every optimizer step's wall time, for the summary's median
+  Clock::time_point step_begin;
   double interval[6] = {0, 0, 0, 0, 0, 0};  // data, forward, backward, exposed comm, optimizer, loss sum
+  // For the summary: the same breakdown summed over every step but the run's first (allocations, caches),
+  // and per bucket the time from the last micro-batch's backward start to its launch and its all-reduce.
+  double breakdown[5] = {0, 0, 0, 0, 0}, step_breakdown[5] = {0, 0, 0, 0, 0};
+  std::vector<double> bucket_ready(sync.buckets().size(), 0.0), bucket_allreduce(sync.buckets().size(), 0.0);
+  int64_t breakdown_steps = 0;
   int64_t interval_steps = 0, images_total = 0;
   double last_loss = 0;
   EvalResult last_eval;
@@ -593,6 +605,7 @@ int train(comm::World& world, Config cfg) {
     sync.zero_grad();
     for (;;) {
       const auto t0 = Clock::now();
+      if (in_accum == 0) step_begin = t0;
       dog.phase("data loading", step);
       Tensor images, labels;
       if (micro >= micro_limit) break;
@@ -626,6 +639,9 @@ int train(comm::World& world, Config cfg) {
       interval[0] += std::chrono::duration<double>(t1 - t0).count();
       interval[1] += std::chrono::duration<double>(t2 - t1).count();
       interval[2] += std::chrono::duration<double>(t3 - t2).count();
+      step_breakdown[0] += std::chrono::duration<double>(t1 - t0).count();
+      step_breakdown[1] += std::chrono::duration<double>(t2 - t1).count();
+      step_breakdown[2] += std::chrono::duration<double>(t3 - t2).count();
       interval[5] += loss_value / static_cast<double>(cfg.accum);
       trace.span("data_wait", t0, t1, step);
       trace.span("forward", t1, t2, step);
@@ -656,6 +672,18 @@ int train(comm::World& world, Config cfg) {
       trace.span("optimizer", t4, t5, step - 1);
       interval[3] += std::chrono::duration<double>(t4 - t3).count();
       interval[4] += std::chrono::duration<double>(t5 - t4).count();
+      step_breakdown[3] = std::chrono::duration<double>(t4 - t3).count();
+      step_breakdown[4] = std::chrono::duration<double>(t5 - t4).count();
+      step_times.push_back(std::chrono::duration<double>(t5 - step_begin).count());
+      if (step > first_step + 1 || total_steps - first_step == 1) {
+        for (int i = 0; i < 5; ++i) breakdown[i] += step_breakdown[i];
+        for (const auto& b : sync.last_bucket_timings()) {
+          bucket_ready[static_cast<size_t>(b.bucket)] += std::chrono::duration<double>(b.launched - t2).count();
+          bucket_allreduce[static_cast<size_t>(b.bucket)] += std::chrono::duration<double>(b.end - b.begin).count();
+        }
+        ++breakdown_steps;
+      }
+      std::fill(std::begin(step_breakdown), std::end(step_breakdown), 0.0);
       ++interval_steps;
       images_total += global_batch;
       last_loss = loss_value;
@@ -670,7 +698,6 @@ int train(comm::World& world, Config cfg) {
         const double seconds = std::chrono::duration<double>(Clock::now() - interval_start).count();
         const double img_s = static_cast<double>(interval_steps * global_batch) / seconds;
         const double eta = static_cast<double>(total_steps - step) * seconds / static_cast<double>(interval_steps);
-        step_times.push_back(seconds / static_cast<double>(interval_steps));
         if (root) {
           const int64_t in_epoch = (step - 1) % steps_per_epoch + 1;
           if (tty) {  // the bar
@@ -739,6 +766,14 @@ int train(comm::World& world, Config cfg) {
     json summary{{"type", "summary"}, {"train_loss", last_loss}, {"img_per_s", static_cast<double>(images_total) / elapsed},
                  {"median_step_s", sorted.empty() ? 0.0 : sorted[sorted.size() / 2]}, {"peak_mem_bytes", peak},
                  {"world_size", world.size()}, {"steps", step}, {"elapsed_s", elapsed}};
+    const double n = static_cast<double>(std::max<int64_t>(1, breakdown_steps));
+    summary["breakdown_s"] = {{"data_wait", breakdown[0] / n}, {"forward", breakdown[1] / n}, {"backward", breakdown[2] / n},
+                              {"exposed_comm", breakdown[3] / n}, {"optimizer", breakdown[4] / n}};
+    json buckets = json::array();
+    for (size_t i = 0; i < bucket_ready.size(); ++i)
+      buckets.push_back({{"bytes", sync.buckets()[i].bytes}, {"ready_s", bucket_ready[i] / n}, {"allreduce_s", bucket_allreduce[i] / n}});
+    summary["buckets"] = buckets;
+    summary["breakdown_steps"] = breakdown_steps;
     if (evaluated) {
       summary["test_top1"] = last_eval.top1;
       summary["test_top5"] = last_eval.top5;

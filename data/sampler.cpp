@@ -110,4 +110,14 @@ std::vector<int64_t> eval_indices(int64_t dataset_size, int rank, int world_size
   return out;
 }
 
+std::vector<std::vector<int64_t>> eval_batches(int64_t dataset_size, int rank, int world_size, int64_t batch) {
+  RT_CHECK(batch >= 1, "eval_batches: batch must be at least 1 (got ", batch, ")");
+  const std::vector<int64_t> indices = eval_indices(dataset_size, rank, world_size);
+  std::vector<std::vector<int64_t>> batches;
+  for (size_t i = 0; i < indices.size(); i += static_cast<size_t>(batch))
+    batches.emplace_back(indices.begin() + static_cast<std::ptrdiff_t>(i),
+                         indices.begin() + static_cast<std::ptrdiff_t>(std::min(indices.size(), i + static_cast<size_t>(batch))));
+  return batches;
+}
+
 }  // namespace ringtrain::data

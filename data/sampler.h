@@ -58,5 +58,7 @@ class DistributedSampler {
 // Evaluation: every sample exactly once across ranks. Rank r gets a contiguous block of
 // ceil(N / world) slots; slots past the end are padding (index -1) and must be masked out of metrics.
 std::vector<int64_t> eval_indices(int64_t dataset_size, int rank, int world_size);
+// The same slots cut into batches of at most `batch` (for Loader::start).
+std::vector<std::vector<int64_t>> eval_batches(int64_t dataset_size, int rank, int world_size, int64_t batch);
 
 }  // namespace ringtrain::data

@@ -22,7 +22,17 @@ for key in ("train_loss", "test_top1", "test_top5", "img_per_s", "median_step_s"
     assert key in s, f"summary lacks {key}: {s}"
 assert 0 <= s["test_top1"] <= s["test_top5"] <= 1 and s["world_size"] == 2 and s["steps"] == 6, s
 train = [r for r in records if r["type"] == "train"]
-assert train and all(set(r["time"]) == {"data_wait", "forward", "backward", "exposed_comm", "optimizer"} for r in train)
+parts = {"data_wait", "forward", "backward", "exposed_comm", "optimizer"}
+assert train and all(set(r["time"]) == parts for r in train)
+# What scripts/scaling.py and scripts/scaling_model.py read: the plan first, the summary's breakdown and buckets.
+plan = records[0]
+assert plan["type"] == "plan" and plan["world_size"] == 2 and plan["global_batch"] == 16, plan
+assert plan["buckets"] and sum(b["numel"] for b in plan["buckets"]) == plan["params"] > 0, plan
+assert set(s["breakdown_s"]) == parts and s["breakdown_steps"] == 5 and s["breakdown_s"]["backward"] > 0, s
+assert [b["bytes"] for b in s["buckets"]] == [b["bytes"] for b in plan["buckets"]], s
+ready = [b["ready_s"] for b in s["buckets"]]
+assert all(0 <= r <= s["breakdown_s"]["backward"] * 1.5 for r in ready) and ready == sorted(ready), (ready, s)
+assert 0 < s["median_step_s"] < s["elapsed_s"], s
 print("jsonl schema ok:", len(records), "records")
 PY
 python3 - "$work/a.trace.json" <<'PY'

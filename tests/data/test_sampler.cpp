@@ -126,5 +126,20 @@ TEST(Sampler, EvaluationCoversEverySampleOnceWithMaskedPadding) {
   }
 }
 
+TEST(Sampler, EvaluationBatchesCutTheRankSlotsInOrder) {
+  // 10 samples on 3 ranks: 4 slots each; batches of 3 give sizes 3 and 1, the last rank's padded.
+  for (int r = 0; r < 3; ++r) {
+    const auto batches = eval_batches(10, r, 3, 3);
+    ASSERT_EQ(batches.size(), 2u);
+    EXPECT_EQ(batches[0].size(), 3u);
+    EXPECT_EQ(batches[1].size(), 1u);
+    std::vector<int64_t> joined = batches[0];
+    joined.push_back(batches[1][0]);
+    EXPECT_EQ(joined, eval_indices(10, r, 3));
+  }
+  EXPECT_TRUE(eval_batches(0, 0, 1, 4).empty());
+  EXPECT_THROW(eval_batches(10, 0, 1, 0), Error);
+}
+
 }  // namespace
 }  // namespace ringtrain::data
