@@ -17,7 +17,7 @@ packages=(
   libgtest-dev libgmock-dev
   libcli11-dev nlohmann-json3-dev libfmt-dev
   zlib1g-dev libjpeg62-turbo-dev libpng-dev
-  python3 python3-torch python3-torchvision python3-h5py
+  python3 python3-torch python3-torchvision python3-h5py python3-matplotlib
   dataset-fashion-mnist
 )
 missing=()
