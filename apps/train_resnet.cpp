@@ -27,6 +27,7 @@
 #include "core/autograd.h"
 #include "core/check.h"
 #include "core/checkpoint.h"
+#include "core/gpu_monitor.h"
 #include "core/ops.h"
 #include "core/optim/optimizer.h"
 #include "core/parallel.h"
@@ -543,6 +544,37 @@ int train(comm::World& world, Config cfg) {
          {"device", binding.device.str()}, {"threads", binding.threads}, {"params", params}, {"buckets", buckets}});
   }
 
+  // GPU telemetry (NVML, loaded at run time; skipped when absent): with --log-jsonl on CUDA, one "gpu"
+  // record per logged interval holding every rank's reading.
+  std::unique_ptr<GpuMonitor> gpu_monitor;
+  const bool gpu_samples = device.is_cuda() && !cfg.log_jsonl.empty();
+  if (gpu_samples) {
+    const auto& infos = cuda_status().devices;
+    const auto at = static_cast<size_t>(device.index);
+    gpu_monitor = std::make_unique<GpuMonitor>(at < infos.size() ? infos[at].pci_bus_id : "", device.index);
+    if (root && !gpu_monitor->available()) std::printf("GPU telemetry off: %s\n", gpu_monitor->reason().c_str());
+  }
+  auto log_gpu = [&](int64_t at_step) {
+    double mine[6] = {0, 0, 0, 0, 0, 0};  // valid, utilisation, memory used, memory total, temperature, power
+    if (gpu_monitor) {
+      if (auto g = gpu_monitor->sample()) {
+        const double values[6] = {1, g->util_pct, g->mem_used_bytes, g->mem_total_bytes, g->temperature_c, g->power_w};
+        std::copy(std::begin(values), std::end(values), mine);
+      }
+    }
+    std::vector<double> all(root ? 6 * static_cast<size_t>(world.size()) : 0);
+    MPI_CHECK(MPI_Gather(mine, 6, MPI_DOUBLE, all.data(), 6, MPI_DOUBLE, 0, world.comm()));
+    if (!root) return;
+    json samples = json::array();
+    for (int r = 0; r < world.size(); ++r) {
+      const double* v = all.data() + 6 * static_cast<size_t>(r);
+      if (v[0] > 0)
+        samples.push_back({{"rank", r}, {"util_pct", v[1]}, {"mem_used_bytes", v[2]}, {"mem_total_bytes", v[3]},
+                           {"temperature_c", v[4]}, {"power_w", v[5]}});
+    }
+    if (!samples.empty()) log({{"type", "gpu"}, {"step", at_step}, {"samples", samples}});
+  };
+
   Trace trace(!cfg.trace.empty(), first_trace_step_limit(cfg));
   // A redrawn bar on a terminal, plain lines otherwise. Under mpirun rank 0's stdout is a pseudo-terminal
   // even when mpirun's own output goes to a file, so --progress auto uses lines there. Every rank must
@@ -720,6 +752,7 @@ int train(comm::World& world, Config cfg) {
                {"time", {{"data_wait", interval[0] / n}, {"forward", interval[1] / n}, {"backward", interval[2] / n},
                          {"exposed_comm", interval[3] / n}, {"optimizer", interval[4] / n}}}});
         }
+        if (gpu_samples) log_gpu(step);
         std::fill(std::begin(interval), std::end(interval), 0.0);
         interval_steps = 0;
         interval_start = Clock::now();

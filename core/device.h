@@ -37,6 +37,7 @@ struct CudaDeviceInfo {
   int64_t total_memory_bytes = 0;
   int compute_major = 0, compute_minor = 0;
   int multiprocessors = 0;
+  std::string pci_bus_id;  // "0000:65:00.0": how NVML (GPU telemetry) finds the same device
 };
 
 struct CudaStatus {

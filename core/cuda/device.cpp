@@ -123,6 +123,9 @@ CudaStatus query_cuda_status() {
       info.compute_major = prop.major;
       info.compute_minor = prop.minor;
       info.multiprocessors = prop.multiProcessorCount;
+      char bus_id[32] = {0};
+      if (cudaDeviceGetPCIBusId(bus_id, sizeof bus_id, i) == cudaSuccess) info.pci_bus_id = bus_id;
+      cudaGetLastError();
     } else {
       info.name = std::string("<properties unavailable: ") + cudaGetErrorString(prop_error) + ">";
       cudaGetLastError();
