@@ -66,12 +66,15 @@ int main(int argc, char** argv) {
         loss_sum += loss.item();
         ++batches;
       }
-      // Exact test accuracy: each rank scores its share of the test split, the counts are summed.
+      // Exact test accuracy of one model: BatchNorm running statistics (per rank) are averaged, each rank
+      // scores its share of the test split (padding slots past `valid` are not scored), counts are summed.
+      sync.average_buffers();
       net->eval();
       NoGradGuard no_grad;
       test_loader.start(data::eval_batches(test.size(), world.rank(), world.size(), batch), epoch);
       double counts[2] = {0, 0};  // correct, seen
       while (auto b = test_loader.next()) {
+        if (b->valid == 0) continue;
         Tensor predicted = argmax((*net)(b->images.slice(0, b->valid)), 1);
         counts[0] += sum(eq(predicted, b->labels.slice(0, b->valid)).to(DType::F64)).item();
         counts[1] += static_cast<double>(b->valid);
