@@ -39,7 +39,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BREAKDOWN = ["data_wait", "forward", "backward", "exposed_comm", "optimizer"]
-FIELDS = ["mode", "arch", "backend", "ranks", "nodes", "batch_per_rank", "global_batch", "threads", "steps",
+FIELDS = ["mode", "arch", "backend", "ranks", "nodes", "batch_per_rank", "global_batch", "threads", "steps", "repeats",
           "median_step_s", "img_per_s", "efficiency", "ideal_img_per_s"] + [f"{k}_s" for k in BREAKDOWN] + \
          ["peak_mem_bytes", "status", "jsonl", "command"]
 
@@ -87,10 +87,12 @@ def parse_args(argv):
     p.add_argument("--timeout", type=int, default=900, help="seconds per run before it is killed (default 900)")
     p.add_argument("--allreduce-bench", action="store_true",
                    help="also run allreduce_bench per world size and check scripts/scaling_model.py against the runs")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="run every configuration this many times, interleaved, and report the median run (noisy machines)")
     p.add_argument("--force", action="store_true", help="rerun runs whose results exist")
     p.add_argument("--no-plots", action="store_true")
     a = p.parse_args(argv)
-    for name in ("batch", "global_batch", "steps", "threads", "timeout"):
+    for name in ("batch", "global_batch", "steps", "threads", "timeout", "repeats"):
         if getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(a, name)})")
     if a.data and not Path(a.data).is_dir():
@@ -142,9 +144,9 @@ def read_run(path):
     return plan, summary
 
 
-def run_one(a, mode, arch, backend, n, runs_dir):
+def run_one(a, mode, arch, backend, n, runs_dir, rep):
     batch = a.batch if mode == "weak" else a.global_batch // n
-    name = f"{mode}-{arch}-{backend}-np{n}"
+    name = f"{mode}-{arch}-{backend}-np{n}" + (f"-r{rep}" if a.repeats > 1 else "")
     jsonl = runs_dir / f"{name}.jsonl"
     cmd = launcher(a, n) + [str(a.build / "train_resnet"), "-a", arch, "-b", str(batch), "--steps", str(a.steps),
                             "--threads", str(a.threads), "--backend", backend, "--device", a.device,
@@ -154,7 +156,7 @@ def run_one(a, mode, arch, backend, n, runs_dir):
     command_text = shlex.join(cmd)
     stamp = runs_dir / f"{name}.cmd"
     row = {"mode": mode, "arch": arch, "backend": backend, "ranks": n, "batch_per_rank": batch, "global_batch": batch * n,
-           "threads": a.threads, "steps": a.steps, "jsonl": str(jsonl), "command": command_text}
+           "threads": a.threads, "steps": a.steps, "repeats": 1, "jsonl": str(jsonl), "command": command_text}
     reuse = not a.force and jsonl.exists() and stamp.exists() and stamp.read_text() == command_text
     if reuse:
         try:
@@ -192,6 +194,15 @@ def run_one(a, mode, arch, backend, n, runs_dir):
         row[f"{k}_s"] = summary.get("breakdown_s", {}).get(k, "")
     print(f"  {name}: median step {median:.4f} s, {row['img_per_s']:.1f} img/s", flush=True)
     return row
+
+
+def median_run(reps):
+    """The run with the median step time (its breakdown and memory come with it); failed if any failed."""
+    failed = [r for r in reps if r["status"] != "ok"]
+    if failed:
+        return failed[0]
+    ordered = sorted(reps, key=lambda r: r["median_step_s"])
+    return dict(ordered[(len(ordered) - 1) // 2], repeats=len(reps))
 
 
 def add_efficiency(rows):
@@ -302,12 +313,12 @@ def main(argv):
     runs_dir = a.out / "runs"
     runs_dir.mkdir(parents=True, exist_ok=True)
     modes = ["weak", "strong"] if a.mode == "both" else [a.mode]
-    rows = []
-    for mode in modes:
-        for arch in a.arch:
-            for backend in a.backend:
-                for n in a.ranks:
-                    rows.append(run_one(a, mode, arch, backend, n, runs_dir))
+    configs = [(mode, arch, backend, n) for mode in modes for arch in a.arch for backend in a.backend for n in a.ranks]
+    runs = {c: [] for c in configs}
+    for rep in range(a.repeats):  # interleaved, so a slow spell of a shared machine hits every configuration
+        for c in configs:
+            runs[c].append(run_one(a, *c, runs_dir, rep))
+    rows = [median_run(runs[c]) for c in configs]
     series = add_efficiency(rows)
     with open(a.out / "scaling.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")

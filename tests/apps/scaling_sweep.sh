@@ -5,7 +5,7 @@
 set -euo pipefail
 build=$1; work=$2; src=$3
 rm -rf "$work"
-/usr/bin/python3 "$src/scripts/scaling.py" --out "$work" --build "$build" --ranks 1,2 --steps 6 --batch 8 \
+/usr/bin/python3 "$src/scripts/scaling.py" --out "$work" --build "$build" --ranks 1,2 --steps 6 --batch 8 --repeats 2 \
   --extra "--image-size 16" --allreduce-bench
 /usr/bin/python3 - "$work" <<'PY'
 import csv, sys
@@ -14,7 +14,7 @@ out = Path(sys.argv[1])
 rows = list(csv.DictReader(open(out / "scaling.csv")))
 assert [(r["ranks"], r["status"]) for r in rows] == [("1", "ok"), ("2", "ok")], rows
 for r in rows:
-    assert float(r["median_step_s"]) > 0 and float(r["img_per_s"]) > 0, r
+    assert float(r["median_step_s"]) > 0 and float(r["img_per_s"]) > 0 and r["repeats"] == "2", r
     assert 0 < float(r["efficiency"]) <= 1.5, r
     assert sum(float(r[k + "_s"]) for k in ("forward", "backward", "optimizer")) > 0, r
 assert float(rows[0]["efficiency"]) == 1.0 and rows[1]["global_batch"] == "16", rows
