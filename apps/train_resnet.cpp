@@ -794,14 +794,26 @@ int train(comm::World& world, Config cfg) {
   std::sort(sorted.begin(), sorted.end());
   double peak = peak_rss_bytes();
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &peak, 1, MPI_DOUBLE, MPI_MAX, world.comm()));
+  // Every rank's mean breakdown: a synchronous step goes at the pace of the slowest rank, and rank 0's
+  // exposed_comm includes waiting for it; the scaling model needs to tell the two apart.
+  const double steps_measured = static_cast<double>(std::max<int64_t>(1, breakdown_steps));
+  double my_breakdown[5];
+  for (int i = 0; i < 5; ++i) my_breakdown[i] = breakdown[i] / steps_measured;
+  std::vector<double> all_breakdowns(root ? 5 * static_cast<size_t>(world.size()) : 0);
+  MPI_CHECK(MPI_Gather(my_breakdown, 5, MPI_DOUBLE, all_breakdowns.data(), 5, MPI_DOUBLE, 0, world.comm()));
   trace.write(world, cfg.trace);
   if (root) {
     json summary{{"type", "summary"}, {"train_loss", last_loss}, {"img_per_s", static_cast<double>(images_total) / elapsed},
                  {"median_step_s", sorted.empty() ? 0.0 : sorted[sorted.size() / 2]}, {"peak_mem_bytes", peak},
                  {"world_size", world.size()}, {"steps", step}, {"elapsed_s", elapsed}};
-    const double n = static_cast<double>(std::max<int64_t>(1, breakdown_steps));
-    summary["breakdown_s"] = {{"data_wait", breakdown[0] / n}, {"forward", breakdown[1] / n}, {"backward", breakdown[2] / n},
-                              {"exposed_comm", breakdown[3] / n}, {"optimizer", breakdown[4] / n}};
+    const double n = steps_measured;
+    auto parts = [](const double* v) {
+      return json{{"data_wait", v[0]}, {"forward", v[1]}, {"backward", v[2]}, {"exposed_comm", v[3]}, {"optimizer", v[4]}};
+    };
+    summary["breakdown_s"] = parts(my_breakdown);
+    json by_rank = json::array();
+    for (int r = 0; r < world.size(); ++r) by_rank.push_back(parts(all_breakdowns.data() + 5 * static_cast<size_t>(r)));
+    summary["breakdown_by_rank_s"] = by_rank;
     json buckets = json::array();
     for (size_t i = 0; i < bucket_ready.size(); ++i)
       buckets.push_back({{"bytes", sync.buckets()[i].bytes}, {"ready_s", bucket_ready[i] / n}, {"allreduce_s", bucket_allreduce[i] / n}});

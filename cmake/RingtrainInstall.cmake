@@ -4,7 +4,7 @@
 #   target_link_libraries(app PRIVATE ringtrain::ringtrain)
 # The library is static: its private dependencies (OpenBLAS, oneDNN, OpenMP, zlib, libjpeg, libpng and,
 # in a CUDA build, cuDNN, cuBLAS, NCCL) are link-only requirements that ringtrainConfig.cmake finds again;
-# MPI and HDF5 are public (headers use them) and propagate to the user's target.
+# MPI (comm/ headers include mpi.h) and HDF5 are public and propagate to the user's target.
 include(CMakePackageConfigHelpers)
 
 install(TARGETS ringtrain EXPORT ringtrainTargets

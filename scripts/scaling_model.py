@@ -45,9 +45,12 @@ Subcommands
   selfcheck --bench-dir DIR --runs-dir DIR | --bench N=FILE ... --run N=FILE ... [--backend ring]
             [--markdown] [--json OUT]
 selfcheck compares, per world size n with both allreduce_np{n}.json and train_np{n}.jsonl, the measured
-median_step_s with the overlap prediction from a flat ring fitted to that n's bench and that run's own
-compute breakdown and bucket ready times; a second column uses the 1-rank run's compute (train_np1.jsonl)
-instead, so the gap between the two shows how much compute slows down from CPU contention.
+step (rank 0's mean step: its breakdown_s summed, the same statistic as the compute it is predicted from;
+median_step_s is reported beside it) with the overlap prediction from a flat ring fitted to that n's bench
+and the compute of that run's slowest rank (summary.breakdown_by_rank_s; a synchronous step goes at its
+pace, and rank 0's exposed_comm includes waiting for it), with rank 0's bucket ready times stretched to
+that rank's backward. A second column uses the 1-rank run's compute (train_np1.jsonl) instead, so the gap
+between the two shows how much compute slows down from CPU contention.
 """
 import argparse
 import json
@@ -168,17 +171,31 @@ def load_run(path, run_index=-1):
     missing = [k for k in ("forward", "backward", "optimizer") if not isinstance((bd or {}).get(k), (int, float))]
     if missing or not isinstance(summary.get("median_step_s"), (int, float)):
         raise InputError(f"{path}: summary lacks median_step_s or breakdown_s.{'/'.join(missing) or '...'}")
+    accum = max(1, int(plan.get("accum_steps", 1)))
     compute = Compute(float(bd.get("data_wait", 0.0)), float(bd["forward"]), float(bd["backward"]),
-                      float(bd["optimizer"]), max(1, int(plan.get("accum_steps", 1))))
+                      float(bd["optimizer"]), accum)
+    # The slowest rank's compute (summary.breakdown_by_rank_s): a synchronous step waits for it, and rank 0's
+    # exposed_comm then includes that wait, which is not communication.
+    slowest = compute
+    for r in summary.get("breakdown_by_rank_s") or []:
+        try:
+            c = Compute(float(r.get("data_wait", 0.0)), float(r["forward"]), float(r["backward"]),
+                        float(r["optimizer"]), accum)
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise InputError(f"{path}: summary.breakdown_by_rank_s has an entry without forward/backward/optimizer")
+        if c.single - c.optimizer > slowest.single - slowest.optimizer:
+            slowest = c
     src = summary.get("buckets") or plan.get("buckets") or []
     buckets = [Bucket(float(b["bytes"]), b.get("ready_s")) for b in src if isinstance(b, dict) and "bytes" in b]
     world_size = int(plan.get("world_size", summary.get("world_size", 1)))
     # A 1-rank run launches no all-reduces: its ready_s are zeros, not measurements.
     if world_size < 2 or any(b.ready is None for b in buckets) or all(b.ready == 0 for b in buckets):
         buckets = [Bucket(b.nbytes) for b in buckets]
-    return {"file": path, "plan": plan, "summary": summary, "compute": compute, "buckets": buckets,
-            "world_size": world_size,
+    return {"file": path, "plan": plan, "summary": summary, "compute": compute, "slowest": slowest,
+            "buckets": buckets, "world_size": world_size,
             "median_step_s": float(summary["median_step_s"]),
+            # rank 0's phases tile its step: their sum is its mean step, comparable with mean compute
+            "mean_step_s": compute.single + float(bd.get("exposed_comm", 0.0)),
             "exposed_comm_s": float(bd.get("exposed_comm", 0.0))}
 
 
@@ -368,11 +385,17 @@ def selfcheck(benches, runs, run_index=-1, backend=None):
         if not run["buckets"]:
             raise InputError(f"{runs[n]}: no buckets in the plan or summary")
         comm = lambda nb, n=n, fit=fit: ring_time(nb, n, fit["alpha_s"], fit["bw_Bps"])
-        own = simulate_step(run["compute"], run["buckets"], comm)
+        # The step goes at the slowest rank's pace: its compute, its bucket ready times (rank 0's, stretched).
+        c0, cs = run["compute"], run["slowest"]
+        stretch = cs.window / c0.window if c0.window > 0 else 1.0
+        buckets = [Bucket(b.nbytes, None if b.ready is None else b.ready * stretch) for b in run["buckets"]]
+        own = simulate_step(cs, buckets, comm)
+        measured = run["mean_step_s"]
         row = {"ranks": n, "alpha_us": fit["alpha_s"] * 1e6, "bw_gbps": fit["bw_Bps"] / 1e9,
-               "fit_median_rel_err": fit["median_rel_err"], "measured_step_s": run["median_step_s"],
-               "predicted_step_s": own["step_overlap_s"],
-               "error_pct": 100 * (own["step_overlap_s"] / run["median_step_s"] - 1),
+               "fit_median_rel_err": fit["median_rel_err"], "measured_step_s": measured,
+               "measured_median_step_s": run["median_step_s"], "predicted_step_s": own["step_overlap_s"],
+               "error_pct": 100 * (own["step_overlap_s"] / measured - 1),
+               "rank_skew_s": (cs.single - cs.optimizer) - (c0.single - c0.optimizer),
                "measured_exposed_comm_s": run["exposed_comm_s"], "predicted_exposed_comm_s": own["exposed_comm_s"],
                "predicted_step_1rank_compute_s": None, "error_1rank_compute_pct": None}
         if one is not None:
@@ -381,7 +404,7 @@ def selfcheck(benches, runs, run_index=-1, backend=None):
             buckets = [Bucket(b.nbytes, None if b.ready is None else b.ready * factor) for b in run["buckets"]]
             p1 = simulate_step(c1, buckets, comm)["step_overlap_s"]
             row["predicted_step_1rank_compute_s"] = p1
-            row["error_1rank_compute_pct"] = 100 * (p1 / run["median_step_s"] - 1)
+            row["error_1rank_compute_pct"] = 100 * (p1 / measured - 1)
         rows.append(row)
     return rows
 
@@ -393,13 +416,16 @@ def cmd_selfcheck(args):
     runs.update(dict(args.run or []))
     rows = selfcheck(benches, runs, args.run_index, args.backend)
     md = args.markdown
-    note("predicted: flat ring fitted to each n's allreduce_bench, with that run's own compute breakdown and "
-         "bucket ready times (overlap); '1-rank compute' uses the 1-rank run's compute instead", md)
+    note("measured: rank 0's mean step (its phases summed); predicted: flat ring fitted to each n's allreduce_bench "
+         "with the run's slowest rank's compute and bucket ready times (overlap); skew: how much longer the slowest "
+         "rank computed than rank 0 (rank 0 waits that long in exposed comm); '1-rank compute' uses the 1-rank "
+         "run's compute instead", md)
     fmt = lambda v, spec, unit="": "-" if v is None else format(v, spec) + unit
-    headers = ["ranks", "alpha_us", "bw_GB/s", "fit_err", "measured_s", "predicted_s", "error",
+    headers = ["ranks", "alpha_us", "bw_GB/s", "fit_err", "measured_s", "predicted_s", "error", "skew_s",
                "pred_1rank_compute_s", "error_1rank", "exposed_meas_s", "exposed_pred_s"]
     cells = [[r["ranks"], f"{r['alpha_us']:.1f}", f"{r['bw_gbps']:.3f}", f"{100 * r['fit_median_rel_err']:.1f}%",
               f"{r['measured_step_s']:.4f}", f"{r['predicted_step_s']:.4f}", f"{r['error_pct']:+.1f}%",
+              f"{r['rank_skew_s']:.4f}",
               fmt(r["predicted_step_1rank_compute_s"], ".4f"), fmt(r["error_1rank_compute_pct"], "+.1f", "%"),
               f"{r['measured_exposed_comm_s']:.4f}", f"{r['predicted_exposed_comm_s']:.4f}"] for r in rows]
     print(format_table(headers, cells, md))

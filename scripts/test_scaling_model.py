@@ -188,7 +188,9 @@ class SelfcheckTest(Temp):
             buckets = [(b, r * n) for b, r in BUCKETS]
             want = sm.simulate_step(c, [sm.Bucket(b, r) for b, r in buckets],
                                     lambda nb, n=n: sm.ring_time(nb, n, ALPHA, BW))["step_overlap_s"]
-            write_jsonl(self.path(f"train_np{n}.jsonl"), run_records(n, want * 1.02, bd, buckets))
+            # rank 0's phases sum to its mean step, the measurement compared with: 2% above the model
+            bd["exposed_comm"] = want * 1.02 - c.single
+            write_jsonl(self.path(f"train_np{n}.jsonl"), run_records(n, want, bd, buckets))
         write_jsonl(self.path("train_np1.jsonl"), run_records(1, 0.19, BREAKDOWN, BUCKETS))
 
     def test_rows_for_2_3_4(self):
@@ -209,6 +211,29 @@ class SelfcheckTest(Temp):
         self.assertEqual(out.getvalue().count("%"), 3 * 3)  # fit error, error, error with 1-rank compute
         with open(self.path("sc.json")) as f:
             self.assertEqual(len(json.load(f)["rows"]), 3)
+
+    def test_slowest_rank_sets_the_pace(self):
+        # Rank 1 computes 0.1 s longer than rank 0; rank 0 waits for it inside exposed_comm. The prediction
+        # must use rank 1's compute (and report the skew), not rank 0's.
+        n = 2
+        self.write_json("allreduce_np2.json", bench_doc(n, noise=0.0))
+        fast = dict(BREAKDOWN)
+        slow = dict(BREAKDOWN, backward=BREAKDOWN["backward"] + 0.1)
+        cs = sm.Compute(slow["data_wait"], slow["forward"], slow["backward"], slow["optimizer"])
+        stretch = slow["backward"] / fast["backward"]
+        want = sm.simulate_step(cs, [sm.Bucket(b, r * stretch) for b, r in BUCKETS],
+                                lambda nb: sm.ring_time(nb, n, ALPHA, BW))["step_overlap_s"]
+        fast["exposed_comm"] = want - (fast["data_wait"] + fast["forward"] + fast["backward"] + fast["optimizer"])
+        records = run_records(n, want, fast, BUCKETS)
+        records[-1]["breakdown_by_rank_s"] = [fast, slow]
+        write_jsonl(self.path("train_np2.jsonl"), records)
+        rows = sm.selfcheck({2: self.path("allreduce_np2.json")}, {2: self.path("train_np2.jsonl")})
+        self.assertAlmostEqual(rows[0]["error_pct"], 0.0, places=6)
+        self.assertAlmostEqual(rows[0]["rank_skew_s"], 0.1, places=9)
+        records[-1]["breakdown_by_rank_s"] = [fast, {"forward": 1}]
+        write_jsonl(self.path("train_np2.jsonl"), records)
+        with self.assertRaisesRegex(sm.InputError, "train_np2.jsonl: summary.breakdown_by_rank_s"):
+            sm.load_run(self.path("train_np2.jsonl"))
 
     def test_nothing_to_compare(self):
         with self.assertRaisesRegex(sm.InputError, "no world size"):
