@@ -37,7 +37,8 @@ where W = backward / accum_steps is the last micro-batch's backward (W = backwar
 Efficiency (weak scaling, per-GPU batch fixed) = (data_wait + forward + backward + optimizer) / step.
 --compute-scale X or --compute-step-s S rescale forward, backward, optimizer and the ready times (S makes
 forward + backward + optimizer = S, e.g. 0.032 s for ResNet-50 bf16 at batch 256 on an H200 from
-MLPerf's ~7,950 img/s per GPU); --bytes-scale rescales bucket bytes (0.5: f32 run, bf16 gradients).
+MLPerf's ~7,950 img/s per GPU); --optimizer-s fixes the optimizer's share and rescales only forward and
+backward; --bytes-scale rescales bucket bytes (0.5: f32 run, bf16 gradients).
 
 Subcommands
   fit BENCH.json [--backend ring] [--json OUT]
@@ -328,6 +329,14 @@ def cmd_predict(args):
     c0 = run["compute"]
     base = c0.forward + c0.backward + c0.optimizer
     factor = args.compute_scale if args.compute_step_s is None else args.compute_step_s / base
+    if args.optimizer_s is not None:
+        # A GPU's fused optimizer is a far smaller share of the step than a CPU run's: fix it, and rescale
+        # forward and backward (and the ready times) so that the three still add up to the step asked for.
+        target = base * factor
+        if not 0 <= args.optimizer_s < target:
+            raise InputError(f"--optimizer-s {args.optimizer_s:g} must be below the compute per step ({target:g} s)")
+        factor = (target - args.optimizer_s) / (c0.forward + c0.backward)
+        c0 = replace(c0, optimizer=args.optimizer_s / factor)
     compute, buckets = scale_compute(c0, run["buckets"], factor, args.data_wait_s)
     buckets = [replace(b, nbytes=b.nbytes * args.bytes_scale) for b in buckets]
     links = Links(args.nvlink_gbps * 1e9, args.nvlink_alpha_us * 1e-6, args.ib_gbps * 1e9,
@@ -483,6 +492,8 @@ def build_parser():
     scale.add_argument("--compute-scale", type=_positive, default=1.0, help="multiply the run's compute by X")
     scale.add_argument("--compute-step-s", type=_positive, help="forward+backward+optimizer seconds per step")
     pr.add_argument("--data-wait-s", type=float, help="data wait per step (default: the run's)")
+    pr.add_argument("--optimizer-s", type=float,
+                    help="optimizer seconds per step, kept out of the rescaling (e.g. a GPU's fused update)")
     pr.add_argument("--bytes-scale", type=_positive, default=1.0, help="multiply bucket bytes (0.5: bf16 grads)")
     pr.add_argument("--markdown", action="store_true")
     pr.add_argument("--json", help="write the predictions here")

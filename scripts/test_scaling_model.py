@@ -262,6 +262,14 @@ class CliTest(Temp):
         p = self.cli("predict", "--run", run, "--gpus", "1,8,16")
         self.assertEqual(p.returncode, 0, p.stderr)
         self.assertIn("100.0%", p.stdout)  # 1 GPU: no communication
+        # A fixed optimizer share: forward + backward take the rest of the step, in the run's proportion.
+        p = self.cli("predict", "--run", run, "--compute-step-s", "0.032", "--optimizer-s", "0.002",
+                     "--data-wait-s", "0")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("forward 0.0100 + backward 0.0200 + optimizer 0.0020 = 0.0320 s", p.stdout)
+        p = self.cli("predict", "--run", run, "--compute-step-s", "0.032", "--optimizer-s", "0.05")
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("--optimizer-s 0.05 must be below the compute per step", p.stderr)
 
     def test_bad_files(self):
         bad = self.path("broken.json")
