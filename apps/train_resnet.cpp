@@ -836,6 +836,9 @@ int train(comm::World& world, Config cfg) {
 
 int main(int argc, char** argv) {
   CLI::App app{"Data-parallel ResNet training (run under mpirun for several ranks)"};
+  // A flag given twice takes the last value, so wrappers (scripts/demo.sh, the sbatch script) can put
+  // their defaults first and let the user's flags override them.
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   Config c;
   app.add_option("--data", c.data, "shard folder (make_shards output with train/ and optionally test/ splits)");
   app.add_flag("--synthetic", c.synthetic, "random data shaped for the model instead of --data");
