@@ -35,3 +35,18 @@ if /usr/bin/python3 "$src/scripts/scaling.py" --out "$work/fail" --build "$build
 fi
 grep -q "1 of 1 runs failed" "$work/err"
 echo "sweep errors ok"
+# Inside a Slurm allocation the sweep launches with srun (here a stand-in that starts the ranks with mpirun).
+mkdir -p "$work/bin"
+cat > "$work/bin/srun" <<'SH'
+#!/usr/bin/env bash
+echo "srun $*" >> "$(dirname "$0")/srun.calls"
+n=1
+while [[ $# -gt 0 && $1 == -* ]]; do [[ $1 == -n ]] && { n=$2; shift; }; shift; done
+exec mpirun -np "$n" --allow-run-as-root --oversubscribe "$@"
+SH
+chmod +x "$work/bin/srun"
+PATH="$work/bin:$PATH" SLURM_JOB_ID=7 SLURM_NTASKS=2 /usr/bin/python3 "$src/scripts/scaling.py" --out "$work/slurm" \
+  --build "$build" --steps 2 --batch 4 --extra "--image-size 8" --no-plots > "$work/slurm.log"
+grep -q "^srun -n 2 --mpi=pmix" "$work/bin/srun.calls"
+grep -q "weak   resnet20  ring        2 .* ok" "$work/slurm.log"
+echo "sweep under slurm ok"
