@@ -26,9 +26,11 @@
 #include "comm/world.h"
 #include "core/autograd.h"
 #include "core/check.h"
+#include "core/autocast.h"
 #include "core/checkpoint.h"
 #include "core/gpu_monitor.h"
 #include "core/ops.h"
+#include "core/optim/grad_scaler.h"
 #include "core/optim/optimizer.h"
 #include "core/parallel.h"
 #include "data/loader.h"
@@ -348,8 +350,11 @@ int train(comm::World& world, Config cfg) {
   const Injection inject = injection_from_env();
   // ---- validation that needs no data
   RT_CHECK(cfg.synthetic != !cfg.data.empty(), "give exactly one of --data DIR or --synthetic");
-  if (cfg.precision != "fp32")
-    RT_THROW("--precision ", cfg.precision, ": mixed precision (bf16/fp16 autocast) is not built yet; use fp32");
+  // Mixed precision: convolutions and GEMMs autocast to bf16/f16 with f32 master weights; f16 adds
+  // dynamic loss scaling.
+  const std::optional<DType> autocast = cfg.precision == "bf16"   ? std::optional<DType>(DType::BF16)
+                                        : cfg.precision == "fp16" ? std::optional<DType>(DType::F16)
+                                                                  : std::nullopt;
   Device device = Device::cpu();
   if (cfg.device == "cuda" || (cfg.device == "auto" && cuda_available())) device = Device::cuda(0);
   else if (cfg.device != "cpu" && cfg.device != "auto") RT_THROW("--device must be auto, cpu or cuda, got '", cfg.device, "'");
@@ -449,6 +454,13 @@ int train(comm::World& world, Config cfg) {
   else
     opt = std::make_unique<AdamW>(as_named(model.named_parameters()), AdamWOptions{.weight_decay = cfg.wd});
   CrossEntropyLoss loss_fn(cfg.label_smoothing);
+  std::optional<GradScaler> scaler;
+  if (cfg.precision == "fp16") scaler.emplace();
+  std::vector<Tensor> parameters;
+  for (const auto& named : model.named_parameters()) parameters.push_back(named.second);
+  if (root && autocast && device.is_cpu())
+    std::printf("note: --precision %s on the CPU runs 16-bit convolutions through f32 kernels: correct, not faster\n",
+                cfg.precision.c_str());
 
   // ---- resume: rank 0 picks the checkpoint, every rank loads it (a folder every rank can read), and
   // GradSync below then checks every rank holds the same weights.
@@ -485,6 +497,8 @@ int train(comm::World& world, Config cfg) {
              global_batch, ")");
     model.load_state_dict(ck.model);
     opt->load_state(ck.optimizer);
+    if (scaler && meta.contains("loss_scale"))
+      scaler->load(meta.at("loss_scale").at("scale").get<double>(), meta.at("loss_scale").at("growth_tracker").get<int64_t>());
     step = meta.at("step").get<int64_t>();
     position.epoch = meta.at("sampler").at("epoch").get<int64_t>();
     // The position counts sampler batches of ranks x batch images; convert when that changed (e.g. more
@@ -595,6 +609,7 @@ int train(comm::World& world, Config cfg) {
                 {"world_size", world.size()}, {"global_batch", global_batch}, {"per_step_global", per_step_global},
                 {"config", cfg.to_json()},
                 {"lr", schedule.at(std::max<int64_t>(0, at_step - 1))}};
+      if (scaler) meta["loss_scale"] = {{"scale", scaler->scale()}, {"growth_tracker", scaler->growth_tracker()}};
       save_checkpoint(checkpoint_path(cfg.checkpoint_dir, at_step), Checkpoint{model.state_dict(), opt->state(), meta.dump()});
     }
     MPI_CHECK(MPI_Barrier(world.comm()));
@@ -609,6 +624,7 @@ int train(comm::World& world, Config cfg) {
   double breakdown[5] = {0, 0, 0, 0, 0}, step_breakdown[5] = {0, 0, 0, 0, 0};
   std::vector<double> bucket_ready(sync.buckets().size(), 0.0), bucket_allreduce(sync.buckets().size(), 0.0);
   int64_t breakdown_steps = 0;
+  int64_t skipped_steps = 0;  // f16 steps skipped for non-finite gradients
   int64_t interval_steps = 0, images_total = 0;
   double last_loss = 0;
   EvalResult last_eval;
@@ -654,18 +670,25 @@ int train(comm::World& world, Config cfg) {
       const bool last_micro = in_accum + 1 == cfg.accum;
       const auto t1 = Clock::now();
       dog.phase("forward", step);
-      Tensor loss = loss_fn(model(images), labels);
+      Tensor loss;
+      {
+        AutocastGuard autocast_scope(autocast);
+        loss = loss_fn(model(images), labels);
+      }
       const double loss_value = loss.item();
-      if (!std::isfinite(loss_value))
+      // With f16 loss scaling a non-finite loss makes non-finite gradients: the scaler skips that step.
+      if (!std::isfinite(loss_value) && !scaler)
         RT_THROW("non-finite loss (", loss_value, ") at step ", step, " (epoch ", epoch, ", micro-batch ", micro - 1,
                  "): lower --lr, add --warmup-epochs, or check the data");
       const auto t2 = Clock::now();
       dog.phase("backward", step);
+      Tensor objective = cfg.accum > 1 ? mul(loss, 1.0 / static_cast<double>(cfg.accum)) : loss;
+      if (scaler) objective = scaler->scale_loss(objective);
       if (!last_micro) {
         auto guard = sync.no_sync();
-        (cfg.accum > 1 ? mul(loss, 1.0 / static_cast<double>(cfg.accum)) : loss).backward();
+        objective.backward();
       } else {
-        (cfg.accum > 1 ? mul(loss, 1.0 / static_cast<double>(cfg.accum)) : loss).backward();
+        objective.backward();
       }
       const auto t3 = Clock::now();
       interval[0] += std::chrono::duration<double>(t1 - t0).count();
@@ -687,7 +710,16 @@ int train(comm::World& world, Config cfg) {
       sync.finish();
       const auto t4 = Clock::now();
       dog.phase("optimizer", step);
-      opt->step(schedule.at(step));
+      if (scaler) {
+        // Gradients are averaged already, so every rank takes the same decision.
+        if (!scaler->step(*opt, parameters, schedule.at(step))) {
+          ++skipped_steps;
+          RT_CHECK(scaler->scale() >= 1e-4, "f16 loss scale fell to ", scaler->scale(), " at step ", step,
+                   ": the gradients are not finite at any scale (diverged); lower --lr or use --precision bf16");
+        }
+      } else {
+        opt->step(schedule.at(step));
+      }
       sync.zero_grad();
       ++step;
       if (inject.rank == world.rank() && inject.step == step) {
@@ -819,6 +851,11 @@ int train(comm::World& world, Config cfg) {
       buckets.push_back({{"bytes", sync.buckets()[i].bytes}, {"ready_s", bucket_ready[i] / n}, {"allreduce_s", bucket_allreduce[i] / n}});
     summary["buckets"] = buckets;
     summary["breakdown_steps"] = breakdown_steps;
+    summary["precision"] = cfg.precision;
+    if (scaler) {
+      summary["loss_scale"] = scaler->scale();
+      summary["skipped_steps"] = skipped_steps;
+    }
     if (evaluated) {
       summary["test_top1"] = last_eval.top1;
       summary["test_top5"] = last_eval.top5;

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cmath>
 
+#include "core/autocast.h"
 #include "core/autograd.h"
 #include "core/check.h"
 #include "core/dispatch.h"
@@ -456,7 +457,21 @@ void gemm_into(const Tensor& a, const Tensor& b, Tensor& c, bool ta, bool tb, in
 }
 }  // namespace
 
+namespace {
+// Autocast (core/autocast.h): conv2d, linear and matmul whose inputs are f32 or already the autocast
+// dtype (activations from an earlier autocast op meeting f32 weights) run in the autocast dtype; f64 never.
+std::optional<DType> autocast_for(const Tensor& a, const Tensor& b) {
+  const auto dtype = autocast_dtype();
+  if (!dtype) return std::nullopt;
+  auto eligible = [&](DType t) { return t == DType::F32 || t == *dtype; };
+  if (!eligible(a.dtype()) || !eligible(b.dtype()) || (a.dtype() == *dtype && b.dtype() == *dtype)) return std::nullopt;
+  return dtype;
+}
+Tensor cast_if_defined(const Tensor& t, DType dtype) { return t.defined() ? t.to(dtype) : t; }
+}  // namespace
+
 Tensor matmul(const Tensor& a, const Tensor& b) {
+  if (auto dtype = autocast_for(a, b)) return matmul(a.to(*dtype), b.to(*dtype));
   check_same_device_dtype("matmul", a, b);
   check_floating("matmul", a);
   if (a.ndim() < 2 || (b.ndim() != 2 && b.ndim() != 3))
@@ -501,6 +516,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  if (auto dtype = autocast_for(x, weight)) return linear(x.to(*dtype), weight.to(*dtype), cast_if_defined(bias, *dtype));
   check_same_device_dtype("linear", x, weight);
   if (weight.ndim() != 2 || x.ndim() < 1 || x.size(-1) != weight.size(1))
     RT_THROW("op 'linear': input ", x.describe(), " and weight ", weight.describe(),
@@ -548,6 +564,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 // Convolution
 
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dParams& params) {
+  if (auto dtype = autocast_for(x, weight)) return conv2d(x.to(*dtype), weight.to(*dtype), cast_if_defined(bias, *dtype), params);
   check_same_device_dtype("conv2d", x, weight);
   check_floating("conv2d", x);
   const auto& pr = params;
