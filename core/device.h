@@ -55,6 +55,9 @@ struct CudaStatus {
 // Queried once and cached; safe to call from any thread.
 const CudaStatus& cuda_status();
 int cuda_device_count();
+// The cuDNN convolution algorithms chosen so far in this process, one line per pass and shape (empty
+// without CUDA or before the first GPU convolution).
+std::vector<std::string> cuda_conv_algorithms();
 bool cuda_available();
 
 // Sets the calling thread's current CUDA device (no-op for CPU). Errors name the device.

@@ -30,6 +30,7 @@ const CudaStatus& cuda_status() {
 }
 
 int cuda_device_count() { return 0; }
+std::vector<std::string> cuda_conv_algorithms() { return {}; }
 
 bool cuda_available() { return false; }
 

@@ -14,7 +14,9 @@
 #include <vector>
 
 #include "core/check.h"
+#include "core/cuda/common.cuh"
 #include "core/cuda/cuda_check.h"
+#include "core/cuda/cuda_kernels.h"
 #include "core/device.h"
 #include "core/dtype.h"
 #include "core/kernels.h"
@@ -24,148 +26,8 @@
 namespace ringtrain {
 namespace {
 
-// ---------------------------------------------------------------------------------------------------
-// Launch helpers
-
-constexpr int kThreads = 256;                // threads per block everywhere (reductions rely on a power of 2)
-constexpr int64_t kMaxBlocks = 65535 * 32;   // grid-stride loops cover anything larger
-
-cudaStream_t stream_now() { return static_cast<cudaStream_t>(current_stream().handle()); }
-
-unsigned grid_for(int64_t n, int64_t per_block = kThreads) {
-  return static_cast<unsigned>(std::min<int64_t>((n + per_block - 1) / per_block, kMaxBlocks));
-}
-
-// Kernels launch on the tensor's device; switching only when needed keeps the common single-device
-// case to one cudaGetDevice per op.
-class DeviceScope {
- public:
-  explicit DeviceScope(const Tensor& t) {
-    const Device d = t.device();
-    RT_CHECK(d.is_cuda(), "CUDA kernel called with ", t.describe());
-    int current = 0;
-    CUDA_CHECK(cudaGetDevice(&current));
-    if (current != d.index) {
-      CUDA_CHECK(cudaSetDevice(d.index));
-      previous_ = current;
-    }
-  }
-  ~DeviceScope() {
-    if (previous_ >= 0) CUDA_CHECK_NOTHROW(cudaSetDevice(previous_));
-  }
-  DeviceScope(const DeviceScope&) = delete;
-  DeviceScope& operator=(const DeviceScope&) = delete;
-
- private:
-  int previous_ = -1;
-};
-
-#define RT_GRID_STRIDE(i, n)                                                                    \
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n);        \
-       i += static_cast<int64_t>(blockDim.x) * gridDim.x)
-
-// ---------------------------------------------------------------------------------------------------
-// Types: storage type S, compute type compute_t<S> (core/dtype.h).
-
-template <typename T>
-struct Tag {
-  using type = T;
-};
-
-[[noreturn]] void raise_unsupported(const char* op, DType t) {
-  RT_THROW("op '", op, "': the CUDA kernel does not support dtype ", dtype_name(t));
-}
-
-template <typename F>
-void dispatch_all(DType t, F&& f) {
-  switch (t) {
-    case DType::F32: f(Tag<float>{}); return;
-    case DType::F64: f(Tag<double>{}); return;
-    case DType::F16: f(Tag<Half>{}); return;
-    case DType::BF16: f(Tag<BFloat16>{}); return;
-    case DType::I32: f(Tag<int32_t>{}); return;
-    case DType::I64: f(Tag<int64_t>{}); return;
-    case DType::U8: f(Tag<uint8_t>{}); return;
-  }
-  RT_THROW("unknown dtype ", static_cast<int>(t));
-}
-
-template <typename F>
-void dispatch_floating(DType t, const char* op, F&& f) {
-  switch (t) {
-    case DType::F32: f(Tag<float>{}); return;
-    case DType::F64: f(Tag<double>{}); return;
-    case DType::F16: f(Tag<Half>{}); return;
-    case DType::BF16: f(Tag<BFloat16>{}); return;
-    default: raise_unsupported(op, t);
-  }
-}
-
-// ---------------------------------------------------------------------------------------------------
-// Device math: explicit float / double overloads (CUDA's float overloads of exp etc. would make integer
-// arguments ambiguous, and we never want a silent float -> double promotion).
-
-__device__ inline float dev_exp(float x) { return expf(x); }
-__device__ inline double dev_exp(double x) { return exp(x); }
-__device__ inline float dev_log(float x) { return logf(x); }
-__device__ inline double dev_log(double x) { return log(x); }
-__device__ inline float dev_sqrt(float x) { return sqrtf(x); }
-__device__ inline double dev_sqrt(double x) { return sqrt(x); }
-__device__ inline float dev_tanh(float x) { return tanhf(x); }
-__device__ inline double dev_tanh(double x) { return tanh(x); }
-__device__ inline float dev_pow(float x, float y) { return powf(x, y); }
-__device__ inline double dev_pow(double x, double y) { return pow(x, y); }
-
-template <typename C>
-__device__ inline C dev_neg_infinity() {
-  if constexpr (std::is_same_v<C, double>) return __longlong_as_double(static_cast<long long>(0xfff0000000000000ull));
-  else return __int_as_float(static_cast<int>(0xff800000u));
-}
-
-template <typename C>
-__device__ inline bool dev_isnan(C v) {
-  if constexpr (std::is_floating_point_v<C>) return v != v;
-  else return false;
-}
-
-// NaN-propagating max / min, ties keep a: the CPU's (a >= b || a != a) ? a : b and its mirror.
-template <typename C>
-__device__ inline C nan_max(C a, C b) {
-  if (dev_isnan(a)) return a;
-  if (dev_isnan(b)) return b;
-  return a < b ? b : a;
-}
-template <typename C>
-__device__ inline C nan_min(C a, C b) {
-  if (dev_isnan(a)) return a;
-  if (dev_isnan(b)) return b;
-  return b < a ? b : a;
-}
-
-// Fixed-order tree over the block (blockDim.x a power of 2, at most kThreads); deterministic for a given
-// block size. Every thread gets the result.
-template <typename T, typename Op>
-__device__ T block_reduce(T value, T* shared /* (blockDim.x) */, Op op) {
-  const unsigned t = threadIdx.x;
-  shared[t] = value;
-  __syncthreads();
-  for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
-    if (t < s) shared[t] = op(shared[t], shared[t + s]);
-    __syncthreads();
-  }
-  T result = shared[0];
-  __syncthreads();  // the caller may reuse `shared` right away
-  return result;
-}
-
-struct SumOp {
-  template <typename T>
-  __device__ T operator()(T a, T b) const { return a + b; }
-};
-struct MaxOp {
-  template <typename T>
-  __device__ T operator()(T a, T b) const { return nan_max(a, b); }
-};
+// Launch helpers, dtype dispatch and device math: core/cuda/common.cuh.
+using namespace cuda_common;
 
 // ---------------------------------------------------------------------------------------------------
 // fill, convert
@@ -662,13 +524,6 @@ __global__ void reduce_partials_kernel(const compute_t<S>* partial_value /* (out
   }
 }
 
-template <typename A>
-constexpr DType accumulator_dtype() {
-  if constexpr (std::is_same_v<A, float>) return DType::F32;
-  else if constexpr (std::is_same_v<A, double>) return DType::F64;
-  else return DType::I64;
-}
-
 template <typename S, ReduceOp kOp>
 void launch_reduce(const Tensor& x, int64_t outer, int64_t n, int64_t inner, Tensor& out, int64_t* argmax) {
   using A = compute_t<S>;
@@ -1104,6 +959,15 @@ const KernelTable* cuda_kernels() {
     t.cross_entropy = &cross_entropy_cuda;
     t.cross_entropy_backward = &cross_entropy_backward_cuda;
     t.dropout = &dropout_cuda;
+    t.conv2d_forward = &cuda::conv2d_forward;
+    t.conv2d_backward_data = &cuda::conv2d_backward_data;
+    t.conv2d_backward_weights = &cuda::conv2d_backward_weights;
+    t.batch_norm_forward = &cuda::batch_norm_forward;
+    t.batch_norm_backward = &cuda::batch_norm_backward;
+    t.max_pool2d_forward = &cuda::max_pool2d_forward;
+    t.max_pool2d_backward = &cuda::max_pool2d_backward;
+    t.avg_pool2d_forward = &cuda::avg_pool2d_forward;
+    t.avg_pool2d_backward = &cuda::avg_pool2d_backward;
     t.after_op = &after_op_cuda;
     return t;
   }();

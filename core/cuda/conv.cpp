@@ -1,0 +1,319 @@
+// core/cuda/conv.cpp: 2-D convolution on the GPU with cuDNN, in ringtrain's layouts (NHWC activations,
+// KRSC filters = cuDNN's NHWC filter format), for f32, f16, bf16 (float accumulation) and f64.
+//
+// Algorithms are chosen once per shape (device, dtype, geometry, math mode) and cached for the process:
+// by benchmarking every algorithm that fits the workspace bound (cudnnFind*AlgorithmEx, like PyTorch's
+// cudnn.benchmark) unless RINGTRAIN_CUDNN_BENCHMARK=0 asks for cuDNN's heuristic instead. The workspace
+// bound is RINGTRAIN_CUDNN_WORKSPACE_MB (default 1024); RINGTRAIN_CUDNN_DETERMINISTIC=1 keeps only
+// deterministic algorithms. f32 may use TF32 tensor cores unless set_allow_tf32(false).
+//
+// cuDNN 9 marks this (the "legacy") convolution API deprecated in favour of its graph API; it remains
+// supported and is what this file uses, so the deprecation warnings are silenced here only.
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+
+#include <cudnn.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "core/check.h"
+#include "core/cuda/cuda_check.h"
+#include "core/cuda/cuda_kernels.h"
+#include "core/cuda/device_guard.h"
+#include "core/device.h"
+#include "core/ops.h"
+#include "core/tensor.h"
+
+namespace ringtrain::cuda {
+namespace {
+
+cudaStream_t stream_now() { return static_cast<cudaStream_t>(current_stream().handle()); }
+
+// One handle per device per thread (handles must not be shared by threads that set different streams).
+cudnnHandle_t cudnn_handle(int device) {
+  struct Handles {
+    std::vector<cudnnHandle_t> handles;
+    ~Handles() {
+      for (cudnnHandle_t h : handles)
+        if (h) CUDNN_CHECK_NOTHROW(cudnnDestroy(h));
+    }
+  };
+  thread_local Handles t;
+  if (device >= static_cast<int>(t.handles.size())) t.handles.resize(static_cast<size_t>(device) + 1, nullptr);
+  cudnnHandle_t& h = t.handles[static_cast<size_t>(device)];
+  if (!h) CUDNN_CHECK(cudnnCreate(&h));
+  CUDNN_CHECK(cudnnSetStream(h, stream_now()));
+  return h;
+}
+
+cudnnDataType_t cudnn_type(DType t, const char* op) {
+  switch (t) {
+    case DType::F32: return CUDNN_DATA_FLOAT;
+    case DType::F16: return CUDNN_DATA_HALF;
+    case DType::BF16: return CUDNN_DATA_BFLOAT16;
+    case DType::F64: return CUDNN_DATA_DOUBLE;
+    default: RT_THROW("op '", op, "': cuDNN convolution does not support dtype ", dtype_name(t));
+  }
+}
+
+int narrow(int64_t v, const char* what) {
+  RT_CHECK(v >= 0 && v <= 0x7fffffff, "conv2d on CUDA: ", what, " ", v, " does not fit cuDNN's int");
+  return static_cast<int>(v);
+}
+
+// RAII descriptors for one call: x (n, c, h, w), w (k, c/groups, r, s), y (n, k, p, q), all NHWC.
+struct Descriptors {
+  cudnnTensorDescriptor_t x = nullptr, y = nullptr, bias = nullptr;
+  cudnnFilterDescriptor_t w = nullptr;
+  cudnnConvolutionDescriptor_t conv = nullptr;
+  cudnnDataType_t type{};
+  bool is_double = false;
+
+  Descriptors(const ConvGeometry& g, DType dtype, const char* op) {
+    type = cudnn_type(dtype, op);
+    is_double = dtype == DType::F64;
+    CUDNN_CHECK(cudnnCreateTensorDescriptor(&x));
+    CUDNN_CHECK(cudnnCreateTensorDescriptor(&y));
+    CUDNN_CHECK(cudnnCreateTensorDescriptor(&bias));
+    CUDNN_CHECK(cudnnCreateFilterDescriptor(&w));
+    CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&conv));
+    CUDNN_CHECK(cudnnSetTensor4dDescriptor(x, CUDNN_TENSOR_NHWC, type, narrow(g.n, "batch"), narrow(g.c, "channels"),
+                                           narrow(g.h, "height"), narrow(g.w, "width")));
+    CUDNN_CHECK(cudnnSetTensor4dDescriptor(y, CUDNN_TENSOR_NHWC, type, narrow(g.n, "batch"), narrow(g.k, "filters"),
+                                           narrow(g.p, "output height"), narrow(g.q, "output width")));
+    CUDNN_CHECK(cudnnSetTensor4dDescriptor(bias, CUDNN_TENSOR_NHWC, type, 1, narrow(g.k, "filters"), 1, 1));
+    CUDNN_CHECK(cudnnSetFilter4dDescriptor(w, type, CUDNN_TENSOR_NHWC, narrow(g.k, "filters"),
+                                           narrow(g.c / g.groups, "channels per group"), narrow(g.r, "filter height"),
+                                           narrow(g.s, "filter width")));
+    CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv, narrow(g.pad_h, "padding"), narrow(g.pad_w, "padding"),
+                                                narrow(g.stride_h, "stride"), narrow(g.stride_w, "stride"),
+                                                narrow(g.dilation_h, "dilation"), narrow(g.dilation_w, "dilation"),
+                                                CUDNN_CROSS_CORRELATION, is_double ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT));
+    CUDNN_CHECK(cudnnSetConvolutionGroupCount(conv, narrow(g.groups, "groups")));
+    CUDNN_CHECK(cudnnSetConvolutionMathType(conv, math_type(dtype)));
+  }
+  ~Descriptors() {
+    if (conv) CUDNN_CHECK_NOTHROW(cudnnDestroyConvolutionDescriptor(conv));
+    if (w) CUDNN_CHECK_NOTHROW(cudnnDestroyFilterDescriptor(w));
+    if (bias) CUDNN_CHECK_NOTHROW(cudnnDestroyTensorDescriptor(bias));
+    if (y) CUDNN_CHECK_NOTHROW(cudnnDestroyTensorDescriptor(y));
+    if (x) CUDNN_CHECK_NOTHROW(cudnnDestroyTensorDescriptor(x));
+  }
+  Descriptors(const Descriptors&) = delete;
+  Descriptors& operator=(const Descriptors&) = delete;
+
+  static cudnnMathType_t math_type(DType dtype) {
+    if (dtype == DType::F16 || dtype == DType::BF16) return CUDNN_TENSOR_OP_MATH;
+    if (dtype == DType::F32) return allow_tf32() ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
+    return CUDNN_DEFAULT_MATH;
+  }
+  // alpha/beta: double for double data, float otherwise.
+  const void* one() const { return is_double ? static_cast<const void*>(&kOneD) : static_cast<const void*>(&kOneF); }
+  const void* zero() const { return is_double ? static_cast<const void*>(&kZeroD) : static_cast<const void*>(&kZeroF); }
+  static constexpr float kOneF = 1.0f, kZeroF = 0.0f;
+  static constexpr double kOneD = 1.0, kZeroD = 0.0;
+};
+
+bool env_flag(const char* name, bool fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  return std::string(v) != "0";
+}
+
+size_t workspace_limit() {
+  static const size_t limit = [] {
+    const char* v = std::getenv("RINGTRAIN_CUDNN_WORKSPACE_MB");
+    if (!v || !*v) return size_t{1024} << 20;
+    char* end = nullptr;
+    const long long mb = std::strtoll(v, &end, 10);
+    RT_CHECK(end && *end == '\0' && mb >= 0, "RINGTRAIN_CUDNN_WORKSPACE_MB must be a number of MiB >= 0, got '", v, "'");
+    return static_cast<size_t>(mb) << 20;
+  }();
+  return limit;
+}
+
+// Cache key: everything the choice depends on.
+enum class Pass : int { Forward, BackwardData, BackwardFilter };
+using Key = std::tuple<int, int, int, std::vector<int64_t>>;  // pass, device, dtype + math, geometry
+
+Key make_key(Pass pass, int device, DType dtype, const ConvGeometry& g) {
+  return {static_cast<int>(pass), device, static_cast<int>(dtype) * 4 + static_cast<int>(Descriptors::math_type(dtype)),
+          {g.n, g.h, g.w, g.c, g.k, g.r, g.s, g.p, g.q, g.stride_h, g.stride_w, g.pad_h, g.pad_w, g.dilation_h,
+           g.dilation_w, g.groups}};
+}
+
+struct Choice {
+  int algo = 0;
+  size_t workspace = 0;
+};
+
+std::mutex g_cache_mutex;
+std::map<Key, Choice> g_cache;
+
+const char* pass_name(Pass p) {
+  switch (p) {
+    case Pass::Forward: return "forward";
+    case Pass::BackwardData: return "backward data";
+    case Pass::BackwardFilter: return "backward filter";
+  }
+  return "?";
+}
+
+// The fastest successful result (deterministic ones only when asked) within the workspace bound.
+template <typename Perf>
+Choice pick(const std::vector<Perf>& results, int count, Pass pass, const ConvGeometry& g) {
+  const bool deterministic = env_flag("RINGTRAIN_CUDNN_DETERMINISTIC", false);
+  for (int i = 0; i < count; ++i) {  // cuDNN returns them sorted by time
+    const Perf& r = results[static_cast<size_t>(i)];
+    if (r.status != CUDNN_STATUS_SUCCESS || r.memory > workspace_limit()) continue;
+    if (deterministic && r.determinism != CUDNN_DETERMINISTIC) continue;
+    return {static_cast<int>(r.algo), r.memory};
+  }
+  RT_THROW("conv2d on CUDA: cuDNN has no ", pass_name(pass), " algorithm for N=", g.n, " H=", g.h, " W=", g.w,
+           " C=", g.c, " K=", g.k, " R=", g.r, " S=", g.s, " within a ", workspace_limit() >> 20,
+           " MiB workspace", deterministic ? " that is deterministic (RINGTRAIN_CUDNN_DETERMINISTIC=1)" : "",
+           "; raise RINGTRAIN_CUDNN_WORKSPACE_MB");
+}
+
+// What benchmarking may use: the bound, but no more than half of what the device has free now.
+size_t find_workspace_bytes() {
+  size_t free_bytes = 0, total_bytes = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return std::min(workspace_limit(), free_bytes / 2);
+}
+
+Tensor workspace_tensor(size_t bytes, Device device) {
+  return Tensor::empty(Shape{static_cast<int64_t>(std::max<size_t>(bytes, 1))}, DType::U8, device);
+}
+
+// Looks the choice up, or makes it: `find` benchmarks (writing into the real output buffers, which the
+// call then overwrites anyway), `heuristic` asks cuDNN's ranking.
+template <typename FindFn, typename HeuristicFn>
+Choice choose(Pass pass, const Tensor& any, const ConvGeometry& g, FindFn find, HeuristicFn heuristic) {
+  const Key key = make_key(pass, any.device().index, any.dtype(), g);
+  {
+    std::lock_guard<std::mutex> lock(g_cache_mutex);
+    if (auto it = g_cache.find(key); it != g_cache.end()) return it->second;
+  }
+  const Choice c = env_flag("RINGTRAIN_CUDNN_BENCHMARK", true) ? find() : heuristic();
+  std::lock_guard<std::mutex> lock(g_cache_mutex);
+  g_cache.emplace(key, c);
+  return c;
+}
+
+constexpr int kMaxAlgos = 16;
+
+}  // namespace
+
+void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor* bias, const ConvGeometry& g, Tensor& y) {
+  DeviceGuard guard(x.device().index);
+  Descriptors d(g, x.dtype(), "conv2d");
+  cudnnHandle_t h = cudnn_handle(x.device().index);
+  const Choice c = choose(
+      Pass::Forward, x, g,
+      [&] {
+        std::vector<cudnnConvolutionFwdAlgoPerf_t> r(kMaxAlgos);
+        int n = 0;
+        const size_t find_ws = find_workspace_bytes();
+        Tensor ws = workspace_tensor(find_ws, x.device());
+        CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(h, d.x, x.data_ptr(), d.w, w.data_ptr(), d.conv, d.y,
+                                                           y.data_ptr(), kMaxAlgos, &n, r.data(), ws.data_ptr(),
+                                                           find_ws));
+        return pick(r, n, Pass::Forward, g);
+      },
+      [&] {
+        std::vector<cudnnConvolutionFwdAlgoPerf_t> r(kMaxAlgos);
+        int n = 0;
+        CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, d.x, d.w, d.conv, d.y, kMaxAlgos, &n, r.data()));
+        return pick(r, n, Pass::Forward, g);
+      });
+  Tensor ws = workspace_tensor(c.workspace, x.device());
+  CUDNN_CHECK(cudnnConvolutionForward(h, d.one(), d.x, x.data_ptr(), d.w, w.data_ptr(), d.conv,
+                                      static_cast<cudnnConvolutionFwdAlgo_t>(c.algo), ws.data_ptr(), c.workspace,
+                                      d.zero(), d.y, y.data_ptr()));
+  if (bias) CUDNN_CHECK(cudnnAddTensor(h, d.one(), d.bias, bias->data_ptr(), d.one(), d.y, y.data_ptr()));
+}
+
+void conv2d_backward_data(const Tensor& dy, const Tensor& w, const ConvGeometry& g, Tensor& dx) {
+  DeviceGuard guard(dy.device().index);
+  Descriptors d(g, dy.dtype(), "conv2d backward");
+  cudnnHandle_t h = cudnn_handle(dy.device().index);
+  const Choice c = choose(
+      Pass::BackwardData, dy, g,
+      [&] {
+        std::vector<cudnnConvolutionBwdDataAlgoPerf_t> r(kMaxAlgos);
+        int n = 0;
+        const size_t find_ws = find_workspace_bytes();
+        Tensor ws = workspace_tensor(find_ws, dy.device());
+        CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(h, d.w, w.data_ptr(), d.y, dy.data_ptr(), d.conv, d.x,
+                                                                dx.data_ptr(), kMaxAlgos, &n, r.data(), ws.data_ptr(),
+                                                                find_ws));
+        return pick(r, n, Pass::BackwardData, g);
+      },
+      [&] {
+        std::vector<cudnnConvolutionBwdDataAlgoPerf_t> r(kMaxAlgos);
+        int n = 0;
+        CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, d.w, d.y, d.conv, d.x, kMaxAlgos, &n, r.data()));
+        return pick(r, n, Pass::BackwardData, g);
+      });
+  Tensor ws = workspace_tensor(c.workspace, dy.device());
+  CUDNN_CHECK(cudnnConvolutionBackwardData(h, d.one(), d.w, w.data_ptr(), d.y, dy.data_ptr(), d.conv,
+                                           static_cast<cudnnConvolutionBwdDataAlgo_t>(c.algo), ws.data_ptr(),
+                                           c.workspace, d.zero(), d.x, dx.data_ptr()));
+}
+
+void conv2d_backward_weights(const Tensor& x, const Tensor& dy, const ConvGeometry& g, Tensor& dw, Tensor* dbias) {
+  DeviceGuard guard(x.device().index);
+  Descriptors d(g, x.dtype(), "conv2d backward");
+  cudnnHandle_t h = cudnn_handle(x.device().index);
+  const Choice c = choose(
+      Pass::BackwardFilter, x, g,
+      [&] {
+        std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> r(kMaxAlgos);
+        int n = 0;
+        const size_t find_ws = find_workspace_bytes();
+        Tensor ws = workspace_tensor(find_ws, x.device());
+        CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(h, d.x, x.data_ptr(), d.y, dy.data_ptr(), d.conv, d.w,
+                                                                  dw.data_ptr(), kMaxAlgos, &n, r.data(),
+                                                                  ws.data_ptr(), find_ws));
+        return pick(r, n, Pass::BackwardFilter, g);
+      },
+      [&] {
+        std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> r(kMaxAlgos);
+        int n = 0;
+        CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, d.x, d.y, d.conv, d.w, kMaxAlgos, &n, r.data()));
+        return pick(r, n, Pass::BackwardFilter, g);
+      });
+  Tensor ws = workspace_tensor(c.workspace, x.device());
+  CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, d.one(), d.x, x.data_ptr(), d.y, dy.data_ptr(), d.conv,
+                                             static_cast<cudnnConvolutionBwdFilterAlgo_t>(c.algo), ws.data_ptr(),
+                                             c.workspace, d.zero(), d.w, dw.data_ptr()));
+  if (dbias) CUDNN_CHECK(cudnnConvolutionBackwardBias(h, d.one(), d.y, dy.data_ptr(), d.zero(), d.bias, dbias->data_ptr()));
+}
+
+}  // namespace ringtrain::cuda
+
+namespace ringtrain {
+
+std::vector<std::string> cuda_conv_algorithms() {
+  using namespace cuda;
+  std::lock_guard<std::mutex> lock(g_cache_mutex);
+  std::vector<std::string> out;
+  for (const auto& [key, choice] : g_cache) {
+    const auto& geo = std::get<3>(key);
+    std::string line = std::string(pass_name(static_cast<Pass>(std::get<0>(key)))) + " cuda:" + std::to_string(std::get<1>(key)) +
+                       " N" + std::to_string(geo[0]) + " H" + std::to_string(geo[1]) + " W" + std::to_string(geo[2]) +
+                       " C" + std::to_string(geo[3]) + " K" + std::to_string(geo[4]) + " " + std::to_string(geo[5]) + "x" +
+                       std::to_string(geo[6]) + " stride " + std::to_string(geo[9]) + " groups " + std::to_string(geo[15]) +
+                       ": algo " + std::to_string(choice.algo) + ", workspace " + std::to_string(choice.workspace) + " B";
+    out.push_back(line);
+  }
+  return out;
+}
+
+}  // namespace ringtrain

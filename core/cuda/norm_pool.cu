@@ -1,0 +1,516 @@
+// core/cuda/norm_pool.cu: batch norm (with the fused residual add + ReLU) and max / average pooling over
+// NHWC tensors on CUDA. Semantics are the KernelTable's (core/kernels.h) and follow the CPU kernels
+// (core/cpu/norm_pool.cpp) step by step; every result is deterministic for a given shape.
+//
+// Batch norm views x as (M, C) with C innermost. Per-channel sums use a (kLanes x kRows) block: lanes
+// along C (coalesced loads), rows of threads along M. Block (tile, part) covers channels
+// [tile * kLanes, +kLanes) and rows [part * chunk, +chunk); each thread accumulates its rows in order (in
+// f64, as the CPU does), the block combines its rows with a fixed tree and writes one partial per channel
+// to an f64 workspace (parts, C). A second small kernel merges each channel's partials in a fixed order
+// (again rows of threads over the parts and a fixed tree) and turns the sums into statistics. The split
+// into parts depends on the shape alone, never on the GPU. Training uses two passes (mean, then the sum
+// of squared deviations from it) like the CPU; the normalisation is a third, elementwise, pass.
+//
+// Pooling: one thread per output element (c innermost, so loads and stores are coalesced). Backward
+// passes are gathers, one thread per input element, that visit the outputs whose window covers it in
+// increasing output order, the order in which the CPU scatters: no atomics, and the same sums.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "core/check.h"
+#include "core/cuda/common.cuh"
+#include "core/cuda/cuda_check.h"
+#include "core/cuda/cuda_kernels.h"
+#include "core/dtype.h"
+#include "core/kernels.h"
+#include "core/tensor.h"
+
+namespace ringtrain::cuda {
+namespace {
+
+using namespace cuda_common;
+
+constexpr int kLanes = 32;                 // channels per block (threadIdx.x)
+constexpr int kRows = kThreads / kLanes;   // rows of threads per block (threadIdx.y); a power of 2
+
+// gamma, beta and all statistics: f64 for f64 inputs, else f32.
+template <typename S>
+using param_t = std::conditional_t<std::is_same_v<S, double>, double, float>;
+
+// Rounded arithmetic that the compiler may not contract into FMAs, so that elementwise results match the
+// CPU's separately rounded products and sums.
+__device__ inline float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ inline double mul_rn(double a, double b) { return __dmul_rn(a, b); }
+__device__ inline float add_rn(float a, float b) { return __fadd_rn(a, b); }
+__device__ inline double add_rn(double a, double b) { return __dadd_rn(a, b); }
+__device__ inline float sub_rn(float a, float b) { return __fsub_rn(a, b); }
+__device__ inline double sub_rn(double a, double b) { return __dsub_rn(a, b); }
+
+// ---------------------------------------------------------------------------------------------------
+// Batch norm: per-channel partial sums
+
+// Rows of (M, C) per part: enough parts to give the GPU ~kTargetBlocks blocks, each at least kMinChunk
+// rows. A function of (M, C) only, so the summation order never depends on the device.
+struct RowSplit {
+  int64_t parts = 1, chunk = 1;
+};
+
+RowSplit split_rows(int64_t rows, int64_t channels) {
+  constexpr int64_t kMinChunk = 256, kTargetBlocks = 2048, kMaxParts = 1024;
+  const int64_t tiles = (channels + kLanes - 1) / kLanes;
+  RowSplit split;
+  split.parts = std::max<int64_t>(
+      1, std::min<int64_t>({(rows + kMinChunk - 1) / kMinChunk, std::max<int64_t>(1, kTargetBlocks / tiles), kMaxParts}));
+  split.chunk = std::max<int64_t>(1, (rows + split.parts - 1) / split.parts);
+  split.parts = std::max<int64_t>(1, (rows + split.chunk - 1) / split.chunk);  // no empty parts
+  return split;
+}
+
+enum class StatPass {
+  Sum,               // sum x                                  -> 1 accumulator
+  SquaredDeviation,  // sum (x - mean)^2                       -> 1 accumulator
+  Backward,          // sum dy, sum dy * (x - mean) * invstd   -> 2 accumulators
+};
+
+// Fixed-order tree over the kRows rows of a (kLanes, kRows) block; row 0 ends with the totals. Every
+// thread of the block must call it.
+__device__ inline void tree_over_rows(double (*shared)[kLanes]) {
+  const unsigned lane = threadIdx.x, row = threadIdx.y;
+  for (unsigned s = kRows / 2; s > 0; s >>= 1) {
+    if (row < s) shared[row][lane] += shared[row + s][lane];
+    __syncthreads();
+  }
+}
+
+// Grid (tiles, parts), block (kLanes, kRows). Writes partial[(a * parts + part) * C + c] for accumulator a.
+template <typename S, StatPass kPass>
+__global__ void __launch_bounds__(kThreads)
+    channel_partials_kernel(const S* x /* (M, C) */, const S* dy /* (M, C), Backward only */,
+                            const param_t<S>* mean /* (C), not for Sum */,
+                            const param_t<S>* invstd /* (C), Backward only */, int64_t M, int64_t C, int64_t chunk,
+                            double* partial /* (accumulators, parts, C) */) {
+  using A = compute_t<S>;
+  __shared__ double acc0[kRows][kLanes];
+  __shared__ double acc1[kRows][kLanes];
+  const unsigned lane = threadIdx.x, row = threadIdx.y;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kLanes + lane;
+  const int64_t part = blockIdx.y;
+  double a0 = 0.0, a1 = 0.0;
+  if (c < C) {
+    double m = 0.0, is = 0.0;
+    if constexpr (kPass != StatPass::Sum) m = static_cast<double>(mean[c]);
+    if constexpr (kPass == StatPass::Backward) is = static_cast<double>(invstd[c]);
+    const int64_t begin = part * chunk, end = min(M, begin + chunk);
+    for (int64_t r = begin + row; r < end; r += kRows) {
+      const double v = static_cast<double>(load_as<A>(x[r * C + c]));
+      if constexpr (kPass == StatPass::Sum) {
+        a0 += v;
+      } else if constexpr (kPass == StatPass::SquaredDeviation) {
+        const double d = v - m;
+        a0 += d * d;
+      } else {
+        const double g = static_cast<double>(load_as<A>(dy[r * C + c]));
+        a0 += g;
+        a1 += g * ((v - m) * is);
+      }
+    }
+  }
+  acc0[row][lane] = a0;
+  if constexpr (kPass == StatPass::Backward) acc1[row][lane] = a1;
+  __syncthreads();
+  tree_over_rows(acc0);
+  if constexpr (kPass == StatPass::Backward) tree_over_rows(acc1);
+  if (row == 0 && c < C) {
+    partial[part * C + c] = acc0[0][lane];
+    if constexpr (kPass == StatPass::Backward) partial[(gridDim.y + part) * C + c] = acc1[0][lane];
+  }
+}
+
+// Channel c's total over its `parts` partials (partial: (parts, C)): row `row` of the block adds parts
+// row, row + kRows, ... in order, then a fixed tree over the rows. Every thread of a (kLanes, kRows) block
+// must call it; every thread gets the result (meaningful where c < C).
+__device__ double merge_parts(const double* partial, int64_t parts, int64_t C, int64_t c,
+                              double (*shared)[kLanes]) {
+  const unsigned lane = threadIdx.x, row = threadIdx.y;
+  double acc = 0.0;
+  if (c < C)
+    for (int64_t p = row; p < parts; p += kRows) acc += partial[p * C + c];
+  shared[row][lane] = acc;
+  __syncthreads();
+  tree_over_rows(shared);
+  const double total = shared[0][lane];
+  __syncthreads();  // shared may be reused right away
+  return total;
+}
+
+// y = x * scale + shift with scale = gamma * invstd and shift = beta - mean * gamma * invstd, computed in
+// the parameter type and rounded as the CPU does.
+template <typename P, typename A>
+__device__ inline void write_scale_shift(const P* gamma, const P* beta, P mean, P invstd, int64_t C, int64_t c,
+                                         A* coef /* scale (C), shift (C) */) {
+  coef[c] = static_cast<A>(mul_rn(gamma[c], invstd));
+  coef[C + c] = static_cast<A>(sub_rn(beta[c], mul_rn(mul_rn(mean, gamma[c]), invstd)));
+}
+
+// Grid (tiles), block (kLanes, kRows).
+template <typename P>
+__global__ void __launch_bounds__(kThreads)
+    bn_mean_kernel(const double* partial /* (parts, C) */, int64_t parts, int64_t M, int64_t C,
+                   P* save_mean /* (C) */) {
+  __shared__ double shared[kRows][kLanes];
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kLanes + threadIdx.x;
+  const double total = merge_parts(partial, parts, C, c, shared);
+  if (threadIdx.y == 0 && c < C) save_mean[c] = static_cast<P>(total / static_cast<double>(M));
+}
+
+// Grid (tiles), block (kLanes, kRows).
+template <typename P, typename A>
+__global__ void __launch_bounds__(kThreads)
+    bn_invstd_kernel(const double* partial /* (parts, C): squared deviations */, int64_t parts, int64_t M,
+                     int64_t C, double eps, const P* gamma, const P* beta, const P* save_mean, P* save_invstd,
+                     A* coef /* scale (C), shift (C) */) {
+  __shared__ double shared[kRows][kLanes];
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kLanes + threadIdx.x;
+  const double total = merge_parts(partial, parts, C, c, shared);
+  if (threadIdx.y == 0 && c < C) {
+    const P invstd = static_cast<P>(1.0 / sqrt(total / static_cast<double>(M) + eps));
+    save_invstd[c] = invstd;
+    write_scale_shift(gamma, beta, save_mean[c], invstd, C, c, coef);
+  }
+}
+
+// Eval: the saved statistics come from the running ones. One thread per channel.
+template <typename P, typename A>
+__global__ void bn_eval_params_kernel(const P* running_mean, const P* running_var, double eps, const P* gamma,
+                                      const P* beta, int64_t C, P* save_mean, P* save_invstd,
+                                      A* coef /* scale (C), shift (C) */) {
+  RT_GRID_STRIDE(c, C) {
+    const P mean = running_mean[c];
+    const P invstd = static_cast<P>(1.0 / sqrt(static_cast<double>(running_var[c]) + eps));
+    save_mean[c] = mean;
+    save_invstd[c] = invstd;
+    write_scale_shift(gamma, beta, mean, invstd, C, c, coef);
+  }
+}
+
+// Grid (tiles, row blocks), block (kLanes, kRows); rows grid-strided along y.
+template <typename S>
+__global__ void __launch_bounds__(kThreads)
+    bn_apply_kernel(const S* x /* (M, C) */, const S* residual /* (M, C) or null */,
+                    const compute_t<S>* coef /* scale (C), shift (C) */, int64_t M, int64_t C, bool relu,
+                    S* y /* (M, C) */) {
+  using A = compute_t<S>;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kLanes + threadIdx.x;
+  if (c >= C) return;
+  const A scale = coef[c], shift = coef[C + c];
+  const int64_t stride = static_cast<int64_t>(gridDim.y) * kRows;
+  for (int64_t r = static_cast<int64_t>(blockIdx.y) * kRows + threadIdx.y; r < M; r += stride) {
+    const int64_t i = r * C + c;
+    A v = add_rn(mul_rn(load_as<A>(x[i]), scale), shift);
+    if (residual) v = add_rn(v, load_as<A>(residual[i]));
+    if (relu && v < A(0)) v = A(0);  // NaN stays NaN, as on the CPU
+    y[i] = store_as<S>(v);
+  }
+}
+
+// Backward: dgamma, dbeta and the dx coefficients k1 = gamma * invstd, k2 = k1 * mean(dy),
+// k3 = k1 * mean(dy * xhat) (k2 = k3 = 0 in eval). Grid (tiles), block (kLanes, kRows).
+template <typename P, typename A>
+__global__ void __launch_bounds__(kThreads)
+    bn_backward_coef_kernel(const double* partial /* (2, parts, C): sum dy, sum dy * xhat */, int64_t parts,
+                            int64_t M, int64_t C, bool training, const P* gamma, const P* save_invstd, P* dgamma,
+                            P* dbeta, A* coef /* k1, k2, k3: (3, C) */) {
+  __shared__ double shared[kRows][kLanes];
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kLanes + threadIdx.x;
+  const double sum_dy = merge_parts(partial, parts, C, c, shared);
+  const double sum_dy_xhat = merge_parts(partial + parts * C, parts, C, c, shared);
+  if (threadIdx.y == 0 && c < C) {
+    dgamma[c] = static_cast<P>(sum_dy_xhat);
+    dbeta[c] = static_cast<P>(sum_dy);
+    const double gi = static_cast<double>(gamma[c]) * static_cast<double>(save_invstd[c]);
+    const double m = static_cast<double>(M);
+    coef[c] = static_cast<A>(gi);
+    coef[C + c] = static_cast<A>(training ? gi * sum_dy / m : 0.0);
+    coef[2 * C + c] = static_cast<A>(training ? gi * sum_dy_xhat / m : 0.0);
+  }
+}
+
+// dx = dy * k1 - k2 - xhat * k3. Grid (tiles, row blocks), block (kLanes, kRows).
+template <typename S>
+__global__ void __launch_bounds__(kThreads)
+    bn_backward_dx_kernel(const S* x /* (M, C) */, const S* dy /* (M, C) */, const param_t<S>* save_mean,
+                          const param_t<S>* save_invstd, const compute_t<S>* coef /* (3, C) */, int64_t M,
+                          int64_t C, S* dx /* (M, C) */) {
+  using A = compute_t<S>;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kLanes + threadIdx.x;
+  if (c >= C) return;
+  const A mean = static_cast<A>(save_mean[c]), invstd = static_cast<A>(save_invstd[c]);
+  const A k1 = coef[c], k2 = coef[C + c], k3 = coef[2 * C + c];
+  const int64_t stride = static_cast<int64_t>(gridDim.y) * kRows;
+  for (int64_t r = static_cast<int64_t>(blockIdx.y) * kRows + threadIdx.y; r < M; r += stride) {
+    const int64_t i = r * C + c;
+    const A xhat = mul_rn(sub_rn(load_as<A>(x[i]), mean), invstd);
+    dx[i] = store_as<S>(sub_rn(sub_rn(mul_rn(load_as<A>(dy[i]), k1), k2), mul_rn(xhat, k3)));
+  }
+}
+
+// Grid for the elementwise (M, C) passes: a few rows per thread, grid-strided beyond 65535 row blocks.
+dim3 elementwise_grid(int64_t M, int64_t C) {
+  constexpr int64_t kRowsPerThread = 4;
+  const int64_t tiles = (C + kLanes - 1) / kLanes;
+  const int64_t row_blocks = std::clamp<int64_t>((M + kRows * kRowsPerThread - 1) / (kRows * kRowsPerThread), 1, 65535);
+  return dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(row_blocks));
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Pooling
+
+// Index decomposition of an NHWC offset: o = ((n * d1 + i1) * d2 + i2) * C + c.
+struct Nhwc {
+  int64_t n, i1, i2, c;
+};
+__device__ inline Nhwc decompose(int64_t o, int64_t d1, int64_t d2, int64_t C) {
+  Nhwc r;
+  r.c = o % C;
+  int64_t t = o / C;
+  r.i2 = t % d2;
+  t /= d2;
+  r.i1 = t % d1;
+  r.n = t / d1;
+  return r;
+}
+
+// The first output index whose window [o * stride - pad, ...) reaches position `reach` = pos + pad - extent + 1
+// (i.e. the smallest o with o * stride >= reach), at least 0.
+__device__ inline int64_t first_window(int64_t reach, int64_t stride) {
+  return reach <= 0 ? 0 : (reach + stride - 1) / stride;
+}
+
+template <typename S>
+__global__ void max_pool_forward_kernel(const S* x /* (N, H, W, C) */, ConvGeometry g, int64_t total,
+                                        S* y /* (N, P, Q, C) */, int64_t* argmax /* (N, P, Q, C) */) {
+  using A = compute_t<S>;
+  RT_GRID_STRIDE(o, total) {
+    const Nhwc at = decompose(o, g.p, g.q, g.c);
+    A best = dev_neg_infinity<A>();
+    int64_t where = -1;
+    for (int64_t r = 0; r < g.r; ++r) {
+      const int64_t h = at.i1 * g.stride_h - g.pad_h + r * g.dilation_h;
+      if (h < 0 || h >= g.h) continue;
+      for (int64_t s = 0; s < g.s; ++s) {
+        const int64_t w = at.i2 * g.stride_w - g.pad_w + s * g.dilation_w;
+        if (w < 0 || w >= g.w) continue;
+        const A v = load_as<A>(x[((at.n * g.h + h) * g.w + w) * g.c + at.c]);
+        // The first element seen always wins (padding never does); then NaN propagates, else the first
+        // maximum stays.
+        if (where < 0 || v > best || (dev_isnan(v) && !dev_isnan(best))) {
+          best = v;
+          where = h * g.w + w;
+        }
+      }
+    }
+    y[o] = store_as<S>(best);
+    argmax[o] = where;
+  }
+}
+
+// One thread per input element: sums dy over the outputs (in increasing order) whose argmax is this element.
+template <typename S>
+__global__ void max_pool_backward_kernel(const S* dy /* (N, P, Q, C) */, const int64_t* argmax /* (N, P, Q, C) */,
+                                         ConvGeometry g, int64_t total, S* dx /* (N, H, W, C) */) {
+  using A = compute_t<S>;
+  RT_GRID_STRIDE(i, total) {
+    const Nhwc at = decompose(i, g.h, g.w, g.c);
+    const int64_t target = at.i1 * g.w + at.i2;
+    const int64_t p_lo = first_window(at.i1 + g.pad_h - (g.r - 1) * g.dilation_h, g.stride_h);
+    const int64_t p_hi = min(g.p - 1, (at.i1 + g.pad_h) / g.stride_h);
+    const int64_t q_lo = first_window(at.i2 + g.pad_w - (g.s - 1) * g.dilation_w, g.stride_w);
+    const int64_t q_hi = min(g.q - 1, (at.i2 + g.pad_w) / g.stride_w);
+    A acc = A(0);
+    for (int64_t p = p_lo; p <= p_hi; ++p)
+      for (int64_t q = q_lo; q <= q_hi; ++q) {
+        const int64_t o = ((at.n * g.p + p) * g.q + q) * g.c + at.c;
+        if (argmax[o] == target) acc += load_as<A>(dy[o]);
+      }
+    dx[i] = store_as<S>(acc);
+  }
+}
+
+// count_include_pad: the sum over the in-bounds part of the window times 1 / (r * s). Dilation is not
+// applied (as on the CPU; pooling geometry always has dilation 1).
+template <typename S>
+__global__ void avg_pool_forward_kernel(const S* x /* (N, H, W, C) */, ConvGeometry g, compute_t<S> inv,
+                                        int64_t total, S* y /* (N, P, Q, C) */) {
+  using A = compute_t<S>;
+  RT_GRID_STRIDE(o, total) {
+    const Nhwc at = decompose(o, g.p, g.q, g.c);
+    A acc = A(0);
+    for (int64_t r = 0; r < g.r; ++r) {
+      const int64_t h = at.i1 * g.stride_h - g.pad_h + r;
+      if (h < 0 || h >= g.h) continue;
+      for (int64_t s = 0; s < g.s; ++s) {
+        const int64_t w = at.i2 * g.stride_w - g.pad_w + s;
+        if (w < 0 || w >= g.w) continue;
+        acc += load_as<A>(x[((at.n * g.h + h) * g.w + w) * g.c + at.c]);
+      }
+    }
+    y[o] = store_as<S>(mul_rn(acc, inv));
+  }
+}
+
+// One thread per input element: sums dy * inv over the windows covering it, in increasing output order.
+template <typename S>
+__global__ void avg_pool_backward_kernel(const S* dy /* (N, P, Q, C) */, ConvGeometry g, compute_t<S> inv,
+                                         int64_t total, S* dx /* (N, H, W, C) */) {
+  using A = compute_t<S>;
+  RT_GRID_STRIDE(i, total) {
+    const Nhwc at = decompose(i, g.h, g.w, g.c);
+    const int64_t p_lo = first_window(at.i1 + g.pad_h - (g.r - 1), g.stride_h);
+    const int64_t p_hi = min(g.p - 1, (at.i1 + g.pad_h) / g.stride_h);
+    const int64_t q_lo = first_window(at.i2 + g.pad_w - (g.s - 1), g.stride_w);
+    const int64_t q_hi = min(g.q - 1, (at.i2 + g.pad_w) / g.stride_w);
+    A acc = A(0);
+    for (int64_t p = p_lo; p <= p_hi; ++p)
+      for (int64_t q = q_lo; q <= q_hi; ++q)
+        acc = add_rn(acc, mul_rn(load_as<A>(dy[((at.n * g.p + p) * g.q + q) * g.c + at.c]), inv));
+    dx[i] = store_as<S>(acc);
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------------
+// Entry points (core/cuda/cuda_kernels.h)
+
+void batch_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
+                        const Tensor& running_var, bool training, double eps, bool relu, const Tensor* residual, Tensor& y,
+                        Tensor& save_mean, Tensor& save_invstd) {
+  const int64_t C = x.size(-1), M = x.numel() / std::max<int64_t>(C, 1);
+  DeviceScope scope(x);
+  dispatch_floating(x.dtype(), "batch_norm", [&](auto tag) {
+    using S = typename decltype(tag)::type;
+    using P = param_t<S>;
+    using A = compute_t<S>;
+    if (C == 0) return;
+    const cudaStream_t stream = stream_now();
+    const unsigned tiles = static_cast<unsigned>((C + kLanes - 1) / kLanes);
+    const dim3 block(kLanes, kRows);
+    const P *pg = gamma.data<P>(), *pb = beta.data<P>();
+    P *pm = save_mean.data<P>(), *pi = save_invstd.data<P>();
+    // Workspaces come from the caching allocator and return to it under this stream, so whatever
+    // reuses them is ordered after the kernels below.
+    Tensor coef = Tensor::empty(Shape{2 * C}, accumulator_dtype<A>(), x.device());
+    if (training) {
+      const RowSplit split = split_rows(M, C);
+      Tensor partial = Tensor::empty(Shape{split.parts * C}, DType::F64, x.device());
+      const dim3 grid(tiles, static_cast<unsigned>(split.parts));
+      double* ws = partial.data<double>();
+      channel_partials_kernel<S, StatPass::Sum>
+          <<<grid, block, 0, stream>>>(x.data<S>(), nullptr, nullptr, nullptr, M, C, split.chunk, ws);
+      CUDA_CHECK(cudaGetLastError());
+      bn_mean_kernel<P><<<tiles, block, 0, stream>>>(ws, split.parts, M, C, pm);
+      CUDA_CHECK(cudaGetLastError());
+      channel_partials_kernel<S, StatPass::SquaredDeviation>
+          <<<grid, block, 0, stream>>>(x.data<S>(), nullptr, pm, nullptr, M, C, split.chunk, ws);
+      CUDA_CHECK(cudaGetLastError());
+      bn_invstd_kernel<P, A>
+          <<<tiles, block, 0, stream>>>(ws, split.parts, M, C, eps, pg, pb, pm, pi, coef.data<A>());
+      CUDA_CHECK(cudaGetLastError());
+    } else {
+      bn_eval_params_kernel<P, A><<<grid_for(C), kThreads, 0, stream>>>(
+          running_mean.data<P>(), running_var.data<P>(), eps, pg, pb, C, pm, pi, coef.data<A>());
+      CUDA_CHECK(cudaGetLastError());
+    }
+    if (M == 0) return;
+    bn_apply_kernel<S><<<elementwise_grid(M, C), block, 0, stream>>>(
+        x.data<S>(), residual ? residual->data<S>() : nullptr, coef.data<A>(), M, C, relu, y.data<S>());
+    CUDA_CHECK(cudaGetLastError());
+  });
+}
+
+void batch_norm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& save_mean,
+                         const Tensor& save_invstd, bool training, Tensor& dx, Tensor& dgamma, Tensor& dbeta) {
+  const int64_t C = x.size(-1), M = x.numel() / std::max<int64_t>(C, 1);
+  DeviceScope scope(x);
+  dispatch_floating(x.dtype(), "batch_norm_backward", [&](auto tag) {
+    using S = typename decltype(tag)::type;
+    using P = param_t<S>;
+    using A = compute_t<S>;
+    if (C == 0) return;
+    const cudaStream_t stream = stream_now();
+    const unsigned tiles = static_cast<unsigned>((C + kLanes - 1) / kLanes);
+    const dim3 block(kLanes, kRows);
+    const P *pm = save_mean.data<P>(), *pi = save_invstd.data<P>();
+    const RowSplit split = split_rows(M, C);
+    Tensor partial = Tensor::empty(Shape{2 * split.parts * C}, DType::F64, x.device());
+    Tensor coef = Tensor::empty(Shape{3 * C}, accumulator_dtype<A>(), x.device());
+    double* ws = partial.data<double>();
+    channel_partials_kernel<S, StatPass::Backward><<<dim3(tiles, static_cast<unsigned>(split.parts)), block, 0, stream>>>(
+        x.data<S>(), dy.data<S>(), pm, pi, M, C, split.chunk, ws);
+    CUDA_CHECK(cudaGetLastError());
+    bn_backward_coef_kernel<P, A><<<tiles, block, 0, stream>>>(ws, split.parts, M, C, training, gamma.data<P>(), pi,
+                                                               dgamma.data<P>(), dbeta.data<P>(), coef.data<A>());
+    CUDA_CHECK(cudaGetLastError());
+    if (M == 0) return;
+    bn_backward_dx_kernel<S><<<elementwise_grid(M, C), block, 0, stream>>>(x.data<S>(), dy.data<S>(), pm, pi,
+                                                                          coef.data<A>(), M, C, dx.data<S>());
+    CUDA_CHECK(cudaGetLastError());
+  });
+}
+
+void max_pool2d_forward(const Tensor& x, const ConvGeometry& g, Tensor& y, Tensor& argmax) {
+  const int64_t total = g.n * g.p * g.q * g.c;
+  DeviceScope scope(x);
+  dispatch_floating(x.dtype(), "max_pool2d", [&](auto tag) {
+    using S = typename decltype(tag)::type;
+    if (total == 0) return;
+    max_pool_forward_kernel<S><<<grid_for(total), kThreads, 0, stream_now()>>>(x.data<S>(), g, total, y.data<S>(),
+                                                                               argmax.data<int64_t>());
+    CUDA_CHECK(cudaGetLastError());
+  });
+}
+
+void max_pool2d_backward(const Tensor& dy, const Tensor& argmax, const ConvGeometry& g, Tensor& dx) {
+  const int64_t total = g.n * g.h * g.w * g.c;
+  DeviceScope scope(dx);
+  dispatch_floating(dy.dtype(), "max_pool2d_backward", [&](auto tag) {
+    using S = typename decltype(tag)::type;
+    if (total == 0) return;
+    max_pool_backward_kernel<S><<<grid_for(total), kThreads, 0, stream_now()>>>(dy.data<S>(), argmax.data<int64_t>(),
+                                                                                g, total, dx.data<S>());
+    CUDA_CHECK(cudaGetLastError());
+  });
+}
+
+void avg_pool2d_forward(const Tensor& x, const ConvGeometry& g, Tensor& y) {
+  const int64_t total = g.n * g.p * g.q * g.c;
+  DeviceScope scope(x);
+  dispatch_floating(x.dtype(), "avg_pool2d", [&](auto tag) {
+    using S = typename decltype(tag)::type;
+    using A = compute_t<S>;
+    if (total == 0) return;
+    const A inv = A(1) / static_cast<A>(g.r * g.s);  // as the CPU computes it
+    avg_pool_forward_kernel<S><<<grid_for(total), kThreads, 0, stream_now()>>>(x.data<S>(), g, inv, total,
+                                                                               y.data<S>());
+    CUDA_CHECK(cudaGetLastError());
+  });
+}
+
+void avg_pool2d_backward(const Tensor& dy, const ConvGeometry& g, Tensor& dx) {
+  const int64_t total = g.n * g.h * g.w * g.c;
+  DeviceScope scope(dx);
+  dispatch_floating(dy.dtype(), "avg_pool2d_backward", [&](auto tag) {
+    using S = typename decltype(tag)::type;
+    using A = compute_t<S>;
+    if (total == 0) return;
+    const A inv = A(1) / static_cast<A>(g.r * g.s);
+    avg_pool_backward_kernel<S><<<grid_for(total), kThreads, 0, stream_now()>>>(dy.data<S>(), g, inv, total,
+                                                                                dx.data<S>());
+    CUDA_CHECK(cudaGetLastError());
+  });
+}
+
+}  // namespace ringtrain::cuda

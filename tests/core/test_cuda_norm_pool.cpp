@@ -1,0 +1,358 @@
+// CUDA batch norm and pooling (core/cuda/norm_pool.cu) agree with the CPU kernels, forward and backward,
+// through the public ops and autograd, for f32, f64, f16 and bf16. Every test skips with the reason when
+// there is no CUDA device.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "core/autograd.h"
+#include "core/check.h"
+#include "core/device.h"
+#include "core/kernels.h"
+#include "core/ops.h"
+#include "test_util.h"
+
+namespace ringtrain {
+namespace {
+
+using testing::all_close;
+
+const Device kGpu = Device::cuda(0);
+const DType kFloatingTypes[] = {DType::F32, DType::F64, DType::F16, DType::BF16};
+
+// Forward tolerance (relative and absolute) per activation dtype: a few units in the last place of the
+// storage type (16-bit results may round the other way after a 1-ulp difference in f32).
+double tol_for(DType t) {
+  switch (t) {
+    case DType::F64: return 1e-12;
+    case DType::F32: return 1e-5;
+    case DType::F16: return 2e-3;
+    case DType::BF16: return 1.6e-2;
+    default: return 0;
+  }
+}
+// Backward: one more rounding chain (and the statistics' gradient terms) than forward.
+double grad_tol_for(DType t) { return 10 * tol_for(t); }
+// Statistics and parameter gradients are f32 (f64 for f64 inputs), summed in f64 on both devices.
+double stat_tol_for(DType t) { return t == DType::F64 ? 1e-12 : 1e-5; }
+DType param_dtype(DType t) { return t == DType::F64 ? DType::F64 : DType::F32; }
+
+Tensor on_cpu(const Tensor& t) { return t.to(Device::cpu()); }
+
+// ---------------------------------------------------------------------------------------------------
+// Batch norm
+
+struct BnCase {
+  std::string name;
+  Shape shape;  // (N, ..., C)
+  bool training = true;
+  bool relu = false;
+  bool residual = false;
+};
+
+void PrintTo(const BnCase& c, std::ostream* os) { *os << c.name; }
+
+std::vector<BnCase> bn_cases() {
+  return {
+      {"train", Shape{4, 5, 6, 16}},
+      {"train_relu", Shape{4, 5, 6, 16}, true, true},
+      {"train_residual_relu", Shape{4, 5, 6, 40}, true, true, true},
+      {"train_residual", Shape{2, 3, 5, 24}, true, false, true},
+      {"eval", Shape{4, 5, 6, 16}, false},
+      {"eval_residual_relu", Shape{3, 4, 5, 33}, false, true, true},
+      {"odd_c7_odd_m", Shape{3, 5, 7, 7}},        // M = 105, C = 7: one partial tile
+      {"one_channel", Shape{5, 3, 3, 1}},         // C = 1
+      {"two_dims", Shape{37, 19}},                // (N, C) input
+      {"several_parts", Shape{7, 13, 17, 40}},    // M = 1547: several row parts with a ragged tail
+      {"large_m", Shape{64, 28, 28, 64}, true, true},  // M = 50176: many parts per channel tile
+  };
+}
+
+class CudaBatchNorm : public ::testing::TestWithParam<std::tuple<BnCase, DType>> {};
+
+TEST_P(CudaBatchNorm, ForwardBackwardAndRunningStatisticsAgree) {
+  RT_REQUIRE_CUDA();
+  const auto& [c, dtype] = GetParam();
+  const int64_t C = c.shape[c.shape.ndim() - 1];
+  const DType pd = param_dtype(dtype);
+  const Shape cs{C};
+  // A mean well away from 0 exercises the two-pass variance.
+  const Tensor x = Tensor::normal(c.shape, 3.0, 2.0, 11, DType::F64).to(dtype);
+  const Tensor res = Tensor::normal(c.shape, 0.0, 1.0, 12, DType::F64).to(dtype);
+  const Tensor w = Tensor::uniform(cs, 0.5, 1.5, 13, DType::F64).to(pd);
+  const Tensor b = Tensor::uniform(cs, -0.5, 0.5, 14, DType::F64).to(pd);
+  const Tensor rm = Tensor::uniform(cs, 2.0, 4.0, 15, DType::F64).to(pd);
+  const Tensor rv = Tensor::uniform(cs, 2.0, 6.0, 16, DType::F64).to(pd);
+  const Tensor upstream = Tensor::normal(c.shape, 0.0, 1.0, 17, DType::F64).to(dtype);
+  constexpr double kMomentum = 0.1, kEps = 1e-5;
+
+  struct Run {
+    Tensor x, w, b, res, rm, rv, y;
+  };
+  auto run = [&](Device d) {
+    Run r;
+    // Fresh leaves on each device (to() onto the same device aliases, so never mark the shared inputs).
+    r.x = x.to(d).clone().set_requires_grad();
+    r.w = w.to(d).clone().set_requires_grad();
+    r.b = b.to(d).clone().set_requires_grad();
+    if (c.residual) r.res = res.to(d).clone().set_requires_grad();
+    r.rm = rm.to(d).clone();
+    r.rv = rv.to(d).clone();
+    r.y = batch_norm(r.x, r.w, r.b, r.rm, r.rv, c.training, kMomentum, kEps, c.relu, r.res);
+    r.y.backward(upstream.to(d));
+    return r;
+  };
+  const Run cpu = run(Device::cpu());
+  const Run gpu = run(kGpu);
+  const std::string what = c.name + " " + std::string(dtype_name(dtype));
+
+  ASSERT_EQ(gpu.y.device(), kGpu);
+  ASSERT_EQ(gpu.y.dtype(), dtype);
+  const double tol = tol_for(dtype), gtol = grad_tol_for(dtype), stol = stat_tol_for(dtype);
+  EXPECT_TRUE(all_close(on_cpu(gpu.y), cpu.y, tol, tol)) << what << ": y";
+  if (c.relu) {
+    for (double v : gpu.y.to_vector()) ASSERT_GE(v, 0.0) << what << ": fused ReLU output";
+  }
+  // Running statistics: updated in training (by the op, from the kernel's saved statistics), untouched in eval.
+  EXPECT_TRUE(all_close(on_cpu(gpu.rm), cpu.rm, stol, stol)) << what << ": running_mean";
+  EXPECT_TRUE(all_close(on_cpu(gpu.rv), cpu.rv, stol, stol)) << what << ": running_var";
+  if (!c.training) {
+    EXPECT_EQ(gpu.rm.to_vector(), rm.to_vector()) << what << ": eval leaves running_mean alone";
+    EXPECT_EQ(gpu.rv.to_vector(), rv.to_vector()) << what << ": eval leaves running_var alone";
+  }
+  EXPECT_TRUE(all_close(on_cpu(gpu.x.grad()), cpu.x.grad(), gtol, gtol)) << what << ": dx";
+  // dgamma and dbeta are sums over M of 16-bit products: compare relative to their scale.
+  const double ptol = dtype == DType::F64 ? 1e-10 : (dtype == DType::F32 ? 1e-4 : 1e-3);
+  EXPECT_TRUE(all_close(on_cpu(gpu.w.grad()), cpu.w.grad(), ptol, ptol)) << what << ": dgamma";
+  EXPECT_TRUE(all_close(on_cpu(gpu.b.grad()), cpu.b.grad(), ptol, ptol)) << what << ": dbeta";
+  if (c.residual) {
+    EXPECT_TRUE(all_close(on_cpu(gpu.res.grad()), cpu.res.grad(), gtol, gtol)) << what << ": dresidual";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, CudaBatchNorm,
+                         ::testing::Combine(::testing::ValuesIn(bn_cases()), ::testing::ValuesIn(kFloatingTypes)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param).name + "_" +
+                                  std::string(dtype_name(std::get<1>(info.param)));
+                         });
+
+TEST(CudaBatchNormMisc, SavedStatisticsMatchTheBatchAndRunningStatisticsAfterOneStep) {
+  RT_REQUIRE_CUDA();
+  // Known statistics: channel c holds values with mean 1000 + c and biased variance (c + 1)^2, a large
+  // mean relative to the spread (E[x^2] - E[x]^2 in f32 would lose most digits).
+  const int64_t M = 4096, C = 5;
+  std::vector<double> v(static_cast<size_t>(M * C));
+  for (int64_t r = 0; r < M; ++r)
+    for (int64_t c = 0; c < C; ++c)
+      v[static_cast<size_t>(r * C + c)] = 1000.0 + static_cast<double>(c) + (r % 2 ? 1.0 : -1.0) * (c + 1);
+  for (DType dtype : {DType::F32, DType::F64}) {
+    const DType pd = param_dtype(dtype);
+    Tensor x = Tensor::from_vector(v, Shape{M, C}, dtype, kGpu);
+    Tensor w = Tensor::ones(Shape{C}, pd, kGpu), b = Tensor::zeros(Shape{C}, pd, kGpu);
+    Tensor rm = Tensor::zeros(Shape{C}, pd, kGpu), rv = Tensor::ones(Shape{C}, pd, kGpu);
+    Tensor y = batch_norm(x, w, b, rm, rv, true, 0.5, 1e-5);
+    const std::vector<double> mean = rm.to_vector(), var = rv.to_vector();
+    for (int64_t c = 0; c < C; ++c) {
+      const double m = 1000.0 + static_cast<double>(c), s2 = (c + 1.0) * (c + 1.0);
+      EXPECT_NEAR(mean[static_cast<size_t>(c)], 0.5 * m, 1e-9 * m) << dtype_name(dtype) << " channel " << c;
+      const double unbiased = s2 * static_cast<double>(M) / static_cast<double>(M - 1);
+      EXPECT_NEAR(var[static_cast<size_t>(c)], 0.5 + 0.5 * unbiased, 1e-5 * unbiased)
+          << dtype_name(dtype) << " channel " << c;
+    }
+    // Normalised output: exactly +-1 up to eps and rounding.
+    for (double value : y.to_vector()) EXPECT_NEAR(std::abs(value), 1.0, 1e-4) << dtype_name(dtype);
+  }
+}
+
+TEST(CudaBatchNormMisc, RepeatedRunsAreBitwiseIdentical) {
+  RT_REQUIRE_CUDA();
+  for (DType dtype : kFloatingTypes) {
+    const DType pd = param_dtype(dtype);
+    Tensor x = Tensor::normal(Shape{16, 14, 14, 96}, 1.0, 3.0, 21, dtype, kGpu).set_requires_grad();
+    Tensor w = Tensor::ones(Shape{96}, pd, kGpu).set_requires_grad();
+    Tensor b = Tensor::zeros(Shape{96}, pd, kGpu).set_requires_grad();
+    Tensor up = Tensor::normal(x.shape(), 0, 1, 22, dtype, kGpu);
+    std::vector<std::vector<double>> first;
+    for (int run = 0; run < 2; ++run) {
+      x.zero_grad();
+      w.zero_grad();
+      b.zero_grad();
+      Tensor rm = Tensor::zeros(Shape{96}, pd, kGpu), rv = Tensor::ones(Shape{96}, pd, kGpu);
+      Tensor y = batch_norm(x, w, b, rm, rv, true, 0.1, 1e-5, true);
+      y.backward(up);
+      std::vector<std::vector<double>> got = {y.to_vector(), rm.to_vector(), rv.to_vector(), x.grad().to_vector(),
+                                              w.grad().to_vector()};
+      if (run == 0) first = got;
+      else EXPECT_EQ(got, first) << dtype_name(dtype);
+    }
+  }
+}
+
+TEST(CudaBatchNormMisc, KernelsRejectNonFloatingDtypesNamingOpAndDtype) {
+  RT_REQUIRE_CUDA();
+  // The ops reject integer inputs before reaching a kernel; call the CUDA kernels directly.
+  const KernelTable* table = cuda_kernels();
+  ASSERT_NE(table, nullptr);
+  Tensor x = Tensor::zeros(Shape{1, 4, 4, 3}, DType::I32, kGpu);
+  Tensor p = Tensor::ones(Shape{3}, DType::F32, kGpu);
+  Tensor y = Tensor::empty(x.shape(), DType::I32, kGpu);
+  Tensor mean = Tensor::empty(Shape{3}, DType::F32, kGpu), invstd = Tensor::empty(Shape{3}, DType::F32, kGpu);
+  std::string message = testing::error_of([&] {
+    table->batch_norm_forward(x, p, p, p, p, true, 1e-5, false, nullptr, y, mean, invstd);
+  });
+  EXPECT_NE(message.find("batch_norm"), std::string::npos) << message;
+  EXPECT_NE(message.find("i32"), std::string::npos) << message;
+  ConvGeometry g;
+  g.n = 1;
+  g.h = g.w = 4;
+  g.c = g.k = 3;
+  g.r = g.s = 2;
+  g.stride_h = g.stride_w = 2;
+  g.p = g.q = 2;
+  Tensor py = Tensor::empty(Shape{1, 2, 2, 3}, DType::I32, kGpu);
+  Tensor argmax = Tensor::empty(Shape{1, 2, 2, 3}, DType::I64, kGpu);
+  message = testing::error_of([&] { table->max_pool2d_forward(x, g, py, argmax); });
+  EXPECT_NE(message.find("max_pool2d"), std::string::npos) << message;
+  EXPECT_NE(message.find("i32"), std::string::npos) << message;
+  message = testing::error_of([&] { table->avg_pool2d_backward(py, g, y); });
+  EXPECT_NE(message.find("avg_pool2d_backward"), std::string::npos) << message;
+  EXPECT_NE(message.find("i32"), std::string::npos) << message;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Pooling
+
+enum class PoolKind { Max, Avg, Global };
+
+struct PoolCase {
+  std::string name;
+  PoolKind kind;
+  Shape shape;  // (N, H, W, C)
+  Pool2dParams params = {};
+  // Inputs drawn from {0, 1, 2} (many ties inside a window) instead of a continuous distribution.
+  bool ties = false;
+};
+
+void PrintTo(const PoolCase& c, std::ostream* os) { *os << c.name; }
+
+std::vector<PoolCase> pool_cases() {
+  return {
+      {"max3s2p1_stem", PoolKind::Max, Shape{2, 16, 16, 64}, {3, 3, 2, 2, 1, 1}},
+      {"max3s2p1_odd", PoolKind::Max, Shape{2, 9, 11, 5}, {3, 3, 2, 2, 1, 1}},
+      {"max3s2p1_ties", PoolKind::Max, Shape{2, 9, 9, 6}, {3, 3, 2, 2, 1, 1}, true},
+      {"max3s1p1_overlap_ties", PoolKind::Max, Shape{2, 7, 6, 3}, {3, 3, 1, 1, 1, 1}, true},
+      {"max2s2", PoolKind::Max, Shape{3, 8, 8, 16}, {2, 2, 2, 2, 0, 0}},
+      {"max2s2_odd", PoolKind::Max, Shape{3, 7, 9, 5}, {2, 2, 2, 2, 0, 0}},
+      {"max2s2_ties", PoolKind::Max, Shape{2, 6, 6, 4}, {2, 2, 2, 2, 0, 0}, true},
+      {"max1s2_gaps", PoolKind::Max, Shape{1, 5, 5, 3}, {1, 1, 2, 2, 0, 0}},
+      {"avg2s2", PoolKind::Avg, Shape{3, 8, 8, 16}, {2, 2, 2, 2, 0, 0}},
+      {"avg2s2_odd", PoolKind::Avg, Shape{2, 7, 5, 9}, {2, 2, 2, 2, 0, 0}},
+      {"avg3s2p1", PoolKind::Avg, Shape{2, 9, 9, 7}, {3, 3, 2, 2, 1, 1}},
+      {"avg3s1p1", PoolKind::Avg, Shape{2, 6, 7, 33}, {3, 3, 1, 1, 1, 1}},
+      {"avg3x2s2p1", PoolKind::Avg, Shape{1, 8, 7, 4}, {3, 2, 2, 1, 1, 1}},
+      {"global_resnet", PoolKind::Global, Shape{4, 7, 7, 256}},
+      {"global_odd", PoolKind::Global, Shape{3, 5, 3, 7}},
+  };
+}
+
+Tensor apply_pool(const PoolCase& c, const Tensor& x) {
+  switch (c.kind) {
+    case PoolKind::Max: return max_pool2d(x, c.params);
+    case PoolKind::Avg: return avg_pool2d(x, c.params);
+    case PoolKind::Global: return global_avg_pool(x);
+  }
+  return Tensor();
+}
+
+class CudaPool : public ::testing::TestWithParam<std::tuple<PoolCase, DType>> {};
+
+TEST_P(CudaPool, ForwardAndBackwardAgree) {
+  RT_REQUIRE_CUDA();
+  const auto& [c, dtype] = GetParam();
+  Tensor x = Tensor::uniform(c.shape, -2.0, 2.0, 31, DType::F64).to(dtype);
+  if (c.ties) {
+    std::vector<double> v = Tensor::uniform(c.shape, 0.0, 3.0, 31, DType::F64).to_vector();
+    for (double& e : v) e = std::floor(e);
+    x = Tensor::from_vector(v, c.shape, dtype);
+  }
+  const Tensor xc = x.clone().set_requires_grad(), xg = x.to(kGpu).set_requires_grad();
+  const Tensor yc = apply_pool(c, xc), yg = apply_pool(c, xg);
+  const std::string what = c.name + " " + std::string(dtype_name(dtype));
+  ASSERT_EQ(yg.device(), kGpu);
+  ASSERT_EQ(yg.shape(), yc.shape()) << what;
+  const double tol = tol_for(dtype);
+  if (c.kind == PoolKind::Max) {
+    EXPECT_EQ(yg.to_vector(), yc.to_vector()) << what << ": a maximum is an input value";
+  } else {
+    EXPECT_TRUE(all_close(on_cpu(yg), yc, tol, tol)) << what;
+  }
+  const Tensor up = Tensor::uniform(yc.shape(), 0.5, 1.5, 32, DType::F64).to(dtype);
+  yc.backward(up);
+  yg.backward(up.to(kGpu));
+  // Max: the gradient goes to the first maximum of each window; with ties a different choice would move
+  // a whole upstream value, far outside the tolerance.
+  EXPECT_TRUE(all_close(on_cpu(xg.grad()), xc.grad(), grad_tol_for(dtype), grad_tol_for(dtype))) << what << ": dx";
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, CudaPool,
+                         ::testing::Combine(::testing::ValuesIn(pool_cases()), ::testing::ValuesIn(kFloatingTypes)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param).name + "_" +
+                                  std::string(dtype_name(std::get<1>(info.param)));
+                         });
+
+TEST(CudaPoolMisc, MaxPoolWithInfinitiesAndNaN) {
+  RT_REQUIRE_CUDA();
+  const double inf = std::numeric_limits<double>::infinity();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  // (1, 4, 4, 2): channel 0 all -inf (every window's maximum is -inf: the first in-bounds element wins),
+  // channel 1 mixes -inf, +inf, NaN and ties.
+  std::vector<double> v(32, -inf);
+  const double ch1[16] = {-inf, -inf, 1, 1, -inf, 2, 2, inf, 0, nan, -inf, -inf, 3, 3, -inf, -1};
+  for (int i = 0; i < 16; ++i) v[static_cast<size_t>(2 * i + 1)] = ch1[i];
+  for (DType dtype : kFloatingTypes) {
+    for (const Pool2dParams& p : {Pool2dParams{3, 3, 2, 2, 1, 1}, Pool2dParams{2, 2, 2, 2, 0, 0},
+                                  Pool2dParams{3, 3, 1, 1, 1, 1}}) {
+      const Tensor x = Tensor::from_vector(v, Shape{1, 4, 4, 2}, dtype);
+      const Tensor xc = x.clone().set_requires_grad(), xg = x.to(kGpu).set_requires_grad();
+      const Tensor yc = max_pool2d(xc, p), yg = max_pool2d(xg, p);
+      const std::string what = std::string(dtype_name(dtype)) + " kernel " + std::to_string(p.kernel_h) +
+                               " stride " + std::to_string(p.stride_h);
+      // all_close: NaN and infinities must sit at the same places and be equal.
+      EXPECT_TRUE(all_close(on_cpu(yg), yc, 0, 0)) << what;
+      const Tensor up = Tensor::uniform(yc.shape(), 0.5, 1.5, 41, DType::F64).to(dtype);
+      yc.backward(up);
+      yg.backward(up.to(kGpu));
+      EXPECT_TRUE(all_close(on_cpu(xg.grad()), xc.grad(), grad_tol_for(dtype), grad_tol_for(dtype))) << what;
+    }
+  }
+}
+
+TEST(CudaPoolMisc, AveragePoolCountsPaddingAndIsExactOnSmallIntegers) {
+  RT_REQUIRE_CUDA();
+  // Ones with padding: corners see 4 of 9 elements (count_include_pad divides by 9).
+  for (DType dtype : kFloatingTypes) {
+    Tensor y = avg_pool2d(Tensor::ones(Shape{1, 4, 4, 3}, dtype, kGpu), {3, 3, 2, 2, 1, 1});
+    ASSERT_EQ(y.shape(), (Shape{1, 2, 2, 3}));
+    const std::vector<double> got = y.to_vector();
+    const std::vector<double> expected = {4.0 / 9, 4.0 / 9, 4.0 / 9, 6.0 / 9, 6.0 / 9, 6.0 / 9,
+                                          6.0 / 9, 6.0 / 9, 6.0 / 9, 1.0, 1.0, 1.0};
+    EXPECT_TRUE(all_close(got, expected, tol_for(dtype), tol_for(dtype))) << dtype_name(dtype);
+  }
+}
+
+TEST(CudaPoolMisc, GlobalAveragePoolValues) {
+  RT_REQUIRE_CUDA();
+  Tensor x = Tensor::from_vector({1, 10, 2, 20, 3, 30, 4, 40}, Shape{1, 2, 2, 2}, DType::F32, kGpu);
+  Tensor y = global_avg_pool(x);
+  EXPECT_EQ(y.device(), kGpu);
+  EXPECT_EQ(y.shape(), (Shape{1, 2}));
+  EXPECT_EQ(y.to_vector(), (std::vector<double>{2.5, 25}));
+}
+
+}  // namespace
+}  // namespace ringtrain
