@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "core/dtype.h"
 #include "core/tensor.h"
@@ -52,6 +53,21 @@ struct ConvGeometry {
   int64_t k = 0, r = 0, s = 0;         // filters
   int64_t p = 0, q = 0;                // output height, width
   int64_t stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0, dilation_h = 1, dilation_w = 1, groups = 1;
+};
+
+// One fused SGD step over many parameters (PyTorch's update rule), each parameter computed in its
+// compute type: g = grad + weight_decay * p; with momentum, buf = (init ? g : momentum * buf +
+// (1 - dampening) * g) and d = nesterov ? g + momentum * buf : buf, else d = g; p -= lr * d.
+struct SgdTensor {
+  Tensor* param = nullptr;
+  const Tensor* grad = nullptr;     // param's shape, dtype and device
+  Tensor* momentum = nullptr;       // null: no momentum
+  double weight_decay = 0.0;
+  bool init_momentum = false;       // first step: buf = g
+};
+struct SgdArgs {
+  double lr = 0.0, momentum = 0.0, dampening = 0.0;
+  bool nesterov = false;
 };
 
 struct KernelTable {
@@ -121,6 +137,8 @@ struct KernelTable {
   // Average: count_include_pad semantics (divide by r * s), as PyTorch's default.
   void (*avg_pool2d_forward)(const Tensor& x, const ConvGeometry& g, Tensor& y) = nullptr;
   void (*avg_pool2d_backward)(const Tensor& dy, const ConvGeometry& g, Tensor& dx) = nullptr;
+  // All tensors on this device with one dtype; on CUDA a handful of launches for the whole model.
+  void (*sgd_multi_tensor)(const std::vector<SgdTensor>& tensors, const SgdArgs& args) = nullptr;
   // Called by the dispatcher after every op on this device, naming the op: on CUDA it checks
   // cudaGetLastError once per op and, when RINGTRAIN_CUDA_SYNC=1, synchronizes so that asynchronous
   // faults are reported against the op that caused them. Null on the CPU.

@@ -602,6 +602,37 @@ void cpu_dropout(const Tensor& x, double p, uint64_t seed, uint64_t stream, Tens
   });
 }
 
+// ---------------------------------------------------------------------------------------------------
+// fused SGD: one pass over each parameter (reads p, g, buf once; writes p, buf once)
+
+void cpu_sgd_multi_tensor(const std::vector<SgdTensor>& tensors, const SgdArgs& a) {
+  for (const SgdTensor& t : tensors) {
+    visit_floating(t.param->dtype(), "sgd", [&](auto tag) {
+      using S = typename decltype(tag)::type;
+      using C = compute_t<S>;
+      S* p = t.param->data<S>();
+      const S* g = t.grad->data<S>();
+      S* m = t.momentum ? t.momentum->data<S>() : nullptr;
+      const C wd = static_cast<C>(t.weight_decay), mom = static_cast<C>(a.momentum),
+              keep = static_cast<C>(1.0 - a.dampening), lr = static_cast<C>(a.lr);
+      const bool init = t.init_momentum, nesterov = a.nesterov, decay = t.weight_decay != 0.0;
+      parallel_for(t.param->numel(), kGrain, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) {
+          const C pi = load_as<C>(p[i]);
+          C gi = load_as<C>(g[i]);
+          if (decay) gi = gi + pi * wd;
+          if (m) {
+            const C bi = init ? gi : load_as<C>(m[i]) * mom + gi * keep;
+            m[i] = store_as<S>(bi);
+            gi = nesterov ? gi + load_as<C>(m[i]) * mom : load_as<C>(m[i]);
+          }
+          p[i] = store_as<S>(pi - lr * gi);
+        }
+      });
+    });
+  }
+}
+
 }  // namespace
 
 const KernelTable& cpu_kernels() {
@@ -621,6 +652,7 @@ const KernelTable& cpu_kernels() {
     t.cross_entropy = cpu_cross_entropy;
     t.cross_entropy_backward = cpu_cross_entropy_backward;
     t.dropout = cpu_dropout;
+    t.sgd_multi_tensor = cpu_sgd_multi_tensor;
     t.conv2d_forward = cpu::conv2d_forward;
     t.conv2d_backward_data = cpu::conv2d_backward_data;
     t.conv2d_backward_weights = cpu::conv2d_backward_weights;

@@ -22,4 +22,7 @@ void max_pool2d_backward(const Tensor& dy, const Tensor& argmax, const ConvGeome
 void avg_pool2d_forward(const Tensor& x, const ConvGeometry& g, Tensor& y);
 void avg_pool2d_backward(const Tensor& dy, const ConvGeometry& g, Tensor& dx);
 
+// core/cuda/optim.cu: the fused multi-tensor SGD step.
+void sgd_multi_tensor(const std::vector<SgdTensor>& tensors, const SgdArgs& args);
+
 }  // namespace ringtrain::cuda

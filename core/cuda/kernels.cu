@@ -968,6 +968,7 @@ const KernelTable* cuda_kernels() {
     t.max_pool2d_backward = &cuda::max_pool2d_backward;
     t.avg_pool2d_forward = &cuda::avg_pool2d_forward;
     t.avg_pool2d_backward = &cuda::avg_pool2d_backward;
+    t.sgd_multi_tensor = &cuda::sgd_multi_tensor;
     t.after_op = &after_op_cuda;
     return t;
   }();

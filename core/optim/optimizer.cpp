@@ -8,6 +8,7 @@
 
 #include "core/autograd.h"
 #include "core/check.h"
+#include "core/dispatch.h"
 #include "core/ops.h"
 
 namespace ringtrain {
@@ -84,18 +85,30 @@ Sgd::Sgd(std::vector<NamedParameter> params, SgdOptions options)
 
 void Sgd::step(double lr) {
   NoGradGuard no_grad;
+  // One fused kernel call per (device, dtype) group: one pass over each parameter instead of an op per
+  // term, and on CUDA a few launches for the whole model.
+  std::vector<Tensor> grads(params_.size());
+  std::map<std::pair<std::string, int>, std::vector<SgdTensor>> groups;
   for (size_t i = 0; i < params_.size(); ++i) {
     Tensor& p = params_[i].tensor;
-    Tensor grad = p.grad();
-    if (!grad.defined()) continue;
-    Tensor g = decays(p) ? add(grad, mul(p, weight_decay_)) : grad;
+    grads[i] = p.grad();
+    if (!grads[i].defined()) continue;
+    SgdTensor t;
+    t.param = &p;
+    t.grad = &grads[i];
+    t.weight_decay = decays(p) ? weight_decay_ : 0.0;
     if (options_.momentum != 0.0) {
-      Tensor& buf = momentum_[i];
-      if (!buf.defined()) buf = g.clone();
-      else buf.copy_(add(mul(buf, options_.momentum), mul(g, 1.0 - options_.dampening)));
-      g = options_.nesterov ? add(g, mul(buf, options_.momentum)) : buf;
+      t.init_momentum = !momentum_[i].defined();
+      if (t.init_momentum) momentum_[i] = Tensor::empty(p.shape(), p.dtype(), p.device());
+      t.momentum = &momentum_[i];
     }
-    p.add_(g, -lr);
+    groups[{p.device().str(), static_cast<int>(p.dtype())}].push_back(t);
+  }
+  const SgdArgs args{lr, options_.momentum, options_.dampening, options_.nesterov};
+  for (const auto& [key, tensors] : groups) {
+    const Device device = tensors.front().param->device();
+    RT_KERNEL(device, "sgd", sgd_multi_tensor)(tensors, args);
+    detail::after_op(device, "sgd");
   }
   ++steps_;
 }

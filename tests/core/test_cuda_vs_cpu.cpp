@@ -7,6 +7,7 @@
 #include "core/check.h"
 #include "core/device.h"
 #include "core/ops.h"
+#include "core/optim/optimizer.h"
 #include "test_util.h"
 
 namespace ringtrain {
@@ -189,6 +190,37 @@ TEST(CudaVsCpuMisc, StreamsAndEventsOrderWork) {
   set_current_stream(previous);
   done.wait_on(previous);
   EXPECT_EQ(sum(b).item(), 3.0 * (1 << 20));
+}
+
+TEST(CudaVsCpuMisc, FusedSgdMatchesTheCpuAcrossLaunchChunks) {
+  RT_REQUIRE_CUDA();
+  // 61 parameters (more than one launch's 48) of assorted sizes, momentum + Nesterov + weight decay,
+  // three steps (the first initialises the momentum buffers), f32 and bf16.
+  for (DType dtype : {DType::F32, DType::BF16}) {
+    std::vector<NamedParameter> cpu, gpu;
+    for (int i = 0; i < 61; ++i) {
+      const Shape shape = i % 3 == 0 ? Shape{int64_t{1} + i * 997} : Shape{4, int64_t{1} + i};
+      Tensor p = Tensor::uniform(shape, -1, 1, 300 + static_cast<uint64_t>(i), DType::F64).to(dtype);
+      std::string name = "p";  // not "p" + std::to_string(i): GCC 12's -Wrestrict false positive
+      name += std::to_string(i);
+      cpu.push_back({name, p.clone().set_requires_grad()});
+      gpu.push_back({name, p.to(kGpu).set_requires_grad()});
+    }
+    const SgdOptions options{.momentum = 0.9, .nesterov = true, .weight_decay = 1e-3};
+    Sgd cpu_opt(cpu, options), gpu_opt(gpu, options);
+    for (int step = 0; step < 3; ++step) {
+      for (size_t i = 0; i < cpu.size(); ++i) {
+        Tensor g = Tensor::uniform(cpu[i].tensor.shape(), -1, 1, 900 + 100 * static_cast<uint64_t>(step) + i, DType::F64).to(dtype);
+        cpu[i].tensor.set_grad(g);
+        gpu[i].tensor.set_grad(g.to(kGpu));
+      }
+      cpu_opt.step(0.1);
+      gpu_opt.step(0.1);
+    }
+    const double tol = dtype == DType::F32 ? 1e-6 : 1e-2;  // the GPU may contract a * b + c into an FMA
+    for (size_t i = 0; i < cpu.size(); ++i)
+      EXPECT_TRUE(all_close(gpu[i].tensor.to(Device::cpu()), cpu[i].tensor, tol, tol)) << cpu[i].name << " " << dtype_name(dtype);
+  }
 }
 
 }  // namespace
