@@ -70,6 +70,22 @@ struct SgdArgs {
   bool nesterov = false;
 };
 
+// The per-element SGD update both devices' sgd_multi_tensor kernels run (C: the compute type; m null
+// without momentum). Rounds the momentum buffer to its storage type before using it, as an op-by-op
+// update would.
+template <typename S, typename C>
+RT_HOST_DEVICE inline void sgd_element(S& p, S g, S* m, C weight_decay, C momentum, C keep, C lr, bool init,
+                                       bool nesterov) {
+  const C pi = load_as<C>(p);
+  C gi = load_as<C>(g);
+  if (weight_decay != C(0)) gi = gi + pi * weight_decay;
+  if (m) {
+    *m = store_as<S>(init ? gi : load_as<C>(*m) * momentum + gi * keep);
+    gi = nesterov ? gi + load_as<C>(*m) * momentum : load_as<C>(*m);
+  }
+  p = store_as<S>(pi - lr * gi);
+}
+
 struct KernelTable {
   // out[i] = value.
   void (*fill)(Tensor& out, double value) = nullptr;

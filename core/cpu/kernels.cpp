@@ -615,19 +615,9 @@ void cpu_sgd_multi_tensor(const std::vector<SgdTensor>& tensors, const SgdArgs& 
       S* m = t.momentum ? t.momentum->data<S>() : nullptr;
       const C wd = static_cast<C>(t.weight_decay), mom = static_cast<C>(a.momentum),
               keep = static_cast<C>(1.0 - a.dampening), lr = static_cast<C>(a.lr);
-      const bool init = t.init_momentum, nesterov = a.nesterov, decay = t.weight_decay != 0.0;
+      const bool init = t.init_momentum, nesterov = a.nesterov;
       parallel_for(t.param->numel(), kGrain, [&](int64_t b, int64_t e) {
-        for (int64_t i = b; i < e; ++i) {
-          const C pi = load_as<C>(p[i]);
-          C gi = load_as<C>(g[i]);
-          if (decay) gi = gi + pi * wd;
-          if (m) {
-            const C bi = init ? gi : load_as<C>(m[i]) * mom + gi * keep;
-            m[i] = store_as<S>(bi);
-            gi = nesterov ? gi + load_as<C>(m[i]) * mom : load_as<C>(m[i]);
-          }
-          p[i] = store_as<S>(pi - lr * gi);
-        }
+        for (int64_t i = b; i < e; ++i) sgd_element<S, C>(p[i], g[i], m ? m + i : nullptr, wd, mom, keep, lr, init, nesterov);
       });
     });
   }

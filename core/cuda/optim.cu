@@ -41,18 +41,8 @@ __global__ void sgd_kernel(SgdList<S> list, double lr_d, double momentum_d, doub
   const int64_t n = list.numel[t];
   const C wd = static_cast<C>(list.weight_decay[t]), mom = static_cast<C>(momentum_d),
           keep = static_cast<C>(1.0 - dampening_d), lr = static_cast<C>(lr_d);
-  const bool decay = list.weight_decay[t] != 0.0, init = list.init[t];
-  RT_GRID_STRIDE(i, n) {
-    const C pi = load_as<C>(p[i]);
-    C gi = load_as<C>(g[i]);
-    if (decay) gi = gi + pi * wd;
-    if (m) {
-      const C bi = init ? gi : load_as<C>(m[i]) * mom + gi * keep;
-      m[i] = store_as<S>(bi);
-      gi = nesterov ? gi + load_as<C>(m[i]) * mom : load_as<C>(m[i]);
-    }
-    p[i] = store_as<S>(pi - lr * gi);
-  }
+  const bool init = list.init[t];
+  RT_GRID_STRIDE(i, n) sgd_element<S, C>(p[i], g[i], m ? m + i : nullptr, wd, mom, keep, lr, init, nesterov);
 }
 
 }  // namespace
