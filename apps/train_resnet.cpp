@@ -582,9 +582,12 @@ int train(comm::World& world, Config cfg) {
     json samples = json::array();
     for (int r = 0; r < world.size(); ++r) {
       const double* v = all.data() + 6 * static_cast<size_t>(r);
-      if (v[0] > 0)
-        samples.push_back({{"rank", r}, {"util_pct", v[1]}, {"mem_used_bytes", v[2]}, {"mem_total_bytes", v[3]},
-                           {"temperature_c", v[4]}, {"power_w", v[5]}});
+      if (v[0] <= 0) continue;
+      json one{{"rank", r}};
+      const char* names[5] = {"util_pct", "mem_used_bytes", "mem_total_bytes", "temperature_c", "power_w"};
+      for (int f = 0; f < 5; ++f)
+        if (std::isfinite(v[f + 1])) one[names[f]] = v[f + 1];  // a field the board cannot report is left out
+      samples.push_back(one);
     }
     if (!samples.empty()) log({{"type", "gpu"}, {"step", at_step}, {"samples", samples}});
   };
@@ -618,7 +621,9 @@ int train(comm::World& world, Config cfg) {
   // ---- the loop
   std::vector<double> step_times;  // every optimizer step's wall time, for the summary's median
   Clock::time_point step_begin;
-  double interval[6] = {0, 0, 0, 0, 0, 0};  // data, forward, backward, exposed comm, optimizer, loss sum
+  // data, forward, backward, exposed comm, optimizer, loss sum, loss weight (finite micro-batch losses
+  // only: with f16 loss scaling an overflowing step is skipped, and its loss must not poison the mean)
+  double interval[7] = {0, 0, 0, 0, 0, 0, 0};
   // For the summary: the same breakdown summed over every step but the run's first (allocations, caches),
   // and per bucket the time from the last micro-batch's backward start to its launch and its all-reduce.
   double breakdown[5] = {0, 0, 0, 0, 0}, step_breakdown[5] = {0, 0, 0, 0, 0};
@@ -697,7 +702,11 @@ int train(comm::World& world, Config cfg) {
       step_breakdown[0] += std::chrono::duration<double>(t1 - t0).count();
       step_breakdown[1] += std::chrono::duration<double>(t2 - t1).count();
       step_breakdown[2] += std::chrono::duration<double>(t3 - t2).count();
-      interval[5] += loss_value / static_cast<double>(cfg.accum);
+      if (std::isfinite(loss_value)) {
+        interval[5] += loss_value / static_cast<double>(cfg.accum);
+        interval[6] += 1.0 / static_cast<double>(cfg.accum);
+        last_loss = loss_value;
+      }
       trace.span("data_wait", t0, t1, step);
       trace.span("forward", t1, t2, step);
       trace.span("backward", t2, t3, step);
@@ -721,6 +730,7 @@ int train(comm::World& world, Config cfg) {
         opt->step(schedule.at(step));
       }
       sync.zero_grad();
+      const auto t_opt = Clock::now();
       ++step;
       if (inject.rank == world.rank() && inject.step == step) {
         if (inject.kind == "throw") RT_THROW("injected failure at step ", step);
@@ -733,11 +743,15 @@ int train(comm::World& world, Config cfg) {
       trace.span("exposed_comm", t3, t4, step - 1);
       for (const auto& b : sync.last_bucket_timings())
         trace.span(detail::str_cat("allreduce bucket ", b.bucket), b.begin, b.end, step - 1, 1);
-      trace.span("optimizer", t4, t5, step - 1);
-      interval[3] += std::chrono::duration<double>(t4 - t3).count();
-      interval[4] += std::chrono::duration<double>(t5 - t4).count();
-      step_breakdown[3] = std::chrono::duration<double>(t4 - t3).count();
-      step_breakdown[4] = std::chrono::duration<double>(t5 - t4).count();
+      trace.span("optimizer", t4, t_opt, step - 1);
+      trace.span("step check-in", t_opt, t5, step - 1);
+      // The check-in waits for the slowest rank: exposed communication, not optimizer time.
+      const double exposed = std::chrono::duration<double>(t4 - t3).count() + std::chrono::duration<double>(t5 - t_opt).count();
+      const double optimizer = std::chrono::duration<double>(t_opt - t4).count();
+      interval[3] += exposed;
+      interval[4] += optimizer;
+      step_breakdown[3] = exposed;
+      step_breakdown[4] = optimizer;
       step_times.push_back(std::chrono::duration<double>(t5 - step_begin).count());
       if (step > first_step + 1 || total_steps - first_step == 1) {
         for (int i = 0; i < 5; ++i) breakdown[i] += step_breakdown[i];
@@ -750,13 +764,12 @@ int train(comm::World& world, Config cfg) {
       std::fill(std::begin(step_breakdown), std::end(step_breakdown), 0.0);
       ++interval_steps;
       images_total += global_batch;
-      last_loss = loss_value;
       last_position = src.train_loader ? src.train_loader->position() : data::SamplerState{epoch, micro};
 
       const bool finish_now = step >= total_steps;
       if (interval_steps >= cfg.log_every || finish_now || tty) {
         // Loss averaged over ranks for the report.
-        double stats[2] = {interval[5], static_cast<double>(interval_steps)};
+        double stats[2] = {interval[5], interval[6]};
         MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, stats, 2, MPI_DOUBLE, MPI_SUM, world.comm()));
         const double mean_loss = stats[0] / stats[1];
         const double seconds = std::chrono::duration<double>(Clock::now() - interval_start).count();

@@ -5,6 +5,7 @@
 #include <dlfcn.h>
 
 #include <cstdlib>
+#include <limits>
 
 namespace ringtrain {
 
@@ -89,20 +90,32 @@ GpuMonitor::~GpuMonitor() {
 
 std::optional<GpuSample> GpuMonitor::sample() {
   if (!device_) return std::nullopt;
+  constexpr int kNotSupported = 3;  // NVML_ERROR_NOT_SUPPORTED: e.g. power on some boards, utilisation on MIG
+  constexpr double kNone = std::numeric_limits<double>::quiet_NaN();
   NvmlUtilization util{};
   NvmlMemory memory{};
   unsigned int temperature = 0, milliwatts = 0;
-  auto failed = [&](const char* what, int rc) {
+  GpuSample out{kNone, kNone, kNone, kNone, kNone};
+  // A query the device does not support leaves its field NaN; any other failure drops the sample.
+  auto query = [&](const char* what, int rc) {
+    if (rc == 0) return true;
+    if (rc == kNotSupported) return false;
     reason_ = std::string(what) + " failed: " + api_->error_string(rc);
-    return std::nullopt;
+    throw rc;
   };
-  if (int rc = api_->utilization(device_, &util); rc != 0) return failed("nvmlDeviceGetUtilizationRates", rc);
-  if (int rc = api_->memory(device_, &memory); rc != 0) return failed("nvmlDeviceGetMemoryInfo", rc);
-  if (int rc = api_->temperature(device_, kNvmlTemperatureGpu, &temperature); rc != 0)
-    return failed("nvmlDeviceGetTemperature", rc);
-  if (int rc = api_->power(device_, &milliwatts); rc != 0) return failed("nvmlDeviceGetPowerUsage", rc);
-  return GpuSample{static_cast<double>(util.gpu), static_cast<double>(memory.used), static_cast<double>(memory.total),
-                   static_cast<double>(temperature), milliwatts / 1000.0};
+  try {
+    if (query("nvmlDeviceGetUtilizationRates", api_->utilization(device_, &util))) out.util_pct = util.gpu;
+    if (query("nvmlDeviceGetMemoryInfo", api_->memory(device_, &memory))) {
+      out.mem_used_bytes = static_cast<double>(memory.used);
+      out.mem_total_bytes = static_cast<double>(memory.total);
+    }
+    if (query("nvmlDeviceGetTemperature", api_->temperature(device_, kNvmlTemperatureGpu, &temperature)))
+      out.temperature_c = temperature;
+    if (query("nvmlDeviceGetPowerUsage", api_->power(device_, &milliwatts))) out.power_w = milliwatts / 1000.0;
+  } catch (int) {
+    return std::nullopt;
+  }
+  return out;
 }
 
 }  // namespace ringtrain

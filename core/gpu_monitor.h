@@ -9,6 +9,7 @@
 
 namespace ringtrain {
 
+// A field the device cannot report (NVML_ERROR_NOT_SUPPORTED) is NaN.
 struct GpuSample {
   double util_pct = 0;          // percent of the last sample period a kernel was running
   double mem_used_bytes = 0, mem_total_bytes = 0;
@@ -26,7 +27,8 @@ class GpuMonitor {
 
   bool available() const { return device_ != nullptr; }
   const std::string& reason() const { return reason_; }
-  // One reading; nullopt (and reason() naming the failed query) when NVML refuses one.
+  // One reading; nullopt (and reason() naming the failed query) when a query fails for another reason
+  // than "not supported".
   std::optional<GpuSample> sample();
 
  private:

@@ -105,7 +105,7 @@ def parse_args(argv):
         limit = int(os.environ.get("SLURM_NTASKS", "0")) or (os.cpu_count() or 1)
         a.ranks = [1 << i for i in range(limit.bit_length()) if 1 << i <= limit]
     if a.mode in ("strong", "both"):
-        bad = [n for n in a.ranks if a.global_batch % n]
+        bad = [n for n in a.ranks if a.global_batch % n or a.global_batch < n]
         if bad:
             p.error(f"--global-batch {a.global_batch} does not split evenly over {bad} ranks (strong scaling)")
     return a

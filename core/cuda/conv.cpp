@@ -167,7 +167,8 @@ const char* pass_name(Pass p) {
 // The fastest successful result (deterministic ones only when asked) within the workspace bound.
 template <typename Perf>
 Choice pick(const std::vector<Perf>& results, int count, Pass pass, const ConvGeometry& g) {
-  const bool deterministic = env_flag("RINGTRAIN_CUDNN_DETERMINISTIC", false);
+  // Read once, like the workspace bound: the cache does not key on them.
+  static const bool deterministic = env_flag("RINGTRAIN_CUDNN_DETERMINISTIC", false);
   for (int i = 0; i < count; ++i) {  // cuDNN returns them sorted by time
     const Perf& r = results[static_cast<size_t>(i)];
     if (r.status != CUDNN_STATUS_SUCCESS || r.memory > workspace_limit()) continue;
@@ -200,7 +201,8 @@ Choice choose(Pass pass, const Tensor& any, const ConvGeometry& g, FindFn find, 
     std::lock_guard<std::mutex> lock(g_cache_mutex);
     if (auto it = g_cache.find(key); it != g_cache.end()) return it->second;
   }
-  const Choice c = env_flag("RINGTRAIN_CUDNN_BENCHMARK", true) ? find() : heuristic();
+  static const bool benchmark = env_flag("RINGTRAIN_CUDNN_BENCHMARK", true);  // read once (not in the key)
+  const Choice c = benchmark ? find() : heuristic();
   std::lock_guard<std::mutex> lock(g_cache_mutex);
   g_cache.emplace(key, c);
   return c;

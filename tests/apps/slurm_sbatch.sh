@@ -14,7 +14,7 @@ SH
 chmod +x "$work/bin/srun"
 run() {
   (cd "$work" && PATH="$work/bin:$PATH" SLURM_SUBMIT_DIR="$work" SLURM_JOB_ID=42 SLURM_NTASKS=2 SLURM_JOB_NUM_NODES=1 \
-     SLURM_JOB_NODELIST=localhost RINGTRAIN_BUILD="$build" ARCH=resnet20 BATCH=8 EPOCHS=1 WARMUP_EPOCHS=0 OMPI_MCA_pml=ob1 \
+     SLURM_JOB_NODELIST=localhost RINGTRAIN_BUILD="$build" ARCH=resnet20 BATCH=8 EPOCHS=1 WARMUP_EPOCHS=0 \
      EXTRA="--steps $1 --image-size 16 --threads 1 --synthetic-size 64" bash "$src/scripts/slurm/train_resnet.sbatch")
 }
 run 2

@@ -1,5 +1,6 @@
 /* tests/core/fake_nvml.c: a stand-in for libnvidia-ml.so.1 with one device at PCI bus id 0000:65:00.0
    (index 0) reporting fixed readings, so GpuMonitor is tested on machines without a GPU. */
+#include <stdlib.h>
 #include <string.h>
 
 typedef struct { unsigned int gpu, memory; } Utilization;
@@ -39,6 +40,7 @@ int nvmlDeviceGetTemperature(void* device, int sensor, unsigned int* t) {
 }
 int nvmlDeviceGetPowerUsage(void* device, unsigned int* milliwatts) {
   if (device != &device_token) return 999;
+  if (getenv("FAKE_NVML_NO_POWER")) return 3; /* NVML_ERROR_NOT_SUPPORTED */
   *milliwatts = 412500;
   return 0;
 }

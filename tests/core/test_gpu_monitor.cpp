@@ -1,6 +1,9 @@
 // GpuMonitor against a fake NVML library (tests/core/fake_nvml.c) and without one.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdlib>
+
 #include "core/gpu_monitor.h"
 
 namespace ringtrain {
@@ -23,6 +26,18 @@ TEST(GpuMonitor, ReadsTheDeviceAtItsPciBusId) {
   EXPECT_EQ(s->mem_total_bytes, 150.0 * (1ull << 30));
   EXPECT_EQ(s->temperature_c, 61);
   EXPECT_DOUBLE_EQ(s->power_w, 412.5);
+}
+
+TEST(GpuMonitor, AnUnsupportedQueryLeavesOnlyItsFieldEmpty) {
+  GpuMonitor m("0000:65:00.0", 0, RINGTRAIN_FAKE_NVML);
+  ASSERT_TRUE(m.available()) << m.reason();
+  setenv("FAKE_NVML_NO_POWER", "1", 1);
+  auto s = m.sample();
+  unsetenv("FAKE_NVML_NO_POWER");
+  ASSERT_TRUE(s.has_value()) << m.reason();
+  EXPECT_TRUE(std::isnan(s->power_w));
+  EXPECT_EQ(s->util_pct, 87);
+  EXPECT_EQ(s->temperature_c, 61);
 }
 
 TEST(GpuMonitor, UnknownDeviceNamesIt) {
