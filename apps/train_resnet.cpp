@@ -696,9 +696,6 @@ int train(comm::World& world, Config cfg) {
         objective.backward();
       }
       const auto t3 = Clock::now();
-      interval[0] += std::chrono::duration<double>(t1 - t0).count();
-      interval[1] += std::chrono::duration<double>(t2 - t1).count();
-      interval[2] += std::chrono::duration<double>(t3 - t2).count();
       step_breakdown[0] += std::chrono::duration<double>(t1 - t0).count();
       step_breakdown[1] += std::chrono::duration<double>(t2 - t1).count();
       step_breakdown[2] += std::chrono::duration<double>(t3 - t2).count();
@@ -748,10 +745,9 @@ int train(comm::World& world, Config cfg) {
       // The check-in waits for the slowest rank: exposed communication, not optimizer time.
       const double exposed = std::chrono::duration<double>(t4 - t3).count() + std::chrono::duration<double>(t5 - t_opt).count();
       const double optimizer = std::chrono::duration<double>(t_opt - t4).count();
-      interval[3] += exposed;
-      interval[4] += optimizer;
       step_breakdown[3] = exposed;
       step_breakdown[4] = optimizer;
+      for (int i = 0; i < 5; ++i) interval[i] += step_breakdown[i];  // the logged interval's share
       step_times.push_back(std::chrono::duration<double>(t5 - step_begin).count());
       if (step > first_step + 1 || total_steps - first_step == 1) {
         for (int i = 0; i < 5; ++i) breakdown[i] += step_breakdown[i];
