@@ -126,4 +126,14 @@ Golden load_golden(const std::string& name) {
   return g;
 }
 
+double cuda_vs_cpu_tolerance(DType t) {
+  switch (t) {
+    case DType::F64: return 1e-12;
+    case DType::F32: return 1e-5;
+    case DType::F16: return 2e-3;
+    case DType::BF16: return 1.6e-2;
+    default: return 0;
+  }
+}
+
 }  // namespace ringtrain::testing

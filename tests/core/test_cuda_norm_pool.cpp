@@ -23,17 +23,8 @@ using testing::all_close;
 const Device kGpu = Device::cuda(0);
 const DType kFloatingTypes[] = {DType::F32, DType::F64, DType::F16, DType::BF16};
 
-// Forward tolerance (relative and absolute) per activation dtype: a few units in the last place of the
-// storage type (16-bit results may round the other way after a 1-ulp difference in f32).
-double tol_for(DType t) {
-  switch (t) {
-    case DType::F64: return 1e-12;
-    case DType::F32: return 1e-5;
-    case DType::F16: return 2e-3;
-    case DType::BF16: return 1.6e-2;
-    default: return 0;
-  }
-}
+// Forward tolerance per activation dtype (tests/test_util.h).
+double tol_for(DType t) { return testing::cuda_vs_cpu_tolerance(t); }
 // Backward: one more rounding chain (and the statistics' gradient terms) than forward.
 double grad_tol_for(DType t) { return 10 * tol_for(t); }
 // Statistics and parameter gradients are f32 (f64 for f64 inputs), summed in f64 on both devices.

@@ -17,15 +17,8 @@ using testing::all_close;
 
 const Device kGpu = Device::cuda(0);
 
-double tol_for(DType t) {
-  switch (t) {
-    case DType::F64: return 1e-12;
-    case DType::F32: return 1e-5;
-    case DType::F16: return 2e-3;
-    case DType::BF16: return 1.6e-2;
-    default: return 0;
-  }
-}
+// Forward tolerance per activation dtype (tests/test_util.h).
+double tol_for(DType t) { return testing::cuda_vs_cpu_tolerance(t); }
 
 struct CudaCase {
   std::string name;
