@@ -78,15 +78,21 @@ bool identical_on_every_rank(const std::vector<std::pair<std::string, Tensor>>& 
 
 CommunicatorPtr ring() { return make_communicator(Backend::Ring, World::init().comm()); }
 
-void train_and_compare(bool with_bn, GradSyncOptions options, double tolerance) {
+// Trains `model` (on `device`, gradients averaged by `backend`) on this rank's slice of each global batch
+// and a CPU reference on the whole batch; after every step they must agree within `tolerance` and the
+// parameters must be bitwise identical on every rank.
+void train_and_compare(bool with_bn, GradSyncOptions options, double tolerance, Device device = Device::cpu(),
+                       Backend backend = Backend::Ring) {
   World& w = World::init();
   const int n = w.size(), r = w.rank();
   auto reference = make_model(with_bn);
   auto model = make_model(with_bn);
+  model->to(device);
+  CommunicatorPtr comm = make_communicator(backend, w.comm());
   if (with_bn) {
-    EXPECT_EQ(convert_sync_batchnorm(*model, ring()), 1);
+    EXPECT_EQ(convert_sync_batchnorm(*model, comm), 1);
   }
-  GradSync sync(*model, ring(), options);
+  GradSync sync(*model, comm, options);
   Sgd ref_opt(as_named(reference->named_parameters()), SgdOptions{.momentum = 0.9, .weight_decay = 1e-3});
   Sgd opt(as_named(model->named_parameters()), SgdOptions{.momentum = 0.9, .weight_decay = 1e-3});
   CrossEntropyLoss loss_fn;
@@ -98,18 +104,23 @@ void train_and_compare(bool with_bn, GradSyncOptions options, double tolerance) 
     ref_opt.step(0.1);
 
     sync.zero_grad();
-    loss_fn((*model)(x.slice(r * kPerRank, (r + 1) * kPerRank)), y.slice(r * kPerRank, (r + 1) * kPerRank)).backward();
+    const Tensor my_x = x.slice(r * kPerRank, (r + 1) * kPerRank).to(device);
+    const Tensor my_y = y.slice(r * kPerRank, (r + 1) * kPerRank).to(device);
+    loss_fn((*model)(my_x), my_y).backward();
     sync.finish();
     opt.step(0.1);
 
-    const auto mine = model->state_dict(), theirs = reference->state_dict();
+    auto mine = model->state_dict();
+    const auto theirs = reference->state_dict();
+    for (auto& entry : mine) entry.second = entry.second.to(Device::cpu());
     for (size_t i = 0; i < mine.size(); ++i) {
       if (!is_floating(mine[i].second.dtype())) continue;
       EXPECT_LT(max_rel_diff(mine[i].second, theirs[i].second), tolerance)
-          << "step " << step << ": " << mine[i].first << " differs from the 1-rank batch-" << n * kPerRank << " run";
+          << "step " << step << ": " << mine[i].first << " on " << device << " differs from the 1-rank batch-"
+          << n * kPerRank << " CPU run";
     }
     std::string diff;
-    EXPECT_TRUE(identical_on_every_rank(model->named_parameters(), diff)) << "step " << step << ": " << diff;
+    EXPECT_TRUE(identical_on_every_rank(mine, diff)) << "step " << step << ": " << diff;
   }
 }
 
@@ -128,6 +139,24 @@ TEST(GradSync, Bf16CompressionStaysCloseAndIdenticalOnEveryRank) {
   GradSyncOptions o;
   o.compression = Compression::BF16;
   train_and_compare(false, o, 3e-2);
+}
+
+// On the GPU (tolerance: CUDA vs CPU kernels, accumulated over 4 steps). The ring stages the buckets
+// through pinned host memory, so any number of ranks may share one GPU; NCCL needs one GPU per rank.
+TEST(GradSyncGpu, RingRanksSharingTheGpuTrainLikeOneCpuProcess) {
+  RT_REQUIRE_CUDA();
+  train_and_compare(false, {}, 2e-4, Device::cuda(0), Backend::Ring);
+  train_and_compare(true, {}, 2e-4, Device::cuda(0), Backend::Ring);
+}
+
+TEST(GradSyncGpu, NcclTrainsLikeOneCpuProcess) {
+  RT_REQUIRE_CUDA();
+  World& w = World::init();
+  if (w.local_size() > cuda_device_count())
+    GTEST_SKIP() << "NCCL needs one GPU per rank: " << w.local_size() << " ranks, " << cuda_device_count() << " GPU(s)";
+  w.bind(Device::cuda(0));
+  train_and_compare(false, {}, 2e-4, Device::cuda(0), Backend::Nccl);
+  train_and_compare(true, {}, 2e-4, Device::cuda(0), Backend::Nccl);
 }
 
 TEST(GradSync, BucketsAreReverseOrderViewsAndLaunchDuringBackward) {
