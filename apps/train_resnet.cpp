@@ -24,6 +24,7 @@
 #include "comm/grad_sync.h"
 #include "comm/sync_batchnorm.h"
 #include "comm/world.h"
+#include "core/allocator.h"
 #include "core/autograd.h"
 #include "core/check.h"
 #include "core/autocast.h"
@@ -835,6 +836,10 @@ int train(comm::World& world, Config cfg) {
   std::sort(sorted.begin(), sorted.end());
   double peak = peak_rss_bytes();
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &peak, 1, MPI_DOUBLE, MPI_MAX, world.comm()));
+  // On a GPU: the caching allocator's high-water mark of memory obtained from the device (what
+  // PyTorch's max_memory_reserved reports), the largest over the ranks.
+  double peak_gpu = device.is_cuda() ? static_cast<double>(memory_stats(device).peak_reserved_bytes) : 0.0;
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &peak_gpu, 1, MPI_DOUBLE, MPI_MAX, world.comm()));
   // Every rank's mean breakdown: a synchronous step goes at the pace of the slowest rank, and rank 0's
   // exposed_comm includes waiting for it; the scaling model needs to tell the two apart.
   const double steps_measured = static_cast<double>(std::max<int64_t>(1, breakdown_steps));
@@ -861,6 +866,11 @@ int train(comm::World& world, Config cfg) {
     summary["buckets"] = buckets;
     summary["breakdown_steps"] = breakdown_steps;
     summary["precision"] = cfg.precision;
+    summary["device"] = device.str();
+    if (device.is_cuda()) {
+      summary["peak_gpu_mem_bytes"] = peak_gpu;
+      summary["cudnn_conv_algorithms"] = cuda_conv_algorithms();  // rank 0's choices, one per pass and shape
+    }
     if (scaler) {
       summary["loss_scale"] = scaler->scale();
       summary["skipped_steps"] = skipped_steps;

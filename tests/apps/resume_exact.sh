@@ -21,6 +21,8 @@ s = records[-1]
 for key in ("train_loss", "test_top1", "test_top5", "img_per_s", "median_step_s", "peak_mem_bytes", "world_size", "steps"):
     assert key in s, f"summary lacks {key}: {s}"
 assert 0 <= s["test_top1"] <= s["test_top5"] <= 1 and s["world_size"] == 2 and s["steps"] == 6, s
+# GPU-only keys (peak_gpu_mem_bytes, cudnn_conv_algorithms) are checked by scripts/gpu_check.sh.
+assert s["device"] == "cpu" and "peak_gpu_mem_bytes" not in s and "cudnn_conv_algorithms" not in s, s
 train = [r for r in records if r["type"] == "train"]
 parts = {"data_wait", "forward", "backward", "exposed_comm", "optimizer"}
 assert train and all(set(r["time"]) == parts for r in train)
