@@ -8,18 +8,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(
-  cmake make g++ pkg-config
-  libopenmpi-dev openmpi-bin
-  libhdf5-dev
-  libopenblas-dev
-  libdnnl-dev
-  libgtest-dev libgmock-dev
-  libcli11-dev nlohmann-json3-dev libfmt-dev
-  zlib1g-dev libjpeg62-turbo-dev libpng-dev
-  python3 python3-torch python3-torchvision python3-h5py python3-matplotlib
-  dataset-fashion-mnist
-)
+source scripts/debian_packages.sh
+packages=("${ringtrain_tool_packages[@]}" "${ringtrain_library_packages[@]}")
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
