@@ -1,0 +1,377 @@
+#!/usr/bin/env bash
+# scripts/gpu_check.sh: proves ringtrain's CUDA path on a machine with an NVIDIA GPU in one run, and
+# records the GPU figures beside PyTorch's (docs/GPU.md). Needs the CUDA toolkit (nvcc, cuBLAS), cuDNN and
+# NCCL (in the toolkit, under /usr, or from Python's nvidia-* packages) and PyTorch with torchvision; Open
+# MPI, HDF5 and the other Debian libraries come from the machine or, where it lacks them, from the bundle
+# that scripts/gpu_bundle.sh made beforehand, unpacked into a private prefix (never into /). No network.
+#
+#   bash scripts/gpu_check.sh RESULTS_DIR [--dry-run | --build-only] [--bundle DIR]
+#                             [--use-bundle auto|always|never] [--build-dir DIR] [--steps N] [--jobs N]
+#
+#   --dry-run     find the GPU, the tools and the libraries, print every command the check would run and
+#                 write RESULTS_DIR/gpu_check.json; builds and runs nothing
+#   --build-only  stop after the build and the check that every binary finds its libraries (what can
+#                 run on a machine without a GPU)
+#   --bundle DIR  the packages from scripts/gpu_bundle.sh (default .gpu_bundle)
+#   --use-bundle  auto (default): only when the machine lacks a library the build needs, and then the
+#                 machine's own run-time libraries win over the bundle's; always: the bundle's win (to
+#                 test the bundle on a machine that has everything); never
+#   --build-dir   default build-gpu (configured for this GPU's architecture only)
+#   --steps N     optimizer steps per training run, ringtrain and PyTorch alike (default 60)
+#   --jobs N      build parallelism (default: all cores)
+# Environment: PYTHON (the interpreter with PyTorch; default python3), CUDA_HOME.
+#
+# The steps: 1. versions (nvidia-smi, GPU, driver, CUDA, cuDNN, NCCL, MPI, HDF5, PyTorch); 2. build with
+# RINGTRAIN_CUDA=ON for the local architecture; 3. the GPU tests (CUDA vs CPU per op and layer, cuDNN
+# convolution, norms and pooling, mixed precision, allocator, pinned loader, NCCL and the host-staged ring
+# with 1 rank, GradSync on the GPU with 1 rank and with 2 ranks sharing the GPU); 4. train_resnet
+# --synthetic on ResNet-50 and ResNet-18 (bf16, batch 256); 5. the PyTorch peer on the same work
+# (scripts/torch_gpu_peer.py); 6. RESULTS_DIR/gpu_check.json with every figure and the ratios, beside
+# gpu_check.log (everything printed), tests.log, and the runs' JSONL logs. Exit status: 0 when every step
+# passed, 1 when one failed (the others still run and are recorded), 2 for a usage error.
+set -euo pipefail
+
+usage() { echo "gpu_check: $*" >&2; echo "usage: bash scripts/gpu_check.sh RESULTS_DIR [--dry-run|--build-only] [--bundle DIR] [--use-bundle auto|always|never] [--build-dir DIR] [--steps N] [--jobs N]" >&2; exit 2; }
+
+results="" mode=full bundle=.gpu_bundle use_bundle=auto build_dir=build-gpu steps=60 jobs=$(nproc)
+while (($#)); do
+  case $1 in
+    --dry-run) mode=dry; shift ;;
+    --build-only) mode=build; shift ;;
+    --bundle|--use-bundle|--build-dir|--steps|--jobs)
+      [[ $# -ge 2 && -n $2 ]] || usage "$1 needs a value"
+      case $1 in
+        --bundle) bundle=$2 ;;
+        --use-bundle) [[ $2 =~ ^(auto|always|never)$ ]] || usage "--use-bundle must be auto, always or never, got '$2'"; use_bundle=$2 ;;
+        --build-dir) build_dir=$2 ;;
+        --steps) [[ $2 =~ ^[1-9][0-9]*$ ]] || usage "--steps must be a positive whole number, got '$2'"; steps=$2 ;;
+        --jobs) [[ $2 =~ ^[1-9][0-9]*$ ]] || usage "--jobs must be a positive whole number, got '$2'"; jobs=$2 ;;
+      esac
+      shift 2 ;;
+    -h|--help) sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -*) usage "unknown option '$1'" ;;
+    *) [[ -z $results ]] || usage "one results folder only (got '$results' and '$1')"; results=$1; shift ;;
+  esac
+done
+[[ -n $results ]] || usage "give the results folder (where gpu_check.json and the logs go) as the first argument"
+python=${PYTHON:-python3}
+command -v "$python" >/dev/null || usage "no Python interpreter '$python' (set PYTHON to the one with PyTorch)"
+
+repo=$(cd "$(dirname "$0")/.." && pwd)
+mkdir -p "$results" "$build_dir"
+results=$(cd "$results" && pwd)
+build_dir=$(cd "$build_dir" && pwd)
+[[ $bundle = /* ]] || bundle=$repo/$bundle
+work=$build_dir/gpu_check  # scratch: the unpacked bundle, per-step JSON, gtest reports
+rm -rf "$work"
+mkdir -p "$work"
+exec > >(tee "$results/gpu_check.log") 2>&1
+tee_pid=$!
+# On exit, let tee write out the last lines before the caller reads them.
+trap 'exec >&- 2>&-; wait "$tee_pid" 2>/dev/null || true' EXIT
+start=$(date +%s)
+failed=()  # the steps that failed, by name
+original_env=("PATH=$PATH" "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}")  # the peer runs with the machine's own libraries
+
+facts=$work/facts.tsv  # "dotted.key<TAB>JSON value" lines, nested into gpu_check.json at the end
+: > "$facts"
+json_str() { local s=${1//\\/\\\\}; s=${s//\"/\\\"}; s=${s//$'\n'/\\n}; s=${s//$'\t'/ }; printf '"%s"' "$s"; }
+fact() { printf '%s\t%s\n' "$1" "$2" >> "$facts"; }           # fact KEY JSON
+fact_s() { fact "$1" "$(json_str "$2")"; }                     # fact_s KEY STRING
+section() { echo; echo "=== [$(($(date +%s) - start)) s] $*"; }
+fail() { echo "gpu_check: FAILED: $*"; failed+=("$*"); }
+# Prints a command before running it; in a dry run only prints it.
+run() { echo "+ $(printf '%q ' "$@")"; [[ $mode = dry ]] || "$@"; }
+fact_s date "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+fact_s mode "$mode"
+fact_s git_commit "$(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)$(git -C "$repo" diff --quiet HEAD 2>/dev/null || echo '+changes')"
+
+# ------------------------------------------------------------------------------------------------------
+section "1. machine, GPU and library versions"
+fact_s host.name "$(hostname)"
+fact_s host.cpu "$(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -1)"
+fact host.cores "$(nproc)"
+fact_s host.os "$( (. /etc/os-release && echo "$PRETTY_NAME") 2>/dev/null || uname -s)"
+gpu_arch=""
+if command -v nvidia-smi >/dev/null && nvidia-smi > "$work/nvidia-smi.txt" 2>&1; then
+  cat "$work/nvidia-smi.txt"
+  IFS=, read -r gpu_name driver gpu_mem compute_cap < <(nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader | head -1)
+  fact_s gpu.name "$(xargs <<< "$gpu_name")"; fact_s gpu.driver "$(xargs <<< "$driver")"
+  fact_s gpu.memory "$(xargs <<< "$gpu_mem")"; fact_s gpu.compute_capability "$(xargs <<< "$compute_cap")"
+  gpu_arch=$(xargs <<< "$compute_cap" | tr -d .)
+  echo "GPU: $(xargs <<< "$gpu_name"), driver $(xargs <<< "$driver"), compute capability $(xargs <<< "$compute_cap")"
+else
+  reason=$( (command -v nvidia-smi >/dev/null && head -3 "$work/nvidia-smi.txt") || echo "nvidia-smi not found")
+  fact_s gpu.none "$reason"
+  echo "GPU: none ($reason)"
+  if [[ $mode = full ]]; then
+    echo "gpu_check: no NVIDIA GPU here ($reason); --build-only or --dry-run run what needs none" >&2
+    exit 1
+  fi
+  gpu_arch=90  # what the check is for (H100/H200) when there is no GPU to ask
+fi
+fact_s gpu.cuda_architecture "$gpu_arch"
+
+nvcc=$(command -v nvcc || true)
+for candidate in "${CUDA_HOME:-}/bin/nvcc" /usr/local/cuda/bin/nvcc; do
+  [[ -z $nvcc && -x $candidate ]] && nvcc=$candidate
+done
+[[ -n $nvcc ]] || { echo "gpu_check: no nvcc (put it on PATH or set CUDA_HOME)" >&2; exit 1; }
+cuda_home=$(cd "$(dirname "$(readlink -f "$nvcc")")/.." && pwd)
+fact_s cuda.nvcc "$nvcc"
+fact_s cuda.version "$("$nvcc" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')"
+echo "nvcc: $nvcc (CUDA $("$nvcc" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p'))"
+
+# A CUDA library's header folder and shared library: the toolkit, /usr, /usr/local, then Python's
+# nvidia-* packages (which ship include/ and lib/ with a versioned .so only). Sets lib_include, lib_file.
+python_nvidia=$("$python" -c 'import nvidia, os; print(list(nvidia.__path__)[0])' 2>/dev/null || true)
+find_cuda_library() {
+  local header=$1 name=$2 root inc found
+  lib_include="" lib_file=""
+  for root in "$cuda_home" "$cuda_home/targets/x86_64-linux" /usr /usr/local; do
+    for inc in "$root/include" "$root/include/x86_64-linux-gnu"; do
+      [[ -f $inc/$header ]] || continue
+      found=$(ls "$root"/lib64/lib"$name".so* "$root"/lib/x86_64-linux-gnu/lib"$name".so* "$root"/lib/lib"$name".so* 2>/dev/null | sort | head -1 || true)
+      if [[ -n $found ]]; then lib_include=$inc lib_file=$found; return 0; fi
+    done
+  done
+  if [[ -n $python_nvidia ]]; then
+    inc=$(find "$python_nvidia" -maxdepth 4 -name "$header" -path '*/include/*' 2>/dev/null | sort | head -1)
+    found=$(find "$python_nvidia" -maxdepth 4 -name "lib$name.so*" 2>/dev/null | sort | head -1)
+    if [[ -n $inc && -n $found ]]; then lib_include=$(dirname "$inc") lib_file=$found; return 0; fi
+  fi
+  return 1
+}
+header_version() {  # header_version FILE MAJOR MINOR PATCH: "9.10.2"
+  local f=$1 parts=() m
+  for m in "$2" "$3" "$4"; do parts+=("$(sed -n "s/^#define $m[[:space:]]\{1,\}\([0-9]\{1,\}\).*/\1/p" "$f" | head -1)"); done
+  (IFS=.; echo "${parts[*]}")
+}
+cuda_lib_dirs=()
+find_cuda_library cudnn.h cudnn || { echo "gpu_check: cuDNN not found (cudnn.h and libcudnn in the toolkit, /usr, /usr/local or Python's nvidia-cudnn package)" >&2; exit 1; }
+cudnn_include=$lib_include cudnn_lib=$lib_file
+cudnn_version=$(header_version "$cudnn_include/cudnn_version.h" CUDNN_MAJOR CUDNN_MINOR CUDNN_PATCHLEVEL 2>/dev/null || echo unknown)
+cuda_lib_dirs+=("$(dirname "$cudnn_lib")")
+find_cuda_library nccl.h nccl || { echo "gpu_check: NCCL not found (nccl.h and libnccl in the toolkit, /usr, /usr/local or Python's nvidia-nccl package)" >&2; exit 1; }
+nccl_include=$lib_include nccl_lib=$lib_file
+nccl_version=$(header_version "$nccl_include/nccl.h" NCCL_MAJOR NCCL_MINOR NCCL_PATCH)
+cuda_lib_dirs+=("$(dirname "$nccl_lib")")
+fact_s cudnn.version "$cudnn_version"; fact_s cudnn.library "$cudnn_lib"
+fact_s nccl.version "$nccl_version"; fact_s nccl.library "$nccl_lib"
+echo "cuDNN $cudnn_version: $cudnn_lib"
+echo "NCCL $nccl_version: $nccl_lib"
+torch_line=$("$python" -c 'import torch, torchvision; print(torch.__version__, torchvision.__version__, torch.version.cuda, torch.backends.cudnn.version(), torch.cuda.is_available())' 2>&1 | tail -1) || torch_line=""
+read -r torch_version torchvision_version torch_cuda torch_cudnn torch_gpu <<< "$torch_line" || true
+if [[ -z ${torch_gpu:-} || ! $torch_gpu =~ ^(True|False)$ ]]; then
+  fail "PyTorch with torchvision not importable by $python: $torch_line"
+  torch_version=""
+else
+  fact_s pytorch.version "$torch_version"; fact_s pytorch.torchvision "$torchvision_version"
+  fact_s pytorch.cuda "$torch_cuda"; fact_s pytorch.cudnn "$torch_cudnn"
+  echo "PyTorch $torch_version (torchvision $torchvision_version, CUDA $torch_cuda, cuDNN $torch_cudnn, GPU visible: $torch_gpu)"
+fi
+
+# ---- the Debian libraries: the machine's, or the bundle's in a private prefix
+missing=()
+probe() {  # probe NAME PATH...: NAME is missing unless one of the paths exists
+  local name=$1 p
+  shift
+  for p in "$@"; do [[ -e $p ]] && return 0; done
+  missing+=("$name")
+}
+probe "Open MPI (mpicc)" "$(command -v mpicc || echo /nonexistent)"
+probe "HDF5 (hdf5.h)" /usr/include/hdf5.h /usr/include/hdf5/serial/hdf5.h /usr/local/include/hdf5.h
+probe "OpenBLAS (cblas.h)" /usr/include/cblas.h /usr/include/x86_64-linux-gnu/cblas.h /usr/include/openblas/cblas.h /usr/local/include/cblas.h
+probe "oneDNN (dnnl-config.cmake)" /usr/lib/x86_64-linux-gnu/cmake/dnnl/dnnl-config.cmake /usr/local/lib/cmake/dnnl/dnnl-config.cmake \
+  /usr/lib/x86_64-linux-gnu/cmake/dnnl/dnnlConfig.cmake /usr/local/lib/cmake/dnnl/dnnlConfig.cmake
+probe "GoogleTest" /usr/include/gtest/gtest.h /usr/local/include/gtest/gtest.h
+probe "CLI11" /usr/include/CLI/CLI.hpp /usr/local/include/CLI/CLI.hpp
+probe "nlohmann-json" /usr/include/nlohmann/json.hpp /usr/local/include/nlohmann/json.hpp
+probe "libpng" /usr/include/png.h /usr/local/include/png.h
+probe "libjpeg" /usr/include/jpeglib.h /usr/include/x86_64-linux-gnu/jpeglib.h /usr/local/include/jpeglib.h
+probe "zlib" /usr/include/zlib.h /usr/local/include/zlib.h
+if ((${#missing[@]})); then
+  echo "this machine lacks: $(IFS=,; echo "${missing[*]}" | sed 's/,/, /g')"
+  fact_s machine_lacks "$(IFS=,; echo "${missing[*]}")"
+fi
+bundle_used=0
+if [[ $use_bundle = always || ($use_bundle = auto && ${#missing[@]} -gt 0) ]]; then
+  [[ -f $bundle/MANIFEST ]] || { echo "gpu_check: the bundle $bundle has no MANIFEST: make it with scripts/gpu_bundle.sh on a Debian machine with package access, and bring it along" >&2; exit 1; }
+  bundle_used=1
+elif ((${#missing[@]})); then
+  echo "gpu_check: --use-bundle never, but the build needs what this machine lacks" >&2
+  exit 1
+fi
+prefix=$work/prefix
+cmake_bundle_args=()
+if ((bundle_used)); then
+  echo "using the bundle $bundle ($(grep -vc '^#' "$bundle/MANIFEST") packages) in the private prefix $prefix"
+  fact_s bundle.made "$(sed -n 's/^# made //p' "$bundle/MANIFEST")"
+  fact bundle.packages "$(grep -vc '^#' "$bundle/MANIFEST")"
+  P=$prefix/usr L=$prefix/usr/lib/x86_64-linux-gnu
+  # Every .deb must be the one the MANIFEST names (a truncated copy would unpack half a library).
+  debs=()
+  while read -r pkg version sha; do
+    [[ -z $pkg || $pkg = \#* ]] && continue
+    deb=$(ls "$bundle/${pkg}_"*.deb 2>/dev/null | head -1 || true)
+    [[ -n $deb ]] || { echo "gpu_check: the bundle $bundle lacks $pkg $version (its MANIFEST lists it)" >&2; exit 1; }
+    [[ $(sha256sum "$deb" | cut -d' ' -f1) = "$sha" ]] || { echo "gpu_check: $deb does not match its MANIFEST checksum (copied in part?)" >&2; exit 1; }
+    debs+=("$deb")
+  done < "$bundle/MANIFEST"
+  echo "bundle: ${#debs[@]} packages match their MANIFEST checksums"
+  if [[ $mode != dry ]]; then
+    mkdir -p "$prefix"
+    for deb in "${debs[@]}"; do
+      if command -v dpkg-deb >/dev/null; then
+        dpkg-deb -x "$deb" "$prefix"
+      else  # a .deb is an ar archive holding data.tar.*
+        (cd "$work" && rm -rf deb && mkdir deb && cd deb && ar x "$deb" && tar -xf data.tar.* -C "$prefix")
+      fi
+    done
+    # The package scripts that would make these links do not run: Debian's alternatives.
+    ln -sf mpicc.openmpi "$P/bin/mpicc"; ln -sf mpirun.openmpi "$P/bin/mpirun"; ln -sf mpiexec.openmpi "$P/bin/mpiexec"
+    # Debian's h5cc names its install prefix in its text ("modify them accordingly").
+    # Its static-link library list (-lcrypto -lcurl -lsz ...) names development files the bundle leaves
+    # out; a shared link needs none of them (libhdf5.so records its own).
+    sed -i -e "s|^prefix=\"/usr\"|prefix=\"$P\"|" -e 's|^H5BLD_LIBS=.*|H5BLD_LIBS="-lz -ldl -lm"|' "$P/bin/h5cc"
+    if [[ $use_bundle = auto ]]; then
+      # The machine's own run-time libraries win where it has them (newer, and what its other programs
+      # load): drop the bundle's copy of every shared library the dynamic linker already knows by name,
+      # and point the bundle's development links (libz.so) at the machine's copy.
+      known=$(ldconfig -p | awk '/=>/ {print $1 " " $NF}')
+      kept=0 dropped=0
+      for dir in "$L" "$prefix/lib/x86_64-linux-gnu"; do
+        [[ -d $dir ]] || continue
+        for f in "$dir"/lib*.so.*; do
+          [[ -e $f || -L $f ]] || continue
+          name=$(basename "$f")
+          if grep -q "^$name " <<< "$known"; then rm -f "$f"; dropped=$((dropped + 1)); else kept=$((kept + 1)); fi
+        done
+        for link in "$dir"/lib*.so; do
+          [[ -L $link && ! -e $link ]] || continue
+          target=$(grep -m1 "^$(basename "$link")\.[0-9]* " <<< "$known" | cut -d' ' -f2 || true)
+          [[ -n $target ]] && ln -sf "$target" "$link"
+        done
+      done
+      echo "bundle: kept $kept shared libraries, used the machine's own for $dropped"
+    fi
+  fi
+  export PATH=$P/bin:$PATH
+  export LD_LIBRARY_PATH=$L:$prefix/lib/x86_64-linux-gnu:$L/openmpi/lib:$L/pmix2/lib:$L/openblas-pthread:$L/hdf5/serial${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  # Open MPI and PMIx find their plugins and help files relative to these.
+  export OPAL_PREFIX=$P PMIX_MCA_mca_base_component_path=$L/pmix2/lib/pmix
+  cmake_bundle_args=(-DCMAKE_PREFIX_PATH="$P" -DMPI_C_COMPILER="$P/bin/mpicc.openmpi"
+    -DMPIEXEC_EXECUTABLE="$P/bin/mpirun.openmpi" -DHDF5_C_COMPILER_EXECUTABLE="$P/bin/h5cc")
+fi
+export LD_LIBRARY_PATH=$(IFS=:; echo "${cuda_lib_dirs[*]}")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 GTEST_COLOR=no
+fact bundle.used "$bundle_used"
+mpirun=$(command -v mpirun.openmpi || command -v mpirun || echo mpirun)
+if [[ $mode != dry || $bundle_used = 0 ]]; then
+  mpi_version=$("$mpirun" --version 2>/dev/null | head -1 || echo unknown)
+  for h in "$prefix"/usr/include/hdf5/serial/H5pubconf.h /usr/include/hdf5/serial/H5pubconf.h /usr/include/H5pubconf.h; do
+    [[ -f $h ]] && { hdf5_version=$(sed -n 's/^#define H5_VERSION "\(.*\)"/\1/p' "$h"); break; }
+  done
+  fact_s mpi.version "$mpi_version"; fact_s hdf5.version "${hdf5_version:-unknown}"
+  echo "MPI: $mpi_version; HDF5 ${hdf5_version:-unknown}"
+fi
+
+# ------------------------------------------------------------------------------------------------------
+section "2. build (RINGTRAIN_CUDA=ON, CUDA architecture $gpu_arch only)"
+cmake_args=(-S "$repo" -B "$build_dir" -DCMAKE_BUILD_TYPE=Release -DRINGTRAIN_CUDA=ON
+  -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES="$gpu_arch"
+  -DRINGTRAIN_CUDNN_INCLUDE_DIR="$cudnn_include" -DRINGTRAIN_CUDNN_LIBRARY="$cudnn_lib"
+  -DRINGTRAIN_NCCL_INCLUDE_DIR="$nccl_include" -DRINGTRAIN_NCCL_LIBRARY="$nccl_lib" "${cmake_bundle_args[@]}")
+command -v ninja >/dev/null && [[ ! -f $build_dir/Makefile ]] && cmake_args+=(-G Ninja)
+t0=$(date +%s)
+if run cmake "${cmake_args[@]}" && run cmake --build "$build_dir" -j "$jobs"; then
+  fact build.seconds "$(($(date +%s) - t0))"
+else
+  fail "build"
+  fact build.seconds "$(($(date +%s) - t0))"
+fi
+bins=(ringtrain_env train_resnet bench_step allreduce_bench tests/test_cuda_vs_cpu tests/test_cuda_conv
+  tests/test_cuda_norm_pool tests/test_mixed_precision tests/test_allocator tests/test_device tests/test_loader
+  tests/test_gpu_monitor tests/test_comm tests/test_grad_sync)
+echo "+ ldd: every binary finds every library"
+if [[ $mode != dry && ${#failed[@]} -eq 0 ]]; then
+  for b in "${bins[@]}"; do
+    if ! out=$(ldd "$build_dir/$b" 2>&1); then fail "ldd $b: $out"; continue; fi
+    if grep -q "not found" <<< "$out"; then fail "$b cannot find: $(grep 'not found' <<< "$out" | awk '{print $1}' | xargs)"; fi
+  done
+  for lib in libcudnn libcublas libnccl libcudart; do
+    grep -q "$lib" <<< "$(ldd "$build_dir/ringtrain_env")" || fail "ringtrain_env does not link $lib"
+  done
+  ldd "$build_dir/ringtrain_env" | grep -E "cudnn|cublas|nccl|cudart|libmpi|hdf5|dnnl|openblas" || true
+fi
+
+# ------------------------------------------------------------------------------------------------------
+gtest_runs=()  # "label<TAB>report files" for the JSON
+if [[ $mode != build ]]; then
+  section "3. GPU tests"
+  run "$build_dir/ringtrain_env" || fail "ringtrain_env"
+  # One test program: its gtest JSON report goes to $work, its output to tests.log (and here, briefly).
+  gtest() {  # gtest LABEL RANKS PROGRAM [ARGS...]
+    local label=$1 ranks=$2 program=$3
+    shift 3
+    local report=$work/gtest_$label
+    local command=("$build_dir/tests/$program" --gtest_output="json:$report.json" "$@")
+    # Under mpirun each rank writes its own report (the file name carries the rank).
+    ((ranks == 0)) || command=("$mpirun" -np "$ranks" --oversubscribe bash -c \
+      'exec "$0" --gtest_output="json:$1.${OMPI_COMM_WORLD_RANK}.json" "${@:2}"' "$build_dir/tests/$program" "$report" "$@")
+    echo "+ $(printf '%q ' "${command[@]}")"
+    [[ $mode = dry ]] && return 0
+    gtest_runs+=("$label")
+    echo "=== $label: ${command[*]}" >> "$results/tests.log"
+    "${command[@]}" >> "$results/tests.log" 2>&1 || fail "tests: $label"
+    # This program's verdict lines, e.g. "[  PASSED  ] 12 tests." (one per rank under mpirun).
+    awk -v h="=== $label: " 'index($0, h) == 1 {on = 1; next} /^=== / {on = 0} on && /^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]/' \
+      "$results/tests.log" | sed "s/^/  $label: /"
+  }
+  : > "$results/tests.log"
+  for program in test_cuda_vs_cpu test_cuda_conv test_cuda_norm_pool test_mixed_precision test_allocator test_device \
+    test_loader test_gpu_monitor; do
+    gtest "$program" 0 "$program"
+  done
+  gtest comm_np1 1 test_comm --gtest_filter='GpuCollectives.*'
+  gtest comm_np2 2 test_comm --gtest_filter='GpuCollectives.*'
+  gtest grad_sync_np1 1 test_grad_sync --gtest_filter='GradSyncGpu.*'
+  gtest grad_sync_np2 2 test_grad_sync --gtest_filter='GradSyncGpu.*'
+
+  section "4. train_resnet --synthetic (bf16, batch 256, $steps steps)"
+  for arch in resnet50 resnet18; do
+    rm -f "$results/train_$arch.jsonl"
+    if ! run "$build_dir/train_resnet" --synthetic -a "$arch" -b 256 --precision bf16 --device cuda --steps "$steps" \
+      --log-jsonl "$results/train_$arch.jsonl"; then
+      fail "train_resnet $arch"
+    fi
+  done
+
+  section "5. PyTorch peer (torchvision, channels_last, bf16 autocast, SGD; same batch and steps)"
+  for arch in resnet50 resnet18; do
+    if [[ -z $torch_version ]]; then
+      echo "(skipped: no PyTorch)"
+      continue
+    fi
+    run env "${original_env[@]}" "$python" "$repo/scripts/torch_gpu_peer.py" -a "$arch" -b 256 --steps "$steps" \
+      --precision bf16 --device cuda --json "$work/peer_$arch.json" || fail "PyTorch peer $arch"
+  done
+fi
+
+# ------------------------------------------------------------------------------------------------------
+section "6. results"
+fact total_seconds "$(($(date +%s) - start))"
+for i in "${!failed[@]}"; do fact_s "failed.$i" "${failed[$i]}"; done
+"$python" "$repo/scripts/gpu_check_report.py" "$facts" "$work" "$results" "$mode" ${gtest_runs[@]+"${gtest_runs[@]}"} ||
+  fail "results (see the lines above)"
+if ((${#failed[@]})); then
+  echo "gpu_check: ${#failed[@]} step(s) failed:"
+  printf '  %s\n' "${failed[@]}"
+  echo "gpu_check: total $(($(date +%s) - start)) s"
+  exit 1
+fi
+case $mode in
+  dry) echo "gpu_check: dry run: found what the check needs; nothing was built or run" ;;
+  build) echo "gpu_check: build-only: built in $(($(date +%s) - start)) s; every binary finds its libraries" ;;
+  *) echo "gpu_check: all steps passed in $(($(date +%s) - start)) s" ;;
+esac

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# What of scripts/gpu_check.sh runs without a GPU: usage errors name the flag; a dry run finds the CUDA
+# libraries, prints every command of the check and writes a JSON; a bundle with a missing or damaged
+# package is refused before anything is unpacked; a full run on a machine without a GPU stops at once
+# with the reason. (The build-only mode and the bundle's completeness are checked by hand: docs/GPU.md.)
+set -uo pipefail
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+check=$repo/scripts/gpu_check.sh
+export PYTHON=${PYTHON:-/usr/bin/python3} PATH=/usr/local/cuda/bin:$PATH
+fails=0
+expect() {  # expect STATUS PATTERN -- COMMAND...: COMMAND exits STATUS and prints PATTERN (grep -E)
+  local want=$1 pattern=$2
+  shift 3
+  "$@" > "$work/out.txt" 2>&1
+  local got=$?
+  if [[ $got -ne $want ]] || ! grep -Eq -- "$pattern" "$work/out.txt"; then
+    echo "FAIL: $* exited $got (wanted $want) and/or did not print /$pattern/:"; sed 's/^/  | /' "$work/out.txt" | tail -20
+    fails=$((fails + 1))
+  fi
+}
+
+expect 2 "give the results folder" -- bash "$check"
+expect 2 "unknown option '--fast'" -- bash "$check" "$work/r" --fast
+expect 2 "[-]-steps must be a positive whole number, got '0'" -- bash "$check" "$work/r" --steps 0
+expect 2 "[-]-use-bundle must be auto, always or never, got 'maybe'" -- bash "$check" "$work/r" --use-bundle maybe
+expect 2 "one results folder only" -- bash "$check" "$work/r" "$work/s"
+
+if ! command -v nvcc > /dev/null; then
+  expect 1 "no nvcc" -- bash "$check" "$work/r" --dry-run --build-dir "$work/b"
+  echo "no nvcc here: the dry run's plan was not checked"
+else
+  expect 0 "dry run: found what the check needs" -- bash "$check" "$work/r" --dry-run --build-dir "$work/b"
+  for step in "DRINGTRAIN_CUDA=ON" "DCMAKE_CUDA_ARCHITECTURES=" "tests/test_cuda_vs_cpu " "tests/test_cuda_conv " \
+    "-np 2 .*tests/test_grad_sync .*GradSyncGpu" "-np 1 .*tests/test_comm .*GpuCollectives" \
+    "train_resnet --synthetic -a resnet50 -b 256 --precision bf16 --device cuda --steps 60" \
+    "train_resnet --synthetic -a resnet18" "torch_gpu_peer.py -a resnet50 -b 256 --steps 60 --precision bf16"; do
+    grep -Eq -- "^\+ .*$step" "$work/r/gpu_check.log" || { echo "FAIL: the dry run's plan lacks /$step/"; fails=$((fails + 1)); }
+  done
+  "$PYTHON" - "$work/r/gpu_check.json" <<'PY' || fails=$((fails + 1))
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["mode"] == "dry" and r["failed"] == [] and len(r["commands"]) >= 15, r
+assert r["cudnn"]["version"].startswith("9.") and r["nccl"]["version"].count(".") == 2, r
+assert "tests" not in r and "training" not in r, r
+PY
+  # A bundle is checked against its MANIFEST before anything is unpacked.
+  mkdir -p "$work/bundle"
+  expect 1 "the bundle $work/bundle has no MANIFEST: make it with scripts/gpu_bundle.sh" -- \
+    bash "$check" "$work/r" --dry-run --use-bundle always --bundle "$work/bundle" --build-dir "$work/b"
+  echo "not a package" > "$work/bundle/libfoo1_1.0_amd64.deb"
+  printf '# made today\nlibfoo1 1.0 %s\nlibbar2 2.0 %s\n' "$(printf '0%.0s' {1..64})" "$(printf '0%.0s' {1..64})" > "$work/bundle/MANIFEST"
+  expect 1 "libfoo1_1.0_amd64.deb does not match its MANIFEST checksum" -- \
+    bash "$check" "$work/r" --dry-run --use-bundle always --bundle "$work/bundle" --build-dir "$work/b"
+  printf '# made today\nlibfoo1 1.0 %s\nlibbar2 2.0 %s\n' "$(sha256sum "$work/bundle/libfoo1_1.0_amd64.deb" | cut -d' ' -f1)" "$(printf '0%.0s' {1..64})" > "$work/bundle/MANIFEST"
+  expect 1 "the bundle $work/bundle lacks libbar2 2.0" -- \
+    bash "$check" "$work/r" --dry-run --use-bundle always --bundle "$work/bundle" --build-dir "$work/b"
+fi
+
+if command -v nvidia-smi > /dev/null && nvidia-smi > /dev/null 2>&1; then
+  echo "a GPU is here: the no-GPU refusal was not checked"
+else
+  expect 1 "no NVIDIA GPU here .*--build-only or --dry-run" -- bash "$check" "$work/r" --build-dir "$work/b"
+fi
+((fails == 0)) && echo "gpu_check_cpu: all cases behave"
+exit $((fails > 0))
