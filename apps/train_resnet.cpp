@@ -166,10 +166,14 @@ struct Source {
   int64_t height = 32, width = 32, channels = 3, classes = 10, train_size = 0;
 };
 
-Tensor synthetic_images(int64_t batch, const Source& s, uint64_t seed, int64_t epoch, int64_t index, int rank) {
+// Drawn on `device` itself: on a GPU a host-made batch would put a CPU fill and a pageable copy of the
+// whole batch inside every timed step, which a benchmark must not measure.
+Tensor synthetic_images(int64_t batch, const Source& s, uint64_t seed, int64_t epoch, int64_t index, int rank,
+                        Device device) {
   return Tensor::normal(Shape{batch, s.height, s.width, s.channels}, 0, 1,
                         seed * 1000003u + static_cast<uint64_t>(epoch) * 7919u + static_cast<uint64_t>(index) * 131u +
-                            static_cast<uint64_t>(rank));
+                            static_cast<uint64_t>(rank),
+                        DType::F32, device);
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -669,7 +673,7 @@ int train(comm::World& world, Config cfg) {
         images = batch->images;
         labels = batch->labels;
       } else {
-        images = synthetic_images(cfg.batch, src, static_cast<uint64_t>(cfg.seed), epoch, micro, world.rank()).to(device);
+        images = synthetic_images(cfg.batch, src, static_cast<uint64_t>(cfg.seed), epoch, micro, world.rank(), device);
         labels = synthetic_labels;
       }
       ++micro;

@@ -76,20 +76,22 @@ chosen, frontier = set(), list(roots)
 while frontier:
     chosen.update(frontier)
     text = subprocess.run(["apt-cache", "depends", "--important", *frontier], capture_output=True, text=True).stdout
-    groups, group, virtual = [], [], None
+    # A dependency is a group of alternatives ("a | b | <virtual>"); each alternative is a list of
+    # packages: itself (unless virtual), then the packages that provide it (the indented lines after it).
+    groups, group, alternative = [], [], None
     for line in text.splitlines():
         if not line.startswith(" "):
             continue
         m = re.match(r"^ (\|| )(Depends|PreDepends): (.*)$", line)
         if m:
             name = m.group(3)
-            virtual = name.strip("<>") if name.startswith("<") else None
-            group.append([] if virtual else [name])
+            alternative = [] if name.startswith("<") else [name]
+            group.append(alternative)
             if m.group(1) == " ":  # the last alternative of this dependency
                 groups.append(group)
                 group = []
-        elif line.startswith("    ") and groups and virtual:  # a provider of the virtual package above
-            groups[-1][-1].append(line.strip())
+        elif line.startswith("    ") and alternative is not None:  # a package providing the one above
+            alternative.append(line.strip())
     candidates = {p for g in groups for alt in g for p in alt}
     show(sorted(candidates - set(info)))
     new = []

@@ -6,7 +6,8 @@
 # that scripts/gpu_bundle.sh made beforehand, unpacked into a private prefix (never into /). No network.
 #
 #   bash scripts/gpu_check.sh RESULTS_DIR [--dry-run | --build-only] [--bundle DIR]
-#                             [--use-bundle auto|always|never] [--build-dir DIR] [--steps N] [--jobs N]
+#                             [--use-bundle auto|always|prefer-system|never] [--build-dir DIR] [--steps N] [--jobs N]
+#                             [--budget SECONDS]
 #
 #   --dry-run     find the GPU, the tools and the libraries, print every command the check would run and
 #                 write RESULTS_DIR/gpu_check.json; builds and runs nothing
@@ -14,12 +15,16 @@
 #                 run on a machine without a GPU)
 #   --bundle DIR  the packages from scripts/gpu_bundle.sh (default .gpu_bundle)
 #   --use-bundle  auto (default): only when the machine lacks a library the build needs, and then the
-#                 machine's own run-time libraries win over the bundle's; always: the bundle's win (to
-#                 test the bundle on a machine that has everything); never
+#                 machine's own run-time libraries win over the bundle's; prefer-system: the same even
+#                 when nothing is missing; always: the bundle's libraries win (these two test the bundle
+#                 on a machine that has everything); never
 #   --build-dir   default build-gpu (configured for this GPU's architecture only)
 #   --steps N     optimizer steps per training run, ringtrain and PyTorch alike (default 60)
 #   --jobs N      build parallelism (default: all cores)
-# Environment: PYTHON (the interpreter with PyTorch; default python3), CUDA_HOME.
+#   --budget S    the whole check's time (default 540): every program gets a deadline within it, and
+#                 what no longer fits is skipped and named, so the results are written in time
+# Environment: PYTHON (the interpreter with PyTorch; default python3), CUDA_HOME, RINGTRAIN_COMMIT (the
+# commit to record when the tree travelled without .git).
 #
 # The steps: 1. versions (nvidia-smi, GPU, driver, CUDA, cuDNN, NCCL, MPI, HDF5, PyTorch); 2. build with
 # RINGTRAIN_CUDA=ON for the local architecture; 3. the GPU tests (CUDA vs CPU per op and layer, cuDNN
@@ -31,24 +36,25 @@
 # passed, 1 when one failed (the others still run and are recorded), 2 for a usage error.
 set -euo pipefail
 
-usage() { echo "gpu_check: $*" >&2; echo "usage: bash scripts/gpu_check.sh RESULTS_DIR [--dry-run|--build-only] [--bundle DIR] [--use-bundle auto|always|never] [--build-dir DIR] [--steps N] [--jobs N]" >&2; exit 2; }
+usage() { echo "gpu_check: $*" >&2; echo "usage: bash scripts/gpu_check.sh RESULTS_DIR [--dry-run|--build-only] [--bundle DIR] [--use-bundle auto|always|prefer-system|never] [--build-dir DIR] [--steps N] [--jobs N] [--budget S]" >&2; exit 2; }
 
-results="" mode=full bundle=.gpu_bundle use_bundle=auto build_dir=build-gpu steps=60 jobs=$(nproc)
+results="" mode=full bundle=.gpu_bundle use_bundle=auto build_dir=build-gpu steps=60 jobs=$(nproc) budget=540
 while (($#)); do
   case $1 in
     --dry-run) mode=dry; shift ;;
     --build-only) mode=build; shift ;;
-    --bundle|--use-bundle|--build-dir|--steps|--jobs)
+    --bundle|--use-bundle|--build-dir|--steps|--jobs|--budget)
       [[ $# -ge 2 && -n $2 ]] || usage "$1 needs a value"
       case $1 in
         --bundle) bundle=$2 ;;
-        --use-bundle) [[ $2 =~ ^(auto|always|never)$ ]] || usage "--use-bundle must be auto, always or never, got '$2'"; use_bundle=$2 ;;
+        --use-bundle) [[ $2 =~ ^(auto|always|prefer-system|never)$ ]] || usage "--use-bundle must be auto, always, prefer-system or never, got '$2'"; use_bundle=$2 ;;
         --build-dir) build_dir=$2 ;;
         --steps) [[ $2 =~ ^[1-9][0-9]*$ ]] || usage "--steps must be a positive whole number, got '$2'"; steps=$2 ;;
         --jobs) [[ $2 =~ ^[1-9][0-9]*$ ]] || usage "--jobs must be a positive whole number, got '$2'"; jobs=$2 ;;
+        --budget) [[ $2 =~ ^[1-9][0-9]*$ ]] || usage "--budget must be a positive whole number of seconds, got '$2'"; budget=$2 ;;
       esac
       shift 2 ;;
-    -h|--help) sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) usage "unknown option '$1'" ;;
     *) [[ -z $results ]] || usage "one results folder only (got '$results' and '$1')"; results=$1; shift ;;
   esac
@@ -67,16 +73,37 @@ rm -rf "$work"
 mkdir -p "$work"
 exec > >(tee "$results/gpu_check.log") 2>&1
 tee_pid=$!
-# On exit, let tee write out the last lines before the caller reads them.
-trap 'exec >&- 2>&-; wait "$tee_pid" 2>/dev/null || true' EXIT
 start=$(date +%s)
 failed=()  # the steps that failed, by name
 original_env=("PATH=$PATH" "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}")  # the peer runs with the machine's own libraries
 
 facts=$work/facts.tsv  # "dotted.key<TAB>JSON value" lines, nested into gpu_check.json at the end
 : > "$facts"
-json_str() { local s=${1//\\/\\\\}; s=${s//\"/\\\"}; s=${s//$'\n'/\\n}; s=${s//$'\t'/ }; printf '"%s"' "$s"; }
+json_str() { local s=${1//$'\r'/}; s=${s//\\/\\\\}; s=${s//\"/\\\"}; s=${s//$'\n'/\\n}; s=${s//$'\t'/ }; printf '"%s"' "$s"; }
 fact() { printf '%s\t%s\n' "$1" "$2" >> "$facts"; }           # fact KEY JSON
+# The report: gpu_check.json and the summary table. Written at the end, or on an early stop with what
+# was gathered so far.
+reported=0
+write_report() {
+  reported=1
+  section "6. results"
+  fact total_seconds "$(($(date +%s) - start))"
+  for i in "${!failed[@]}"; do fact_s "failed.$i" "${failed[$i]}"; done
+  "$python" "$repo/scripts/gpu_check_report.py" "$facts" "$work" "$results" "$mode" ${gtest_runs[@]+"${gtest_runs[@]}"} ||
+    fail "results (see the lines above)"
+}
+on_exit() {
+  local status=$?
+  if ((reported == 0)); then
+    echo "gpu_check: stopped early (exit status $status); the results so far:"
+    write_report || true
+  fi
+  exec >&- 2>&-
+  wait "$tee_pid" 2>/dev/null || true  # tee writes out the last lines before the caller reads them
+  exit "$status"
+}
+trap on_exit EXIT
+gtest_runs=()  # the labels of the test programs that ran, for the report
 fact_s() { fact "$1" "$(json_str "$2")"; }                     # fact_s KEY STRING
 section() { echo; echo "=== [$(($(date +%s) - start)) s] $*"; }
 fail() { echo "gpu_check: FAILED: $*"; failed+=("$*"); }
@@ -84,11 +111,15 @@ fail() { echo "gpu_check: FAILED: $*"; failed+=("$*"); }
 run() { echo "+ $(printf '%q ' "$@")"; [[ $mode = dry ]] || "$@"; }
 fact_s date "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 fact_s mode "$mode"
-fact_s git_commit "$(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)$(git -C "$repo" diff --quiet HEAD 2>/dev/null || echo '+changes')"
+if [[ -n ${RINGTRAIN_COMMIT:-} ]]; then
+  fact_s git_commit "$RINGTRAIN_COMMIT"
+else
+  fact_s git_commit "$(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)$(git -C "$repo" diff --quiet HEAD 2>/dev/null || echo '+changes')"
+fi
 
 # ------------------------------------------------------------------------------------------------------
 section "1. machine, GPU and library versions"
-fact_s host.name "$(hostname)"
+fact_s host.name "$(uname -n)"
 fact_s host.cpu "$(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -1)"
 fact host.cores "$(nproc)"
 fact_s host.os "$( (. /etc/os-release && echo "$PRETTY_NAME") 2>/dev/null || uname -s)"
@@ -99,6 +130,7 @@ if command -v nvidia-smi >/dev/null && nvidia-smi > "$work/nvidia-smi.txt" 2>&1;
   fact_s gpu.name "$(xargs <<< "$gpu_name")"; fact_s gpu.driver "$(xargs <<< "$driver")"
   fact_s gpu.memory "$(xargs <<< "$gpu_mem")"; fact_s gpu.compute_capability "$(xargs <<< "$compute_cap")"
   gpu_arch=$(xargs <<< "$compute_cap" | tr -d .)
+  [[ $gpu_arch =~ ^[0-9]+$ ]] || { echo "nvidia-smi gave no compute capability ('$compute_cap'): building for 90"; gpu_arch=90; }
   echo "GPU: $(xargs <<< "$gpu_name"), driver $(xargs <<< "$driver"), compute capability $(xargs <<< "$compute_cap")"
 else
   reason=$( (command -v nvidia-smi >/dev/null && head -3 "$work/nvidia-smi.txt") || echo "nvidia-smi not found")
@@ -124,7 +156,7 @@ echo "nvcc: $nvcc (CUDA $("$nvcc" --version | sed -n 's/.*release \([0-9.]*\).*/
 
 # A CUDA library's header folder and shared library: the toolkit, /usr, /usr/local, then Python's
 # nvidia-* packages (which ship include/ and lib/ with a versioned .so only). Sets lib_include, lib_file.
-python_nvidia=$("$python" -c 'import nvidia, os; print(list(nvidia.__path__)[0])' 2>/dev/null || true)
+python_nvidia=$("$python" -c 'import nvidia; print("\n".join(nvidia.__path__))' 2>/dev/null || true)
 find_cuda_library() {
   local header=$1 name=$2 root inc found
   lib_include="" lib_file=""
@@ -135,11 +167,12 @@ find_cuda_library() {
       if [[ -n $found ]]; then lib_include=$inc lib_file=$found; return 0; fi
     done
   done
-  if [[ -n $python_nvidia ]]; then
-    inc=$(find "$python_nvidia" -maxdepth 4 -name "$header" -path '*/include/*' 2>/dev/null | sort | head -1)
-    found=$(find "$python_nvidia" -maxdepth 4 -name "lib$name.so*" 2>/dev/null | sort | head -1)
+  while read -r root; do
+    [[ -n $root ]] || continue
+    inc=$(find "$root" -maxdepth 4 -name "$header" -path '*/include/*' 2>/dev/null | sort | head -1)
+    found=$(find "$root" -maxdepth 4 -name "lib$name.so*" 2>/dev/null | sort | head -1)
     if [[ -n $inc && -n $found ]]; then lib_include=$(dirname "$inc") lib_file=$found; return 0; fi
-  fi
+  done <<< "$python_nvidia"
   return 1
 }
 header_version() {  # header_version FILE MAJOR MINOR PATCH: "9.10.2"
@@ -195,7 +228,7 @@ if ((${#missing[@]})); then
   fact_s machine_lacks "$(IFS=,; echo "${missing[*]}")"
 fi
 bundle_used=0
-if [[ $use_bundle = always || ($use_bundle = auto && ${#missing[@]} -gt 0) ]]; then
+if [[ $use_bundle = always || $use_bundle = prefer-system || ($use_bundle = auto && ${#missing[@]} -gt 0) ]]; then
   [[ -f $bundle/MANIFEST ]] || { echo "gpu_check: the bundle $bundle has no MANIFEST: make it with scripts/gpu_bundle.sh on a Debian machine with package access, and bring it along" >&2; exit 1; }
   bundle_used=1
 elif ((${#missing[@]})); then
@@ -234,27 +267,37 @@ if ((bundle_used)); then
     # Its static-link library list (-lcrypto -lcurl -lsz ...) names development files the bundle leaves
     # out; a shared link needs none of them (libhdf5.so records its own).
     sed -i -e "s|^prefix=\"/usr\"|prefix=\"$P\"|" -e 's|^H5BLD_LIBS=.*|H5BLD_LIBS="-lz -ldl -lm"|' "$P/bin/h5cc"
-    if [[ $use_bundle = auto ]]; then
+    declare -A system_lib=()  # soname -> path, as the machine's dynamic linker knows them
+    while read -r soname path; do
+      [[ -n ${system_lib[$soname]:-} ]] || system_lib[$soname]=$path
+    done < <(ldconfig -p | awk '/x86-64/ && /=>/ {print $1, $NF}')
+    if [[ $use_bundle != always ]]; then
       # The machine's own run-time libraries win where it has them (newer, and what its other programs
-      # load): drop the bundle's copy of every shared library the dynamic linker already knows by name,
-      # and point the bundle's development links (libz.so) at the machine's copy.
-      known=$(ldconfig -p | awk '/=>/ {print $1 " " $NF}')
+      # load): drop the bundle's copy of every shared library the dynamic linker already knows by name.
       kept=0 dropped=0
       for dir in "$L" "$prefix/lib/x86_64-linux-gnu"; do
-        [[ -d $dir ]] || continue
         for f in "$dir"/lib*.so.*; do
           [[ -e $f || -L $f ]] || continue
-          name=$(basename "$f")
-          if grep -q "^$name " <<< "$known"; then rm -f "$f"; dropped=$((dropped + 1)); else kept=$((kept + 1)); fi
-        done
-        for link in "$dir"/lib*.so; do
-          [[ -L $link && ! -e $link ]] || continue
-          target=$(grep -m1 "^$(basename "$link")\.[0-9]* " <<< "$known" | cut -d' ' -f2 || true)
-          [[ -n $target ]] && ln -sf "$target" "$link"
+          if [[ -n ${system_lib[$(basename "$f")]:-} ]]; then rm -f "$f"; dropped=$((dropped + 1)); else kept=$((kept + 1)); fi
         done
       done
-      echo "bundle: kept $kept shared libraries, used the machine's own for $dropped"
+      echo "bundle: kept $kept shared libraries, uses the machine's own for $dropped"
     fi
+    # Links that now point nowhere: absolute ones (zlib1g-dev's libz.so -> /lib/x86_64-linux-gnu/libz.so.1.2.13)
+    # move into the prefix; development links to a dropped library (libz.so) go to the machine's copy.
+    while read -r link; do
+      [[ -e $link ]] && continue
+      target=$(readlink "$link")
+      if [[ $target = /* && ( -e $prefix$target || -L $prefix$target ) ]]; then
+        ln -sfn "$prefix$target" "$link"
+        [[ -e $link ]] && continue
+      fi
+      base=$(basename "$link") replacement=${system_lib[$(basename "$target")]:-}
+      for soname in "${!system_lib[@]}"; do
+        [[ -z $replacement && $soname == "$base".* && ${soname#"$base".} =~ ^[0-9]+$ ]] && replacement=${system_lib[$soname]}
+      done
+      if [[ -n $replacement ]]; then ln -sfn "$replacement" "$link"; else echo "bundle: $link points nowhere ($target)"; fi
+    done < <(find "$prefix" -type l -path '*/lib/*')
   fi
   export PATH=$P/bin:$PATH
   export LD_LIBRARY_PATH=$L:$prefix/lib/x86_64-linux-gnu:$L/openmpi/lib:$L/pmix2/lib:$L/openblas-pthread:$L/hdf5/serial${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -265,6 +308,9 @@ if ((bundle_used)); then
 fi
 export LD_LIBRARY_PATH=$(IFS=:; echo "${cuda_lib_dirs[*]}")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 GTEST_COLOR=no
+# One node, no ssh/rsh needed (the bundle brings neither), shared memory between the ranks, and no
+# cross-memory attach (containers' seccomp often refuses it) or InfiniBand plugins.
+export OMPI_MCA_plm=isolated OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none
 fact bundle.used "$bundle_used"
 mpirun=$(command -v mpirun.openmpi || command -v mpirun || echo mpirun)
 if [[ $mode != dry || $bundle_used = 0 ]]; then
@@ -284,17 +330,20 @@ cmake_args=(-S "$repo" -B "$build_dir" -DCMAKE_BUILD_TYPE=Release -DRINGTRAIN_CU
   -DRINGTRAIN_NCCL_INCLUDE_DIR="$nccl_include" -DRINGTRAIN_NCCL_LIBRARY="$nccl_lib" "${cmake_bundle_args[@]}")
 command -v ninja >/dev/null && [[ ! -f $build_dir/Makefile ]] && cmake_args+=(-G Ninja)
 t0=$(date +%s)
-if run cmake "${cmake_args[@]}" && run cmake --build "$build_dir" -j "$jobs"; then
-  fact build.seconds "$(($(date +%s) - t0))"
-else
+built=1
+# Only what the check runs (the CPU-only tests and tools are CI's).
+targets=(ringtrain_env train_resnet test_cuda_vs_cpu test_cuda_conv test_cuda_norm_pool test_mixed_precision test_core_basics
+  test_module test_loader test_gpu_monitor test_comm test_grad_sync)
+if ! { run cmake "${cmake_args[@]}" && run cmake --build "$build_dir" -j "$jobs" --target "${targets[@]}"; }; then
   fail "build"
-  fact build.seconds "$(($(date +%s) - t0))"
+  built=0
 fi
-bins=(ringtrain_env train_resnet bench_step allreduce_bench tests/test_cuda_vs_cpu tests/test_cuda_conv
-  tests/test_cuda_norm_pool tests/test_mixed_precision tests/test_allocator tests/test_device tests/test_loader
-  tests/test_gpu_monitor tests/test_comm tests/test_grad_sync)
+fact build.seconds "$(($(date +%s) - t0))"
+bins=(ringtrain_env train_resnet tests/test_cuda_vs_cpu tests/test_cuda_conv tests/test_cuda_norm_pool
+  tests/test_mixed_precision tests/test_core_basics tests/test_module tests/test_loader tests/test_gpu_monitor
+  tests/test_comm tests/test_grad_sync)
 echo "+ ldd: every binary finds every library"
-if [[ $mode != dry && ${#failed[@]} -eq 0 ]]; then
+if [[ $mode != dry && $built = 1 ]]; then
   for b in "${bins[@]}"; do
     if ! out=$(ldd "$build_dir/$b" 2>&1); then fail "ldd $b: $out"; continue; fi
     if grep -q "not found" <<< "$out"; then fail "$b cannot find: $(grep 'not found' <<< "$out" | awk '{print $1}' | xargs)"; fi
@@ -306,18 +355,33 @@ if [[ $mode != dry && ${#failed[@]} -eq 0 ]]; then
 fi
 
 # ------------------------------------------------------------------------------------------------------
-gtest_runs=()  # "label<TAB>report files" for the JSON
+# Every program gets a deadline within the budget, so one hang cannot use up the GPU machine's time and
+# the results are still written: limit SECONDS COMMAND...
+limit() {
+  local want=$1 left=$((start + budget - 30 - $(date +%s)))
+  shift
+  if ((left < 20)); then
+    echo "gpu_check: out of time (--budget $budget) for: $*"
+    return 124
+  fi
+  ((want <= left)) || want=$left
+  timeout -k 10 "$want" "$@"
+}
+if [[ $mode != build && $built = 0 ]]; then
+  echo "(steps 3 and 4 skipped: the build failed)"
+fi
 if [[ $mode != build ]]; then
+  if [[ $built = 1 ]]; then
   section "3. GPU tests"
-  run "$build_dir/ringtrain_env" || fail "ringtrain_env"
+  run limit 120 "$build_dir/ringtrain_env" || fail "ringtrain_env"
   # One test program: its gtest JSON report goes to $work, its output to tests.log (and here, briefly).
   gtest() {  # gtest LABEL RANKS PROGRAM [ARGS...]
     local label=$1 ranks=$2 program=$3
     shift 3
     local report=$work/gtest_$label
-    local command=("$build_dir/tests/$program" --gtest_output="json:$report.json" "$@")
+    local command=(limit 240 "$build_dir/tests/$program" --gtest_output="json:$report.json" "$@")
     # Under mpirun each rank writes its own report (the file name carries the rank).
-    ((ranks == 0)) || command=("$mpirun" -np "$ranks" --oversubscribe bash -c \
+    ((ranks == 0)) || command=(limit 240 "$mpirun" -np "$ranks" --oversubscribe --bind-to none bash -c \
       'exec "$0" --gtest_output="json:$1.${OMPI_COMM_WORLD_RANK}.json" "${@:2}"' "$build_dir/tests/$program" "$report" "$@")
     echo "+ $(printf '%q ' "${command[@]}")"
     [[ $mode = dry ]] && return 0
@@ -329,7 +393,9 @@ if [[ $mode != build ]]; then
       "$results/tests.log" | sed "s/^/  $label: /"
   }
   : > "$results/tests.log"
-  for program in test_cuda_vs_cpu test_cuda_conv test_cuda_norm_pool test_mixed_precision test_allocator test_device \
+  # test_core_basics: device detection and streams; test_module: Module::to(cuda); test_loader: pinned
+  # batches on the device.
+  for program in test_cuda_vs_cpu test_cuda_conv test_cuda_norm_pool test_mixed_precision test_core_basics test_module \
     test_loader test_gpu_monitor; do
     gtest "$program" 0 "$program"
   done
@@ -341,11 +407,12 @@ if [[ $mode != build ]]; then
   section "4. train_resnet --synthetic (bf16, batch 256, $steps steps)"
   for arch in resnet50 resnet18; do
     rm -f "$results/train_$arch.jsonl"
-    if ! run "$build_dir/train_resnet" --synthetic -a "$arch" -b 256 --precision bf16 --device cuda --steps "$steps" \
+    if ! run limit 300 "$build_dir/train_resnet" --synthetic -a "$arch" -b 256 --precision bf16 --device cuda --steps "$steps" \
       --log-jsonl "$results/train_$arch.jsonl"; then
       fail "train_resnet $arch"
     fi
   done
+  fi
 
   section "5. PyTorch peer (torchvision, channels_last, bf16 autocast, SGD; same batch and steps)"
   for arch in resnet50 resnet18; do
@@ -353,17 +420,13 @@ if [[ $mode != build ]]; then
       echo "(skipped: no PyTorch)"
       continue
     fi
-    run env "${original_env[@]}" "$python" "$repo/scripts/torch_gpu_peer.py" -a "$arch" -b 256 --steps "$steps" \
-      --precision bf16 --device cuda --json "$work/peer_$arch.json" || fail "PyTorch peer $arch"
+    run limit 300 env "${original_env[@]}" "$python" "$repo/scripts/torch_gpu_peer.py" -a "$arch" -b 256 --steps "$steps" \
+      --precision bf16 --device cuda --json "$results/peer_$arch.json" || fail "PyTorch peer $arch"
   done
 fi
 
 # ------------------------------------------------------------------------------------------------------
-section "6. results"
-fact total_seconds "$(($(date +%s) - start))"
-for i in "${!failed[@]}"; do fact_s "failed.$i" "${failed[$i]}"; done
-"$python" "$repo/scripts/gpu_check_report.py" "$facts" "$work" "$results" "$mode" ${gtest_runs[@]+"${gtest_runs[@]}"} ||
-  fail "results (see the lines above)"
+write_report
 if ((${#failed[@]})); then
   echo "gpu_check: ${#failed[@]} step(s) failed:"
   printf '  %s\n' "${failed[@]}"

@@ -24,7 +24,7 @@ expect() {  # expect STATUS PATTERN -- COMMAND...: COMMAND exits STATUS and prin
 expect 2 "give the results folder" -- bash "$check"
 expect 2 "unknown option '--fast'" -- bash "$check" "$work/r" --fast
 expect 2 "[-]-steps must be a positive whole number, got '0'" -- bash "$check" "$work/r" --steps 0
-expect 2 "[-]-use-bundle must be auto, always or never, got 'maybe'" -- bash "$check" "$work/r" --use-bundle maybe
+expect 2 "[-]-use-bundle must be auto, always, prefer-system or never, got 'maybe'" -- bash "$check" "$work/r" --use-bundle maybe
 expect 2 "one results folder only" -- bash "$check" "$work/r" "$work/s"
 
 if ! command -v nvcc > /dev/null; then

@@ -7,7 +7,7 @@ repo=$(cd "$(dirname "$0")/../.." && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/w" "$work/r"
-printf 'gpu.name\t"NVIDIA H200"\nbuild.seconds\t95\n' > "$work/facts"
+printf 'gpu.name\t"NVIDIA H200"\nbuild.seconds\t95\npytorch.version\t"2.11\r"\n' > "$work/facts"
 gtest_report() {  # gtest_report FILE PASSED_NAME SKIPPED_NAME
   cat > "$1" <<JSON
 {"testsuites": [{"name": "GradSyncGpu", "testsuite": [
@@ -18,8 +18,8 @@ JSON
 gtest_report "$work/w/gtest_grad_sync_np2.0.json" RingRanks NcclTrains
 gtest_report "$work/w/gtest_grad_sync_np2.1.json" RingRanks NcclTrains
 summary='{"type": "summary", "device": "cuda:0", "median_step_s": 0.05, "img_per_s": 4800.0, "peak_gpu_mem_bytes": 2e10, "steps": 60, "train_loss": 6.5, "elapsed_s": 3.2, "cudnn_conv_algorithms": ["fwd 256x56x56x64 k1: IMPLICIT_PRECOMP_GEMM"]}'
-printf '{"type": "plan"}\n%s\n' "$summary" > "$work/r/train_resnet50.jsonl"
-echo '{"median_step_s": 0.06, "img_per_s": 4266.7, "img_per_s_wall": 4000.0, "peak_gpu_mem_bytes": 2.5e10, "steps": 60, "last_loss": 6.6, "elapsed_s": 3.8}' > "$work/w/peer_resnet50.json"
+printf '{"type": "plan", "global_batch": 256, "world_size": 1}\n%s\n' "$summary" > "$work/r/train_resnet50.jsonl"
+echo '{"median_step_s": 0.06, "img_per_s": 4266.7, "img_per_s_wall": 4000.0, "peak_gpu_mem_bytes": 2.5e10, "steps": 60, "last_loss": 6.6, "elapsed_s": 3.8}' > "$work/r/peer_resnet50.json"
 : > "$work/r/tests.log"
 
 python3 "$repo/scripts/gpu_check_report.py" "$work/facts" "$work/w" "$work/r" full grad_sync_np2 > "$work/out.txt"
@@ -32,7 +32,8 @@ t = r["tests"]["grad_sync_np2"]
 assert t["passed"] == 2 and t["failed"] == [] and t["skipped"] == ["GradSyncGpu.NcclTrains"], t
 run = r["training"]["resnet50"]
 assert abs(run["speed_ratio_median_step"] - 1.2) < 1e-9 and abs(run["memory_ratio"] - 0.8) < 1e-9, run
-assert abs(run["ringtrain"]["img_per_s_median"] - 256 / 0.05) < 1e-6, run
+assert abs(run["ringtrain"]["img_per_s"] - 256 / 0.05) < 1e-6 and run["ringtrain"]["img_per_s_wall"] == 4800.0, run
+assert abs(run["speed_ratio_wall"] - 1.2) < 1e-9 and run["pytorch"]["img_per_s"] == 4266.7, run
 assert r["goals"] == {"resnet50_bf16_img_per_s_at_least_6000": False, "resnet50_bf16_at_least_1.15x_pytorch": True}, r["goals"]
 assert r["cudnn_conv_algorithms_resnet50"] == ["fwd 256x56x56x64 k1: IMPLICIT_PRECOMP_GEMM"] and r["failed"] == [], r
 print("report ok")
