@@ -327,7 +327,10 @@ section "2. build (RINGTRAIN_CUDA=ON, CUDA architecture $gpu_arch only)"
 cmake_args=(-S "$repo" -B "$build_dir" -DCMAKE_BUILD_TYPE=Release -DRINGTRAIN_CUDA=ON
   -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES="$gpu_arch"
   -DRINGTRAIN_CUDNN_INCLUDE_DIR="$cudnn_include" -DRINGTRAIN_CUDNN_LIBRARY="$cudnn_lib"
-  -DRINGTRAIN_NCCL_INCLUDE_DIR="$nccl_include" -DRINGTRAIN_NCCL_LIBRARY="$nccl_lib" "${cmake_bundle_args[@]}")
+  -DRINGTRAIN_NCCL_INCLUDE_DIR="$nccl_include" -DRINGTRAIN_NCCL_LIBRARY="$nccl_lib" ${cmake_bundle_args[@]+"${cmake_bundle_args[@]}"})
+# CMake 4 refuses package files that ask for policies older than 3.5 (a newer CMake than Debian's may
+# meet Debian's files here); older CMakes ignore this.
+[[ $(cmake --version | sed -n 's/^cmake version \([0-9]*\).*/\1/p') -ge 4 ]] && cmake_args+=(-DCMAKE_POLICY_VERSION_MINIMUM=3.5)
 command -v ninja >/dev/null && [[ ! -f $build_dir/Makefile ]] && cmake_args+=(-G Ninja)
 t0=$(date +%s)
 built=1
