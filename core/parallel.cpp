@@ -1,123 +1,24 @@
-// core/parallel.cpp: a small fixed thread pool with one job at a time (kernels are issued serially).
+// core/parallel.cpp: parallel_for on OpenMP, the runtime oneDNN's convolutions already use. One set of
+// worker threads serves both: with a pool of our own beside OpenMP's, OpenMP's workers spin-wait after
+// every convolution while ours need the same cores (with 2 threads on 2 cores a ResNet-20 step was about
+// 12% slower that way; docs/PERFORMANCE.md).
 #include "core/parallel.h"
 
 #include <cblas.h>
+#include <omp.h>
 #include <sched.h>
 
 #include <algorithm>
 #include <atomic>
-#include <condition_variable>
 #include <cstdlib>
 #include <exception>
 #include <mutex>
 #include <thread>
-#include <vector>
 
 #include "core/cpu/cpu_kernels.h"
 
 namespace ringtrain {
 namespace {
-
-thread_local bool t_inside_pool = false;
-
-class ThreadPool {
- public:
-  explicit ThreadPool(int threads) { resize(threads); }
-  // Not synchronised with resize(): both are only called with submit_mutex_ free or held by the caller.
-  ~ThreadPool() { stop_workers(); }
-
-  int size() const { return static_cast<int>(workers_.size()) + 1; }
-
-  // Waits for a running job (submit_mutex_) so workers_ never changes under it.
-  void resize(int threads) {
-    std::lock_guard<std::mutex> submit(submit_mutex_);
-    stop_workers();
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stopping_ = false;
-    }
-    for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { worker_loop(); });
-  }
-
-  void run(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
-    std::lock_guard<std::mutex> submit(submit_mutex_);  // one job at a time
-    const int64_t chunks = std::min<int64_t>(size() * 4, (n + grain - 1) / grain);
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      job_ = &fn;
-      job_n_ = n;
-      job_chunks_ = chunks;
-      next_chunk_ = 0;
-      remaining_ = chunks;
-      error_ = nullptr;
-      ++generation_;
-    }
-    wake_.notify_all();
-    work_on_job();
-    std::unique_lock<std::mutex> lock(mutex_);
-    // Also wait for workers to leave work_on_job, so none reads the next job's fields mid-setup.
-    done_.wait(lock, [this] { return remaining_ == 0 && active_ == 0; });
-    job_ = nullptr;
-    if (error_) std::rethrow_exception(error_);
-  }
-
- private:
-  void work_on_job() {
-    t_inside_pool = true;
-    for (;;) {
-      int64_t chunk = next_chunk_.fetch_add(1);
-      if (chunk >= job_chunks_) break;
-      int64_t begin = job_n_ * chunk / job_chunks_, end = job_n_ * (chunk + 1) / job_chunks_;
-      try {
-        (*job_)(begin, end);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(mutex_);
-        if (!error_) error_ = std::current_exception();
-      }
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (--remaining_ == 0) done_.notify_all();
-    }
-    t_inside_pool = false;
-  }
-
-  void worker_loop() {
-    uint64_t seen = 0;
-    for (;;) {
-      {
-        std::unique_lock<std::mutex> lock(mutex_);
-        wake_.wait(lock, [&] { return stopping_ || (generation_ != seen && job_ != nullptr); });
-        if (stopping_) return;
-        seen = generation_;
-        ++active_;
-      }
-      work_on_job();
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (--active_ == 0 && remaining_ == 0) done_.notify_all();
-    }
-  }
-
-  void stop_workers() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stopping_ = true;
-    }
-    wake_.notify_all();
-    for (auto& w : workers_) w.join();
-    workers_.clear();
-  }
-
-  std::vector<std::thread> workers_;
-  std::mutex submit_mutex_, mutex_;
-  std::condition_variable wake_, done_;
-  const std::function<void(int64_t, int64_t)>* job_ = nullptr;
-  int64_t job_n_ = 0, job_chunks_ = 0;
-  std::atomic<int64_t> next_chunk_{0};
-  int64_t remaining_ = 0;
-  int active_ = 0;  // workers inside work_on_job
-  uint64_t generation_ = 0;
-  bool stopping_ = false;
-  std::exception_ptr error_;
-};
 
 int default_threads() {
   if (const char* env = std::getenv("RINGTRAIN_THREADS")) {
@@ -127,15 +28,15 @@ int default_threads() {
   return std::max(1, available_cores() / std::max(1, local_ranks_from_env()));
 }
 
-ThreadPool& pool() {
-  // Leaked on purpose: worker threads must not be joined during static destruction.
-  static ThreadPool* instance = [] {
-    int n = default_threads();
+// The thread count, set on first use (also for OpenBLAS and oneDNN).
+std::atomic<int>& thread_count() {
+  static std::atomic<int> count = [] {
+    const int n = default_threads();
     openblas_set_num_threads(n);
     cpu::set_onednn_threads(n);
-    return new ThreadPool(n);
+    return n;
   }();
-  return *instance;
+  return count;
 }
 
 }  // namespace
@@ -158,12 +59,11 @@ int local_ranks_from_env() {
   return 1;
 }
 
-int num_threads() { return pool().size(); }
+int num_threads() { return thread_count().load(); }
 
 void set_num_threads(int n) {
   n = std::max(1, n);
-  ThreadPool& p = pool();
-  if (p.size() != n) p.resize(n);
+  thread_count().store(n);
   openblas_set_num_threads(n);
   cpu::set_onednn_threads(n);
 }
@@ -171,16 +71,30 @@ void set_num_threads(int n) {
 void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
   if (n <= 0) return;
   grain = std::max<int64_t>(1, grain);
-  if (n <= grain || t_inside_pool) {
+  const int threads = num_threads();
+  if (n <= grain || threads == 1 || omp_in_parallel()) {
     fn(0, n);
     return;
   }
-  ThreadPool& p = pool();
-  if (p.size() == 1) {
-    fn(0, n);
-    return;
+  // Chunks handed out one at a time, up to 4 per thread, so uneven chunks balance.
+  const int64_t chunks = std::min<int64_t>(int64_t{threads} * 4, (n + grain - 1) / grain);
+  std::atomic<int64_t> next{0};
+  std::mutex error_mutex;
+  std::exception_ptr error;
+#pragma omp parallel num_threads(static_cast<int>(std::min<int64_t>(threads, chunks)))
+  {
+    for (;;) {
+      const int64_t chunk = next.fetch_add(1);
+      if (chunk >= chunks) break;
+      try {
+        fn(n * chunk / chunks, n * (chunk + 1) / chunks);
+      } catch (...) {  // an exception must not leave an OpenMP region
+        std::lock_guard<std::mutex> lock(error_mutex);
+        if (!error) error = std::current_exception();
+      }
+    }
   }
-  p.run(n, grain, fn);
+  if (error) std::rethrow_exception(error);
 }
 
 }  // namespace ringtrain

@@ -1,4 +1,5 @@
-// core/parallel.h: the CPU thread pool every CPU kernel uses. Its size is this process's share of the
+// core/parallel.h: how every CPU kernel uses threads: parallel_for over OpenMP's worker threads, the same
+// ones oneDNN's convolutions run on. Their number is this process's share of the
 // cores: cores available to the process / ranks on this node (from the launcher's environment), so
 // `mpirun -np 2` on 2 cores does not oversubscribe. set_num_threads (later `--threads`) overrides it
 // and also sets OpenBLAS's thread count.
@@ -15,8 +16,9 @@ void set_num_threads(int n);
 int available_cores();
 int local_ranks_from_env();
 
-// Splits [0, n) into chunks of at least `grain` and runs fn(begin, end) on the pool (the caller takes
-// part). Runs inline when n <= grain, with one thread, or when called from inside a pool task.
+// Splits [0, n) into chunks of at least `grain` and runs fn(begin, end) on the worker threads (the caller
+// takes part). Runs inline when n <= grain, with one thread, or when called from inside a parallel region
+// (a nested call, or from inside a oneDNN/OpenMP task). Several host threads may call it at once.
 // Exceptions thrown by fn are rethrown in the caller (the first one).
 void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
