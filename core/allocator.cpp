@@ -1,9 +1,13 @@
 // core/allocator.cpp: CPU aligned allocation, the device-independent caching allocator, Storage.
 #include "core/allocator.h"
 
+#include <malloc.h>
+
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string_view>
 #include <vector>
 
 #include "core/check.h"
@@ -34,9 +38,46 @@ std::atomic<int64_t> g_cpu_allocations{0};
 
 int64_t round_up(int64_t n, int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
 
+// Activations of the same sizes are freed and allocated again every step. By default glibc serves large
+// requests with fresh mmaps and gives freed memory at the top of its heap back to the system, so every
+// step page-faults (and the kernel zeroes) its activations again: 13% of a 2-thread ResNet-20 step on
+// the CPU (docs/PERFORMANCE.md). Keeping requests below 256 MiB in the heap and not trimming it makes
+// the second step reuse the first step's pages. RINGTRAIN_MALLOC_DEFAULTS=1 leaves glibc's defaults.
+bool tune_malloc() {
+  const char* keep = std::getenv("RINGTRAIN_MALLOC_DEFAULTS");
+  if (keep && std::string_view(keep) == "1") return false;
+  return mallopt(M_MMAP_THRESHOLD, 256 << 20) == 1 && mallopt(M_TRIM_THRESHOLD, 1 << 30) == 1;
+}
+
+// 64-byte aligned memory from plain malloc, the block's start kept just below the aligned pointer. Not
+// aligned_alloc: glibc's memalign asks for size + alignment + a header and gives back what it does not
+// use, so a freed block is always too small for the next request of the same size and never reused.
+// (Under AddressSanitizer aligned_alloc, which it checks exactly.)
+void* aligned_malloc(size_t nbytes) {
+#if defined(__SANITIZE_ADDRESS__)
+  return std::aligned_alloc(static_cast<size_t>(kCpuAlignment), nbytes);
+#else
+  constexpr uintptr_t kAlign = static_cast<uintptr_t>(kCpuAlignment);
+  void* block = std::malloc(nbytes + 2 * kAlign);
+  if (!block) return nullptr;
+  const uintptr_t aligned = (reinterpret_cast<uintptr_t>(block) + sizeof(void*) + kAlign - 1) & ~(kAlign - 1);
+  reinterpret_cast<void**>(aligned)[-1] = block;
+  return reinterpret_cast<void*>(aligned);
+#endif
+}
+
+void aligned_free(void* ptr) noexcept {
+#if defined(__SANITIZE_ADDRESS__)
+  std::free(ptr);
+#else
+  if (ptr) std::free(static_cast<void**>(ptr)[-1]);
+#endif
+}
+
 void* cpu_allocate(int64_t nbytes) {
+  static const bool malloc_tuned [[maybe_unused]] = tune_malloc();
   int64_t rounded = round_up(nbytes > 0 ? nbytes : 1, kCpuAlignment);
-  void* ptr = std::aligned_alloc(static_cast<size_t>(kCpuAlignment), static_cast<size_t>(rounded));
+  void* ptr = aligned_malloc(static_cast<size_t>(rounded));
   if (!ptr) {
     RT_THROW("CPU out of memory while allocating ", format_bytes(nbytes), " (", nbytes, " bytes); ",
              format_bytes(g_cpu_allocated.load()), " held by tensors. Try a smaller batch size or fewer loader "
@@ -51,7 +92,7 @@ void* cpu_allocate(int64_t nbytes) {
 }
 
 void cpu_free(void* ptr, int64_t nbytes) noexcept {
-  std::free(ptr);
+  aligned_free(ptr);
   g_cpu_allocated.fetch_sub(round_up(nbytes > 0 ? nbytes : 1, kCpuAlignment));
 }
 }  // namespace

@@ -1,5 +1,7 @@
 // Tests for core/allocator.h: the caching allocator's size classes, per-stream reuse, statistics,
 // empty_cache and its out-of-memory message, driven through a fake device backend on the CPU.
+#include <sys/resource.h>
+
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -127,6 +129,26 @@ TEST(CpuAllocator, TracksLiveBytes) {
   EXPECT_EQ(cpu_allocator_stats().allocated_bytes, before);
   EXPECT_EQ(format_bytes(512), "512 B");
   EXPECT_EQ(format_bytes(3 << 20), "3.00 MiB");
+}
+
+// A freed large tensor's pages are reused by the next one of its size instead of being given back to
+// the system and faulted in (and zeroed) again: what every training step does with its activations.
+long minor_faults() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_minflt;
+}
+
+TEST(CpuAllocator, ReusesFreedLargeBlocksWithoutPageFaults) {
+  const Shape shape{4 << 20};  // 16 MiB of f32: above glibc's default mmap threshold
+  { Tensor warm = Tensor::zeros(shape); }
+  const long before = minor_faults();
+  for (int step = 0; step < 3; ++step) {
+    Tensor a = Tensor::zeros(shape), b = Tensor::zeros(shape);  // two live at once, as in a step
+  }
+  const long faults = minor_faults() - before;
+  // Untuned, each 16 MiB tensor faults in about 4096 pages (24,576 over the loop).
+  EXPECT_LT(faults, 6000) << faults << " minor page faults for 6 allocations of 16 MiB that reuse freed memory";
 }
 
 }  // namespace
