@@ -44,9 +44,24 @@ int64_t round_up(int64_t n, int64_t multiple) { return (n + multiple - 1) / mult
 // the CPU (docs/PERFORMANCE.md). Keeping requests below 256 MiB in the heap and not trimming it makes
 // the second step reuse the first step's pages. RINGTRAIN_MALLOC_DEFAULTS=1 leaves glibc's defaults.
 bool tune_malloc() {
+#if defined(__SANITIZE_ADDRESS__)
+  return false;  // ASan's allocator serves every block; mallopt does not reach it
+#else
   const char* keep = std::getenv("RINGTRAIN_MALLOC_DEFAULTS");
   if (keep && std::string_view(keep) == "1") return false;
-  return mallopt(M_MMAP_THRESHOLD, 256 << 20) == 1 && mallopt(M_TRIM_THRESHOLD, 1 << 30) == 1;
+  // glibc before 2.35 caps the mmap threshold at 32 MiB: fall back to that.
+  const bool mmap_ok = mallopt(M_MMAP_THRESHOLD, 256 << 20) == 1 || mallopt(M_MMAP_THRESHOLD, 32 << 20) == 1;
+  const bool trim_ok = mallopt(M_TRIM_THRESHOLD, 1 << 30) == 1;
+  if (!mmap_ok || !trim_ok)
+    std::fprintf(stderr, "ringtrain: glibc refused the malloc thresholds (mmap %s, trim %s): CPU steps will page-fault "
+                 "their activations again\n", mmap_ok ? "ok" : "refused", trim_ok ? "ok" : "refused");
+  return mmap_ok && trim_ok;
+#endif
+}
+
+bool& malloc_reuse_flag() {
+  static bool tuned = tune_malloc();
+  return tuned;
 }
 
 // 64-byte aligned memory from plain malloc, the block's start kept just below the aligned pointer. Not
@@ -75,7 +90,7 @@ void aligned_free(void* ptr) noexcept {
 }
 
 void* cpu_allocate(int64_t nbytes) {
-  static const bool malloc_tuned [[maybe_unused]] = tune_malloc();
+  static const bool malloc_tuned [[maybe_unused]] = malloc_reuse_flag();
   int64_t rounded = round_up(nbytes > 0 ? nbytes : 1, kCpuAlignment);
   void* ptr = aligned_malloc(static_cast<size_t>(rounded));
   if (!ptr) {
@@ -96,6 +111,8 @@ void cpu_free(void* ptr, int64_t nbytes) noexcept {
   g_cpu_allocated.fetch_sub(round_up(nbytes > 0 ? nbytes : 1, kCpuAlignment));
 }
 }  // namespace
+
+bool cpu_malloc_reuse() { return malloc_reuse_flag(); }
 
 AllocatorStats cpu_allocator_stats() {
   AllocatorStats s;

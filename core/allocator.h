@@ -97,6 +97,9 @@ std::shared_ptr<Storage> allocate_pinned_storage(int64_t nbytes);
 
 // CPU allocator statistics (allocated / peak); reserved == allocated on the CPU.
 AllocatorStats cpu_allocator_stats();
+// Whether freed CPU blocks are kept for reuse (glibc's mmap and trim thresholds raised at the first CPU
+// allocation): false with RINGTRAIN_MALLOC_DEFAULTS=1, under AddressSanitizer, or where glibc refused.
+bool cpu_malloc_reuse();
 // The caching allocator of CUDA device `index` (throws when built without CUDA or no such device).
 CachingAllocator& cuda_allocator(int index);
 AllocatorStats memory_stats(Device device);

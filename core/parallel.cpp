@@ -72,7 +72,7 @@ void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, in
   if (n <= 0) return;
   grain = std::max<int64_t>(1, grain);
   const int threads = num_threads();
-  if (n <= grain || threads == 1 || omp_in_parallel()) {
+  if (n <= grain || threads == 1 || omp_get_level() > 0) {  // inside any parallel region: inline
     fn(0, n);
     return;
   }

@@ -18,7 +18,10 @@ int local_ranks_from_env();
 
 // Splits [0, n) into chunks of at least `grain` and runs fn(begin, end) on the worker threads (the caller
 // takes part). Runs inline when n <= grain, with one thread, or when called from inside a parallel region
-// (a nested call, or from inside a oneDNN/OpenMP task). Several host threads may call it at once.
+// (a nested call, or from inside a oneDNN/OpenMP task). Several host threads may call it at once (each
+// gets its own OpenMP team, so together they may oversubscribe the cores). The count applies to the
+// calling thread's oneDNN work via omp_set_num_threads, which is per thread: set it on the thread that
+// runs the model.
 // Exceptions thrown by fn are rethrown in the caller (the first one).
 void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 

@@ -154,9 +154,9 @@ TEST(GradSyncGpu, NcclTrainsLikeOneCpuProcess) {
   World& w = World::init();
   if (w.local_size() > cuda_device_count())
     GTEST_SKIP() << "NCCL needs one GPU per rank: " << w.local_size() << " ranks, " << cuda_device_count() << " GPU(s)";
-  w.bind(Device::cuda(0));
-  train_and_compare(false, {}, 2e-4, Device::cuda(0), Backend::Nccl);
-  train_and_compare(true, {}, 2e-4, Device::cuda(0), Backend::Nccl);
+  const Device mine = w.bind(Device::cuda(0)).device;  // this rank's GPU: local rank % GPUs
+  train_and_compare(false, {}, 2e-4, mine, Backend::Nccl);
+  train_and_compare(true, {}, 2e-4, mine, Backend::Nccl);
 }
 
 TEST(GradSync, BucketsAreReverseOrderViewsAndLaunchDuringBackward) {

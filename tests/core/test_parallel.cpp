@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <mutex>
 #include <set>
 #include <stdexcept>
@@ -86,8 +87,8 @@ TEST_F(ParallelFor, SeveralThreadsTakePart) {
     }
     // Hold this chunk until the other has started, so one thread cannot run both.
     inside++;
-    for (int spin = 0; inside.load() < 2 && spin < 200000000; ++spin) {
-    }
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (inside.load() < 2 && std::chrono::steady_clock::now() < give_up) std::this_thread::yield();
   });
   EXPECT_EQ(ids.size(), 2u);
 }
