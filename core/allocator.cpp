@@ -59,10 +59,15 @@ bool tune_malloc() {
 #endif
 }
 
-bool& malloc_reuse_flag() {
-  static bool tuned = tune_malloc();
+
+}  // namespace
+
+bool cpu_malloc_reuse() {
+  static const bool tuned = tune_malloc();
   return tuned;
 }
+
+namespace {
 
 // 64-byte aligned memory from plain malloc, the block's start kept just below the aligned pointer. Not
 // aligned_alloc: glibc's memalign asks for size + alignment + a header and gives back what it does not
@@ -90,7 +95,7 @@ void aligned_free(void* ptr) noexcept {
 }
 
 void* cpu_allocate(int64_t nbytes) {
-  static const bool malloc_tuned [[maybe_unused]] = malloc_reuse_flag();
+  cpu_malloc_reuse();  // tunes malloc once, before the first CPU block
   int64_t rounded = round_up(nbytes > 0 ? nbytes : 1, kCpuAlignment);
   void* ptr = aligned_malloc(static_cast<size_t>(rounded));
   if (!ptr) {
@@ -112,7 +117,6 @@ void cpu_free(void* ptr, int64_t nbytes) noexcept {
 }
 }  // namespace
 
-bool cpu_malloc_reuse() { return malloc_reuse_flag(); }
 
 AllocatorStats cpu_allocator_stats() {
   AllocatorStats s;

@@ -150,9 +150,10 @@ for candidate in "${CUDA_HOME:-}/bin/nvcc" /usr/local/cuda/bin/nvcc; do
 done
 [[ -n $nvcc ]] || { echo "gpu_check: no nvcc (put it on PATH or set CUDA_HOME)" >&2; exit 1; }
 cuda_home=$(cd "$(dirname "$(readlink -f "$nvcc")")/.." && pwd)
+cuda_version=$("$nvcc" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')
 fact_s cuda.nvcc "$nvcc"
-fact_s cuda.version "$("$nvcc" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')"
-echo "nvcc: $nvcc (CUDA $("$nvcc" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p'))"
+fact_s cuda.version "$cuda_version"
+echo "nvcc: $nvcc (CUDA $cuda_version)"
 
 # A CUDA library's header folder and shared library: the toolkit, /usr, /usr/local, then Python's
 # nvidia-* packages (which ship include/ and lib/ with a versioned .so only). Sets lib_include, lib_file.
@@ -238,9 +239,8 @@ fi
 prefix=$work/prefix
 cmake_bundle_args=()
 if ((bundle_used)); then
-  echo "using the bundle $bundle ($(grep -vc '^#' "$bundle/MANIFEST") packages) in the private prefix $prefix"
+  echo "using the bundle $bundle in the private prefix $prefix"
   fact_s bundle.made "$(sed -n 's/^# made //p' "$bundle/MANIFEST")"
-  fact bundle.packages "$(grep -vc '^#' "$bundle/MANIFEST")"
   P=$prefix/usr L=$prefix/usr/lib/x86_64-linux-gnu
   # Every .deb must be the one the MANIFEST names (a truncated copy would unpack half a library).
   debs=()
@@ -252,6 +252,7 @@ if ((bundle_used)); then
     debs+=("$deb")
   done < "$bundle/MANIFEST"
   echo "bundle: ${#debs[@]} packages match their MANIFEST checksums"
+  fact bundle.packages "${#debs[@]}"
   if [[ $mode != dry ]]; then
     mkdir -p "$prefix"
     for deb in "${debs[@]}"; do
@@ -342,9 +343,8 @@ if ! { run cmake "${cmake_args[@]}" && run cmake --build "$build_dir" -j "$jobs"
   built=0
 fi
 fact build.seconds "$(($(date +%s) - t0))"
-bins=(ringtrain_env train_resnet tests/test_cuda_vs_cpu tests/test_cuda_conv tests/test_cuda_norm_pool
-  tests/test_mixed_precision tests/test_core_basics tests/test_module tests/test_loader tests/test_gpu_monitor
-  tests/test_comm tests/test_grad_sync)
+bins=()  # the built targets' files: test programs live in tests/
+for t in "${targets[@]}"; do if [[ $t == test_* ]]; then bins+=("tests/$t"); else bins+=("$t"); fi; done
 echo "+ ldd: every binary finds every library"
 if [[ $mode != dry && $built = 1 ]]; then
   for b in "${bins[@]}"; do
