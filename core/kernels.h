@@ -8,7 +8,9 @@
 // the CPU thread pool, and are deterministic (no atomics-based reductions).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "core/dtype.h"
@@ -86,6 +88,48 @@ RT_HOST_DEVICE inline void sgd_element(S& p, S g, S* m, C weight_decay, C moment
   p = store_as<S>(pi - lr * gi);
 }
 
+// One fused AdamW step over many parameters (PyTorch's rule, decoupled weight decay), each parameter
+// computed in its compute type: p *= decay; m = beta1 m + (1 - beta1) g; v = beta2 v + (1 - beta2) g^2;
+// p -= step_size * m / (sqrt(v * inv_bias2) + eps). decay = 1 - lr * weight_decay (1 without decay),
+// step_size = lr / (1 - beta1^t), inv_bias2 = 1 / (1 - beta2^t) with t this parameter's own step count.
+// init: the first step; the moments' memory is not read (it may be uninitialised), they start at 0.
+struct AdamWTensor {
+  Tensor* param = nullptr;
+  const Tensor* grad = nullptr;  // param's shape, dtype and device, as are the moments
+  Tensor* exp_avg = nullptr;
+  Tensor* exp_avg_sq = nullptr;
+  double decay = 1.0, step_size = 0.0, inv_bias2 = 1.0;
+  bool init = false;
+};
+struct AdamWArgs {
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+};
+
+// Square root in the compute type on either side of the CUDA boundary.
+template <typename C>
+RT_HOST_DEVICE inline C sqrt_as(C x) {
+#ifdef __CUDA_ARCH__
+  if constexpr (std::is_same_v<C, float>) return sqrtf(x);
+  else return sqrt(x);
+#else
+  return std::sqrt(x);
+#endif
+}
+
+// The per-element AdamW update both devices' adamw_multi_tensor kernels run; the same operations in the
+// same order as the op-by-op update, rounding the moments to their storage type before using them.
+template <typename S, typename C>
+RT_HOST_DEVICE inline void adamw_element(S& p, S g, S& m, S& v, C decay, C beta1, C keep1, C beta2, C keep2, C eps,
+                                         C step_size, C inv_bias2, bool init) {
+  C pi = load_as<C>(p);
+  if (decay != C(1)) pi = pi * decay;
+  const C gi = load_as<C>(g);
+  m = store_as<S>(init ? gi * keep1 : load_as<C>(m) * beta1 + gi * keep1);
+  v = store_as<S>(init ? gi * gi * keep2 : load_as<C>(v) * beta2 + gi * gi * keep2);
+  const C denom = sqrt_as<C>(load_as<C>(v) * inv_bias2) + eps;
+  p = store_as<S>(pi - step_size * (load_as<C>(m) / denom));
+}
+
 struct KernelTable {
   // out[i] = value.
   void (*fill)(Tensor& out, double value) = nullptr;
@@ -155,6 +199,11 @@ struct KernelTable {
   void (*avg_pool2d_backward)(const Tensor& dy, const ConvGeometry& g, Tensor& dx) = nullptr;
   // All tensors on this device with one dtype; on CUDA a handful of launches for the whole model.
   void (*sgd_multi_tensor)(const std::vector<SgdTensor>& tensors, const SgdArgs& args) = nullptr;
+  void (*adamw_multi_tensor)(const std::vector<AdamWTensor>& tensors, const AdamWArgs& args) = nullptr;
+  // Gradient unscaling for dynamic loss scaling, all grads on this device with one floating dtype:
+  // g *= inv_scale, and found_inf (an f32 scalar on the device, zeroed by the caller) becomes 1 if any
+  // unscaled element is inf or NaN. Threads may all store that same 1: the result has no order to it.
+  void (*unscale_multi_tensor)(const std::vector<Tensor*>& grads, double inv_scale, Tensor& found_inf) = nullptr;
   // Called by the dispatcher after every op on this device, naming the op: on CUDA it checks
   // cudaGetLastError once per op and, when RINGTRAIN_CUDA_SYNC=1, synchronizes so that asynchronous
   // faults are reported against the op that caused them. Null on the CPU.

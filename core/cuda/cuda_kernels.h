@@ -22,7 +22,9 @@ void max_pool2d_backward(const Tensor& dy, const Tensor& argmax, const ConvGeome
 void avg_pool2d_forward(const Tensor& x, const ConvGeometry& g, Tensor& y);
 void avg_pool2d_backward(const Tensor& dy, const ConvGeometry& g, Tensor& dx);
 
-// core/cuda/optim.cu: the fused multi-tensor SGD step.
+// core/cuda/optim.cu: the fused multi-tensor SGD and AdamW steps and loss-scale unscaling.
 void sgd_multi_tensor(const std::vector<SgdTensor>& tensors, const SgdArgs& args);
+void adamw_multi_tensor(const std::vector<AdamWTensor>& tensors, const AdamWArgs& args);
+void unscale_multi_tensor(const std::vector<Tensor*>& grads, double inv_scale, Tensor& found_inf);
 
 }  // namespace ringtrain::cuda

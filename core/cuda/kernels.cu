@@ -969,6 +969,8 @@ const KernelTable* cuda_kernels() {
     t.avg_pool2d_forward = &cuda::avg_pool2d_forward;
     t.avg_pool2d_backward = &cuda::avg_pool2d_backward;
     t.sgd_multi_tensor = &cuda::sgd_multi_tensor;
+    t.adamw_multi_tensor = &cuda::adamw_multi_tensor;
+    t.unscale_multi_tensor = &cuda::unscale_multi_tensor;
     t.after_op = &after_op_cuda;
     return t;
   }();

@@ -1,9 +1,13 @@
 #include "core/optim/grad_scaler.h"
 
 #include <cmath>
+#include <map>
+#include <string>
 
 #include "core/autograd.h"
 #include "core/check.h"
+#include "core/dispatch.h"
+#include "core/kernels.h"
 #include "core/ops.h"
 
 namespace ringtrain {
@@ -21,24 +25,25 @@ Tensor GradScaler::scale_loss(const Tensor& loss) const { return mul(loss, scale
 
 bool GradScaler::unscale(const std::vector<Tensor>& params) const {
   NoGradGuard no_grad;
-  const double inv = 1.0 / scale_;
-  // sum(g * 0) is 0 for a finite gradient and NaN as soon as one element is inf or NaN: accumulated over
-  // every gradient (on its device), then read once.
-  double flag = 0;
-  Tensor acc;
-  for (const Tensor& p : params) {
-    Tensor g = p.grad();
-    if (!g.defined()) continue;
-    g.mul_(inv);
-    Tensor probe = sum(mul(g, 0.0)).to(DType::F64);
-    if (acc.defined() && acc.device() != probe.device()) {
-      flag += acc.item();
-      acc = Tensor();
-    }
-    acc = acc.defined() ? add(acc, probe) : probe;
+  // One fused kernel call per (device, dtype) group divides and checks in the same pass; each device's
+  // found-inf flag is read once, after every group has been launched.
+  std::vector<Tensor> grads;
+  grads.reserve(params.size());
+  for (const Tensor& p : params)
+    if (Tensor g = p.grad(); g.defined()) grads.push_back(std::move(g));
+  std::map<FusionKey, std::vector<Tensor*>> groups;
+  for (Tensor& g : grads) groups[fusion_key(g)].push_back(&g);
+  std::map<std::string, Tensor> found_inf;
+  for (const auto& [key, group] : groups) {
+    const Device device = group.front()->device();
+    Tensor& flag = found_inf[device.str()];
+    if (!flag.defined()) flag = Tensor::zeros(Shape{}, DType::F32, device);
+    RT_KERNEL(device, "unscale", unscale_multi_tensor)(group, 1.0 / scale_, flag);
+    detail::after_op(device, "unscale");
   }
-  if (acc.defined()) flag += acc.item();
-  return std::isfinite(flag);
+  bool finite = true;
+  for (const auto& [device, flag] : found_inf) finite = finite && flag.item() == 0.0;
+  return finite;
 }
 
 void GradScaler::update(bool found_inf) {

@@ -19,6 +19,8 @@ std::vector<NamedParameter> as_named(const std::vector<std::pair<std::string, Te
   return out;
 }
 
+FusionKey fusion_key(const Tensor& t) { return {t.device().str(), static_cast<int>(t.dtype())}; }
+
 Optimizer::Optimizer(std::vector<NamedParameter> params, double weight_decay, DecayPolicy policy)
     : params_(std::move(params)), weight_decay_(weight_decay), policy_(policy) {
   RT_CHECK(weight_decay >= 0, "optimizer: weight decay must be >= 0, got ", weight_decay);
@@ -88,7 +90,7 @@ void Sgd::step(double lr) {
   // One fused kernel call per (device, dtype) group: one pass over each parameter instead of an op per
   // term, and on CUDA a few launches for the whole model.
   std::vector<Tensor> grads(params_.size());
-  std::map<std::pair<std::string, int>, std::vector<SgdTensor>> groups;
+  std::map<FusionKey, std::vector<SgdTensor>> groups;
   for (size_t i = 0; i < params_.size(); ++i) {
     Tensor& p = params_[i].tensor;
     grads[i] = p.grad();
@@ -102,7 +104,7 @@ void Sgd::step(double lr) {
       if (t.init_momentum) momentum_[i] = Tensor::empty(p.shape(), p.dtype(), p.device());
       t.momentum = &momentum_[i];
     }
-    groups[{p.device().str(), static_cast<int>(p.dtype())}].push_back(t);
+    groups[fusion_key(p)].push_back(t);
   }
   const SgdArgs args{lr, options_.momentum, options_.dampening, options_.nesterov};
   for (const auto& [key, tensors] : groups) {
@@ -148,21 +150,34 @@ AdamW::AdamW(std::vector<NamedParameter> params, AdamWOptions options)
 void AdamW::step(double lr) {
   NoGradGuard no_grad;
   ++steps_;
+  // One fused kernel call per (device, dtype) group, as for SGD: a single pass over p, g, m and v.
+  std::vector<Tensor> grads(params_.size());
+  std::map<FusionKey, std::vector<AdamWTensor>> groups;
   for (size_t i = 0; i < params_.size(); ++i) {
     Tensor& p = params_[i].tensor;
-    Tensor g = p.grad();
-    if (!g.defined()) continue;
+    grads[i] = p.grad();
+    if (!grads[i].defined()) continue;
     const double t = static_cast<double>(++param_steps_[i]);
-    const double bias1 = 1.0 - std::pow(options_.beta1, t), bias2 = 1.0 - std::pow(options_.beta2, t);
-    if (decays(p)) p.mul_(1.0 - lr * weight_decay_);
-    if (!m_[i].defined()) {
-      m_[i] = Tensor::zeros(p.shape(), p.dtype(), p.device());
-      v_[i] = Tensor::zeros(p.shape(), p.dtype(), p.device());
+    AdamWTensor a;
+    a.param = &p;
+    a.grad = &grads[i];
+    a.init = !m_[i].defined();
+    if (a.init) {  // the kernel's first step does not read them
+      m_[i] = Tensor::empty(p.shape(), p.dtype(), p.device());
+      v_[i] = Tensor::empty(p.shape(), p.dtype(), p.device());
     }
-    m_[i].copy_(add(mul(m_[i], options_.beta1), mul(g, 1.0 - options_.beta1)));
-    v_[i].copy_(add(mul(v_[i], options_.beta2), mul(mul(g, g), 1.0 - options_.beta2)));
-    Tensor denom = add(sqrt(mul(v_[i], 1.0 / bias2)), options_.eps);
-    p.add_(div(m_[i], denom), -lr / bias1);
+    a.exp_avg = &m_[i];
+    a.exp_avg_sq = &v_[i];
+    a.decay = decays(p) ? 1.0 - lr * weight_decay_ : 1.0;
+    a.step_size = lr / (1.0 - std::pow(options_.beta1, t));
+    a.inv_bias2 = 1.0 / (1.0 - std::pow(options_.beta2, t));
+    groups[fusion_key(p)].push_back(a);
+  }
+  const AdamWArgs args{options_.beta1, options_.beta2, options_.eps};
+  for (const auto& [key, tensors] : groups) {
+    const Device device = tensors.front().param->device();
+    RT_KERNEL(device, "adamw", adamw_multi_tensor)(tensors, args);
+    detail::after_op(device, "adamw");
   }
 }
 

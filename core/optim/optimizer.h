@@ -22,6 +22,11 @@ struct NamedParameter {
   Tensor tensor;
 };
 
+// Fused optimizer kernels (core/kernels.h) take tensors of one device and one dtype: the key a
+// parameter's work is grouped under, one kernel call per group.
+using FusionKey = std::pair<std::string, int>;
+FusionKey fusion_key(const Tensor& t);
+
 class Optimizer {
  public:
   virtual ~Optimizer() = default;

@@ -123,6 +123,33 @@ TEST(GradScaler, InfOrNanSkipsTheStepAndHalvesTheScale) {
   }
 }
 
+TEST(GradScaler, ChecksEveryDtypeAndCatchesOverflowFromUnscalingItself) {
+  // Gradients in f32, bf16 and f16 (one fused call per dtype). A scale below 1 multiplies on unscaling:
+  // a finite f16 gradient of 60000 becomes 240000, past f16's 65504, and that must count as inf too.
+  auto grads_of = [](double f16_value, double bf16_value) {
+    std::vector<Tensor> params;
+    for (auto [dtype, value] : {std::pair{DType::F32, 1.5}, std::pair{DType::BF16, bf16_value}, std::pair{DType::F16, f16_value}}) {
+      Tensor p = Tensor::zeros(Shape{300}, dtype).set_requires_grad();
+      Tensor g = Tensor::full(Shape{300}, 1.0, dtype);
+      g.slice(257, 258).fill_(value);
+      p.set_grad(g);
+      params.push_back(p);
+    }
+    return params;
+  };
+  GradScaler quarter({.init_scale = 0.25});
+  auto fine = grads_of(1000.0, 3.0);
+  EXPECT_TRUE(quarter.unscale(fine));
+  EXPECT_EQ(fine[0].grad().to_vector()[0], 4.0);
+  EXPECT_EQ(fine[1].grad().to_vector()[257], 12.0);
+  EXPECT_EQ(fine[2].grad().to_vector()[257], 4000.0);
+  EXPECT_FALSE(quarter.unscale(grads_of(60000.0, 3.0))) << "f16 overflow on unscaling";
+  EXPECT_FALSE(GradScaler({.init_scale = 2.0}).unscale(grads_of(1.0, std::numeric_limits<double>::infinity())))
+      << "an inf in the bf16 group alone";
+  EXPECT_TRUE(GradScaler({.init_scale = 2.0}).unscale({Tensor::zeros(Shape{2}).set_requires_grad()}))
+      << "parameters without gradients are skipped";
+}
+
 TEST(GradScaler, GrowsAfterTheIntervalOfCleanStepsAndRestores) {
   GradScaler scaler({.init_scale = 8.0, .growth_interval = 3});
   scaler.update(false);

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <numbers>
+#include <tuple>
 
 #include "core/check.h"
 #include "core/ops.h"
@@ -84,6 +85,55 @@ TEST(Optim, AdamWBiasCorrectionCountsEachParametersOwnSteps) {
       EXPECT_EQ(t.item(), 1.0);
     }
   EXPECT_TRUE(found);
+}
+
+TEST(Optim, FusedAdamWMatchesTheTextbookRuleInF32AndBf16) {
+  // The fused kernel against the rule written out in f64 here, over parameters with different step
+  // counts (q has no gradient at the first step), one without decay (1-D), in f32 and bf16 storage.
+  const AdamWOptions o{.beta1 = 0.8, .beta2 = 0.95, .eps = 1e-6, .weight_decay = 0.1,
+                       .decay_policy = DecayPolicy::ExceptBiasAndNorm};
+  const double lr = 0.03;
+  for (DType dtype : {DType::F32, DType::BF16}) {
+    Tensor p = Tensor::uniform(Shape{37, 5}, -1, 1, 11, DType::F64).to(dtype).set_requires_grad();
+    Tensor q = Tensor::uniform(Shape{1031}, -1, 1, 12, DType::F64).to(dtype).set_requires_grad();
+    struct Ref { std::vector<double> p, m, v; int t = 0; bool decays; };
+    Ref rp{p.to_vector(), std::vector<double>(p.numel()), std::vector<double>(p.numel()), 0, true};
+    Ref rq{q.to_vector(), std::vector<double>(q.numel()), std::vector<double>(q.numel()), 0, false};
+    AdamW opt({{"p", p}, {"q", q}}, o);
+    for (int step = 0; step < 4; ++step) {
+      for (auto [t, r, seed] : {std::tuple{&p, &rp, 20}, std::tuple{&q, &rq, 40}}) {
+        if (step == 0 && t == &q) {
+          t->zero_grad(true);
+          continue;
+        }
+        Tensor g = Tensor::uniform(t->shape(), -2, 2, static_cast<uint64_t>(seed + step), DType::F64).to(dtype);
+        t->set_grad(g);
+        const std::vector<double> gv = g.to_vector();
+        ++r->t;
+        const double bias1 = 1 - std::pow(o.beta1, r->t), bias2 = 1 - std::pow(o.beta2, r->t);
+        for (size_t i = 0; i < gv.size(); ++i) {
+          if (r->decays) r->p[i] *= 1 - lr * o.weight_decay;
+          r->m[i] = o.beta1 * r->m[i] + (1 - o.beta1) * gv[i];
+          r->v[i] = o.beta2 * r->v[i] + (1 - o.beta2) * gv[i] * gv[i];
+          r->p[i] -= lr / bias1 * r->m[i] / (std::sqrt(r->v[i] / bias2) + o.eps);
+        }
+      }
+      opt.step(lr);
+    }
+    // bf16 keeps 8 bits: the moments and parameters are rounded at every step.
+    const double tol = dtype == DType::F32 ? 2e-6 : 3e-2;
+    for (auto [t, r] : {std::pair{&p, &rp}, std::pair{&q, &rq}}) {
+      const std::vector<double> got = t->to_vector();
+      double worst = 0;
+      for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(got[i] - r->p[i]));
+      EXPECT_LT(worst, tol) << dtype_name(dtype) << " parameter of " << t->numel() << " elements";
+    }
+    for (auto& [name, t] : opt.state()) {
+      if (name == "q.step") {
+        EXPECT_EQ(t.item(), 3.0) << "q's first gradient came at the second step";
+      }
+    }
+  }
 }
 
 TEST(Optim, StateRoundTripContinuesTheSameTrajectory) {
