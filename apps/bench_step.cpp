@@ -6,6 +6,7 @@
 // Under mpirun it is data-parallel (GradSync over --backend, default ring; -b is per rank): the step
 // time is the slowest rank's median, img/s counts every rank's images, and the line adds ranks=N and
 // comm_wait_s (median time finish() waited for gradients after backward: the communication not hidden).
+// --backend none under mpirun runs the ranks side by side without synchronising them.
 #include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
@@ -42,7 +43,11 @@ int main(int argc, char** argv) {
   app.add_option("--precision", precision, "fp32 (bf16/fp16 autocast comes with mixed precision)")
       ->capture_default_str()
       ->check(CLI::IsMember({"fp32"}));
-  app.add_option("--backend", backend, "gradient all-reduce under mpirun: ring, mpi or nccl")->capture_default_str();
+  app.add_option("--backend", backend,
+                 "gradient all-reduce under mpirun: ring, mpi or nccl; none: every rank trains alone, no sync (the "
+                 "machine's own slowdown from running ranks side by side, the ceiling for weak scaling)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"ring", "mpi", "nccl", "none"}));
   CLI11_PARSE(app, argc, argv);
   return comm::run_main(argc, argv, [&](comm::World& world) {
     const Device device = world.bind(parse_device(device_text), threads).device;
@@ -51,7 +56,7 @@ int main(int argc, char** argv) {
     model.to(device);
     Sgd opt(as_named(model.named_parameters()), SgdOptions{.momentum = 0.9, .weight_decay = 5e-4});
     std::unique_ptr<comm::GradSync> sync;
-    if (world.size() > 1)
+    if (world.size() > 1 && backend != "none")
       sync = std::make_unique<comm::GradSync>(model, comm::make_communicator(comm::parse_backend(backend), world.comm()));
     CrossEntropyLoss loss_fn;
     Tensor x = Tensor::normal(Shape{batch, hw, hw, in_ch}, 0, 1, 1, DType::F32, device);
