@@ -116,8 +116,10 @@ RT_HOST_DEVICE inline C sqrt_as(C x) {
 #endif
 }
 
-// The per-element AdamW update both devices' adamw_multi_tensor kernels run; the same operations in the
-// same order as the op-by-op update, rounding the moments to their storage type before using them.
+// The per-element AdamW update both devices' adamw_multi_tensor kernels run: the op-by-op update's
+// operations in its order, rounding the moments to their storage type before using them; unlike it,
+// the decayed parameter and g * g stay in the compute type (for 16-bit storage: more accurate, as
+// PyTorch's fused AdamW).
 template <typename S, typename C>
 RT_HOST_DEVICE inline void adamw_element(S& p, S g, S& m, S& v, C decay, C beta1, C keep1, C beta2, C keep2, C eps,
                                          C step_size, C inv_bias2, bool init) {

@@ -24,12 +24,29 @@ FusionKey fusion_key(const Tensor& t) { return {t.device().str(), static_cast<in
 Optimizer::Optimizer(std::vector<NamedParameter> params, double weight_decay, DecayPolicy policy)
     : params_(std::move(params)), weight_decay_(weight_decay), policy_(policy) {
   RT_CHECK(weight_decay >= 0, "optimizer: weight decay must be >= 0, got ", weight_decay);
+  // A tensor listed twice would be updated twice per step, and by two blocks at once in a fused GPU launch.
+  std::map<const void*, const std::string*> seen;
+  std::map<std::string, int> names;
   for (const auto& p : params_) {
     RT_CHECK(p.tensor.defined() && p.tensor.requires_grad(), "optimizer: parameter '", p.name,
              "' must be a tensor that requires grad");
     RT_CHECK(is_floating(p.tensor.dtype()), "optimizer: parameter '", p.name, "' is ", p.tensor.describe());
+    RT_CHECK(++names[p.name] == 1, "optimizer: parameter name '", p.name, "' is given twice");
+    if (p.tensor.numel() == 0) continue;
+    auto [it, fresh] = seen.emplace(p.tensor.data_ptr(), &p.name);
+    RT_CHECK(fresh, "optimizer: parameters '", *it->second, "' and '", p.name, "' are the same tensor");
   }
 }
+
+namespace {
+// The fused kernels trust that a parameter's state tensors match it; a model moved with to() after
+// the optimizer made its state would otherwise hand them another device's memory.
+void check_state_slot(const std::string& name, const char* slot, const Tensor& state, const Tensor& p) {
+  RT_CHECK(state.dtype() == p.dtype() && state.device() == p.device() && state.numel() == p.numel(), "optimizer: state '",
+           name, ".", slot, "' is ", state.describe(), " but the parameter is ", p.describe(),
+           " (was the model moved after the optimizer took its first step? load_state() after moving)");
+}
+}  // namespace
 
 bool Optimizer::decays(const Tensor& p) const {
   if (weight_decay_ == 0.0) return false;
@@ -89,7 +106,9 @@ void Sgd::step(double lr) {
   NoGradGuard no_grad;
   // One fused kernel call per (device, dtype) group: one pass over each parameter instead of an op per
   // term, and on CUDA a few launches for the whole model.
-  std::vector<Tensor> grads(params_.size());
+  // New momentum buffers are kept aside until every launch has succeeded: a failed step leaves no
+  // buffer that was never written looking like state.
+  std::vector<Tensor> grads(params_.size()), momentum = momentum_;
   std::map<FusionKey, std::vector<SgdTensor>> groups;
   for (size_t i = 0; i < params_.size(); ++i) {
     Tensor& p = params_[i].tensor;
@@ -100,9 +119,10 @@ void Sgd::step(double lr) {
     t.grad = &grads[i];
     t.weight_decay = decays(p) ? weight_decay_ : 0.0;
     if (options_.momentum != 0.0) {
-      t.init_momentum = !momentum_[i].defined();
-      if (t.init_momentum) momentum_[i] = Tensor::empty(p.shape(), p.dtype(), p.device());
-      t.momentum = &momentum_[i];
+      t.init_momentum = !momentum[i].defined();
+      if (t.init_momentum) momentum[i] = Tensor::empty(p.shape(), p.dtype(), p.device());
+      check_state_slot(params_[i].name, "momentum", momentum[i], p);
+      t.momentum = &momentum[i];
     }
     groups[fusion_key(p)].push_back(t);
   }
@@ -112,6 +132,7 @@ void Sgd::step(double lr) {
     RT_KERNEL(device, "sgd", sgd_multi_tensor)(tensors, args);
     detail::after_op(device, "sgd");
   }
+  momentum_ = std::move(momentum);
   ++steps_;
 }
 
@@ -149,25 +170,28 @@ AdamW::AdamW(std::vector<NamedParameter> params, AdamWOptions options)
 
 void AdamW::step(double lr) {
   NoGradGuard no_grad;
-  ++steps_;
-  // One fused kernel call per (device, dtype) group, as for SGD: a single pass over p, g, m and v.
-  std::vector<Tensor> grads(params_.size());
+  // One fused kernel call per (device, dtype) group, as for SGD: a single pass over p, g, m and v. New
+  // moments and step counts are committed only once every launch has succeeded.
+  std::vector<Tensor> grads(params_.size()), m = m_, v = v_;
+  std::vector<int64_t> param_steps = param_steps_;
   std::map<FusionKey, std::vector<AdamWTensor>> groups;
   for (size_t i = 0; i < params_.size(); ++i) {
     Tensor& p = params_[i].tensor;
     grads[i] = p.grad();
     if (!grads[i].defined()) continue;
-    const double t = static_cast<double>(++param_steps_[i]);
+    const double t = static_cast<double>(++param_steps[i]);
     AdamWTensor a;
     a.param = &p;
     a.grad = &grads[i];
-    a.init = !m_[i].defined();
+    a.init = !m[i].defined();
     if (a.init) {  // the kernel's first step does not read them
-      m_[i] = Tensor::empty(p.shape(), p.dtype(), p.device());
-      v_[i] = Tensor::empty(p.shape(), p.dtype(), p.device());
+      m[i] = Tensor::empty(p.shape(), p.dtype(), p.device());
+      v[i] = Tensor::empty(p.shape(), p.dtype(), p.device());
     }
-    a.exp_avg = &m_[i];
-    a.exp_avg_sq = &v_[i];
+    check_state_slot(params_[i].name, "exp_avg", m[i], p);
+    check_state_slot(params_[i].name, "exp_avg_sq", v[i], p);
+    a.exp_avg = &m[i];
+    a.exp_avg_sq = &v[i];
     a.decay = decays(p) ? 1.0 - lr * weight_decay_ : 1.0;
     a.step_size = lr / (1.0 - std::pow(options_.beta1, t));
     a.inv_bias2 = 1.0 / (1.0 - std::pow(options_.beta2, t));
@@ -179,6 +203,10 @@ void AdamW::step(double lr) {
     RT_KERNEL(device, "adamw", adamw_multi_tensor)(tensors, args);
     detail::after_op(device, "adamw");
   }
+  m_ = std::move(m);
+  v_ = std::move(v);
+  param_steps_ = std::move(param_steps);
+  ++steps_;
 }
 
 State AdamW::state() const {

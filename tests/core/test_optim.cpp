@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <numbers>
 #include <tuple>
 
@@ -178,6 +179,24 @@ TEST(Optim, ParametersWithoutGradientsAreSkippedAndBadOptionsRejected) {
   EXPECT_THROW(Sgd({{"c", Tensor::ones(Shape{1})}}, SgdOptions{}), Error);  // no requires_grad
   EXPECT_THROW(Sgd({{"a", a}}, SgdOptions{.momentum = 0.0, .nesterov = true}), Error);
   EXPECT_THROW(AdamW({{"a", a}}, AdamWOptions{.beta1 = 1.0}), Error);
+}
+
+TEST(Optim, ATensorOrNameListedTwiceIsRefused) {
+  // Listed twice, a tensor would be updated twice a step (and by two GPU blocks at once).
+  Tensor a = Tensor::ones(Shape{2}).set_requires_grad(), b = Tensor::ones(Shape{2}).set_requires_grad();
+  auto message = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message([&] { Sgd({{"a", a}, {"alias", a}}, SgdOptions{}); }).find("'a' and 'alias' are the same tensor"),
+            std::string::npos);
+  EXPECT_NE(message([&] { AdamW({{"a", a}, {"a", b}}, AdamWOptions{}); }).find("name 'a' is given twice"), std::string::npos);
+  Tensor empty1 = Tensor::zeros(Shape{0}).set_requires_grad(), empty2 = Tensor::zeros(Shape{0}).set_requires_grad();
+  EXPECT_NO_THROW(Sgd({{"a", a}, {"b", b}, {"e1", empty1}, {"e2", empty2}}, SgdOptions{}));
 }
 
 TEST(Schedule, WarmupThenCosineStepAndMultiStep) {
