@@ -50,7 +50,7 @@ namespace {
 struct Config {
   std::string data, arch = "resnet20", lr_schedule = "cosine", lr_scaling = "none", optimizer = "sgd";
   std::string device = "auto", precision = "fp32", backend = "auto", checkpoint_dir, resume, log_jsonl, trace;
-  std::string milestones, progress = "auto";
+  std::string milestones, progress = "auto", compression = "none";
   bool synthetic = false, nesterov = false, sync_bn = false, check = false, hflip = true;
   int64_t batch = 128, epochs = 1, steps = 0, accum = 1, checkpoint_every = 0, eval_every = 1, log_every = 50;
   int64_t trace_steps = 100;
@@ -68,7 +68,8 @@ struct Config {
             {"lr_scaling", lr_scaling}, {"label_smoothing", label_smoothing}, {"optimizer", optimizer},
             {"device", device},       {"precision", precision}, {"accum_steps", accum},
             {"sync_bn", sync_bn},     {"seed", seed},           {"backend", backend},
-            {"bucket_mb", bucket_mb}, {"pad_crop", pad_crop},   {"hflip", hflip}};
+            {"bucket_mb", bucket_mb}, {"pad_crop", pad_crop},   {"hflip", hflip},
+            {"compression", compression}};
   }
 };
 
@@ -527,16 +528,23 @@ int train(comm::World& world, Config cfg) {
   if (cfg.sync_bn) comm::convert_sync_batchnorm(model, comm::make_communicator(comm::parse_backend(backend), world.comm()));
   comm::GradSyncOptions gso;
   gso.bucket_mb = cfg.bucket_mb;
+  gso.compression = comm::parse_compression(cfg.compression);
+  if (root && gso.compression == comm::Compression::F16 && cfg.precision != "fp16")
+    std::fprintf(stderr, "train_resnet: warning: --compression fp16 without --precision fp16 sends unscaled gradients as "
+                         "fp16, where values below 6e-8 flush to zero and above 65504 overflow; bf16 keeps fp32's range\n");
   comm::GradSync sync(model, comm, gso);
   uint64_t plan = 1469598103934665603ull;
   for (const auto& b : sync.buckets()) plan = (plan ^ static_cast<uint64_t>(b.numel)) * 1099511628211ull;
 
   if (root) {
     std::printf("train_resnet: %s on %s, %d rank(s) on %d node(s), %s backend, batch %lld/rank x %lld accum = %lld global, "
-                "%lld steps/epoch, %lld steps, lr %.4g (%s)\n",
+                "%lld steps/epoch, %lld steps, lr %.4g (%s)%s\n",
                 cfg.arch.c_str(), binding.device.str().c_str(), world.size(), world.num_nodes(), backend.c_str(),
                 static_cast<long long>(cfg.batch), static_cast<long long>(cfg.accum), static_cast<long long>(global_batch),
-                static_cast<long long>(steps_per_epoch), static_cast<long long>(total_steps), lr, cfg.lr_schedule.c_str());
+                static_cast<long long>(steps_per_epoch), static_cast<long long>(total_steps), lr, cfg.lr_schedule.c_str(),
+                gso.compression == comm::Compression::None ? ""
+                : gso.compression == comm::Compression::BF16 ? ", gradients travel as bf16"
+                                                             : ", gradients travel as fp16");
     std::fflush(stdout);
   }
 
@@ -938,6 +946,8 @@ int main(int argc, char** argv) {
   app.add_option("--backend", c.backend, "auto (nccl on GPU, ring on CPU), nccl, ring or mpi")->capture_default_str()
       ->check(CLI::IsMember({"auto", "nccl", "ring", "mpi"}));
   app.add_option("--bucket-mb", c.bucket_mb, "gradient bucket size")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--compression", c.compression, "gradients on the wire: none, bf16 or fp16 (half the traffic)")
+      ->capture_default_str()->check(CLI::IsMember({"none", "bf16", "fp16"}));
   app.add_option("--pad-crop", c.pad_crop, "random crop padding (-1: 4 for images up to 64 px, else off)")->capture_default_str();
   app.add_option("--image-size", c.image_size, "random-resized-crop size for large images / synthetic size (0: model default)")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
