@@ -542,9 +542,7 @@ int train(comm::World& world, Config cfg) {
                 cfg.arch.c_str(), binding.device.str().c_str(), world.size(), world.num_nodes(), backend.c_str(),
                 static_cast<long long>(cfg.batch), static_cast<long long>(cfg.accum), static_cast<long long>(global_batch),
                 static_cast<long long>(steps_per_epoch), static_cast<long long>(total_steps), lr, cfg.lr_schedule.c_str(),
-                gso.compression == comm::Compression::None ? ""
-                : gso.compression == comm::Compression::BF16 ? ", gradients travel as bf16"
-                                                             : ", gradients travel as fp16");
+                cfg.compression == "none" ? "" : (", gradients travel as " + cfg.compression).c_str());
     std::fflush(stdout);
   }
 
