@@ -17,6 +17,8 @@
 #include <sstream>
 
 #include "comm/communicator.h"
+#include "comm/host_collectives.h"
+#include "core/allocator.h"
 #include "comm/world.h"
 #include "core/check.h"
 #include "core/device.h"
@@ -26,24 +28,6 @@ using namespace ringtrain;
 using namespace ringtrain::comm;
 
 namespace {
-
-int64_t parse_bytes(const std::string& flag, const std::string& text) {
-  size_t used = 0;
-  double value = 0;
-  try {
-    value = std::stod(text, &used);
-  } catch (const std::exception&) {
-    RT_THROW(flag, ": expected a size like 8, 64K, 16M or 1G, got '", text, "'");
-  }
-  std::string suffix = text.substr(used);
-  double scale = 1;
-  if (suffix == "K" || suffix == "k" || suffix == "KiB") scale = 1024.0;
-  else if (suffix == "M" || suffix == "MiB") scale = 1024.0 * 1024;
-  else if (suffix == "G" || suffix == "GiB") scale = 1024.0 * 1024 * 1024;
-  else if (!suffix.empty() && suffix != "B") RT_THROW(flag, ": unknown size suffix '", suffix, "' in '", text, "' (use K, M or G)");
-  RT_CHECK(value >= 0, flag, ": size must not be negative, got '", text, "'");
-  return static_cast<int64_t>(value * scale);
-}
 
 std::vector<std::string> split(const std::string& s) {
   std::vector<std::string> out;
@@ -135,7 +119,7 @@ int main(int argc, char** argv) {
         for (int i = 0; i < iters; ++i) comm->all_reduce(t, op);
         synchronize(binding.device);
         double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / iters;
-        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &us, 1, MPI_DOUBLE, MPI_MAX, world.comm()));
+        us = all_reduce(world.comm(), us, HostOp::Max);
         Row row{name, count * es, count, us, 0, 0, -1};
         row.algbw = static_cast<double>(row.bytes) / (us * 1e3);
         row.busbw = row.algbw * 2.0 * (n - 1) / n;
@@ -143,7 +127,7 @@ int main(int argc, char** argv) {
           Tensor fresh = pattern(count, dt, world.rank(), binding.device);
           comm->all_reduce(fresh, ReduceOp::Sum);
           int64_t wrong = count_wrong(fresh, n);
-          MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_INT64_T, MPI_SUM, world.comm()));
+          wrong = all_reduce(world.comm(), wrong);
           row.wrong = wrong;
         }
         if (world.is_root()) {

@@ -7,14 +7,13 @@
 // time is the slowest rank's median, img/s counts every rank's images, and the line adds ranks=N and
 // comm_wait_s (median time finish() waited for gradients after backward: the communication not hidden).
 // --backend none under mpirun runs the ranks side by side without synchronising them.
-#include <sys/resource.h>
-
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 
 #include "comm/grad_sync.h"
+#include "comm/host_collectives.h"
 #include "comm/world.h"
 #include "core/allocator.h"
 #include "core/check.h"
@@ -82,12 +81,11 @@ int main(int argc, char** argv) {
     std::sort(times.begin(), times.end());
     std::sort(waits.begin(), waits.end());
     double median = times[times.size() / 2], wait = waits.empty() ? 0.0 : waits[waits.size() / 2];
-    rusage usage{};
-    getrusage(RUSAGE_SELF, &usage);
-    double rss_mb = static_cast<double>(usage.ru_maxrss) / 1024.0;
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &median, 1, MPI_DOUBLE, MPI_MAX, world.comm()));
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &wait, 1, MPI_DOUBLE, MPI_MAX, world.comm()));
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &rss_mb, 1, MPI_DOUBLE, MPI_MAX, world.comm()));
+    double worst[3] = {median, wait, peak_rss_bytes() / (1024.0 * 1024.0)};  // the slowest / largest rank's
+    comm::all_reduce(world.comm(), std::span<double>(worst, 3), comm::HostOp::Max);
+    median = worst[0];
+    wait = worst[1];
+    const double rss_mb = worst[2];
     if (!world.is_root()) return 0;
     std::printf("ringtrain %s b%lld %lldx%lldx%lld threads=%d median_step_s=%.4f img_per_s=%.1f peak_rss_mb=%.0f",
                 arch.c_str(), static_cast<long long>(batch), static_cast<long long>(hw), static_cast<long long>(hw),

@@ -2,12 +2,15 @@
 // comm/nccl.cpp or comm/nccl_none.cpp by whether the CUDA path is built.
 #pragma once
 
+#include <memory>
+
 #include "comm/communicator.h"
 
 namespace ringtrain::comm {
 
-CommunicatorPtr make_ring_communicator(MPI_Comm parent, const CommOptions& options);
-CommunicatorPtr make_mpi_communicator(MPI_Comm parent, const CommOptions& options);
-CommunicatorPtr make_nccl_communicator(MPI_Comm parent, const CommOptions& options);
+// Owned by make_communicator, which wraps them in a CommunicatorPtr whose deleter asks release_local().
+std::unique_ptr<Communicator> make_ring_communicator(MPI_Comm parent, const CommOptions& options);
+std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm parent, const CommOptions& options);
+std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm parent, const CommOptions& options);
 
 }  // namespace ringtrain::comm

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/host_collectives.h"
 #include "core/check.h"
 #include "core/tensor.h"
 
@@ -81,6 +82,17 @@ class Communicator {
   virtual WorkPtr reduce_scatter_async(const Tensor& in, const Tensor& out, ReduceOp op = ReduceOp::Sum) = 0;
   virtual void barrier() = 0;
 
+  // Collective: waits for every operation submitted so far, then releases what the communicator holds
+  // (its thread, its MPI and NCCL communicators); later operations are errors naming the communicator as
+  // closed. Call it on every rank at the same point, on the success path. Idempotent.
+  virtual void close() = 0;
+  // What destruction does instead, for a communicator that was not closed (an error is unwinding): local
+  // and bounded, never waiting for a peer. Operations still queued fail with an error; one running is
+  // cancelled where the backend can (the ring's waits poll for it; NCCL aborts). Returns false when the
+  // object must outlive this call (its thread is inside a blocking MPI call, or MPI may still write into
+  // its buffers): the deleter of make_communicator then leaks it on purpose rather than block.
+  virtual bool release_local() noexcept = 0;
+
   void all_reduce(const Tensor& t, ReduceOp op = ReduceOp::Sum) { all_reduce_async(t, op)->wait(); }
   void broadcast(const Tensor& t, int root = 0) { broadcast_async(t, root)->wait(); }
   void all_gather(const Tensor& in, const Tensor& out) { all_gather_async(in, out)->wait(); }
@@ -97,24 +109,11 @@ class Communicator {
 using CommunicatorPtr = std::shared_ptr<Communicator>;
 
 // A communicator of the given backend over `parent` (collective over parent: every rank must call it).
+// The last reference going away calls release_local() (never blocks); close() first for a clean end.
 CommunicatorPtr make_communicator(Backend backend, MPI_Comm parent = MPI_COMM_WORLD,
                                   const CommOptions& options = {});
 
 // Shape/dtype/count checks shared by the backends; errors name the operation, tensor and rank.
 void check_collective_tensor(const char* op, const Tensor& t, int rank);
-
-// Collective over `comm`: every rank's string, in rank order, on `root` (an empty vector elsewhere).
-std::vector<std::string> gather_strings(MPI_Comm comm, const std::string& mine, int root = 0);
-
-// An error every rank raises identically (a collective verdict): run_main prints it once, from rank 0.
-class CollectiveError : public ::ringtrain::Error {
- public:
-  using ::ringtrain::Error::Error;
-};
-
-// A collective verdict: every rank passes its local error text ("" when fine); if any rank has one,
-// every rank throws the same CollectiveError naming the failing rank(s) and their texts. Use it
-// before anything that would otherwise leave healthy ranks waiting for a failed one.
-void agree_or_throw(MPI_Comm comm, const std::string& local_error, const std::string& what);
 
 }  // namespace ringtrain::comm

@@ -3,13 +3,13 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <mutex>
 #include <sstream>
 
 #include "core/autograd.h"
 #include "core/check.h"
 #include "core/device.h"
+#include "core/hash.h"
 #include "layers/module.h"
 
 namespace ringtrain::comm {
@@ -23,17 +23,7 @@ Compression parse_compression(const std::string& text) {
 
 uint64_t fingerprint(const Tensor& t) {
   Tensor host = t.device().is_cpu() ? t : t.to(Device::cpu());
-  const auto* p = static_cast<const unsigned char*>(host.data_ptr());
-  const int64_t n = host.nbytes();
-  uint64_t h = 1469598103934665603ull;
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    uint64_t w;
-    std::memcpy(&w, p + i, 8);
-    h = (h ^ w) * 1099511628211ull;
-  }
-  for (; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
-  return h ^ static_cast<uint64_t>(n);
+  return Fnv1a().add_words(host.data_ptr(), host.nbytes()).value();
 }
 
 namespace {
@@ -287,7 +277,9 @@ GradSync::GradSync(Named parameters, Named buffers, CommunicatorPtr comm, GradSy
     });
 }
 
-GradSync::~GradSync() { state_->wait_all(); }
+// Never waits: a bucket still on the wire finishes (or is cancelled) inside its communicator, which keeps
+// the bucket's memory alive until then.
+GradSync::~GradSync() = default;
 
 void GradSync::finish() {
   State& s = *state_;

@@ -63,7 +63,7 @@ class GradSync {
   using Named = std::vector<std::pair<std::string, Tensor>>;
   GradSync(const Module& model, CommunicatorPtr comm, GradSyncOptions options = {});
   GradSync(Named parameters, Named buffers, CommunicatorPtr comm, GradSyncOptions options = {});
-  ~GradSync();  // waits for buckets still on the wire; never throws
+  ~GradSync();  // never waits or communicates: buckets still on the wire are left to the communicator
   GradSync(const GradSync&) = delete;
   GradSync& operator=(const GradSync&) = delete;
 

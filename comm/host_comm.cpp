@@ -105,30 +105,82 @@ HostCommunicator::HostCommunicator(MPI_Comm parent, const CommOptions& options)
   if (threaded_) thread_ = std::thread([this] { loop(); });
 }
 
-HostCommunicator::~HostCommunicator() { shutdown(); }
-
-void HostCommunicator::shutdown() noexcept {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (stopping_) return;
-    stopping_ = true;
-  }
-  cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
-}
+HostCommunicator::~HostCommunicator() { stop_for_destruction(); }
 
 void HostCommunicator::loop() {
   for (;;) {
-    std::function<void()> task;
+    Task task;
     {
       std::unique_lock<std::mutex> lock(mutex_);
       cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stopping and drained
+      if (queue_.empty()) break;  // stopping and drained
       task = std::move(queue_.front());
       queue_.pop_front();
+      running_ = true;
     }
-    task();  // never throws: errors go into the task's Work
+    task.run();  // never throws: errors go into the task's Work
+    std::lock_guard<std::mutex> lock(mutex_);
+    running_ = false;
+    if (cancelled_) {
+      // Cancelled mid-operation: MPI may still read or write the task's tensors and this object's buffers,
+      // so neither is ever freed (the process is on its way to MPI_Abort).
+      abandoned_ = true;
+      new std::function<void()>(std::move(task.run));
+      break;
+    }
   }
+  std::lock_guard<std::mutex> lock(mutex_);
+  exited_ = true;
+  exited_cv_.notify_all();
+}
+
+void HostCommunicator::close() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (closed_) return;
+    stopping_ = true;  // the thread drains the queue, then leaves
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  std::lock_guard<std::mutex> lock(mutex_);
+  closed_ = true;
+  free_comm();
+}
+
+bool HostCommunicator::release_local() noexcept {
+  std::deque<Task> dropped;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (closed_) return true;
+    stopping_ = true;
+    cancelled_ = true;
+    dropped.swap(queue_);
+  }
+  cv_.notify_all();
+  for (auto& t : dropped)
+    t.work->complete(std::make_exception_ptr(
+        Error(detail::str_cat("the communicator on rank ", rank_, " was destroyed before this operation ran"))));
+  bool stopped = !thread_.joinable();
+  if (!stopped) {
+    // Bounded: a ring operation notices the cancellation within its polling interval (<= 100 us); a
+    // blocking MPI call (broadcast, the mpi backend) may never return, and is then left running.
+    std::unique_lock<std::mutex> lock(mutex_);
+    stopped = exited_cv_.wait_for(lock, std::chrono::milliseconds(200), [&] { return exited_; });
+  }
+  if (!stopped) {
+    thread_.detach();
+    return false;
+  }
+  if (thread_.joinable()) thread_.join();
+  std::lock_guard<std::mutex> lock(mutex_);
+  closed_ = true;
+  if (abandoned_) return false;
+  free_comm();  // local in practice (no operation is pending on it)
+  return true;
+}
+
+void HostCommunicator::stop_for_destruction() noexcept {
+  if (!release_local() && thread_.joinable()) thread_.detach();
 }
 
 WorkPtr HostCommunicator::submit(std::string what, std::function<void()> fn) {
@@ -162,16 +214,16 @@ WorkPtr HostCommunicator::submit(std::string what, std::function<void()> fn) {
       fail("unknown exception");
     }
   };
-  if (!threaded_) {
-    task();
-    return work;
-  }
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    RT_CHECK(!stopping_, what, ": the communicator is shutting down");
-    queue_.push_back(std::move(task));
+    RT_CHECK(!closed_ && !stopping_, what, " on rank ", rank_, ": the communicator is closed");
+    if (threaded_) {
+      queue_.push_back(Task{std::move(task), work});
+      cv_.notify_one();
+      return work;
+    }
   }
-  cv_.notify_one();
+  task();
   return work;
 }
 

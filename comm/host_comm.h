@@ -3,8 +3,12 @@
 // keeps computing while earlier operations are on the wire. GPU tensors are staged through pinned host
 // buffers (copy in, reduce on the host, copy back), which is also how several ranks share one GPU.
 // Without MPI_THREAD_MULTIPLE there is no communication thread: operations run at submission.
+// close() drains the queue and frees the MPI communicator (collective); release_local(), the destructor
+// path, fails what is still queued, cancels the running operation where it polls (the ring), waits for the
+// thread a bounded moment and otherwise leaves it running on a leaked object.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -44,9 +48,13 @@ class HostCommunicator : public Communicator {
   WorkPtr all_gather_async(const Tensor& in, const Tensor& out) override;
   WorkPtr reduce_scatter_async(const Tensor& in, const Tensor& out, ReduceOp op) override;
   void barrier() override;
+  void close() override;
+  bool release_local() noexcept override;
 
   // Runs `fn` on the communication thread after everything submitted before it (or now, without one).
   WorkPtr submit(std::string what, std::function<void()> fn);
+  // Set when release_local() began: operations that poll (the ring's waits) give up with an error.
+  bool cancelled() const { return cancelled_.load(std::memory_order_relaxed); }
 
  protected:
   HostCommunicator(MPI_Comm parent, const CommOptions& options);
@@ -56,19 +64,28 @@ class HostCommunicator : public Communicator {
   virtual void host_all_gather(const void* in, void* out, int64_t bytes_per_rank) = 0;
   virtual void host_reduce_scatter(const void* in, void* out, int64_t count_per_rank, DType dtype,
                                    ReduceOp op) = 0;
-  // Stops and joins the communication thread after draining its queue (derived destructors call it
-  // first, while their members are still alive).
-  void shutdown() noexcept;
-
+  // Derived destructors call it first, while their members are still alive: release_local(), and when
+  // that cannot stop the thread (the object was destroyed directly, not through make_communicator's
+  // deleter), the thread is detached.
+  void stop_for_destruction() noexcept;
   CommOptions options_;
 
  private:
+  struct Task {
+    std::function<void()> run;
+    std::shared_ptr<TaskWork> work;
+  };
   void loop();
   bool threaded_ = false;
   std::mutex mutex_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;
+  std::condition_variable cv_, exited_cv_;
+  std::deque<Task> queue_;
   bool stopping_ = false;
+  bool running_ = false;    // a task is on the thread (guarded by mutex_)
+  bool exited_ = false;     // the thread left its loop (guarded by mutex_)
+  bool abandoned_ = false;  // an operation was cancelled mid-way: MPI may still use its buffers
+  bool closed_ = false;
+  std::atomic<bool> cancelled_{false};
   std::string broken_;  // set by the first failed operation (guarded by mutex_)
   std::thread thread_;
 };

@@ -50,10 +50,7 @@ constexpr int64_t kMaxCount = int64_t{1} << 30;  // MPI counts are int
 class MpiCommunicator final : public HostCommunicator {
  public:
   MpiCommunicator(MPI_Comm parent, const CommOptions& options) : HostCommunicator(parent, options) {}
-  ~MpiCommunicator() override {
-    shutdown();
-    free_comm();
-  }
+  ~MpiCommunicator() override { stop_for_destruction(); }
   Backend backend() const override { return Backend::Mpi; }
 
  protected:
@@ -91,8 +88,8 @@ class MpiCommunicator final : public HostCommunicator {
 
 }  // namespace
 
-CommunicatorPtr make_mpi_communicator(MPI_Comm parent, const CommOptions& options) {
-  return std::make_shared<MpiCommunicator>(parent, options);
+std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm parent, const CommOptions& options) {
+  return std::make_unique<MpiCommunicator>(parent, options);
 }
 
 }  // namespace ringtrain::comm

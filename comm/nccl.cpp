@@ -120,6 +120,27 @@ struct NcclState {
   std::string abort_reason;
   int rank = 0;
   std::chrono::milliseconds timeout{0};
+  // Tensors of handles dropped before completion, kept until their event passes (guarded by mutex).
+  std::vector<std::pair<Event, std::vector<Tensor>>> orphans;
+
+  void adopt(Event done, std::vector<Tensor> keep) noexcept {
+    try {
+      std::lock_guard<std::mutex> lock(mutex);
+      orphans.emplace_back(std::move(done), std::move(keep));
+    } catch (...) {
+      // Out of memory while unwinding: the tensors would be released early; nothing better is possible.
+    }
+  }
+  // Releases the orphans whose operation has finished; the caller holds `mutex`.
+  void reap_locked() {
+    std::erase_if(orphans, [](const auto& o) {
+      try {
+        return !o.first.handle() || event_done(o.first);
+      } catch (...) {
+        return false;
+      }
+    });
+  }
 
   // Aborts the communicator (once) and remembers why; the caller holds `mutex`. Never throws.
   void abort_locked(const std::string& reason) noexcept {
@@ -156,16 +177,12 @@ class NcclWork final : public Work {
       : state_(std::move(state)), what_(std::move(what)), done_(std::move(done)), keep_(std::move(keep)),
         deadline_(deadline) {}
 
-  // A handle dropped without wait() still waits: its tensors must not go back to the caching allocator
-  // (and be reused by the caller's stream) while NCCL still reads or writes them.
+  // A handle dropped without wait() does not wait (destructors never block): its tensors must not go back
+  // to the caching allocator (and be reused by the caller's stream) while NCCL still reads or writes them,
+  // so the communicator's state keeps them, with the completion event, until the event has passed.
   ~NcclWork() override {
     if (finished_.load()) return;
-    try {
-      poll();
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "ringtrain: %s (the handle was dropped without wait())\n", e.what());
-    } catch (...) {
-    }
+    state_->adopt(std::move(done_), std::move(keep_));
   }
 
   void wait() override {
@@ -253,9 +270,29 @@ class NcclCommunicator final : public Communicator {
     }
   }
 
-  ~NcclCommunicator() override {
-    shutdown();
+  ~NcclCommunicator() override { release_local(); }
+
+  // Drains our stream, finalizes and destroys the NCCL communicator, all bounded by the timeout; on a
+  // failure the communicator is aborted and the error raised.
+  void close() override {
+    if (closed_) return;
+    closed_ = true;
+    std::string failure = shutdown();
     free_comm();
+    if (!failure.empty()) RT_THROW("closing the nccl communicator on rank ", rank_, " failed (it was aborted): ", failure);
+  }
+
+  // Local: ncclCommAbort ends our operations without waiting for any peer.
+  bool release_local() noexcept override {
+    if (!closed_) {
+      closed_ = true;
+      if (state_) {
+        std::lock_guard<std::mutex> lock(state_->mutex);
+        state_->abort_locked("the communicator was destroyed without close() (an error elsewhere)");
+      }
+      free_comm();
+    }
+    return true;
   }
 
   Backend backend() const override { return Backend::Nccl; }
@@ -412,7 +449,8 @@ class NcclCommunicator final : public Communicator {
       RT_THROW(what, " on rank ", rank_, ": the communicator was aborted earlier (", state_->abort_reason,
                "); no further operations are possible on it");
     }
-    RT_CHECK(state_->comm != nullptr, what, " on rank ", rank_, ": the communicator is shut down");
+    RT_CHECK(state_->comm != nullptr && !closed_, what, " on rank ", rank_, ": the communicator is closed");
+    state_->reap_locked();
     const Stream caller = current_stream();
     RT_CHECK(caller.handle() == nullptr || caller.device() == device_, what, " on rank ", rank_,
              ": the current stream is on ", caller.device(), ", not on the communicator's device ", device_);
@@ -450,13 +488,13 @@ class NcclCommunicator final : public Communicator {
     return std::make_shared<NcclWork>(state_, std::move(what), std::move(done), std::move(keep), deadline);
   }
 
-  // Drains our stream, finalizes and destroys the NCCL communicator, all bounded by the timeout (a dead
-  // peer must not hang the destructor); aborts instead when that fails. Never throws.
-  void shutdown() noexcept {
-    if (!state_) return;
+  // Drains our stream, finalizes and destroys the NCCL communicator, bounded by the timeout; aborts it
+  // instead when that fails. Returns the failure ("" when clean); never throws.
+  std::string shutdown() noexcept {
+    if (!state_) return "";
     std::lock_guard<std::mutex> lock(state_->mutex);
     const ncclComm_t comm = state_->comm;
-    if (comm == nullptr) return;  // aborted (or never made)
+    if (comm == nullptr) return "";  // aborted (or never made)
     try {
       DeviceGuard guard(device_.index);
       const auto deadline = Clock::now() + state_->timeout;
@@ -466,6 +504,7 @@ class NcclCommunicator final : public Communicator {
         idle = stream_idle(stream_);
       }
       RT_CHECK(idle, "its stream did not drain within ", state_->timeout.count(), " ms");
+      state_->orphans.clear();  // the stream is idle: every operation has finished
       NCCL_CHECK_PENDING(ncclCommFinalize(comm));
       const ncclResult_t settled = settle(comm, deadline);
       RT_CHECK(settled == ncclSuccess, "ncclCommFinalize ",
@@ -473,12 +512,13 @@ class NcclCommunicator final : public Communicator {
                                          : nccl_failure(comm, settled));
       state_->comm = nullptr;  // freed by the call below whatever it answers
       NCCL_CHECK_PENDING(ncclCommDestroy(comm));
+      return "";
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "ringtrain: shutting down the nccl communicator on rank %d failed, aborting it: %s\n",
-                   rank_, e.what());
       state_->abort_locked("the communicator was shut down after a failure");
+      return e.what();
     } catch (...) {
       state_->abort_locked("the communicator was shut down after a failure");
+      return "unknown error";
     }
   }
 
@@ -486,12 +526,13 @@ class NcclCommunicator final : public Communicator {
   Device device_;
   Stream stream_;          // non-blocking, ours alone
   Tensor barrier_buffer_;  // one i32 on device_, all-reduced by barrier()
+  bool closed_ = false;
 };
 
 }  // namespace
 
-CommunicatorPtr make_nccl_communicator(MPI_Comm parent, const CommOptions& options) {
-  return std::make_shared<NcclCommunicator>(parent, options);
+std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm parent, const CommOptions& options) {
+  return std::make_unique<NcclCommunicator>(parent, options);
 }
 
 }  // namespace ringtrain::comm

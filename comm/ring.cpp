@@ -33,7 +33,9 @@ namespace {
 // For receives, `expected_bytes` >= 0 checks the message's size: a shorter message means the ranks are
 // not running the same operation (different sizes or a different sequence), an error instead of
 // silently wrong data.
-void wait_polite(MPI_Request* request, int64_t expected_bytes = -1) {
+// `owner` being cancelled (release_local: the communicator is destroyed while an error unwinds) ends the
+// wait with an error instead of waiting for a peer that may never come.
+void wait_polite(const HostCommunicator& owner, MPI_Request* request, int64_t expected_bytes = -1) {
   int done = 0;
   MPI_Status status;
   auto finished = [&] {
@@ -55,6 +57,7 @@ void wait_polite(MPI_Request* request, int64_t expected_bytes = -1) {
   }
   auto pause = std::chrono::microseconds(10);
   for (;;) {
+    if (owner.cancelled()) RT_THROW("ring: cancelled (the communicator was destroyed while this rank waited for a peer)");
     std::this_thread::sleep_for(pause);
     MPI_CHECK(MPI_Test(request, &done, &status));
     if (done) return finished();
@@ -65,10 +68,7 @@ void wait_polite(MPI_Request* request, int64_t expected_bytes = -1) {
 class RingCommunicator final : public HostCommunicator {
  public:
   RingCommunicator(MPI_Comm parent, const CommOptions& options) : HostCommunicator(parent, options) {}
-  ~RingCommunicator() override {
-    shutdown();
-    free_comm();
-  }
+  ~RingCommunicator() override { stop_for_destruction(); }
   Backend backend() const override { return Backend::Ring; }
 
  protected:
@@ -139,7 +139,7 @@ class RingCommunicator final : public HostCommunicator {
   int left() const { return (rank_ + size_ - 1) % size_; }
 
   void wait_sends() {
-    for (MPI_Request& r : sends_) wait_polite(&r);
+    for (MPI_Request& r : sends_) wait_polite(*this, &r);
     sends_.clear();
   }
 
@@ -177,7 +177,7 @@ class RingCommunicator final : public HostCommunicator {
     for (size_t i = 0; i < recvs.size(); ++i) {
       const int slot = static_cast<int>(i % depth);
       const Piece& p = recvs[i];
-      wait_polite(&recv_req[slot], p.length * es);
+      wait_polite(*this, &recv_req[slot], p.length * es);
       reduce_sum_into(data + p.offset * es, staging_.data() + slot * ce * es, p.length, dtype);
       if (i + depth < recvs.size()) post(i + depth);
       if (p.step + 2 < n) {
@@ -190,7 +190,7 @@ class RingCommunicator final : public HostCommunicator {
     }
     for (size_t i = 0; i < gathers.size(); ++i) {
       const Piece& p = gathers[i];
-      wait_polite(&gather_req[i], p.length * es);
+      wait_polite(*this, &gather_req[i], p.length * es);
       if (p.step + 2 < n) isend(data, p, es, ag_tag0 + p.step + 1);
     }
     wait_sends();
@@ -213,7 +213,7 @@ class RingCommunicator final : public HostCommunicator {
     for (const Piece& p : first) isend(data, p, es, tag0);
     for (size_t i = 0; i < recvs.size(); ++i) {
       const Piece& p = recvs[i];
-      wait_polite(&recv_req[i], p.length * es);
+      wait_polite(*this, &recv_req[i], p.length * es);
       if (p.step + 2 < n) isend(data, p, es, tag0 + p.step + 1);
     }
     wait_sends();
@@ -225,8 +225,8 @@ class RingCommunicator final : public HostCommunicator {
 
 }  // namespace
 
-CommunicatorPtr make_ring_communicator(MPI_Comm parent, const CommOptions& options) {
-  return std::make_shared<RingCommunicator>(parent, options);
+std::unique_ptr<Communicator> make_ring_communicator(MPI_Comm parent, const CommOptions& options) {
+  return std::make_unique<RingCommunicator>(parent, options);
 }
 
 }  // namespace ringtrain::comm

@@ -148,6 +148,8 @@ void manual_seed(uint64_t seed) {
 }
 uint64_t default_seed() { return g_seed; }
 uint64_t next_rng_stream() { return g_stream.fetch_add(1); }
+uint64_t rng_stream() { return g_stream.load(); }
+void set_rng_stream(uint64_t stream) { g_stream = stream; }
 
 // ---------------------------------------------------------------------------------------------------
 // Reductions (first: backward of broadcasting ops needs sum_to)

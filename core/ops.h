@@ -114,6 +114,10 @@ Tensor dropout(const Tensor& x, double p, bool training = true);
 void manual_seed(uint64_t seed);
 uint64_t default_seed();
 uint64_t next_rng_stream();
+// The counter itself (the stream the next draw takes), for checkpoints: restoring it after rebuilding a
+// model from the same seed continues the same sequence of dropout masks.
+uint64_t rng_stream();
+void set_rng_stream(uint64_t stream);
 
 inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
 inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }

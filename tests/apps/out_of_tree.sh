@@ -16,5 +16,5 @@ cmake -S "$src/apps/examples/out_of_tree" -B "$work/build" -DCMAKE_PREFIX_PATH="
 grep "ringtrain .* from $work/prefix" "$work/configure.log"
 cmake --build "$work/build" -j 2 > "$work/build.log" || { cat "$work/build.log"; exit 1; }
 "$work/prefix/bin/make_shards" synthetic "$work/data" --shape 12x12x3 --count 256 --classes 4 --shards 2 > /dev/null
-mpirun -np 2 --allow-run-as-root --oversubscribe "$work/build/custom_model" "$work/data" 1 16
+mpirun -np 2 --allow-run-as-root --oversubscribe "$work/build/custom_model" --data "$work/data" --epochs 1 -b 16
 echo "out-of-tree build ran"

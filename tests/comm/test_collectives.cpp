@@ -5,10 +5,13 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/communicator.h"
+#include "comm/host_collectives.h"
 #include "comm/world.h"
 #include "core/check.h"
 #include "core/dtype.h"
@@ -231,6 +234,79 @@ TEST(WorldInfo, RanksAndNodesAreConsistent) {
   if (cuda_device_count() == 0) {
     const std::string e = ringtrain::testing::error_of([&] { w.bind(Device::cuda(0)); });
     EXPECT_NE(e.find("asked for a CUDA device but none is usable"), std::string::npos) << e;
+  }
+}
+
+TEST(HostCollectives, ReduceBroadcastAndGatherHostValues) {
+  World& w = World::init();
+  const int r = w.rank(), n = w.size();
+  double d[2] = {1.0, static_cast<double>(r)};
+  all_reduce(w.comm(), std::span<double>(d, 2));
+  EXPECT_EQ(d[0], n);
+  EXPECT_EQ(d[1], n * (n - 1) / 2.0);
+  EXPECT_EQ(all_reduce(w.comm(), int64_t{r}, HostOp::Max), n - 1);
+  EXPECT_EQ(all_reduce(w.comm(), static_cast<double>(r) + 0.5, HostOp::Min), 0.5);
+  // Rank 0's string wins, whatever the others pass (even longer ones).
+  EXPECT_EQ(broadcast(w.comm(), r == 0 ? std::string("from rank 0") : std::string(100 + r, 'x'), 0), "from rank 0");
+  EXPECT_EQ(broadcast(w.comm(), int64_t{r == n - 1 ? 42 : -1}, n - 1), 42);
+  const auto strings = gather_strings(w.comm(), std::string(static_cast<size_t>(r), 'a' + static_cast<char>(r)));
+  const auto everywhere = all_gather_strings(w.comm(), "r" + std::to_string(r));
+  ASSERT_EQ(static_cast<int>(everywhere.size()), n);
+  for (int k = 0; k < n; ++k) EXPECT_EQ(everywhere[k], "r" + std::to_string(k));
+  if (r == 0) {
+    ASSERT_EQ(static_cast<int>(strings.size()), n);
+    for (int k = 0; k < n; ++k) EXPECT_EQ(strings[k], std::string(static_cast<size_t>(k), 'a' + static_cast<char>(k)));
+  } else {
+    EXPECT_TRUE(strings.empty());
+  }
+  const double mine[2] = {static_cast<double>(r), 2.0 * r};
+  const auto all = gather(w.comm(), std::span<const double>(mine, 2));
+  if (r == 0) {
+    for (int k = 0; k < n; ++k) EXPECT_EQ(all[2 * k + 1], 2.0 * k);
+  }
+  const int64_t pair[2] = {r, -r};
+  const auto pairs = all_gather(w.comm(), std::span<const int64_t>(pair, 2));
+  EXPECT_EQ(static_cast<int>(pairs.size()), 2 * n);
+  EXPECT_EQ(pairs[2 * (n - 1) + 1], -(n - 1));
+  barrier(w.comm());
+}
+
+// Destroying a communicator never waits for a peer: an operation no other rank will join is cancelled,
+// and what is queued behind it fails, both with errors saying the communicator was destroyed.
+TEST(Lifetime, DestroyingARingCommunicatorWithAStuckOperationReturnsPromptly) {
+  World& w = World::init();
+  if (w.size() < 2) GTEST_SKIP() << "needs 2 or more ranks";
+  auto comm = make_communicator(Backend::Ring, w.comm());
+  WorkPtr stuck, queued;
+  if (w.rank() == 1) {
+    stuck = comm->all_reduce_async(Tensor::ones(Shape{1000}));  // rank 0 never joins it
+    queued = comm->all_reduce_async(Tensor::ones(Shape{10}));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  comm.reset();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(seconds, 2.0);
+  if (w.rank() == 1) {
+    EXPECT_NE(ringtrain::testing::error_of([&] { stuck->wait(); }).find("cancelled"), std::string::npos);
+    EXPECT_NE(ringtrain::testing::error_of([&] { queued->wait(); }).find("destroyed before this operation ran"),
+              std::string::npos);
+  }
+  barrier(w.comm());
+}
+
+TEST(Lifetime, CloseDrainsThenRefusesNewWork) {
+  World& w = World::init();
+  for (Backend b : {Backend::Ring, Backend::Mpi}) {
+    auto comm = make_communicator(b, w.comm());
+    Tensor t = Tensor::ones(Shape{257});
+    WorkPtr pending = comm->all_reduce_async(t);
+    comm->close();  // collective: waits for the all-reduce above on every rank
+    EXPECT_TRUE(pending->test());
+    EXPECT_EQ(t.to_vector()[256], w.size());
+    const std::string e = ringtrain::testing::error_of([&] { comm->all_reduce(t); });
+    EXPECT_NE(e.find("the communicator is closed"), std::string::npos) << backend_name(b) << ": " << e;
+    comm->close();  // idempotent
   }
 }
 

@@ -1,0 +1,32 @@
+// runtime/check_in.cpp: min/max agreement of (step, plan) in one all-reduce; the names only on mismatch.
+#include "runtime/check_in.h"
+
+#include "comm/host_collectives.h"
+#include "core/check.h"
+#include "core/hash.h"
+
+namespace ringtrain::runtime {
+
+uint64_t bucket_plan_hash(const std::vector<comm::BucketInfo>& buckets) {
+  Fnv1a h;
+  for (const auto& b : buckets) h.add_word(static_cast<uint64_t>(b.numel));
+  return h.value();
+}
+
+void check_in_step(const comm::World& world, int64_t step, uint64_t plan) {
+  // Min of (x, -x) gives min and max in one operation; the plan is halved to fit a signed negation.
+  const auto p = static_cast<int64_t>(plan >> 1);
+  int64_t v[4] = {step, -step, p, -p};
+  comm::all_reduce(world.comm(), std::span<int64_t>(v, 4), comm::HostOp::Min);
+  if (v[0] == step && -v[1] == step && v[2] == p && -v[3] == p) return;
+  const int64_t mine[2] = {step, p};
+  const std::vector<int64_t> all = comm::all_gather(world.comm(), std::span<const int64_t>(mine, 2));
+  std::string bad;
+  for (int r = 1; r < world.size(); ++r)
+    if (all[2 * r] != all[0] || all[2 * r + 1] != all[1])
+      bad += detail::str_cat(bad.empty() ? "" : ", ", "rank ", r, " at step ", all[2 * r],
+                             all[2 * r + 1] != all[1] ? " with a different bucket plan" : "");
+  throw comm::CollectiveError(detail::str_cat("ranks are out of step: rank 0 is at step ", all[0], ", ", bad));
+}
+
+}  // namespace ringtrain::runtime

@@ -1,0 +1,227 @@
+// runtime/checkpoint_dir.cpp: TrainState (de)serialisation, the folder's naming, retention and resume pick.
+#include "runtime/checkpoint_dir.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+
+#include "core/check.h"
+
+namespace ringtrain::runtime {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+constexpr const char* kPrefix = "ckpt-step";
+constexpr const char* kSuffix = ".h5";
+
+// The step of "ckpt-step<digits>.h5", or -1 (no <regex>: GCC 12 warns inside it under the sanitizers).
+int64_t step_of(const std::string& name) {
+  const std::string prefix = kPrefix, suffix = kSuffix;
+  if (name.size() <= prefix.size() + suffix.size() || name.rfind(prefix, 0) != 0 ||
+      name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
+    return -1;
+  const std::string digits = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
+  if (digits.size() > 18 || digits.find_first_not_of("0123456789") != std::string::npos) return -1;
+  return std::stoll(digits);
+}
+
+// Typed access to /meta/json with errors naming the file and the dotted key.
+class MetaReader {
+ public:
+  MetaReader(const json& root, const std::string& file) : root_(root), file_(file) {}
+
+  const json& at(const std::string& dotted) const {
+    const json* node = &root_;
+    size_t start = 0;
+    while (start <= dotted.size()) {
+      const size_t dot = dotted.find('.', start);
+      const std::string key = dotted.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+      if (!node->is_object() || !node->contains(key)) fail(dotted, "is missing");
+      node = &(*node)[key];
+      if (dot == std::string::npos) break;
+      start = dot + 1;
+    }
+    return *node;
+  }
+  bool has(const std::string& key) const { return root_.is_object() && root_.contains(key); }
+
+  int64_t integer(const std::string& key, int64_t min) const {
+    const json& v = at(key);
+    if (!v.is_number_integer()) fail(key, detail::str_cat("must be an integer, got ", v.dump()));
+    const int64_t x = v.get<int64_t>();
+    if (x < min) fail(key, detail::str_cat("must be at least ", min, ", got ", x));
+    return x;
+  }
+  double number(const std::string& key) const {
+    const json& v = at(key);
+    if (!v.is_number()) fail(key, detail::str_cat("must be a number, got ", v.dump()));
+    return v.get<double>();
+  }
+  [[noreturn]] void fail(const std::string& key, const std::string& what) const {
+    RT_THROW("checkpoint '", file_, "': /meta/json key '", key, "' ", what);
+  }
+
+ private:
+  const json& root_;
+  const std::string& file_;
+};
+
+}  // namespace
+
+std::string TrainState::to_json() const {
+  json meta{{"step", step},
+            {"epoch", position.epoch},
+            {"sampler", {{"epoch", position.epoch}, {"next_batch", position.next_batch}}},
+            {"world_size", world_size},
+            {"global_batch", global_batch},
+            {"per_step_global", per_step_global},
+            {"config", config},
+            {"lr", lr},
+            {"rng", {{"stream", rng_stream}}}};
+  if (loss_scale) meta["loss_scale"] = {{"scale", loss_scale->scale}, {"growth_tracker", loss_scale->growth_tracker}};
+  return meta.dump();
+}
+
+TrainState TrainState::from_json(const std::string& text, const std::string& file) {
+  json meta;
+  try {
+    meta = json::parse(text);
+  } catch (const std::exception& e) {
+    RT_THROW("checkpoint '", file, "': /meta/json is not valid JSON (", e.what(), ")");
+  }
+  const MetaReader m(meta, file);
+  if (!meta.is_object()) m.fail("(root)", "must be an object");
+  TrainState s;
+  s.step = m.integer("step", 0);
+  s.position.epoch = m.integer("sampler.epoch", 0);
+  s.position.next_batch = m.integer("sampler.next_batch", 0);
+  s.world_size = static_cast<int>(m.integer("world_size", 1));
+  s.global_batch = m.integer("global_batch", 1);
+  // Written since resume across world sizes; older checkpoints' batches are this run's (0 = unknown).
+  s.per_step_global = m.has("per_step_global") ? m.integer("per_step_global", 1) : 0;
+  if (s.per_step_global > 0 && s.global_batch % s.per_step_global != 0)
+    m.fail("per_step_global", detail::str_cat(s.per_step_global, " does not divide global_batch ", s.global_batch));
+  s.lr = m.has("lr") ? m.number("lr") : 0.0;
+  if (m.has("rng")) s.rng_stream = static_cast<uint64_t>(m.integer("rng.stream", 0));
+  if (m.has("loss_scale")) {
+    s.loss_scale = LossScaleState{m.number("loss_scale.scale"), m.integer("loss_scale.growth_tracker", 0)};
+    if (!(s.loss_scale->scale > 0)) m.fail("loss_scale.scale", detail::str_cat("must be positive, got ", s.loss_scale->scale));
+  }
+  if (m.has("config")) {
+    if (!m.at("config").is_object()) m.fail("config", "must be an object");
+    s.config = m.at("config");
+  }
+  return s;
+}
+
+data::SamplerState TrainState::position_for(int64_t run_per_step_global, int64_t micro_per_epoch,
+                                            const std::string& file) const {
+  const int64_t written_in = per_step_global > 0 ? per_step_global : run_per_step_global;
+  const int64_t samples = position.next_batch * written_in;
+  RT_CHECK(samples % run_per_step_global == 0, "--resume ", file, ": the checkpoint stopped after ", samples,
+           " samples of its epoch, not a multiple of this run's ", run_per_step_global, " (ranks x --batch-size)");
+  data::SamplerState p{position.epoch, samples / run_per_step_global};
+  if (p.next_batch >= micro_per_epoch) {  // the epoch was complete
+    ++p.epoch;
+    p.next_batch = 0;
+  }
+  return p;
+}
+
+CheckpointDir::CheckpointDir(fs::path dir, int64_t keep_last) : dir_(std::move(dir)), keep_last_(keep_last) {
+  RT_CHECK(keep_last_ >= 0, "--keep-last must be 0 (keep every checkpoint) or more, got ", keep_last_);
+}
+
+fs::path CheckpointDir::path(int64_t step) const {
+  char name[64];
+  std::snprintf(name, sizeof name, "%s%08lld%s", kPrefix, static_cast<long long>(step), kSuffix);
+  return dir_ / name;
+}
+
+std::vector<std::pair<int64_t, fs::path>> CheckpointDir::list() const {
+  std::vector<std::pair<int64_t, fs::path>> out;
+  std::error_code ec;
+  if (dir_.empty() || !fs::is_directory(dir_, ec)) return out;
+  for (const auto& entry : fs::directory_iterator(dir_, ec)) {
+    const int64_t step = step_of(entry.path().filename().string());
+    if (step >= 0 && entry.is_regular_file(ec)) out.emplace_back(step, entry.path());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+CheckpointDir::Loaded CheckpointDir::load(const fs::path& path) {
+  Loaded l;
+  l.path = path;
+  l.checkpoint = load_checkpoint(path);
+  l.state = TrainState::from_json(l.checkpoint.meta_json, path.string());
+  return l;
+}
+
+std::optional<CheckpointDir::Loaded> CheckpointDir::load_newest(const std::function<void(const std::string&)>& warn) const {
+  const auto all = list();
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    try {
+      return load(it->second);
+    } catch (const std::exception& e) {
+      if (warn) warn(detail::str_cat("--resume auto: skipping '", it->second.string(), "': ", e.what()));
+    }
+  }
+  return std::nullopt;
+}
+
+fs::path CheckpointDir::save(int64_t step, const Checkpoint& checkpoint) const {
+  RT_CHECK(on(), "CheckpointDir::save without a folder");
+  const fs::path target = path(step);
+  save_checkpoint(target, checkpoint);
+  if (keep_last_ > 0) {
+    const auto all = list();
+    const size_t keep = static_cast<size_t>(keep_last_);
+    for (size_t i = 0; i + keep < all.size(); ++i) {
+      std::error_code ec;
+      if (all[i].second != target) fs::remove(all[i].second, ec);  // best effort: a file gone already is fine
+    }
+  }
+  return target;
+}
+
+std::vector<std::string> CheckpointDir::remove_stale_temp_files() const {
+  std::vector<std::string> removed;
+  std::error_code ec;
+  if (dir_.empty() || !fs::is_directory(dir_, ec)) return removed;
+  // core/checkpoint.cpp writes ".<name>.tmp-<pid>" beside the target before renaming it into place.
+  for (const auto& entry : fs::directory_iterator(dir_, ec)) {
+    const std::string name = entry.path().filename().string();
+    const size_t tmp = name.find(".tmp-");
+    if (name.size() < 2 || name[0] != '.' || tmp == std::string::npos || step_of(name.substr(1, tmp - 1)) < 0) continue;
+    // A writer that is still alive on this host is not interrupted (another job sharing the folder).
+    const std::string pid = name.substr(tmp + 5);
+    if (!pid.empty() && pid.size() < 10 && pid.find_first_not_of("0123456789") == std::string::npos &&
+        std::stol(pid) != ::getpid() && ::kill(static_cast<pid_t>(std::stol(pid)), 0) == 0)
+      continue;
+    if (fs::remove(entry.path(), ec)) removed.push_back(name);
+  }
+  return removed;
+}
+
+void CheckpointDir::check_writable() const {
+  if (!on()) return;
+  std::error_code ec;
+  fs::create_directories(dir_, ec);
+  if (ec) RT_THROW("--checkpoint-dir: cannot create '", dir_.string(), "': ", ec.message());
+  if (!fs::is_directory(dir_, ec)) RT_THROW("--checkpoint-dir: '", dir_.string(), "' is not a folder");
+  const fs::path probe = dir_ / detail::str_cat(".write-probe-", ::getpid());
+  {
+    std::ofstream out(probe);
+    out << "probe\n";
+    if (!out.good()) RT_THROW("--checkpoint-dir: '", dir_.string(), "' is not writable");
+  }
+  fs::remove(probe, ec);
+}
+
+}  // namespace ringtrain::runtime

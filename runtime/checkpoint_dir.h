@@ -1,0 +1,81 @@
+// runtime/checkpoint_dir.h: a run's checkpoint folder. Files are DIR/ckpt-stepNNNNNNNN.h5 (core/checkpoint.h:
+// model, optimizer, and the run's TrainState as /meta/json), written atomically by rank 0; keep_last > 0
+// deletes all but the newest keep_last after each save. `--resume auto` takes the newest file that loads and
+// parses, skipping (with a warning naming it) any half-written, foreign or corrupt one; temporary files left
+// by an interrupted write are removed on the next start. TrainState is the typed metadata: every field is
+// checked on load and an error names the file and the key.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/checkpoint.h"
+#include "data/sampler.h"
+
+namespace ringtrain::runtime {
+
+struct LossScaleState {
+  double scale = 0;
+  int64_t growth_tracker = 0;
+};
+
+struct TrainState {
+  int64_t step = 0;               // optimizer steps taken
+  data::SamplerState position;    // where the next step starts, in sampler batches of per_step_global
+  int world_size = 1;
+  int64_t global_batch = 0;       // images per optimizer step (all ranks, all micro-batches)
+  int64_t per_step_global = 0;    // images per sampler batch (ranks x per-rank batch)
+  double lr = 0;                  // the last step's rate (for humans)
+  uint64_t rng_stream = 0;        // the default generator's next stream (dropout masks resume exactly)
+  std::optional<LossScaleState> loss_scale;
+  nlohmann::json config = nlohmann::json::object();  // the run's flags as given
+
+  std::string to_json() const;
+  // Errors name `file` and the key that is missing or wrong.
+  static TrainState from_json(const std::string& text, const std::string& file);
+  // The position as a count of this run's sampler batches (per_step_global images each), for a run whose
+  // epoch has micro_per_epoch of them: a checkpoint of another world size at the same global batch
+  // continues at the same sample. Errors name `file` when the samples done are not a whole number of this
+  // run's batches.
+  data::SamplerState position_for(int64_t per_step_global, int64_t micro_per_epoch, const std::string& file) const;
+};
+
+class CheckpointDir {
+ public:
+  // An empty folder means checkpoints are off (save and every lookup are no-ops).
+  explicit CheckpointDir(std::filesystem::path dir = {}, int64_t keep_last = 0);
+  bool on() const { return !dir_.empty(); }
+  const std::filesystem::path& dir() const { return dir_; }
+
+  std::filesystem::path path(int64_t step) const;
+  // Every ckpt-step*.h5 in the folder, by step, oldest first (names only; nothing is opened).
+  std::vector<std::pair<int64_t, std::filesystem::path>> list() const;
+
+  struct Loaded {
+    std::filesystem::path path;
+    Checkpoint checkpoint;
+    TrainState state;
+  };
+  // Loads one file and parses its state; errors name the file.
+  static Loaded load(const std::filesystem::path& path);
+  // The newest checkpoint that loads; each newer one that does not is passed to `warn` with the reason.
+  std::optional<Loaded> load_newest(const std::function<void(const std::string&)>& warn) const;
+
+  // Writes step's checkpoint (atomically), then applies keep_last. Returns the path written.
+  std::filesystem::path save(int64_t step, const Checkpoint& checkpoint) const;
+  // Removes temporary files of interrupted writes (.ckpt-step*.h5.tmp-*); returns their names.
+  std::vector<std::string> remove_stale_temp_files() const;
+  // Creates the folder and proves it writable (a probe file); errors name the flag and the folder.
+  void check_writable() const;
+
+ private:
+  std::filesystem::path dir_;
+  int64_t keep_last_;
+};
+
+}  // namespace ringtrain::runtime

@@ -1,0 +1,67 @@
+// runtime/data_source.h: what the Trainer reads batches from. A DataSource knows its geometry (image
+// shape, classes, split sizes), serves this rank's training batches epoch by epoch from a
+// DistributedSampler (so a resumed position continues exactly), and optionally a test split for exact
+// evaluation. Two are provided: shard folders (data/shards.h) through the threaded Loader, and synthetic
+// batches drawn on the device from (seed, epoch, batch index, rank) for benchmarks and tests.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "core/device.h"
+#include "data/loader.h"
+#include "data/sampler.h"
+#include "data/shards.h"
+
+namespace ringtrain::runtime {
+
+struct DataInfo {
+  int64_t height = 0, width = 0, channels = 0;  // of the batches served (after transforms)
+  int classes = 0;
+  int64_t train_size = 0, test_size = 0;        // records; test_size 0 = no test split
+  int64_t chunk = 64;                           // records a sampler should keep together for I/O
+};
+
+class DataSource {
+ public:
+  virtual ~DataSource() = default;
+  virtual const DataInfo& info() const = 0;
+  // Starts an epoch of this rank's training batches from the sampler's current position.
+  virtual void start_epoch(data::DistributedSampler& sampler, int64_t epoch) = 0;
+  // The next batch of the epoch (nullopt at its end).
+  virtual std::optional<data::Batch> next() = 0;
+  // Where the next training batch would start: what checkpoints save.
+  virtual data::SamplerState position() const = 0;
+  // The test split's loader, or nullptr.
+  virtual data::Loader* test_loader() { return nullptr; }
+  // Joins any worker threads (idempotent; also done by the destructor).
+  virtual void stop() {}
+};
+
+struct ShardSourceOptions {
+  data::Transform train_transform = {};  // the test split uses the same with train = false
+  // When set, chooses the training transform from the train split (e.g. by image size) instead.
+  std::function<data::Transform(const data::SplitInfo& train)> choose_transform = {};
+  int loader_threads = 0;           // 0: automatic
+  uint64_t seed = 0;                // augmentation draws
+  Device device = Device::cpu();    // batches are delivered here
+};
+// Opens `dir`'s train split and, when the manifest has one, its test split, validating every shard.
+// Errors name the flag, the folder, the file and the field.
+std::unique_ptr<DataSource> open_shards(const std::string& dir, const ShardSourceOptions& options);
+
+struct SyntheticOptions {
+  int64_t size = 2048;  // records per epoch
+  int64_t height = 32, width = 32, channels = 3;
+  int classes = 10;
+  uint64_t seed = 0;
+  int rank = 0;
+  Device device = Device::cpu();
+};
+// Normal(0, 1) images drawn on the device (no host fill or copy inside a timed step) and fixed labels.
+std::unique_ptr<DataSource> synthetic_data(const SyntheticOptions& options);
+
+}  // namespace ringtrain::runtime

@@ -1,0 +1,33 @@
+// runtime/evaluate.h: exact evaluation of any classification model on a test split across ranks. Every
+// test image is scored exactly once over all ranks (data::eval_batches; the padding of the last rank's
+// block is masked by Batch::valid), and the sums (top-1, top-5, loss, count) are all-reduced, so the
+// result equals one process scoring the whole split. A non-finite score counts as wrong.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+#include "comm/world.h"
+#include "core/tensor.h"
+#include "data/loader.h"
+#include "layers/module.h"
+#include "runtime/run_log.h"
+
+namespace ringtrain::runtime {
+
+struct EvalOptions {
+  int64_t batch = 128;          // images per rank per forward
+  double label_smoothing = 0;   // of the reported loss
+  int64_t epoch = 0;            // passed to the loader (deterministic transforms ignore it)
+  // The logits (N, C) of a batch of images; default: model(images).
+  std::function<Tensor(Module& model, const Tensor& images)> logits = {};
+  // Called before each batch (the Trainer names its watchdog phase here).
+  std::function<void()> on_batch = {};
+};
+
+// Collective. Puts the model in eval mode for the pass and back in train mode after; no gradients.
+// `test_size` is the split's record count (the same on every rank).
+EvalResult evaluate(Module& model, data::Loader& test_loader, int64_t test_size, const comm::World& world,
+                    const EvalOptions& options = {});
+
+}  // namespace ringtrain::runtime

@@ -1,0 +1,155 @@
+// Tests for runtime/checkpoint_dir.h: naming and retention (keep_last), the resume pick that skips
+// half-written, foreign and corrupt files with a warning naming them, stale temporary files removed,
+// TrainState's round trip and its errors naming the file and key, and the sampler position converted
+// across world sizes.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "runtime/checkpoint_dir.h"
+#include "test_util.h"
+
+namespace ringtrain::runtime {
+namespace {
+namespace fs = std::filesystem;
+
+class CheckpointDirTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::path(::testing::TempDir()) / ("rt_ckptdir_" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  Checkpoint checkpoint(int64_t step) const {
+    TrainState s;
+    s.step = step;
+    s.position = {0, step};
+    s.global_batch = 16;
+    s.per_step_global = 16;
+    return Checkpoint{{{"w", Tensor::full(Shape{3}, static_cast<double>(step))}}, {}, s.to_json()};
+  }
+  std::vector<int64_t> steps_on_disk(const CheckpointDir& d) const {
+    std::vector<int64_t> out;
+    for (const auto& [step, path] : d.list()) out.push_back(step);
+    return out;
+  }
+  fs::path dir_;
+};
+
+TEST_F(CheckpointDirTest, NamesFilesByStepAndKeepsTheNewestK) {
+  CheckpointDir keep2(dir_, 2);
+  EXPECT_EQ(keep2.path(42).filename(), "ckpt-step00000042.h5");
+  for (int64_t s = 1; s <= 5; ++s) keep2.save(s, checkpoint(s));
+  EXPECT_EQ(steps_on_disk(keep2), (std::vector<int64_t>{4, 5}));
+  std::ofstream(dir_ / "notes.txt") << "not a checkpoint";  // other files are never touched
+  CheckpointDir all(dir_, 0);
+  for (int64_t s = 6; s <= 8; ++s) all.save(s, checkpoint(s));
+  EXPECT_EQ(steps_on_disk(all), (std::vector<int64_t>{4, 5, 6, 7, 8}));
+  keep2.save(9, checkpoint(9));
+  EXPECT_EQ(steps_on_disk(keep2), (std::vector<int64_t>{8, 9}));
+  EXPECT_TRUE(fs::exists(dir_ / "notes.txt"));
+  EXPECT_NE(testing::error_of([&] { CheckpointDir(dir_, -1); }).find("--keep-last"), std::string::npos);
+}
+
+TEST_F(CheckpointDirTest, ResumeAutoSkipsHalfWrittenAndForeignFilesNamingThem) {
+  CheckpointDir d(dir_);
+  d.save(3, checkpoint(3));
+  d.save(6, checkpoint(6));
+  // Newer than both: a truncated copy (a crash mid-copy), a text file with the right name, and an HDF5
+  // checkpoint whose metadata lacks the sampler position.
+  const auto size = fs::file_size(d.path(6));
+  fs::copy_file(d.path(6), d.path(9));
+  fs::resize_file(d.path(9), size / 2);
+  std::ofstream(d.path(10)) << "garbage";
+  Checkpoint no_sampler = checkpoint(11);
+  no_sampler.meta_json = R"({"step": 11, "world_size": 1, "global_batch": 16})";
+  save_checkpoint(d.path(11), no_sampler);
+  std::vector<std::string> warnings;
+  const auto loaded = d.load_newest([&](const std::string& w) { warnings.push_back(w); });
+  ASSERT_TRUE(loaded);
+  EXPECT_EQ(loaded->state.step, 6);
+  EXPECT_EQ(loaded->path, d.path(6));
+  EXPECT_EQ(loaded->checkpoint.model[0].second.to_vector()[0], 6.0);
+  ASSERT_EQ(warnings.size(), 3u);
+  EXPECT_NE(warnings[0].find("skipping '" + d.path(11).string() + "'"), std::string::npos) << warnings[0];
+  EXPECT_NE(warnings[0].find("key 'sampler.epoch' is missing"), std::string::npos) << warnings[0];
+  EXPECT_NE(warnings[1].find("skipping '" + d.path(10).string() + "'"), std::string::npos) << warnings[1];
+  EXPECT_NE(warnings[2].find("skipping '" + d.path(9).string() + "'"), std::string::npos) << warnings[2];
+  EXPECT_FALSE(CheckpointDir(dir_ / "empty").load_newest({})) << "no folder: nothing to resume";
+}
+
+TEST_F(CheckpointDirTest, RemovesTemporaryFilesOfInterruptedWrites) {
+  CheckpointDir d(dir_);
+  d.save(2, checkpoint(2));
+  // pid 2^22 + 1 is above Linux's pid_max default: no such process, so the write was interrupted.
+  const std::string stale = ".ckpt-step00000004.h5.tmp-4194305";
+  const std::string live = ".ckpt-step00000005.h5.tmp-" + std::to_string(::getppid());  // a live writer
+  for (const auto& name : {stale, live, std::string(".other.tmp-1")}) std::ofstream(dir_ / name) << "partial";
+  EXPECT_EQ(d.remove_stale_temp_files(), (std::vector<std::string>{stale}));
+  EXPECT_FALSE(fs::exists(dir_ / stale));
+  EXPECT_TRUE(fs::exists(dir_ / live));
+  EXPECT_TRUE(fs::exists(dir_ / ".other.tmp-1"));
+  EXPECT_TRUE(fs::exists(d.path(2)));
+}
+
+TEST_F(CheckpointDirTest, AnUnusableFolderIsAnErrorNamingTheFlag) {
+  std::ofstream(dir_ / "file") << "x";
+  const std::string e = testing::error_of([&] { CheckpointDir(dir_ / "file" / "sub").check_writable(); });
+  EXPECT_NE(e.find("--checkpoint-dir: cannot create '" + (dir_ / "file" / "sub").string() + "'"), std::string::npos) << e;
+  EXPECT_NO_THROW(CheckpointDir(dir_ / "new" / "deep").check_writable());
+  EXPECT_TRUE(fs::is_directory(dir_ / "new" / "deep"));
+  EXPECT_TRUE(fs::is_empty(dir_ / "new" / "deep")) << "the probe file is removed";
+}
+
+TEST(TrainState, RoundTripsAndNamesTheFileAndKeyOfABadField) {
+  TrainState s;
+  s.step = 12;
+  s.position = {2, 5};
+  s.world_size = 4;
+  s.global_batch = 64;
+  s.per_step_global = 32;
+  s.lr = 0.05;
+  s.rng_stream = 77;
+  s.loss_scale = LossScaleState{1024, 3};
+  s.config = {{"batch_size", 8}};
+  const TrainState t = TrainState::from_json(s.to_json(), "f.h5");
+  EXPECT_EQ(t.step, 12);
+  EXPECT_EQ(t.position.epoch, 2);
+  EXPECT_EQ(t.position.next_batch, 5);
+  EXPECT_EQ(t.world_size, 4);
+  EXPECT_EQ(t.per_step_global, 32);
+  EXPECT_EQ(t.rng_stream, 77u);
+  ASSERT_TRUE(t.loss_scale);
+  EXPECT_EQ(t.loss_scale->growth_tracker, 3);
+  EXPECT_EQ(t.config["batch_size"], 8);
+  auto error = [](const std::string& text) { return testing::error_of([&] { TrainState::from_json(text, "f.h5"); }); };
+  EXPECT_NE(error("{not json").find("checkpoint 'f.h5': /meta/json is not valid JSON"), std::string::npos);
+  const std::string base = R"("step": 1, "world_size": 1, "global_batch": 8, "sampler": {"epoch": 0, "next_batch": )";
+  EXPECT_NE(error("{" + base + "\"3\"}}").find("checkpoint 'f.h5': /meta/json key 'sampler.next_batch' must be an integer"),
+            std::string::npos);
+  EXPECT_NE(error("{" + base + "-1}}").find("key 'sampler.next_batch' must be at least 0, got -1"), std::string::npos);
+  EXPECT_NE(error(R"({"step": 1})").find("key 'sampler.epoch' is missing"), std::string::npos);
+  EXPECT_NE(error("{" + base + R"(1}, "per_step_global": 3})").find("does not divide global_batch 8"), std::string::npos);
+}
+
+TEST(TrainState, ThePositionConvertsAcrossWorldSizesAtTheSameGlobalBatch) {
+  TrainState s;
+  s.position = {1, 3};   // 3 batches of 2 ranks x 8 = 48 samples into epoch 1
+  s.per_step_global = 16;
+  EXPECT_EQ(s.position_for(8, 100, "f.h5").next_batch, 6);     // 1 rank x 8: 6 batches
+  EXPECT_EQ(s.position_for(48, 100, "f.h5").next_batch, 1);
+  EXPECT_EQ(s.position_for(16, 3, "f.h5").epoch, 2) << "a complete epoch continues at the next";
+  EXPECT_EQ(s.position_for(16, 3, "f.h5").next_batch, 0);
+  const std::string e = testing::error_of([&] { s.position_for(32, 100, "f.h5"); });
+  EXPECT_NE(e.find("--resume f.h5: the checkpoint stopped after 48 samples of its epoch, not a multiple of this run's 32"),
+            std::string::npos) << e;
+  s.per_step_global = 0;  // written before per_step_global existed: this run's batches
+  EXPECT_EQ(s.position_for(8, 100, "f.h5").next_batch, 3);
+}
+
+}  // namespace
+}  // namespace ringtrain::runtime

@@ -1,0 +1,225 @@
+// Runs under mpirun with 1, 2 and 3 ranks: evaluate() scores every test image exactly once across ranks
+// (the same figures as one process scoring the whole split), the step check-in names the rank that is out
+// of step, and the Trainer trains a model that is not a ResNet — with a step function of its own — and
+// resumes it bitwise exactly from a checkpoint.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+
+#include "comm/host_collectives.h"
+#include "comm/world.h"
+#include "core/checkpoint.h"
+#include "core/ops.h"
+#include "layers/basic.h"
+#include "layers/batchnorm.h"
+#include "layers/conv2d.h"
+#include "layers/linear.h"
+#include "layers/loss.h"
+#include "layers/pooling.h"
+#include "runtime/check_in.h"
+#include "runtime/checkpoint_dir.h"
+#include "runtime/data_source.h"
+#include "runtime/evaluate.h"
+#include "runtime/trainer.h"
+#include "test_util.h"
+
+namespace ringtrain::runtime {
+namespace {
+namespace fs = std::filesystem;
+
+comm::World& world() { return comm::World::init(); }
+
+// A folder every rank sees, named by rank 0 (all ranks run on this machine under CTest).
+fs::path shared_dir(const std::string& what) {
+  const int64_t pid = comm::broadcast(world().comm(), int64_t{::getpid()}, 0);
+  return fs::path(::testing::TempDir()) / ("rt_runtime_" + what + "_" + std::to_string(pid));
+}
+
+// Rank 0 writes `count` random records of 6x6x3 with 3 classes per split; everyone waits for it.
+fs::path make_dataset(const std::string& what, int64_t train_count, int64_t test_count) {
+  const fs::path dir = shared_dir(what);
+  if (world().is_root()) {
+    fs::remove_all(dir);
+    for (const auto& [split, count] : {std::pair{std::string("train"), train_count}, std::pair{std::string("test"), test_count}}) {
+      data::WriterOptions o;
+      o.dir = dir;
+      o.split = split;
+      o.num_shards = 2;
+      o.total_records = count;
+      o.height = o.width = 6;
+      o.channels = 3;
+      o.num_classes = 3;
+      data::ShardWriter w(o);
+      std::vector<uint8_t> image(6 * 6 * 3);
+      for (int64_t r = 0; r < count; ++r) {
+        for (size_t i = 0; i < image.size(); ++i) image[i] = static_cast<uint8_t>((r * 37 + i * 11 + (i % 3) * r) % 256);
+        w.add(image.data(), static_cast<int32_t>((r * 7) % 3));
+      }
+      w.finish();
+    }
+  }
+  comm::barrier(world().comm());
+  return dir;
+}
+
+// Logits = per-channel means of the image: classes == channels, each image scored on its own (no GEMM,
+// whose rounding could depend on the batch), so 1 rank and N ranks give the same per-image answers.
+class ChannelMeans : public Module {
+ public:
+  Tensor forward(const Tensor& x) override { return pool_(x); }
+  std::string type_name() const override { return "ChannelMeans"; }
+
+ private:
+  GlobalAvgPool pool_;
+};
+
+TEST(Evaluate, CountsEveryTestImageOnceAcrossRanks) {
+  const fs::path dir = make_dataset("eval", 8, 37);  // 37: never divisible by 2 or 3 ranks
+  auto data = open_shards(dir, {});
+  ChannelMeans model;
+  // The reference: this process alone scores the whole split, batch by batch.
+  data::Loader* loader = data->test_loader();
+  ASSERT_NE(loader, nullptr);
+  loader->start(data::eval_batches(37, 0, 1, 5), 0);
+  double correct = 0, seen = 0;
+  while (auto b = loader->next()) {
+    Tensor predicted = argmax(model(b->images.slice(0, b->valid)), 1);
+    correct += sum(eq(predicted, b->labels.slice(0, b->valid)).to(DType::F64)).item();
+    seen += static_cast<double>(b->valid);
+  }
+  ASSERT_EQ(seen, 37);
+  int batches = 0;
+  const EvalResult r = evaluate(model, *loader, 37, world(), {.batch = 4, .on_batch = [&] { ++batches; }});
+  EXPECT_EQ(r.count, 37);
+  EXPECT_DOUBLE_EQ(r.top1, correct / 37);
+  EXPECT_EQ(r.top5, 1.0) << "3 classes: the true class is always among the top 5";
+  EXPECT_GT(r.loss, 0);
+  EXPECT_GT(batches, 0);
+  EXPECT_TRUE(model.is_training()) << "evaluate puts the model back in training mode";
+  data->stop();
+  comm::barrier(world().comm());
+  if (world().is_root()) fs::remove_all(dir);
+}
+
+TEST(CheckIn, ARankOutOfStepIsNamedOnEveryRank) {
+  if (world().size() < 2) GTEST_SKIP() << "needs 2 or more ranks";
+  EXPECT_NO_THROW(check_in_step(world(), 5, 1234));
+  const int late = world().size() - 1;
+  const std::string e = testing::error_of([&] { check_in_step(world(), world().rank() == late ? 6 : 5, 1234); });
+  EXPECT_NE(e.find("ranks are out of step: rank 0 is at step 5, rank " + std::to_string(late) + " at step 6"),
+            std::string::npos) << e;
+  const std::string p = testing::error_of([&] { check_in_step(world(), 5, world().rank() == late ? 99 : 1234); });
+  EXPECT_NE(p.find("with a different bucket plan"), std::string::npos) << p;
+}
+
+// A small CNN that is not a ResNet: conv-bn-relu, pool, linear.
+std::shared_ptr<Sequential> small_net(int64_t channels, int64_t classes) {
+  auto net = std::make_shared<Sequential>();
+  net->add(std::make_shared<Conv2d>(channels, 8, Conv2dOptions{.padding = 1}))
+      .add(std::make_shared<BatchNorm2d>(8))
+      .add(std::make_shared<ReLU>())
+      .add(std::make_shared<GlobalAvgPool>())
+      .add(std::make_shared<Linear>(8, classes));
+  return net;
+}
+
+TrainerOptions small_run(const fs::path& ckpt) {
+  TrainerOptions o;
+  o.program = "test_runtime";
+  o.model_name = "small-cnn";
+  o.batch = 12 / world().size();  // global batch 12 on 1, 2, 3 (and 4) ranks
+  o.steps = 6;
+  o.lr = 0.05;
+  o.threads = 1;
+  o.log_every = 100;
+  o.checkpoint_dir = ckpt.string();
+  o.checkpoint_every = 3;
+  o.timeout = 120;
+  return o;
+}
+
+std::vector<std::pair<std::string, std::vector<uint8_t>>> bytes_of(const fs::path& file) {
+  const Checkpoint c = load_checkpoint(file);
+  std::vector<std::pair<std::string, std::vector<uint8_t>>> out;
+  for (const auto* part : {&c.model, &c.optimizer})
+    for (const auto& [name, t] : *part) {
+      const auto* p = static_cast<const uint8_t*>(t.data_ptr());
+      out.emplace_back(name, std::vector<uint8_t>(p, p + t.nbytes()));
+    }
+  return out;
+}
+
+TEST(Trainer, ResumesACustomModelBitwiseExactly) {
+  const fs::path dir = make_dataset("trainer", 96, 10);
+  const fs::path a = dir / "a", b = dir / "b";
+  int calls = 0;
+  // An unusual forward through one callback: the loss plus a small penalty on the logits.
+  const StepFn step = [&](Module& m, const data::Batch& batch) {
+    ++calls;
+    Tensor logits = m(batch.images);
+    return add(CrossEntropyLoss()(logits, batch.labels), mul(mean(mul(logits, logits)), 1e-3));
+  };
+  TrainResult full;
+  {
+    Trainer trainer(world(), small_run(a));
+    auto data = open_shards(dir, {.train_transform = {.pad_crop = 1, .hflip = true}, .device = trainer.device()});
+    auto net = small_net(data->info().channels, data->info().classes);
+    full = trainer.fit(*net, *data, step);
+  }
+  EXPECT_EQ(full.steps, 6);
+  EXPECT_EQ(calls, 6);
+  ASSERT_TRUE(full.eval);
+  EXPECT_EQ(full.eval->count, 10);
+  TrainResult resumed;
+  {
+    TrainerOptions o = small_run(b);
+    o.resume = (a / "ckpt-step00000003.h5").string();
+    Trainer trainer(world(), o);
+    auto data = open_shards(dir, {.train_transform = {.pad_crop = 1, .hflip = true}, .device = trainer.device()});
+    auto net = small_net(data->info().channels, data->info().classes);
+    resumed = trainer.fit(*net, *data, step);
+  }
+  EXPECT_EQ(resumed.resumed_from, (a / "ckpt-step00000003.h5").string());
+  EXPECT_EQ(resumed.steps, 6);
+  EXPECT_EQ(resumed.steps_run, 3);
+  EXPECT_EQ(calls, 9);
+  const auto x = bytes_of(a / "ckpt-step00000006.h5"), y = bytes_of(b / "ckpt-step00000006.h5");
+  ASSERT_EQ(x.size(), y.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    EXPECT_EQ(x[i].first, y[i].first);
+    EXPECT_TRUE(x[i].second == y[i].second) << x[i].first << " differs after the resume";
+  }
+  EXPECT_EQ(resumed.train_loss, full.train_loss);
+  // --resume auto picks the newest (step 6) and, the run being complete, trains nothing more.
+  {
+    TrainerOptions o = small_run(a);
+    o.resume = "auto";
+    Trainer trainer(world(), o);
+    auto data = open_shards(dir, {.device = trainer.device()});
+    auto net = small_net(data->info().channels, data->info().classes);
+    const TrainResult again = trainer.fit(*net, *data, step);
+    EXPECT_EQ(again.resumed_from, (a / "ckpt-step00000006.h5").string());
+    EXPECT_EQ(again.steps_run, 0);
+  }
+  comm::barrier(world().comm());
+  if (world().is_root()) fs::remove_all(dir);
+}
+
+TEST(Trainer, OptionsAreCheckedNamingTheFlag) {
+  TrainerOptions o;
+  o.resume = "auto";
+  EXPECT_NE(testing::error_of([&] { Trainer(world(), o); }).find("--resume auto needs --checkpoint-dir"), std::string::npos);
+  o = TrainerOptions{};
+  o.lr = std::nan("");
+  EXPECT_NE(testing::error_of([&] { Trainer(world(), o); }).find("--lr must be a positive number"), std::string::npos);
+  o = TrainerOptions{};
+  o.log_jsonl = "/nonexistent/folder/run.jsonl";
+  const std::string e = testing::error_of([&] { Trainer(world(), o); });
+  EXPECT_NE(e.find("--log-jsonl: folder '/nonexistent/folder' of '/nonexistent/folder/run.jsonl' does not exist"),
+            std::string::npos) << e;
+}
+
+}  // namespace
+}  // namespace ringtrain::runtime
