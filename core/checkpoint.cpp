@@ -2,7 +2,6 @@
 #include "core/checkpoint.h"
 
 #include <fcntl.h>
-#include <hdf5.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,6 +9,7 @@
 #include <mutex>
 
 #include "core/check.h"
+#include "core/hdf5.h"
 
 namespace ringtrain {
 namespace fs = std::filesystem;
@@ -19,49 +19,7 @@ namespace {
 constexpr const char* kFormat = "ringtrain-checkpoint";
 constexpr int kVersion = 1;
 
-// The process-wide HDF5 lock: loader threads may be reading shards while a checkpoint is written.
-std::recursive_mutex& lock() { return detail::hdf5_mutex(); }
-
-struct Id {
-  hid_t id;
-  herr_t (*close)(hid_t);
-  ~Id() {
-    if (id >= 0) close(id);
-  }
-  operator hid_t() const { return id; }
-};
-
-hid_t check(hid_t result, const fs::path& file, const std::string& object, const char* what) {
-  if (result < 0)
-    RT_THROW("checkpoint '", file.string(), "'", object.empty() ? "" : detail::str_cat(", object '", object, "'"), ": ", what,
-             " (HDF5: ", detail::h5_error_text(), ")");
-  return result;
-}
-
-void string_attribute(hid_t loc, const char* name, const std::string& value, const fs::path& file) {
-  Id type{H5Tcopy(H5T_C_S1), H5Tclose};
-  H5Tset_size(type, std::max<size_t>(1, value.size()));
-  Id space{H5Screate(H5S_SCALAR), H5Sclose};
-  Id attr{check(H5Acreate2(loc, name, type, space, H5P_DEFAULT, H5P_DEFAULT), file, name, "create attribute"), H5Aclose};
-  check(H5Awrite(attr, type, value.data()), file, name, "write attribute");
-}
-
-std::string read_string_attribute(hid_t loc, const char* name, const fs::path& file, const std::string& object) {
-  if (H5Aexists(loc, name) <= 0) RT_THROW("checkpoint '", file.string(), "': '", object, "' has no attribute '", name, "'");
-  Id attr{check(H5Aopen(loc, name, H5P_DEFAULT), file, object, "open attribute"), H5Aclose};
-  Id type{H5Aget_type(attr), H5Tclose};
-  std::string s(H5Tget_size(type), '\0');
-  check(H5Aread(attr, type, s.data()), file, object, "read attribute");
-  s.erase(std::find(s.begin(), s.end(), '\0'), s.end());
-  return s;
-}
-
-void int_attribute(hid_t loc, const char* name, int value, const fs::path& file) {
-  Id space{H5Screate(H5S_SCALAR), H5Sclose};
-  Id attr{check(H5Acreate2(loc, name, H5T_STD_I32LE, space, H5P_DEFAULT, H5P_DEFAULT), file, name, "create attribute"),
-          H5Aclose};
-  check(H5Awrite(attr, H5T_NATIVE_INT32, &value), file, name, "write attribute");
-}
+h5::Where in(const fs::path& file, std::string object = {}) { return h5::Where{"checkpoint", file, std::move(object)}; }
 
 // (file type, memory type) for a dtype; 16-bit floats travel as raw uint16.
 std::pair<hid_t, hid_t> h5_types(DType t) {
@@ -78,8 +36,9 @@ std::pair<hid_t, hid_t> h5_types(DType t) {
 }
 
 void write_group(hid_t file, const char* group_name, const NamedTensors& tensors, const fs::path& path) {
-  Id group{check(H5Gcreate2(file, group_name, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), path, group_name, "create group"),
-           H5Gclose};
+  h5::Id group(h5::check(H5Gcreate2(file, group_name, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), in(path, group_name),
+                         "create group"),
+               H5Gclose);
   for (const auto& [name, tensor] : tensors) {
     const std::string object = detail::str_cat("/", group_name, "/", name);
     RT_CHECK(!name.empty() && name.find('/') == std::string::npos, "checkpoint: tensor name '", name,
@@ -87,36 +46,41 @@ void write_group(hid_t file, const char* group_name, const NamedTensors& tensors
     RT_CHECK(tensor.defined(), "checkpoint: tensor '", name, "' is undefined");
     Tensor host = tensor.detach().to(Device::cpu());
     std::vector<hsize_t> dims(host.shape().begin(), host.shape().end());
-    Id space{dims.empty() ? H5Screate(H5S_SCALAR) : H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
-             H5Sclose};
+    const h5::Where where = in(path, object);
+    h5::Id space(h5::check(dims.empty() ? H5Screate(H5S_SCALAR)
+                                        : H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
+                           where, "create dataspace"),
+                 H5Sclose);
     auto [file_type, mem_type] = h5_types(host.dtype());
-    Id ds{check(H5Dcreate2(group, name.c_str(), file_type, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), path, object,
-                "create dataset"),
-          H5Dclose};
-    if (host.numel() > 0)
-      check(H5Dwrite(ds, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, host.data_ptr()), path, object, "write dataset");
+    h5::Id ds(h5::check(H5Dcreate2(group, name.c_str(), file_type, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), where,
+                        "create dataset"),
+              H5Dclose);
+    if (host.numel() > 0) h5::check(H5Dwrite(ds, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, host.data_ptr()), where, "write dataset");
     if (host.dtype() == DType::F16 || host.dtype() == DType::BF16)
-      string_attribute(ds, "dtype", std::string(dtype_name(host.dtype())), path);
+      h5::write_string_attribute(ds, "dtype", std::string(dtype_name(host.dtype())), where);
   }
 }
 
 DType dtype_of(hid_t ds, hid_t type, const fs::path& path, const std::string& object) {
-  if (H5Aexists(ds, "dtype") > 0) return parse_dtype(read_string_attribute(ds, "dtype", path, object));
-  const H5T_class_t cls = H5Tget_class(type);
+  const h5::Where where = in(path, object);
+  if (h5::attribute_exists(ds, "dtype", where)) return parse_dtype(h5::read_string_attribute(ds, "dtype", where));
+  const H5T_class_t cls = h5::check(H5Tget_class(type), where, "cannot read the type class");
   const size_t size = H5Tget_size(type);
+  if (size == 0) h5::fail(where, "cannot read the type size");
   if (cls == H5T_FLOAT && size == 4) return DType::F32;
   if (cls == H5T_FLOAT && size == 8) return DType::F64;
-  if (cls == H5T_INTEGER && size == 4 && H5Tget_sign(type) == H5T_SGN_2) return DType::I32;
-  if (cls == H5T_INTEGER && size == 8 && H5Tget_sign(type) == H5T_SGN_2) return DType::I64;
-  if (cls == H5T_INTEGER && size == 1 && H5Tget_sign(type) == H5T_SGN_NONE) return DType::U8;
+  const H5T_sign_t sign = cls == H5T_INTEGER ? h5::check(H5Tget_sign(type), where, "cannot read the sign") : H5T_SGN_NONE;
+  if (cls == H5T_INTEGER && size == 4 && sign == H5T_SGN_2) return DType::I32;
+  if (cls == H5T_INTEGER && size == 8 && sign == H5T_SGN_2) return DType::I64;
+  if (cls == H5T_INTEGER && size == 1 && sign == H5T_SGN_NONE) return DType::U8;
   RT_THROW("checkpoint '", path.string(), "': dataset '", object, "' has an unsupported type (class ",
            static_cast<int>(cls), ", ", size, " bytes)");
 }
 
 NamedTensors read_group(hid_t file, const char* group_name, const fs::path& path) {
-  if (H5Lexists(file, group_name, H5P_DEFAULT) <= 0)
+  if (!h5::link_exists(file, group_name, in(path)))
     RT_THROW("checkpoint '", path.string(), "' has no group '/", group_name, "'");
-  Id group{check(H5Gopen2(file, group_name, H5P_DEFAULT), path, group_name, "open group"), H5Gclose};
+  h5::Id group(h5::check(H5Gopen2(file, group_name, H5P_DEFAULT), in(path, group_name), "open group"), H5Gclose);
   std::vector<std::string> names;
   // Creation order is not tracked by default; iterate by name and rely on callers matching by name.
   // The callback must not throw through HDF5's C frames: failures are reported by return value.
@@ -131,24 +95,20 @@ NamedTensors read_group(hid_t file, const char* group_name, const fs::path& path
         }
       },
       &names);
-  check(walked, path, group_name, "cannot list the group (corrupt file?)");
+  h5::check(walked, in(path, group_name), "cannot list the group (corrupt file?)");
   NamedTensors out;
   for (const auto& name : names) {
     const std::string object = detail::str_cat("/", group_name, "/", name);
-    Id ds{check(H5Dopen2(group, name.c_str(), H5P_DEFAULT), path, object, "open dataset"), H5Dclose};
-    Id type{H5Dget_type(ds), H5Tclose};
-    Id space{H5Dget_space(ds), H5Sclose};
-    const int rank = H5Sget_simple_extent_ndims(space);
-    if (rank < 0 || rank > kMaxDims)
-      RT_THROW("checkpoint '", path.string(), "': dataset '", object, "' has rank ", rank, " (at most ", kMaxDims, ")");
-    std::vector<hsize_t> dims(static_cast<size_t>(rank));
-    H5Sget_simple_extent_dims(space, dims.data(), nullptr);
+    const h5::Where where = in(path, object);
+    h5::Id ds(h5::check(H5Dopen2(group, name.c_str(), H5P_DEFAULT), where, "open dataset"), H5Dclose);
+    h5::Id type(h5::check(H5Dget_type(ds), where, "cannot read the type"), H5Tclose);
+    const std::vector<hsize_t> dims = h5::dims(ds, where, kMaxDims);
     std::vector<int64_t> shape(dims.begin(), dims.end());
     const DType dtype = dtype_of(ds, type, path, object);
     Tensor t = Tensor::empty(Shape(std::span<const int64_t>(shape)), dtype);
     if (t.numel() > 0)
-      check(H5Dread(ds, h5_types(dtype).second, H5S_ALL, H5S_ALL, H5P_DEFAULT, t.data_ptr()), path, object,
-            "read dataset (truncated or corrupt file?)");
+      h5::check(H5Dread(ds, h5_types(dtype).second, H5S_ALL, H5S_ALL, H5P_DEFAULT, t.data_ptr()), where,
+                "read dataset (truncated or corrupt file?)");
     out.emplace_back(name, t);
   }
   return out;
@@ -172,26 +132,27 @@ void save_checkpoint(const fs::path& path, const Checkpoint& checkpoint, const S
   const fs::path tmp = dir / detail::str_cat(".", path.filename().string(), ".tmp-", ::getpid());
   try {
     {
-      std::lock_guard<std::recursive_mutex> guard(lock());
+      std::lock_guard<std::recursive_mutex> guard(h5::lock());
       detail::h5_silence_errors();
-      Id file{check(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), tmp, "", "create file"), H5Fclose};
-      string_attribute(file, "format", kFormat, tmp);
-      int_attribute(file, "format_version", kVersion, tmp);
-      string_attribute(file, "layout", "NHWC activations, KRSC filters", tmp);
+      h5::Id file(h5::check(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), in(tmp), "create file"),
+                  H5Fclose);
+      h5::write_string_attribute(file, "format", kFormat, in(tmp));
+      h5::write_int_attribute(file, "format_version", {kVersion}, in(tmp));
+      h5::write_string_attribute(file, "layout", "NHWC activations, KRSC filters", in(tmp));
       write_group(file, "model", checkpoint.model, tmp);
       write_group(file, "optimizer", checkpoint.optimizer, tmp);
-      Id meta{check(H5Gcreate2(file, "meta", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), tmp, "/meta", "create group"),
-              H5Gclose};
+      const h5::Where meta_json = in(tmp, "/meta/json");
+      h5::Id meta(h5::check(H5Gcreate2(file, "meta", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), in(tmp, "/meta"), "create group"),
+                  H5Gclose);
       // A dataset, not an attribute: attributes are limited to 64 KiB and a config can grow.
-      Id type{H5Tcopy(H5T_C_S1), H5Tclose};
-      H5Tset_size(type, std::max<size_t>(1, checkpoint.meta_json.size()));
-      Id space{H5Screate(H5S_SCALAR), H5Sclose};
-      Id json{check(H5Dcreate2(meta, "json", type, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), tmp, "/meta/json",
-                    "create dataset"),
-              H5Dclose};
-      check(H5Dwrite(json, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, checkpoint.meta_json.data()), tmp, "/meta/json",
-            "write dataset");
-      check(H5Fflush(file, H5F_SCOPE_GLOBAL), tmp, "", "flush");
+      h5::Id type(h5::check(H5Tcopy(H5T_C_S1), meta_json, "copy string type"), H5Tclose);
+      h5::check(H5Tset_size(type, std::max<size_t>(1, checkpoint.meta_json.size())), meta_json, "set string size");
+      h5::Id space(h5::check(H5Screate(H5S_SCALAR), meta_json, "create dataspace"), H5Sclose);
+      h5::Id json(h5::check(H5Dcreate2(meta, "json", type, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), meta_json,
+                            "create dataset"),
+                  H5Dclose);
+      h5::check(H5Dwrite(json, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, checkpoint.meta_json.data()), meta_json, "write dataset");
+      h5::check(H5Fflush(file, H5F_SCOPE_GLOBAL), in(tmp), "flush");
     }
     fsync_path(tmp, false);
     if (options.before_rename) options.before_rename();
@@ -205,32 +166,31 @@ void save_checkpoint(const fs::path& path, const Checkpoint& checkpoint, const S
 
 Checkpoint load_checkpoint(const fs::path& path) {
   if (!fs::exists(path)) RT_THROW("checkpoint '", path.string(), "' does not exist");
-  std::lock_guard<std::recursive_mutex> guard(lock());
+  std::lock_guard<std::recursive_mutex> guard(h5::lock());
   detail::h5_silence_errors();
   if (H5Fis_hdf5(path.c_str()) <= 0)
     RT_THROW("checkpoint '", path.string(), "' is truncated or not an HDF5 file (HDF5: ", detail::h5_error_text(), ")");
-  Id file{check(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), path, "", "cannot open"), H5Fclose};
-  const std::string format = read_string_attribute(file, "format", path, "/");
+  h5::Id file(h5::check(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), in(path), "cannot open"), H5Fclose);
+  const std::string format = h5::read_string_attribute(file, "format", in(path, "/"));
   if (format != kFormat)
     RT_THROW("checkpoint '", path.string(), "' has format '", format, "', expected '", kFormat, "'");
-  int version = 0;
-  {
-    Id attr{check(H5Aopen(file, "format_version", H5P_DEFAULT), path, "/", "missing attribute 'format_version'"),
-            H5Aclose};
-    check(H5Aread(attr, H5T_NATIVE_INT32, &version), path, "/", "read attribute 'format_version'");
-  }
-  if (version != kVersion)
-    RT_THROW("checkpoint '", path.string(), "' has format_version ", version, "; this ringtrain reads ", kVersion);
+  const std::vector<int32_t> version = h5::read_int_attribute(file, "format_version", in(path, "/"));
+  if (version.size() != 1 || version[0] != kVersion)
+    RT_THROW("checkpoint '", path.string(), "' has format_version ", version.empty() ? -1 : version[0],
+             "; this ringtrain reads ", kVersion);
   Checkpoint c;
   c.model = read_group(file, "model", path);
   c.optimizer = read_group(file, "optimizer", path);
-  if (H5Lexists(file, "meta", H5P_DEFAULT) <= 0) RT_THROW("checkpoint '", path.string(), "' has no group '/meta'");
-  Id meta{check(H5Gopen2(file, "meta", H5P_DEFAULT), path, "/meta", "open group"), H5Gclose};
-  if (H5Lexists(meta, "json", H5P_DEFAULT) <= 0) RT_THROW("checkpoint '", path.string(), "' has no dataset '/meta/json'");
-  Id json{check(H5Dopen2(meta, "json", H5P_DEFAULT), path, "/meta/json", "open dataset"), H5Dclose};
-  Id type{H5Dget_type(json), H5Tclose};
+  if (!h5::link_exists(file, "meta", in(path))) RT_THROW("checkpoint '", path.string(), "' has no group '/meta'");
+  h5::Id meta(h5::check(H5Gopen2(file, "meta", H5P_DEFAULT), in(path, "/meta"), "open group"), H5Gclose);
+  const h5::Where meta_json = in(path, "/meta/json");
+  if (!h5::link_exists(meta, "json", meta_json)) RT_THROW("checkpoint '", path.string(), "' has no dataset '/meta/json'");
+  h5::Id json(h5::check(H5Dopen2(meta, "json", H5P_DEFAULT), meta_json, "open dataset"), H5Dclose);
+  h5::Id type(h5::check(H5Dget_type(json), meta_json, "cannot read the type"), H5Tclose);
+  if (h5::check(H5Tget_class(type), meta_json, "cannot read the type class") != H5T_STRING || H5Tget_size(type) == 0)
+    RT_THROW("checkpoint '", path.string(), "': dataset '/meta/json' is not a fixed-length string");
   std::string text(H5Tget_size(type), '\0');
-  check(H5Dread(json, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, text.data()), path, "/meta/json", "read dataset");
+  h5::check(H5Dread(json, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, text.data()), meta_json, "read dataset");
   text.erase(std::find(text.begin(), text.end(), '\0'), text.end());
   c.meta_json = text;
   return c;

@@ -1,7 +1,8 @@
 // data/shards.h: the HDF5 shard format (docs/DATA_FORMAT.md): ShardWriter writes a split as shard
 // files plus manifest.json and validates what it wrote; ShardDataset opens a split, validates every
 // shard against the manifest, and reads records by global index. All HDF5 calls in the process go
-// through one lock (hdf5_mutex()): the serial HDF5 library is not thread-safe.
+// through one lock (hdf5_mutex()): the serial HDF5 library is not thread-safe. Sources: manifest.cpp
+// (names, checksums, manifest.json), shard_writer.cpp and shard_dataset.cpp; HDF5 helpers: core/hdf5.h.
 #pragma once
 
 #include <cstdint>
