@@ -166,6 +166,7 @@ std::string check_output_file(const std::string& flag, const std::string& path) 
 Trainer::Trainer(comm::World& world, TrainerOptions options)
     : world_(world), options_(std::move(options)), watchdog_(world, options_.timeout) {
   validate(options_);
+  FaultInjection::from_env();  // a malformed RINGTRAIN_INJECT is refused before any work
   Device want = Device::cpu();
   if (options_.device == DeviceChoice::Cuda || (options_.device == DeviceChoice::Auto && cuda_available()))
     want = Device::cuda(0);
@@ -701,8 +702,11 @@ TrainResult Run::summarize() {
 }  // namespace
 
 TrainResult Trainer::fit(Module& model, DataSource& data, const StepFn& step_fn) {
+  watchdog_.phase("startup", 0);
   Run run(world_, options_, device_, threads_, watchdog_, model, data, step_fn);
-  return run.run();
+  TrainResult result = run.run();
+  watchdog_.pause();  // the caller's work after the run is not a stuck phase
+  return result;
 }
 
 }  // namespace ringtrain::runtime

@@ -28,7 +28,10 @@ void Watchdog::phase(const char* name, int64_t step) {
   step_.store(step);
   since_.store(Clock::now().time_since_epoch().count());
   generation_.fetch_add(1);
+  paused_.store(false);
 }
+
+void Watchdog::pause() { paused_.store(true); }
 
 std::string Watchdog::report(double seconds) const {
   const char* phase = phase_.load();
@@ -49,7 +52,7 @@ void Watchdog::run() {
     const uint64_t generation = generation_.load();
     const auto since = Clock::time_point(Clock::duration(since_.load()));
     const double stuck = std::chrono::duration<double>(Clock::now() - since).count();
-    if (stuck > timeout_s_ && !stop_ && generation != reported) {
+    if (stuck > timeout_s_ && !stop_ && !paused_.load() && generation != reported) {
       reported = generation;
       on_stuck_(report(stuck));
     }

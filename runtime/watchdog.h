@@ -28,6 +28,8 @@ class Watchdog {
   // Enters a phase (restarting the clock). `name` must outlive the watchdog (a string literal). A name
   // containing "waiting" marks a phase that waits for other ranks: if it times out, another rank is behind.
   void phase(const char* name, int64_t step);
+  // Stops the clock until the next phase() (between runs: nothing is being waited for).
+  void pause();
   const char* current_phase() const { return phase_.load(); }
   int64_t current_step() const { return step_.load(); }
   double timeout_s() const { return timeout_s_; }
@@ -45,6 +47,7 @@ class Watchdog {
   std::atomic<int64_t> step_{0};
   std::atomic<Clock::rep> since_{Clock::now().time_since_epoch().count()};
   std::atomic<uint64_t> generation_{0};  // phase entries so far
+  std::atomic<bool> paused_{false};
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };

@@ -68,6 +68,19 @@ TEST(Watchdog, PhasesThatKeepMovingNeverFireAndANewEntryRearms) {
   EXPECT_NE(got[1].find("step 12 stuck in optimizer"), std::string::npos) << got[1];
 }
 
+TEST(Watchdog, APausedClockDoesNotFireUntilTheNextPhase) {
+  Reports r;
+  Watchdog dog(comm::World::init(), 0.2, r.handler());
+  dog.phase("forward", 1);
+  dog.pause();
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  EXPECT_TRUE(r.get().empty());
+  dog.phase("backward", 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  ASSERT_EQ(r.get().size(), 1u);
+  EXPECT_NE(r.get()[0].find("stuck in backward"), std::string::npos);
+}
+
 TEST(Watchdog, TimeoutZeroIsOff) {
   Reports r;
   Watchdog dog(comm::World::init(), 0, r.handler());
