@@ -116,11 +116,9 @@ void HostCommunicator::loop() {
       if (queue_.empty()) break;  // stopping and drained
       task = std::move(queue_.front());
       queue_.pop_front();
-      running_ = true;
     }
     task.run();  // never throws: errors go into the task's Work
     std::lock_guard<std::mutex> lock(mutex_);
-    running_ = false;
     if (cancelled_) {
       // Cancelled mid-operation: MPI may still read or write the task's tensors and this object's buffers,
       // so neither is ever freed (the process is on its way to MPI_Abort).

@@ -81,7 +81,6 @@ class HostCommunicator : public Communicator {
   std::condition_variable cv_, exited_cv_;
   std::deque<Task> queue_;
   bool stopping_ = false;
-  bool running_ = false;    // a task is on the thread (guarded by mutex_)
   bool exited_ = false;     // the thread left its loop (guarded by mutex_)
   bool abandoned_ = false;  // an operation was cancelled mid-way: MPI may still use its buffers
   bool closed_ = false;
