@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <set>
 
 #include "core/check.h"
 #include "data/shard_format.h"
@@ -69,27 +70,77 @@ json split_to_json(const SplitInfo& s) {
           {"shards", shards}};
 }
 
+namespace {
+
+// Typed reads of a split's manifest entry; errors name the key ("shards[2].records") and what is wrong.
+struct Entry {
+  const json& j;
+  std::string where;  // "shards[2]." for nested entries
+
+  const json& at(const char* key) const {
+    if (!j.is_object() || !j.contains(key)) RT_THROW("key '", where, key, "' is missing");
+    return j.at(key);
+  }
+  int64_t integer(const char* key, int64_t min, int64_t max) const { return checked(at(key), key, min, max); }
+  int64_t checked(const json& v, const std::string& key, int64_t min, int64_t max) const {
+    if (!v.is_number_integer())
+      RT_THROW("key '", where, key, "' must be a whole number, got ", v.dump());
+    const int64_t x = v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(max) ? max + 1 : v.get<int64_t>();
+    if (x < min || x > max) RT_THROW("key '", where, key, "' must be from ", min, " to ", max, ", got ", v.dump());
+    return x;
+  }
+  std::string text(const char* key) const {
+    const json& v = at(key);
+    if (!v.is_string()) RT_THROW("key '", where, key, "' must be a string, got ", v.dump());
+    return v.get<std::string>();
+  }
+};
+
+constexpr int64_t kMaxRecords = int64_t{1} << 40;
+
+}  // namespace
+
 SplitInfo split_from_json(const std::string& name, const json& j, const fs::path& manifest) {
   try {
+    const Entry e{j, ""};
     SplitInfo s;
     s.split = name;
-    s.records = j.at("records").get<int64_t>();
-    auto shape = j.at("image_shape").get<std::vector<int64_t>>();
-    if (shape.size() != 3) RT_THROW("image_shape must have 3 entries (H, W, C)");
-    s.height = shape[0];
-    s.width = shape[1];
-    s.channels = shape[2];
+    s.records = e.integer("records", 0, kMaxRecords);
+    const json& shape = e.at("image_shape");
+    if (!shape.is_array() || shape.size() != 3) RT_THROW("key 'image_shape' must be [H, W, C], got ", shape.dump());
+    s.height = e.checked(shape[0], "image_shape[0]", 1, 1 << 16);
+    s.width = e.checked(shape[1], "image_shape[1]", 1, 1 << 16);
+    s.channels = e.checked(shape[2], "image_shape[2]", 1, 4096);
+    if (s.record_bytes() > (int64_t{1} << 30)) RT_THROW("key 'image_shape' ", shape.dump(), " is over 1 GiB per image");
     s.encoded = j.value("encoded", false);
-    s.num_classes = j.at("num_classes").get<int>();
+    s.num_classes = static_cast<int>(e.integer("num_classes", 1, 1 << 24));
     s.classes = j.value("classes", std::vector<std::string>{});
+    if (!s.classes.empty() && static_cast<int>(s.classes.size()) != s.num_classes)
+      RT_THROW("key 'classes' has ", s.classes.size(), " names for num_classes ", s.num_classes);
     s.mean = j.value("mean", std::vector<float>{});
     s.std = j.value("std", std::vector<float>{});
+    for (const auto* v : {&s.mean, &s.std})
+      if (!v->empty() && static_cast<int64_t>(v->size()) != s.channels)
+        RT_THROW("key '", v == &s.mean ? "mean" : "std", "' has ", v->size(), " entries for ", s.channels, " channels");
     s.source = j.value("source", std::string());
-    for (const auto& sh : j.at("shards")) {
+    const json& shards = e.at("shards");
+    if (!shards.is_array() || shards.empty()) RT_THROW("key 'shards' must be a non-empty list, got ", shards.dump());
+    std::set<std::string> seen;
+    for (size_t i = 0; i < shards.size(); ++i) {
+      const Entry sh{shards[i], detail::str_cat("shards[", i, "].")};
       ShardInfo info;
-      info.file = sh.at("file").get<std::string>();
-      info.records = sh.at("records").get<int64_t>();
-      info.crc32 = static_cast<uint32_t>(std::stoul(sh.at("crc32").get<std::string>(), nullptr, 16));
+      info.file = sh.text("file");
+      // A plain file name of this split: never a path out of the dataset folder (or into another split).
+      if (!is_shard_file_of(info.file, name))
+        RT_THROW("key 'shards[", i, "].file' is '", info.file, "', not a shard file of split '", name,
+                 "' in the dataset folder (", shard_file_name(name, static_cast<int>(i), static_cast<int>(shards.size())),
+                 " and the like)");
+      if (!seen.insert(info.file).second) RT_THROW("shard '", info.file, "' is listed twice (shards[", i, "])");
+      info.records = sh.integer("records", 0, kMaxRecords);
+      const std::string crc = sh.text("crc32");
+      if (crc.size() != 8 || crc.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos)
+        RT_THROW("key 'shards[", i, "].crc32' must be 8 hex digits, got '", crc, "'");
+      info.crc32 = static_cast<uint32_t>(std::stoul(crc, nullptr, 16));
       s.shards.push_back(info);
     }
     return s;

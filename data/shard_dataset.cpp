@@ -71,8 +71,9 @@ namespace {
 
 // Validates one shard file against the manifest entry; throws naming file and object. Appends the shard's
 // labels to `all_labels`.
-void validate_shard(const fs::path& path, const SplitInfo& info, const ShardInfo& shard, bool check_labels,
+void validate_shard(const fs::path& path, const SplitInfo& info, size_t index, bool check_labels,
                     std::vector<int32_t>& all_labels) {
+  const ShardInfo& shard = info.shards[index];
   detail::h5_silence_errors();
   if (H5Fis_hdf5(path.c_str()) <= 0)
     RT_THROW("shard '", path.string(), "' is truncated or not an HDF5 file (HDF5: ", detail::h5_error_text(), ")");
@@ -88,6 +89,19 @@ void validate_shard(const fs::path& path, const SplitInfo& info, const ShardInfo
   if (classes.size() != 1 || classes[0] != info.num_classes)
     RT_THROW("shard '", path.string(), "': num_classes ", classes.empty() ? -1 : classes[0],
              " disagrees with the manifest's ", info.num_classes);
+  // The shard's own idea of where it belongs must match the manifest's (a file copied between datasets or
+  // renamed would otherwise read as part of the wrong split).
+  const std::string split = h5::read_string_attribute(file, "split", at);
+  if (split != info.split)
+    RT_THROW("shard '", path.string(), "': attribute 'split' is '", split, "' but the manifest lists it in split '",
+             info.split, "'");
+  const auto shard_index = h5::read_int_attribute(file, "shard_index", at);
+  const auto num_shards = h5::read_int_attribute(file, "num_shards", at);
+  if (shard_index.size() != 1 || num_shards.size() != 1 || shard_index[0] != static_cast<int64_t>(index) ||
+      num_shards[0] != static_cast<int64_t>(info.shards.size()))
+    RT_THROW("shard '", path.string(), "': attributes say shard ", shard_index.empty() ? -1 : shard_index[0], " of ",
+             num_shards.empty() ? -1 : num_shards[0], " but the manifest lists it as shard ", index, " of ",
+             info.shards.size());
 
   const char* image_name = info.encoded ? "jpeg" : "images";
   const std::string image_object = std::string("/") + image_name;
@@ -155,10 +169,13 @@ ShardDataset ShardDataset::open(const fs::path& dir, const std::string& split, O
   ShardDataset ds;
   ds.info_ = format::split_from_json(split, manifest["splits"][split], manifest_path);
   const SplitInfo& info = ds.info_;
+  if (info.records == 0 && !options.allow_empty)
+    RT_THROW("manifest '", manifest_path.string(), "': split '", split, "' has no records");
   int64_t total = 0;
   std::set<std::string> listed;
   std::vector<int32_t> labels;
-  for (const auto& shard : info.shards) {
+  for (size_t i = 0; i < info.shards.size(); ++i) {
+    const ShardInfo& shard = info.shards[i];
     listed.insert(shard.file);
     const fs::path path = dir / shard.file;
     if (!fs::exists(path)) RT_THROW("shard '", path.string(), "' listed in '", manifest_path.string(), "' is missing");
@@ -168,7 +185,7 @@ ShardDataset ShardDataset::open(const fs::path& dir, const std::string& split, O
         RT_THROW("shard '", path.string(), "' is corrupt: CRC-32 ", format::hex32(crc), " but the manifest says ",
                  format::hex32(shard.crc32));
     }
-    validate_shard(path, info, shard, options.check_labels, labels);
+    validate_shard(path, info, i, options.check_labels, labels);
     total += shard.records;
   }
   if (total != info.records)

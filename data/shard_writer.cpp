@@ -306,7 +306,7 @@ SplitInfo ShardWriter::finish() {
 
   format::write_manifest_split(o.dir, o.source, info);
   m.finished = true;
-  ShardDataset::open(o.dir, o.split);  // validates what we wrote
+  ShardDataset::open(o.dir, o.split, {.allow_empty = true});  // validates what we wrote
   return info;
 }
 

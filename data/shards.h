@@ -85,6 +85,7 @@ class ShardDataset {
   struct OpenOptions {
     bool verify_checksums = true;
     bool check_labels = true;  // read every label and check the range
+    bool allow_empty = false;  // a split of 0 records is an error unless allowed
   };
   static ShardDataset open(const std::filesystem::path& dir, const std::string& split, OpenOptions options);
   static ShardDataset open(const std::filesystem::path& dir, const std::string& split) {

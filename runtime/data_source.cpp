@@ -15,12 +15,18 @@ class ShardSource final : public DataSource {
   ShardSource(const std::string& dir, const ShardSourceOptions& o) {
     RT_CHECK(std::filesystem::is_directory(dir), "--data: dataset folder '", dir, "' does not exist");
     train_.emplace(data::ShardDataset::open(dir, "train"));
-    bool has_test = false;
-    for (const auto& split : data::read_manifest(dir)) has_test |= split.split == "test";
-    if (has_test) test_.emplace(data::ShardDataset::open(dir, "test"));
     const data::SplitInfo& split = train_->info();
     const data::Transform transform = o.choose_transform ? o.choose_transform(split) : o.train_transform;
     const auto shape = data::transformed_shape(split, transform);
+    for (const auto& s : data::read_manifest(dir)) {
+      if (s.split != "test") continue;
+      if (s.records == 0) {
+        warnings_.push_back(detail::str_cat("--data '", dir, "': the test split has no records; evaluation is skipped"));
+        break;
+      }
+      test_.emplace(data::ShardDataset::open(dir, "test"));
+      check_test_fits(dir, test_->info(), split, transform);
+    }
     info_ = {shape[0], shape[1], shape[2], split.num_classes, train_->size(), test_ ? test_->size() : 0,
              train_->chunk_records()};
     data::LoaderOptions lo;
@@ -41,6 +47,7 @@ class ShardSource final : public DataSource {
   std::optional<data::Batch> next() override { return train_loader_->next(); }
   data::SamplerState position() const override { return train_loader_->position(); }
   data::Loader* test_loader() override { return test_loader_.get(); }
+  std::vector<std::string> warnings() const override { return warnings_; }
   void stop() override {
     if (train_loader_) train_loader_->stop();
     if (test_loader_) test_loader_->stop();
@@ -51,6 +58,21 @@ class ShardSource final : public DataSource {
   std::optional<data::ShardDataset> train_, test_;
   std::unique_ptr<data::Loader> train_loader_, test_loader_;
   DataInfo info_;
+  std::vector<std::string> warnings_;
+
+  // The model sees test images through the deterministic version of the training transform: the same
+  // classes and the same image shape are needed, or evaluation would fail (or lie) after an epoch.
+  static void check_test_fits(const std::string& dir, const data::SplitInfo& test, const data::SplitInfo& train,
+                              data::Transform transform) {
+    RT_CHECK(test.num_classes == train.num_classes, "--data '", dir, "': the test split has ", test.num_classes,
+             " classes but the train split (and so the model) has ", train.num_classes);
+    const auto a = data::transformed_shape(train, transform);
+    transform.train = false;
+    const auto b = data::transformed_shape(test, transform);
+    RT_CHECK(a == b, "--data '", dir, "': the test split's images are ", test.height, "x", test.width, "x",
+             test.channels, " (", b[0], "x", b[1], "x", b[2], " after the transforms) but the train split's are ",
+             train.height, "x", train.width, "x", train.channels, " (", a[0], "x", a[1], "x", a[2], ")");
+  }
 };
 
 class SyntheticSource final : public DataSource {

@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "core/device.h"
 #include "data/loader.h"
@@ -39,6 +40,9 @@ class DataSource {
   virtual data::Loader* test_loader() { return nullptr; }
   // Joins any worker threads (idempotent; also done by the destructor).
   virtual void stop() {}
+  // What the user should know but that does not stop the run (e.g. an empty test split skipped); the
+  // Trainer prints them on rank 0 when the run starts.
+  virtual std::vector<std::string> warnings() const { return {}; }
 };
 
 struct ShardSourceOptions {
@@ -50,7 +54,9 @@ struct ShardSourceOptions {
   Device device = Device::cpu();    // batches are delivered here
 };
 // Opens `dir`'s train split and, when the manifest has one, its test split, validating every shard.
-// Errors name the flag, the folder, the file and the field.
+// The test split must fit the train split (same classes, and images of the same shape after the
+// transforms); an empty test split is skipped with a warning. Errors name the flag, the folder, the file
+// and the field.
 std::unique_ptr<DataSource> open_shards(const std::string& dir, const ShardSourceOptions& options);
 
 struct SyntheticOptions {

@@ -13,6 +13,8 @@ namespace ringtrain::runtime {
 EvalResult evaluate(Module& model, data::Loader& test_loader, int64_t test_size, const comm::World& world,
                     const EvalOptions& options) {
   RT_CHECK(options.batch > 0, "evaluate: batch must be positive, got ", options.batch);
+  // Scoring nothing would report 0% as if it were a result.
+  RT_CHECK(test_size > 0, "evaluate: the test split is empty (skip the evaluation instead)");
   model.eval();
   struct TrainAgain {  // also when a forward throws
     Module& m;

@@ -406,6 +406,8 @@ void Run::connect() {
 }
 
 void Run::announce() {
+  if (root_)
+    for (const auto& w : data_.warnings()) std::fprintf(stderr, "%s: warning: %s\n", o_.program.c_str(), w.c_str());
   if (root_) {
     std::printf("%s: %s on %s, %d rank(s) on %d node(s), %s backend, batch %lld/rank x %lld accum = %lld global, "
                 "%lld steps/epoch, %lld steps, lr %.4g (%s)%s\n",

@@ -8,6 +8,7 @@
 
 #include "core/check.h"
 #include "data/shards.h"
+#include "test_util.h"
 
 namespace ringtrain::data {
 namespace {
@@ -124,7 +125,10 @@ TEST_F(Shards, MoreShardsThanRecordsAndEmptySplit) {
   write("train", 4, 2);
   EXPECT_EQ(ShardDataset::open(dir_, "train").size(), 2);
   write("empty", 2, 0);
-  EXPECT_EQ(ShardDataset::open(dir_, "empty").size(), 0);
+  // Training on (or evaluating) nothing is refused when the split is opened, naming it, unless allowed.
+  const std::string e = testing::error_of([&] { ShardDataset::open(dir_, "empty"); });
+  EXPECT_NE(e.find("split 'empty' has no records"), std::string::npos) << e;
+  EXPECT_EQ(ShardDataset::open(dir_, "empty", {.allow_empty = true}).size(), 0);
 }
 
 TEST_F(Shards, WriterRejectsBadInputAndCleansUp) {
@@ -272,6 +276,68 @@ TEST_F(Shards, ManifestThatDisagreesWithTheFiles) {
   m["format_version"] = 99;
   std::ofstream(dir_ / "manifest.json") << m.dump(2);
   EXPECT_NE(open_error().find("format_version 99"), std::string::npos);
+}
+
+// Each bad manifest entry is refused when the split is opened, naming the manifest, the split and the key.
+TEST_F(Shards, ManifestEntriesAreCheckedNamingTheKey) {
+  auto edited = [&](const std::function<void(nlohmann::json&)>& edit) {
+    write();
+    nlohmann::json m = nlohmann::json::parse(std::ifstream(dir_ / "manifest.json"));
+    edit(m["splits"]["train"]);
+    std::ofstream(dir_ / "manifest.json") << m.dump(2);
+    return open_error();
+  };
+  auto expect = [](const std::string& e, const std::string& part) {
+    EXPECT_NE(e.find(part), std::string::npos) << e;
+    EXPECT_NE(e.find("split 'train'"), std::string::npos) << e;
+  };
+  expect(edited([](auto& s) { s["shards"][2] = s["shards"][0]; }),
+         "shard 'train-00000-of-00003.h5' is listed twice (shards[2])");
+  expect(edited([](auto& s) { s["shards"][1]["file"] = "../elsewhere/train-00001-of-00003.h5"; }),
+         "key 'shards[1].file' is '../elsewhere/train-00001-of-00003.h5', not a shard file of split 'train'");
+  expect(edited([](auto& s) { s["shards"][1]["file"] = "/tmp/train-00001-of-00003.h5"; }), "not a shard file");
+  expect(edited([](auto& s) { s["shards"][1]["file"] = "test-00001-of-00003.h5"; }), "not a shard file of split 'train'");
+  expect(edited([](auto& s) { s["records"] = 10.5; }), "key 'records' must be a whole number, got 10.5");
+  expect(edited([](auto& s) { s["shards"][0]["records"] = -3; }), "key 'shards[0].records' must be from 0 to");
+  expect(edited([](auto& s) { s["records"] = 1e300; }), "key 'records' must be a whole number");
+  expect(edited([](auto& s) { s["num_classes"] = "3"; }), "key 'num_classes' must be a whole number");
+  expect(edited([](auto& s) { s["image_shape"] = {4, 3}; }), "key 'image_shape' must be [H, W, C]");
+  expect(edited([](auto& s) { s["image_shape"][1] = 0; }), "key 'image_shape[1]' must be from 1");
+  expect(edited([](auto& s) { s["shards"][0]["crc32"] = "xyz"; }), "key 'shards[0].crc32' must be 8 hex digits");
+  expect(edited([](auto& s) { s["shards"] = nlohmann::json::array(); }), "key 'shards' must be a non-empty list");
+  expect(edited([](auto& s) { s.erase("num_classes"); }), "key 'num_classes' is missing");
+}
+
+// A shard's own attributes must agree with where the manifest puts it (a file copied between datasets or
+// renamed); the checksum is fixed up so that only the attribute is wrong.
+TEST_F(Shards, AShardWhoseAttributesDisagreeWithTheManifestIsRefused) {
+  auto set_int = [](hid_t f, const char* name, int32_t v) {
+    hid_t a = H5Aopen(f, name, H5P_DEFAULT);
+    H5Awrite(a, H5T_NATIVE_INT32, &v);
+    H5Aclose(a);
+  };
+  write();
+  tamper("train-00001-of-00003.h5", [&](hid_t f) { set_int(f, "shard_index", 2); });
+  std::string e = open_error();
+  EXPECT_NE(e.find("train-00001-of-00003.h5': attributes say shard 2 of 3 but the manifest lists it as shard 1 of 3"),
+            std::string::npos) << e;
+  write();
+  tamper("train-00002-of-00003.h5", [&](hid_t f) { set_int(f, "num_shards", 4); });
+  EXPECT_NE(open_error().find("shard 2 of 4 but the manifest lists it as shard 2 of 3"), std::string::npos);
+  write();
+  tamper("train-00000-of-00003.h5", [](hid_t f) {
+    H5Adelete(f, "split");
+    hid_t type = H5Tcopy(H5T_C_S1);
+    H5Tset_size(type, 4);
+    hid_t space = H5Screate(H5S_SCALAR);
+    hid_t a = H5Acreate2(f, "split", type, space, H5P_DEFAULT, H5P_DEFAULT);
+    H5Awrite(a, type, "test");
+    H5Aclose(a);
+    H5Sclose(space);
+    H5Tclose(type);
+  });
+  e = open_error();
+  EXPECT_NE(e.find("attribute 'split' is 'test' but the manifest lists it in split 'train'"), std::string::npos) << e;
 }
 
 TEST_F(Shards, RewritingWithFewerShardsRemovesStaleFiles) {
