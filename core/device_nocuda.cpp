@@ -1,5 +1,5 @@
 // core/device_nocuda.cpp: the build-without-CUDA counterpart of core/cuda/device.cpp and
-// core/cuda/kernels.cu. CPU requests work as usual; every CUDA request fails with one error that says
+// core/cuda/table.cpp. CPU requests work as usual; every CUDA request fails with one error that says
 // why (never a silent CPU fallback). CMake compiles this file instead of the CUDA sources.
 #include <string>
 

@@ -1,7 +1,8 @@
 // core/kernels.h: the seam between the op dispatcher (core/ops.cpp) and the device implementations.
-// One table of kernels per device type: core/cpu/kernels.cpp fills the CPU table, core/cuda/kernels.cu
-// the CUDA table (only compiled with CUDA). A null entry is a missing kernel: the dispatcher reports it
-// naming the op and device, never falling back silently to another device.
+// One table of kernels per device type: core/cpu/table.cpp builds the CPU table, core/cuda/table.cpp the
+// CUDA table (only compiled with CUDA), each from one file per op family. A null entry is a missing
+// kernel: the dispatcher reports it naming the op and device, never falling back silently to another
+// device.
 //
 // Contract for every kernel: all tensors are contiguous and on the table's device; the dispatcher has
 // already checked shapes and dtypes and allocated outputs; kernels run on the current stream (CUDA) or

@@ -181,10 +181,6 @@ void check_dtype(const Tensor& t, const char* op) {
   RT_THROW("op '", op, "' has no CPU kernel for dtype ", dtype_name(t.dtype()));
 }
 
-}  // namespace
-
-void set_onednn_threads(int n) { omp_set_num_threads(n); }
-
 void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor* bias, const ConvGeometry& g, Tensor& y) {
   check_dtype(x, "conv2d");
   if (x.dtype() == DType::F64) return reference_forward(x, w, bias, g, y);
@@ -242,6 +238,16 @@ void conv2d_backward_weights(const Tensor& x, const Tensor& dy, const ConvGeomet
   back_to_user(produced_dw, user_dw);
   if (dw32.data_ptr() != dw.data_ptr()) dw.copy_(dw32);
   if (dbias && db32.data_ptr() != dbias->data_ptr()) dbias->copy_(db32);
+}
+
+}  // namespace
+
+void set_onednn_threads(int n) { omp_set_num_threads(n); }
+
+void register_conv_kernels(KernelTable& t) {
+  t.conv2d_forward = &conv2d_forward;
+  t.conv2d_backward_data = &conv2d_backward_data;
+  t.conv2d_backward_weights = &conv2d_backward_weights;
 }
 
 }  // namespace ringtrain::cpu

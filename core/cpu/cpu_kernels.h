@@ -1,32 +1,75 @@
-// core/cpu/cpu_kernels.h (internal): CPU kernels defined outside core/cpu/kernels.cpp, gathered into the
-// CPU kernel table there.
+// core/cpu/cpu_kernels.h (internal, core/cpu/ and core/parallel.cpp only): what the CPU kernel files share.
+// Each op family file (same base names as core/cuda/) fills its own KernelTable entries through a
+// register_*_kernels function that cpu_kernels() (core/cpu/table.cpp) calls; the header also declares
+// the few kernels one family calls in another, and holds the dtype dispatch, the parallel grain and the
+// multiversioning marker the families share. Kernel functions are named after their KernelTable entry
+// and live in ringtrain::cpu (the CUDA ones in ringtrain::cuda).
 #pragma once
 
+#include <cstdint>
+
+#include "core/check.h"
+#include "core/dtype.h"
 #include "core/kernels.h"
 
 namespace ringtrain::cpu {
 
-// core/cpu/conv.cpp: oneDNN for f32 (16-bit types through f32), direct loops for f64.
-void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor* bias, const ConvGeometry& g, Tensor& y);
-void conv2d_backward_data(const Tensor& dy, const Tensor& w, const ConvGeometry& g, Tensor& dx);
-void conv2d_backward_weights(const Tensor& x, const Tensor& dy, const ConvGeometry& g, Tensor& dw, Tensor* dbias);
+// Explicit registration (a registry filled by static initializers would vanish from a static library).
+void register_elementwise_kernels(KernelTable& t);  // elementwise.cpp: fill, convert, unary, binary, scalar
+void register_random_kernels(KernelTable& t);       // random.cpp: uniform, normal, dropout
+void register_reduce_kernels(KernelTable& t);       // reduce.cpp: sum / max over [outer, n, inner]
+void register_gemm_kernels(KernelTable& t);         // gemm.cpp: OpenBLAS, 16-bit types through f32
+void register_softmax_kernels(KernelTable& t);      // softmax.cpp: (log-)softmax, cross-entropy, backward
+void register_conv_kernels(KernelTable& t);         // conv.cpp: oneDNN for f32, direct loops for f64
+void register_norm_pool_kernels(KernelTable& t);    // norm_pool.cpp: batch norm, max / average pooling
+void register_optim_kernels(KernelTable& t);        // optim.cpp: fused SGD, AdamW, loss-scale unscaling
 
-// Sets oneDNN's (OpenMP) thread count; called by set_num_threads.
+// core/cpu/elementwise.cpp, also called by the GEMM (empty inner dimension, 16-bit conversions).
+// Signatures and semantics are the KernelTable's.
+void fill(Tensor& out, double value);
+void convert(const Tensor& src, Tensor& dst);
+void scalar(ScalarOp op, const Tensor& x, double s, Tensor& out);
+
+// core/cpu/conv.cpp: sets oneDNN's (OpenMP) thread count; called by set_num_threads.
 void set_onednn_threads(int n);
 
-}  // namespace ringtrain::cpu
+// ---------------------------------------------------------------------------------------------------
+// Shared by the family files
 
-namespace ringtrain::cpu {
+inline constexpr int64_t kGrain = 1 << 14;  // elements per task for cheap elementwise work
 
-// core/cpu/norm_pool.cpp
-void batch_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
-                        const Tensor& running_var, bool training, double eps, bool relu, const Tensor* residual, Tensor& y, Tensor& save_mean,
-                        Tensor& save_invstd);
-void batch_norm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& save_mean,
-                         const Tensor& save_invstd, bool training, Tensor& dx, Tensor& dgamma, Tensor& dbeta);
-void max_pool2d_forward(const Tensor& x, const ConvGeometry& g, Tensor& y, Tensor& argmax);
-void max_pool2d_backward(const Tensor& dy, const Tensor& argmax, const ConvGeometry& g, Tensor& dx);
-void avg_pool2d_forward(const Tensor& x, const ConvGeometry& g, Tensor& y);
-void avg_pool2d_backward(const Tensor& dy, const ConvGeometry& g, Tensor& dx);
+template <typename T>
+struct TypeTag {
+  using type = T;
+};
+
+// Calls fn(TypeTag<storage type>) for the tensor's dtype.
+template <typename Fn>
+void visit_dtype(DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::F32: fn(TypeTag<float>{}); return;
+    case DType::F64: fn(TypeTag<double>{}); return;
+    case DType::F16: fn(TypeTag<Half>{}); return;
+    case DType::BF16: fn(TypeTag<BFloat16>{}); return;
+    case DType::I32: fn(TypeTag<int32_t>{}); return;
+    case DType::I64: fn(TypeTag<int64_t>{}); return;
+    case DType::U8: fn(TypeTag<uint8_t>{}); return;
+  }
+  RT_THROW("unknown dtype");
+}
+
+template <typename Fn>
+void visit_floating(DType dtype, const char* op, Fn&& fn) {
+  switch (dtype) {
+    case DType::F32: fn(TypeTag<float>{}); return;
+    case DType::F64: fn(TypeTag<double>{}); return;
+    case DType::F16: fn(TypeTag<Half>{}); return;
+    case DType::BF16: fn(TypeTag<BFloat16>{}); return;
+    default: RT_THROW("op '", op, "' has no CPU kernel for dtype ", dtype_name(dtype));
+  }
+}
+
+// Vectorized f32 hot loops: one binary per ISA, picked at load time.
+#define RT_MULTIVERSION __attribute__((target_clones("avx512f", "avx2", "default")))
 
 }  // namespace ringtrain::cpu

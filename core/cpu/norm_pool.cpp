@@ -51,8 +51,6 @@ std::vector<double> channel_sums(int64_t rows, int64_t channels, F&& f) {
   return total;
 }
 
-}  // namespace
-
 void batch_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
                         const Tensor& running_var, bool training, double eps, bool relu, const Tensor* residual, Tensor& y, Tensor& save_mean,
                         Tensor& save_invstd) {
@@ -268,6 +266,17 @@ void avg_pool2d_backward(const Tensor& dy, const ConvGeometry& g, Tensor& dx) {
       }
     });
   });
+}
+
+}  // namespace
+
+void register_norm_pool_kernels(KernelTable& t) {
+  t.batch_norm_forward = &batch_norm_forward;
+  t.batch_norm_backward = &batch_norm_backward;
+  t.max_pool2d_forward = &max_pool2d_forward;
+  t.max_pool2d_backward = &max_pool2d_backward;
+  t.avg_pool2d_forward = &avg_pool2d_forward;
+  t.avg_pool2d_backward = &avg_pool2d_backward;
 }
 
 }  // namespace ringtrain::cpu

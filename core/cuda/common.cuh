@@ -1,5 +1,5 @@
-// core/cuda/common.cuh (internal, CUDA sources only): launch helpers, dtype dispatch and device math
-// shared by the CUDA kernel files (core/cuda/kernels.cu, core/cuda/norm_pool.cu).
+// core/cuda/common.cuh (internal, CUDA sources only): launch helpers, dtype dispatch, device math and the
+// fill kernel shared by the CUDA kernel files (core/cuda/<family>.cu).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -55,6 +55,13 @@ class DeviceScope {
 #define RT_GRID_STRIDE(i, n)                                                                    \
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n);        \
        i += static_cast<int64_t>(blockDim.x) * gridDim.x)
+
+// out[i] = value: the fill op (core/cuda/elementwise.cu), and cross_entropy's bad-row flag
+// (core/cuda/softmax.cu), which needs an exact i64 that the fill op's double value cannot carry.
+template <typename S>
+__global__ void fill_kernel(S* out /* (n) */, S value, int64_t n) {
+  RT_GRID_STRIDE(i, n) out[i] = value;
+}
 
 // ---------------------------------------------------------------------------------------------------
 // Types: storage type S, compute type compute_t<S> (core/dtype.h).

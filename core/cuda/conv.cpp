@@ -210,8 +210,6 @@ Choice choose(Pass pass, const Tensor& any, const ConvGeometry& g, FindFn find, 
 
 constexpr int kMaxAlgos = 16;
 
-}  // namespace
-
 void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor* bias, const ConvGeometry& g, Tensor& y) {
   DeviceGuard guard(x.device().index);
   Descriptors d(g, x.dtype(), "conv2d");
@@ -296,6 +294,14 @@ void conv2d_backward_weights(const Tensor& x, const Tensor& dy, const ConvGeomet
                                              static_cast<cudnnConvolutionBwdFilterAlgo_t>(c.algo), ws.data_ptr(),
                                              c.workspace, d.zero(), d.w, dw.data_ptr()));
   if (dbias) CUDNN_CHECK(cudnnConvolutionBackwardBias(h, d.one(), d.y, dy.data_ptr(), d.zero(), d.bias, dbias->data_ptr()));
+}
+
+}  // namespace
+
+void register_conv_kernels(KernelTable& t) {
+  t.conv2d_forward = &conv2d_forward;
+  t.conv2d_backward_data = &conv2d_backward_data;
+  t.conv2d_backward_weights = &conv2d_backward_weights;
 }
 
 }  // namespace ringtrain::cuda

@@ -1,30 +1,27 @@
-// core/cuda/cuda_kernels.h (internal): CUDA kernels defined outside core/cuda/kernels.cu, gathered into the
-// CUDA kernel table there. Signatures and semantics are the KernelTable's (core/kernels.h).
+// core/cuda/cuda_kernels.h (internal, CUDA builds only): what the CUDA kernel files share on the host side.
+// Each op family file (same base names as core/cpu/) fills its own KernelTable entries through a
+// register_*_kernels function that cuda_kernels() (core/cuda/table.cpp) calls; the header also declares
+// the few kernels one family calls in another. Kernel functions are named after their KernelTable entry
+// and live in ringtrain::cuda (the CPU ones in ringtrain::cpu). Device-side helpers: core/cuda/common.cuh.
 #pragma once
 
 #include "core/kernels.h"
 
 namespace ringtrain::cuda {
 
-// core/cuda/conv.cpp: cuDNN (NHWC activations, KRSC filters), algorithms chosen once per shape.
-void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor* bias, const ConvGeometry& g, Tensor& y);
-void conv2d_backward_data(const Tensor& dy, const Tensor& w, const ConvGeometry& g, Tensor& dx);
-void conv2d_backward_weights(const Tensor& x, const Tensor& dy, const ConvGeometry& g, Tensor& dw, Tensor* dbias);
+// Explicit registration (a registry filled by static initializers would vanish from a static library).
+void register_elementwise_kernels(KernelTable& t);  // elementwise.cu: fill, convert, unary, binary, scalar
+void register_random_kernels(KernelTable& t);       // random.cu: uniform, normal, dropout
+void register_reduce_kernels(KernelTable& t);       // reduce.cu: sum / max over [outer, n, inner]
+void register_gemm_kernels(KernelTable& t);         // gemm.cu: cuBLAS
+void register_softmax_kernels(KernelTable& t);      // softmax.cu: (log-)softmax, cross-entropy, backward
+void register_conv_kernels(KernelTable& t);         // conv.cpp: cuDNN, algorithms chosen once per shape
+void register_norm_pool_kernels(KernelTable& t);    // norm_pool.cu: batch norm (fused add + ReLU), pooling
+void register_optim_kernels(KernelTable& t);        // optim.cu: fused SGD, AdamW, loss-scale unscaling
 
-// core/cuda/norm_pool.cu: batch norm (fused residual add + ReLU) and pooling over NHWC.
-void batch_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
-                        const Tensor& running_var, bool training, double eps, bool relu, const Tensor* residual, Tensor& y,
-                        Tensor& save_mean, Tensor& save_invstd);
-void batch_norm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& save_mean,
-                         const Tensor& save_invstd, bool training, Tensor& dx, Tensor& dgamma, Tensor& dbeta);
-void max_pool2d_forward(const Tensor& x, const ConvGeometry& g, Tensor& y, Tensor& argmax);
-void max_pool2d_backward(const Tensor& dy, const Tensor& argmax, const ConvGeometry& g, Tensor& dx);
-void avg_pool2d_forward(const Tensor& x, const ConvGeometry& g, Tensor& y);
-void avg_pool2d_backward(const Tensor& dy, const ConvGeometry& g, Tensor& dx);
-
-// core/cuda/optim.cu: the fused multi-tensor SGD and AdamW steps and loss-scale unscaling.
-void sgd_multi_tensor(const std::vector<SgdTensor>& tensors, const SgdArgs& args);
-void adamw_multi_tensor(const std::vector<AdamWTensor>& tensors, const AdamWArgs& args);
-void unscale_multi_tensor(const std::vector<Tensor*>& grads, double inv_scale, Tensor& found_inf);
+// core/cuda/elementwise.cu, also called by the reduction (empty dimension) and the GEMM (empty inner
+// dimension). Signatures and semantics are the KernelTable's.
+void fill(Tensor& out, double value);
+void scalar(ScalarOp op, const Tensor& x, double s, Tensor& out);
 
 }  // namespace ringtrain::cuda

@@ -380,10 +380,8 @@ __global__ void avg_pool_backward_kernel(const S* dy /* (N, P, Q, C) */, ConvGeo
   }
 }
 
-}  // namespace
-
 // ---------------------------------------------------------------------------------------------------
-// Entry points (core/cuda/cuda_kernels.h)
+// Entry points (registered below)
 
 void batch_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
                         const Tensor& running_var, bool training, double eps, bool relu, const Tensor* residual, Tensor& y,
@@ -511,6 +509,17 @@ void avg_pool2d_backward(const Tensor& dy, const ConvGeometry& g, Tensor& dx) {
                                                                                 dx.data<S>());
     CUDA_CHECK(cudaGetLastError());
   });
+}
+
+}  // namespace
+
+void register_norm_pool_kernels(KernelTable& t) {
+  t.batch_norm_forward = &batch_norm_forward;
+  t.batch_norm_backward = &batch_norm_backward;
+  t.max_pool2d_forward = &max_pool2d_forward;
+  t.max_pool2d_backward = &max_pool2d_backward;
+  t.avg_pool2d_forward = &avg_pool2d_forward;
+  t.avg_pool2d_backward = &avg_pool2d_backward;
 }
 
 }  // namespace ringtrain::cuda

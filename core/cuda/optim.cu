@@ -116,8 +116,6 @@ dim3 list_grid(int64_t largest, size_t count) {
   return dim3(std::clamp(grid_for(largest), 1u, 1024u), static_cast<unsigned>(count));
 }
 
-}  // namespace
-
 void sgd_multi_tensor(const std::vector<SgdTensor>& tensors, const SgdArgs& args) {
   if (tensors.empty()) return;
   DeviceScope scope(*tensors.front().param);
@@ -189,6 +187,14 @@ void unscale_multi_tensor(const std::vector<Tensor*>& grads, double inv_scale, T
       CUDA_CHECK(cudaGetLastError());
     });
   });
+}
+
+}  // namespace
+
+void register_optim_kernels(KernelTable& t) {
+  t.sgd_multi_tensor = &sgd_multi_tensor;
+  t.adamw_multi_tensor = &adamw_multi_tensor;
+  t.unscale_multi_tensor = &unscale_multi_tensor;
 }
 
 }  // namespace ringtrain::cuda

@@ -1,0 +1,93 @@
+// core/cpu/optim.cpp: the CPU fused multi-tensor SGD and AdamW steps and loss-scale unscaling, one pass
+// over each tensor. The per-element updates are core/kernels.h's, shared with the CUDA kernels
+// (core/cuda/optim.cu). Built with -fno-math-errno (core/CMakeLists.txt) so that the AdamW sqrt loop
+// vectorizes.
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "core/cpu/cpu_kernels.h"
+#include "core/kernels.h"
+#include "core/parallel.h"
+
+namespace ringtrain::cpu {
+namespace {
+
+// ---------------------------------------------------------------------------------------------------
+// fused SGD: one pass over each parameter (reads p, g, buf once; writes p, buf once)
+
+void sgd_multi_tensor(const std::vector<SgdTensor>& tensors, const SgdArgs& a) {
+  for (const SgdTensor& t : tensors) {
+    visit_floating(t.param->dtype(), "sgd", [&](auto tag) {
+      using S = typename decltype(tag)::type;
+      using C = compute_t<S>;
+      S* p = t.param->data<S>();
+      const S* g = t.grad->data<S>();
+      S* m = t.momentum ? t.momentum->data<S>() : nullptr;
+      const C wd = static_cast<C>(t.weight_decay), mom = static_cast<C>(a.momentum),
+              keep = static_cast<C>(1.0 - a.dampening), lr = static_cast<C>(a.lr);
+      const bool init = t.init_momentum, nesterov = a.nesterov;
+      parallel_for(t.param->numel(), kGrain, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) sgd_element<S, C>(p[i], g[i], m ? m + i : nullptr, wd, mom, keep, lr, init, nesterov);
+      });
+    });
+  }
+}
+
+// fused AdamW: one pass over each parameter (reads p, g, m, v once; writes p, m, v once)
+
+void adamw_multi_tensor(const std::vector<AdamWTensor>& tensors, const AdamWArgs& a) {
+  for (const AdamWTensor& t : tensors) {
+    visit_floating(t.param->dtype(), "adamw", [&](auto tag) {
+      using S = typename decltype(tag)::type;
+      using C = compute_t<S>;
+      S* p = t.param->data<S>();
+      const S* g = t.grad->data<S>();
+      S* m = t.exp_avg->data<S>();
+      S* v = t.exp_avg_sq->data<S>();
+      const C decay = static_cast<C>(t.decay), b1 = static_cast<C>(a.beta1), keep1 = static_cast<C>(1.0 - a.beta1),
+              b2 = static_cast<C>(a.beta2), keep2 = static_cast<C>(1.0 - a.beta2), eps = static_cast<C>(a.eps),
+              step_size = static_cast<C>(t.step_size), inv_bias2 = static_cast<C>(t.inv_bias2);
+      const bool init = t.init;
+      parallel_for(t.param->numel(), kGrain, [&](int64_t lo, int64_t hi) {
+        for (int64_t i = lo; i < hi; ++i)
+          adamw_element<S, C>(p[i], g[i], m[i], v[i], decay, b1, keep1, b2, keep2, eps, step_size, inv_bias2, init);
+      });
+    });
+  }
+}
+
+// loss-scale unscaling with the finite check in the same pass
+
+void unscale_multi_tensor(const std::vector<Tensor*>& grads, double inv_scale, Tensor& found_inf) {
+  std::atomic<bool> bad{false};
+  for (Tensor* t : grads) {
+    visit_floating(t->dtype(), "unscale", [&](auto tag) {
+      using S = typename decltype(tag)::type;
+      using C = compute_t<S>;
+      S* g = t->data<S>();
+      const C inv = static_cast<C>(inv_scale);
+      parallel_for(t->numel(), kGrain, [&](int64_t lo, int64_t hi) {
+        bool finite = true;
+        for (int64_t i = lo; i < hi; ++i) {
+          const C x = load_as<C>(g[i]) * inv;
+          g[i] = store_as<S>(x);
+          finite &= std::isfinite(load_as<C>(g[i]));
+        }
+        if (!finite) bad.store(true, std::memory_order_relaxed);
+      });
+    });
+  }
+  if (bad.load()) found_inf.data<float>()[0] = 1.0f;
+}
+
+}  // namespace
+
+void register_optim_kernels(KernelTable& t) {
+  t.sgd_multi_tensor = &sgd_multi_tensor;
+  t.adamw_multi_tensor = &adamw_multi_tensor;
+  t.unscale_multi_tensor = &unscale_multi_tensor;
+}
+
+}  // namespace ringtrain::cpu

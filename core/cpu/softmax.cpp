@@ -1,0 +1,139 @@
+// core/cpu/softmax.cpp: the CPU (log-)softmax and fused softmax cross-entropy kernels, forward and
+// backward, one row per task on the thread pool (core/parallel.h).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
+#include "core/cpu/cpu_kernels.h"
+#include "core/kernels.h"
+#include "core/parallel.h"
+
+namespace ringtrain::cpu {
+namespace {
+
+void softmax(const Tensor& x, int64_t rows, int64_t cols, bool log, Tensor& out) {
+  visit_floating(x.dtype(), "softmax", [&](auto tag) {
+    using S = typename decltype(tag)::type;
+    using C = compute_t<S>;
+    const S* px = x.data<S>();
+    S* po = out.data<S>();
+    parallel_for(rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(cols, 1)), [&](int64_t lo, int64_t hi) {
+      for (int64_t r = lo; r < hi; ++r) {
+        const S* in = px + r * cols;
+        S* o = po + r * cols;
+        C mx = -std::numeric_limits<C>::infinity();
+        for (int64_t c = 0; c < cols; ++c) mx = std::max(mx, load_as<C>(in[c]));
+        C total = 0;
+        for (int64_t c = 0; c < cols; ++c) total += std::exp(load_as<C>(in[c]) - mx);
+        if (log) {
+          const C lse = mx + std::log(total);
+          for (int64_t c = 0; c < cols; ++c) o[c] = store_as<S>(load_as<C>(in[c]) - lse);
+        } else {
+          const C inv = C(1) / total;
+          for (int64_t c = 0; c < cols; ++c) o[c] = store_as<S>(std::exp(load_as<C>(in[c]) - mx) * inv);
+        }
+      }
+    });
+  });
+}
+
+void softmax_backward(const Tensor& y, const Tensor& dy, int64_t rows, int64_t cols, bool log, Tensor& dx) {
+  visit_floating(y.dtype(), "softmax_backward", [&](auto tag) {
+    using S = typename decltype(tag)::type;
+    using C = compute_t<S>;
+    const S *py = y.data<S>(), *pdy = dy.data<S>();
+    S* pdx = dx.data<S>();
+    parallel_for(rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(cols, 1)), [&](int64_t lo, int64_t hi) {
+      for (int64_t r = lo; r < hi; ++r) {
+        const S *yr = py + r * cols, *gr = pdy + r * cols;
+        S* o = pdx + r * cols;
+        C dot = 0;
+        if (log) {
+          for (int64_t c = 0; c < cols; ++c) dot += load_as<C>(gr[c]);
+          for (int64_t c = 0; c < cols; ++c)
+            o[c] = store_as<S>(load_as<C>(gr[c]) - std::exp(load_as<C>(yr[c])) * dot);
+        } else {
+          for (int64_t c = 0; c < cols; ++c) dot += load_as<C>(gr[c]) * load_as<C>(yr[c]);
+          for (int64_t c = 0; c < cols; ++c) o[c] = store_as<S>(load_as<C>(yr[c]) * (load_as<C>(gr[c]) - dot));
+        }
+      }
+    });
+  });
+}
+
+template <typename Fn>
+void visit_labels(const Tensor& labels, Fn&& fn) {
+  if (labels.dtype() == DType::I32) fn(labels.data<int32_t>());
+  else fn(labels.data<int64_t>());
+}
+
+void cross_entropy(const Tensor& logits, const Tensor& labels, double smoothing, Tensor& log_probs, Tensor& loss,
+                   int64_t* bad_label) {
+  const int64_t rows = logits.size(0), cols = logits.size(1);
+  bool all_valid = true;
+  visit_labels(labels, [&](auto* lab) {
+    for (int64_t r = 0; r < rows; ++r) {
+      if (lab[r] < 0 || lab[r] >= cols) {
+        *bad_label = r;
+        all_valid = false;
+        return;
+      }
+    }
+  });
+  if (!all_valid) return;
+  softmax(logits, rows, cols, /*log=*/true, log_probs);
+  visit_floating(logits.dtype(), "cross_entropy", [&](auto tag) {
+    using S = typename decltype(tag)::type;
+    using C = compute_t<S>;
+    using L = std::conditional_t<std::is_same_v<S, double>, double, float>;
+    const S* lp = log_probs.data<S>();
+    L* pl = loss.data<L>();
+    const C on = C(1) - static_cast<C>(smoothing), off = static_cast<C>(smoothing) / static_cast<C>(cols);
+    visit_labels(labels, [&](auto* lab) {
+      parallel_for(rows, std::max<int64_t>(1, kGrain / cols), [&](int64_t lo, int64_t hi) {
+        for (int64_t r = lo; r < hi; ++r) {
+          const S* row = lp + r * cols;
+          C total = 0;
+          for (int64_t c = 0; c < cols; ++c) total += load_as<C>(row[c]);
+          pl[r] = static_cast<L>(-on * load_as<C>(row[lab[r]]) - off * total);
+        }
+      });
+    });
+  });
+}
+
+void cross_entropy_backward(const Tensor& log_probs, const Tensor& labels, double smoothing, double scale,
+                            Tensor& dlogits) {
+  const int64_t rows = log_probs.size(0), cols = log_probs.size(1);
+  visit_floating(log_probs.dtype(), "cross_entropy_backward", [&](auto tag) {
+    using S = typename decltype(tag)::type;
+    using C = compute_t<S>;
+    const S* lp = log_probs.data<S>();
+    S* d = dlogits.data<S>();
+    const C on = C(1) - static_cast<C>(smoothing), off = static_cast<C>(smoothing) / static_cast<C>(cols);
+    const C sc = static_cast<C>(scale);
+    visit_labels(labels, [&](auto* lab) {
+      parallel_for(rows, std::max<int64_t>(1, kGrain / cols), [&](int64_t lo, int64_t hi) {
+        for (int64_t r = lo; r < hi; ++r) {
+          for (int64_t c = 0; c < cols; ++c) {
+            C target = off + (c == lab[r] ? on : C(0));
+            d[r * cols + c] = store_as<S>(sc * (std::exp(load_as<C>(lp[r * cols + c])) - target));
+          }
+        }
+      });
+    });
+  });
+}
+
+}  // namespace
+
+void register_softmax_kernels(KernelTable& t) {
+  t.softmax = &softmax;
+  t.softmax_backward = &softmax_backward;
+  t.cross_entropy = &cross_entropy;
+  t.cross_entropy_backward = &cross_entropy_backward;
+}
+
+}  // namespace ringtrain::cpu

@@ -1,0 +1,281 @@
+// core/cuda/elementwise.cu: the CUDA element-wise kernels: fill, convert, unary, binary (with
+// broadcasting) and scalar ops, one grid-stride kernel each. Semantics match the CPU kernels
+// (core/cpu/elementwise.cpp) entry by entry; all run on the calling thread's current stream.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "core/check.h"
+#include "core/cuda/common.cuh"
+#include "core/cuda/cuda_kernels.h"
+#include "core/dtype.h"
+#include "core/kernels.h"
+#include "core/tensor.h"
+
+namespace ringtrain::cuda {
+namespace {
+
+// Launch helpers, dtype dispatch and device math: core/cuda/common.cuh.
+using namespace cuda_common;
+
+// ---------------------------------------------------------------------------------------------------
+// convert
+
+// As the CPU: floating -> integer truncates toward zero through i64 (so u8 wraps); other pairs go through
+// f64, except integer -> integer, which converts directly (through f64 an i64 above 2^53 would change).
+template <typename D, typename S>
+__device__ inline D convert_value(S v) {
+  if constexpr (std::is_same_v<S, D>) return v;
+  else if constexpr (std::is_integral_v<D> && std::is_integral_v<S>) return static_cast<D>(v);
+  else if constexpr (std::is_integral_v<D>) return static_cast<D>(static_cast<int64_t>(load_as<double>(v)));
+  else return store_as<D>(load_as<double>(v));
+}
+
+template <typename S, typename D>
+__global__ void convert_kernel(const S* src /* (n) */, D* dst /* (n) */, int64_t n) {
+  RT_GRID_STRIDE(i, n) dst[i] = convert_value<D>(src[i]);
+}
+
+void convert(const Tensor& src, Tensor& dst) {
+  const int64_t n = src.numel();
+  RT_CHECK(dst.numel() == n, "convert: ", src.describe(), " -> ", dst.describe(), " differ in size");
+  if (n == 0) return;
+  DeviceScope scope(dst);
+  dispatch_all(src.dtype(), [&](auto src_tag) {
+    using S = typename decltype(src_tag)::type;
+    dispatch_all(dst.dtype(), [&](auto dst_tag) {
+      using D = typename decltype(dst_tag)::type;
+      convert_kernel<S, D><<<grid_for(n), kThreads, 0, stream_now()>>>(src.data<S>(), dst.data<D>(), n);
+    });
+  });
+}
+
+// ---------------------------------------------------------------------------------------------------
+// unary
+
+template <typename C>
+__device__ inline C unary_value(UnaryOp op, C v) {
+  if constexpr (std::is_integral_v<C>) {
+    switch (op) {
+      case UnaryOp::Neg: return -v;
+      case UnaryOp::Abs: return v < 0 ? -v : v;
+      case UnaryOp::Relu: return v > 0 ? v : C(0);
+      default: return C(0);  // rejected on the host
+    }
+  } else {
+    switch (op) {
+      case UnaryOp::Neg: return -v;
+      case UnaryOp::Relu: return v > C(0) ? v : C(0);  // as the CPU: NaN -> 0
+      case UnaryOp::Exp: return dev_exp(v);
+      case UnaryOp::Log: return dev_log(v);
+      case UnaryOp::Sqrt: return dev_sqrt(v);
+      case UnaryOp::Abs: return v < C(0) ? -v : v;  // as the CPU: -0 and NaN keep their sign bit
+      case UnaryOp::Tanh: return dev_tanh(v);
+      case UnaryOp::Sigmoid: return C(1) / (C(1) + dev_exp(-v));
+    }
+    return v;
+  }
+}
+
+template <typename S>
+__global__ void unary_kernel(UnaryOp op, const S* x /* (n) */, S* out /* (n) */, int64_t n) {
+  using C = compute_t<S>;
+  RT_GRID_STRIDE(i, n) out[i] = store_as<S>(unary_value<C>(op, load_as<C>(x[i])));
+}
+
+const char* unary_name(UnaryOp op) {
+  switch (op) {
+    case UnaryOp::Neg: return "neg";
+    case UnaryOp::Relu: return "relu";
+    case UnaryOp::Exp: return "exp";
+    case UnaryOp::Log: return "log";
+    case UnaryOp::Sqrt: return "sqrt";
+    case UnaryOp::Abs: return "abs";
+    case UnaryOp::Tanh: return "tanh";
+    case UnaryOp::Sigmoid: return "sigmoid";
+  }
+  return "unary";
+}
+
+void unary(UnaryOp op, const Tensor& x, Tensor& out) {
+  const int64_t n = x.numel();
+  const bool integer_ok = op == UnaryOp::Neg || op == UnaryOp::Abs || op == UnaryOp::Relu;
+  if (!is_floating(x.dtype()) && !integer_ok) raise_unsupported(unary_name(op), x.dtype());
+  if (n == 0) return;
+  DeviceScope scope(out);
+  dispatch_all(x.dtype(), [&](auto tag) {
+    using S = typename decltype(tag)::type;
+    unary_kernel<S><<<grid_for(n), kThreads, 0, stream_now()>>>(op, x.data<S>(), out.data<S>(), n);
+  });
+}
+
+// ---------------------------------------------------------------------------------------------------
+// binary (with broadcasting)
+
+template <typename C>
+__device__ inline C binary_value(BinaryOp op, C a, C b) {
+  switch (op) {
+    case BinaryOp::Add: return a + b;
+    case BinaryOp::Sub: return a - b;
+    case BinaryOp::Mul: return a * b;
+    case BinaryOp::Div:
+      // Integer division by zero is undefined in C++ and traps on the CPU; define it as 0 here.
+      if constexpr (std::is_integral_v<C>) return b == 0 ? C(0) : a / b;
+      else return a / b;
+    case BinaryOp::Maximum: return nan_max(a, b);
+    case BinaryOp::Minimum: return nan_min(a, b);
+    case BinaryOp::Eq: return C(a == b);
+    case BinaryOp::Ne: return C(a != b);
+    case BinaryOp::Lt: return C(a < b);
+    case BinaryOp::Le: return C(a <= b);
+    case BinaryOp::Gt: return C(a > b);
+    case BinaryOp::Ge: return C(a >= b);
+    case BinaryOp::ReluGrad: return b > C(0) ? a : C(0);  // as the CPU: masked entries are 0 even if a is inf/NaN
+  }
+  return C(0);
+}
+
+// How each input maps out index i to its own index. `tail` inputs repeat along the leading dims only
+// (same shape, scalar, bias over the last dims): index i % numel. Anything else decomposes i over
+// out_dims and dots with the input's strides.
+struct BinaryIndexing {
+  bool general = false;
+  int64_t a_numel = 0, b_numel = 0;
+  BroadcastDesc bc;
+};
+
+bool broadcasts_as_tail(const BroadcastDesc& bc, const int64_t* stride, int64_t in_numel) {
+  int64_t running = 1;
+  for (int d = bc.ndim - 1; d >= 0; --d) {
+    const int64_t size = bc.out_dims[d];
+    if (size == 1) continue;  // the stride along a size-1 dim is never used
+    if (running < in_numel) {
+      if (stride[d] != running) return false;
+      running *= size;
+    } else if (stride[d] != 0) {
+      return false;
+    }
+  }
+  return running == in_numel;
+}
+
+template <typename S, typename O>
+__global__ void binary_kernel(BinaryOp op, const S* a, const S* b, O* out /* (n), may alias a */, int64_t n,
+                              BinaryIndexing ix) {
+  using C = compute_t<S>;
+  RT_GRID_STRIDE(i, n) {
+    int64_t ai, bi;
+    if (ix.general) {
+      ai = 0;
+      bi = 0;
+      int64_t rest = i;
+      for (int d = ix.bc.ndim - 1; d >= 0; --d) {
+        const int64_t coord = rest % ix.bc.out_dims[d];
+        rest /= ix.bc.out_dims[d];
+        ai += coord * ix.bc.a_stride[d];
+        bi += coord * ix.bc.b_stride[d];
+      }
+    } else {
+      ai = ix.a_numel == n ? i : i % ix.a_numel;
+      bi = ix.b_numel == n ? i : i % ix.b_numel;
+    }
+    out[i] = store_as<O>(binary_value<C>(op, load_as<C>(a[ai]), load_as<C>(b[bi])));
+  }
+}
+
+void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out, const BroadcastDesc& bc) {
+  const int64_t n = out.numel();
+  if (op == BinaryOp::ReluGrad && !is_floating(a.dtype())) raise_unsupported("relu_backward", a.dtype());
+  RT_CHECK(a.dtype() == b.dtype(), "binary: dtypes differ: ", a.describe(), " and ", b.describe());
+  if (n == 0) return;
+  BinaryIndexing ix;
+  ix.a_numel = a.numel();
+  ix.b_numel = b.numel();
+  ix.bc = bc;
+  ix.general = !broadcasts_as_tail(bc, bc.a_stride, ix.a_numel) || !broadcasts_as_tail(bc, bc.b_stride, ix.b_numel);
+  DeviceScope scope(out);
+  dispatch_all(a.dtype(), [&](auto tag) {
+    using S = typename decltype(tag)::type;
+    if (is_comparison(op)) {
+      RT_CHECK(out.dtype() == DType::U8, "comparison output must be u8, got ", out.describe());
+      binary_kernel<S, uint8_t>
+          <<<grid_for(n), kThreads, 0, stream_now()>>>(op, a.data<S>(), b.data<S>(), out.data<uint8_t>(), n, ix);
+    } else {
+      binary_kernel<S, S><<<grid_for(n), kThreads, 0, stream_now()>>>(op, a.data<S>(), b.data<S>(), out.data<S>(), n,
+                                                                       ix);
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------------------------------
+// scalar
+
+// As the CPU: s is converted to the compute type (integers: truncated to i64), except that integer Mul
+// scales in f64 (so `x * 0.5` halves) and truncates back through i64.
+template <typename S>
+__global__ void scalar_kernel(ScalarOp op, const S* x /* (n) */, double s, S* out /* (n), may alias x */,
+                              int64_t n) {
+  using C = compute_t<S>;
+  const C sv = static_cast<C>(s);
+  RT_GRID_STRIDE(i, n) {
+    const C v = load_as<C>(x[i]);
+    C r = v;
+    if constexpr (std::is_integral_v<C>) {
+      switch (op) {
+        case ScalarOp::Add: r = v + sv; break;
+        case ScalarOp::Mul: r = static_cast<C>(static_cast<double>(v) * s); break;
+        case ScalarOp::RSub: r = sv - v; break;
+        default: break;  // RDiv / Pow: rejected on the host
+      }
+    } else {
+      switch (op) {
+        case ScalarOp::Add: r = v + sv; break;
+        case ScalarOp::Mul: r = v * sv; break;
+        case ScalarOp::RSub: r = sv - v; break;
+        case ScalarOp::RDiv: r = sv / v; break;
+        case ScalarOp::Pow: r = dev_pow(v, sv); break;
+      }
+    }
+    out[i] = store_as<S>(r);
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------------
+// fill, scalar (also called by the reduction and the GEMM: core/cuda/cuda_kernels.h)
+
+void fill(Tensor& out, double value) {
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  DeviceScope scope(out);
+  dispatch_all(out.dtype(), [&](auto tag) {
+    using S = typename decltype(tag)::type;
+    // Converted once on the host exactly as the CPU does (through the compute type, so integers wrap).
+    const S v = store_as<S>(static_cast<compute_t<S>>(value));
+    fill_kernel<S><<<grid_for(n), kThreads, 0, stream_now()>>>(out.data<S>(), v, n);
+  });
+}
+
+void scalar(ScalarOp op, const Tensor& x, double s, Tensor& out) {
+  const int64_t n = x.numel();
+  if (op == ScalarOp::RDiv && !is_floating(x.dtype())) raise_unsupported("rdiv", x.dtype());
+  if (op == ScalarOp::Pow && !is_floating(x.dtype())) raise_unsupported("pow", x.dtype());
+  if (n == 0) return;
+  DeviceScope scope(out);
+  dispatch_all(x.dtype(), [&](auto tag) {
+    using S = typename decltype(tag)::type;
+    scalar_kernel<S><<<grid_for(n), kThreads, 0, stream_now()>>>(op, x.data<S>(), s, out.data<S>(), n);
+  });
+}
+
+void register_elementwise_kernels(KernelTable& t) {
+  t.fill = &fill;
+  t.convert = &convert;
+  t.unary = &unary;
+  t.binary = &binary;
+  t.scalar = &scalar;
+}
+
+}  // namespace ringtrain::cuda
