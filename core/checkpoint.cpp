@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "core/check.h"
+#include "core/hash.h"
 #include "core/hdf5.h"
 
 namespace ringtrain {
@@ -20,6 +21,29 @@ constexpr const char* kFormat = "ringtrain-checkpoint";
 constexpr int kVersion = 1;
 
 h5::Where in(const fs::path& file, std::string object = {}) { return h5::Where{"checkpoint", file, std::move(object)}; }
+
+// The checksum: FNV-1a over every tensor (group, name, dtype, shape, bytes), in name order so that writing
+// (caller's order) and reading (HDF5's name order) agree, then over the metadata. Stored as the root
+// attribute "checksum"; a file without one (written before it existed) is accepted.
+using Digests = std::vector<std::pair<std::string, uint64_t>>;
+
+void add_digest(Digests& out, const char* group, const std::string& name, const Tensor& host) {
+  Fnv1a h;
+  h.add(group).add("/").add(name).add(dtype_name(host.dtype()));
+  for (int64_t d : host.shape()) h.add_word(static_cast<uint64_t>(d));
+  h.add_words(host.data_ptr(), host.nbytes());
+  out.emplace_back(detail::str_cat(group, "/", name), h.value());
+}
+
+std::string checksum_text(Digests digests, const std::string& meta_json) {
+  std::sort(digests.begin(), digests.end());
+  Fnv1a h;
+  for (const auto& [key, value] : digests) h.add(key).add_word(value);
+  h.add(meta_json);
+  char text[32];
+  std::snprintf(text, sizeof text, "fnv1a64:%016llx", static_cast<unsigned long long>(h.value()));
+  return text;
+}
 
 // (file type, memory type) for a dtype; 16-bit floats travel as raw uint16.
 std::pair<hid_t, hid_t> h5_types(DType t) {
@@ -35,7 +59,7 @@ std::pair<hid_t, hid_t> h5_types(DType t) {
   return {H5T_NATIVE_FLOAT, H5T_NATIVE_FLOAT};
 }
 
-void write_group(hid_t file, const char* group_name, const NamedTensors& tensors, const fs::path& path) {
+void write_group(hid_t file, const char* group_name, const NamedTensors& tensors, const fs::path& path, Digests& digests) {
   h5::Id group(h5::check(H5Gcreate2(file, group_name, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), in(path, group_name),
                          "create group"),
                H5Gclose);
@@ -58,6 +82,7 @@ void write_group(hid_t file, const char* group_name, const NamedTensors& tensors
     if (host.numel() > 0) h5::check(H5Dwrite(ds, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, host.data_ptr()), where, "write dataset");
     if (host.dtype() == DType::F16 || host.dtype() == DType::BF16)
       h5::write_string_attribute(ds, "dtype", std::string(dtype_name(host.dtype())), where);
+    add_digest(digests, group_name, name, host);
   }
 }
 
@@ -77,7 +102,7 @@ DType dtype_of(hid_t ds, hid_t type, const fs::path& path, const std::string& ob
            static_cast<int>(cls), ", ", size, " bytes)");
 }
 
-NamedTensors read_group(hid_t file, const char* group_name, const fs::path& path) {
+NamedTensors read_group(hid_t file, const char* group_name, const fs::path& path, Digests& digests) {
   if (!h5::link_exists(file, group_name, in(path)))
     RT_THROW("checkpoint '", path.string(), "' has no group '/", group_name, "'");
   h5::Id group(h5::check(H5Gopen2(file, group_name, H5P_DEFAULT), in(path, group_name), "open group"), H5Gclose);
@@ -109,6 +134,7 @@ NamedTensors read_group(hid_t file, const char* group_name, const fs::path& path
     if (t.numel() > 0)
       h5::check(H5Dread(ds, h5_types(dtype).second, H5S_ALL, H5S_ALL, H5P_DEFAULT, t.data_ptr()), where,
                 "read dataset (truncated or corrupt file?)");
+    add_digest(digests, group_name, name, t);
     out.emplace_back(name, t);
   }
   return out;
@@ -139,8 +165,10 @@ void save_checkpoint(const fs::path& path, const Checkpoint& checkpoint, const S
       h5::write_string_attribute(file, "format", kFormat, in(tmp));
       h5::write_int_attribute(file, "format_version", {kVersion}, in(tmp));
       h5::write_string_attribute(file, "layout", "NHWC activations, KRSC filters", in(tmp));
-      write_group(file, "model", checkpoint.model, tmp);
-      write_group(file, "optimizer", checkpoint.optimizer, tmp);
+      Digests digests;
+      write_group(file, "model", checkpoint.model, tmp, digests);
+      write_group(file, "optimizer", checkpoint.optimizer, tmp, digests);
+      h5::write_string_attribute(file, "checksum", checksum_text(std::move(digests), checkpoint.meta_json), in(tmp));
       const h5::Where meta_json = in(tmp, "/meta/json");
       h5::Id meta(h5::check(H5Gcreate2(file, "meta", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), in(tmp, "/meta"), "create group"),
                   H5Gclose);
@@ -179,8 +207,9 @@ Checkpoint load_checkpoint(const fs::path& path) {
     RT_THROW("checkpoint '", path.string(), "' has format_version ", version.empty() ? -1 : version[0],
              "; this ringtrain reads ", kVersion);
   Checkpoint c;
-  c.model = read_group(file, "model", path);
-  c.optimizer = read_group(file, "optimizer", path);
+  Digests digests;
+  c.model = read_group(file, "model", path, digests);
+  c.optimizer = read_group(file, "optimizer", path, digests);
   if (!h5::link_exists(file, "meta", in(path))) RT_THROW("checkpoint '", path.string(), "' has no group '/meta'");
   h5::Id meta(h5::check(H5Gopen2(file, "meta", H5P_DEFAULT), in(path, "/meta"), "open group"), H5Gclose);
   const h5::Where meta_json = in(path, "/meta/json");
@@ -193,6 +222,13 @@ Checkpoint load_checkpoint(const fs::path& path) {
   h5::check(H5Dread(json, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, text.data()), meta_json, "read dataset");
   text.erase(std::find(text.begin(), text.end(), '\0'), text.end());
   c.meta_json = text;
+  if (h5::attribute_exists(file, "checksum", in(path, "/"))) {
+    const std::string recorded = h5::read_string_attribute(file, "checksum", in(path, "/"));
+    const std::string actual = checksum_text(std::move(digests), c.meta_json);
+    if (recorded != actual)
+      RT_THROW("checkpoint '", path.string(), "' is corrupt: its tensors and metadata hash to ", actual,
+               " but the file records ", recorded, " (a flipped bit on disk or in transfer?); use an older checkpoint");
+  }
   return c;
 }
 

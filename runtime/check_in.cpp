@@ -1,6 +1,8 @@
 // runtime/check_in.cpp: min/max agreement of (step, plan) in one all-reduce; the names only on mismatch.
 #include "runtime/check_in.h"
 
+#include <algorithm>
+
 #include "comm/host_collectives.h"
 #include "core/check.h"
 #include "core/hash.h"
@@ -27,6 +29,34 @@ void check_in_step(const comm::World& world, int64_t step, uint64_t plan) {
       bad += detail::str_cat(bad.empty() ? "" : ", ", "rank ", r, " at step ", all[2 * r],
                              all[2 * r + 1] != all[1] ? " with a different bucket plan" : "");
   throw comm::CollectiveError(detail::str_cat("ranks are out of step: rank 0 is at step ", all[0], ", ", bad));
+}
+
+void check_same_config(const comm::World& world, const nlohmann::json& config) {
+  const std::string mine = config.dump();
+  uint64_t h[2] = {fnv1a(mine), ~fnv1a(mine)};  // min of both: min and max in one all-reduce
+  comm::all_reduce(world.comm(), std::span<uint64_t>(h, 2), comm::HostOp::Min);
+  if (h[0] == fnv1a(mine) && ~h[1] == fnv1a(mine)) return;
+  const std::vector<std::string> all = comm::all_gather_strings(world.comm(), mine);
+  const nlohmann::json root = nlohmann::json::parse(all[0]);
+  std::string differs;
+  int named = 0;
+  for (int r = 1; r < world.size() && named < 4; ++r) {
+    if (all[r] == all[0]) continue;
+    const nlohmann::json theirs = nlohmann::json::parse(all[r]);
+    for (const auto& [key, value] : root.items()) {
+      const nlohmann::json other = theirs.contains(key) ? theirs[key] : nlohmann::json();
+      if (other == value) continue;
+      std::string flag = key;
+      std::replace(flag.begin(), flag.end(), '_', '-');
+      differs += detail::str_cat("\n  rank ", r, " (", world.hosts()[r], ") has --", flag, " ", other.dump(),
+                                 " where rank 0 has ", value.dump());
+      ++named;
+      break;
+    }
+    if (named == 0) differs += detail::str_cat("\n  rank ", r, " (", world.hosts()[r], ") has another set of flags");
+  }
+  throw comm::CollectiveError(
+      detail::str_cat("the ranks were started with different flags (every rank must get the same):", differs));
 }
 
 }  // namespace ringtrain::runtime

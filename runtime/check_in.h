@@ -1,10 +1,14 @@
-// runtime/check_in.h: the per-step check-in. After each optimizer step the ranks confirm, with one tiny
-// all-reduce, that they are at the same step with the same gradient bucket plan; when they are not, every
-// rank raises the same CollectiveError naming the ranks that differ from rank 0 (so a rank that took a
-// different path is caught at once, not as a hang or as silently diverging weights).
+// runtime/check_in.h: the ranks' agreement checks. At startup they compare their whole configuration
+// (every flag that must agree: batch, steps, seed, model, optimizer, data, cadences), so ranks launched
+// with different flags fail at once, naming the rank and the first differing flag, instead of hanging at
+// the first collective one of them skips or silently training different things. After each optimizer
+// step they confirm, with one tiny all-reduce, that they are at the same step with the same gradient
+// bucket plan. A disagreement is the same CollectiveError on every rank, naming the ranks that differ
+// from rank 0.
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 
 #include "comm/grad_sync.h"
 #include "comm/world.h"
@@ -16,5 +20,9 @@ uint64_t bucket_plan_hash(const std::vector<comm::BucketInfo>& buckets);
 
 // Collective.
 void check_in_step(const comm::World& world, int64_t step, uint64_t plan);
+
+// Collective: `config` (a JSON object of flag name -> value, keys spelled as the flags without "--" and
+// with '_' for '-') must be the same on every rank.
+void check_same_config(const comm::World& world, const nlohmann::json& config);
 
 }  // namespace ringtrain::runtime

@@ -1,10 +1,12 @@
 // runtime/data_source.cpp: the shard-folder and synthetic DataSources.
 #include "runtime/data_source.h"
 
+#include <cstdio>
 #include <filesystem>
 #include <vector>
 
 #include "core/check.h"
+#include "core/hash.h"
 #include "core/tensor.h"
 
 namespace ringtrain::runtime {
@@ -27,8 +29,14 @@ class ShardSource final : public DataSource {
       test_.emplace(data::ShardDataset::open(dir, "test"));
       check_test_fits(dir, test_->info(), split, transform);
     }
+    Fnv1a content;
+    for (const auto& shard : split.shards) content.add(shard.file).add_word(shard.crc32);
+    char hex[24];
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(content.value()));
     info_ = {shape[0], shape[1], shape[2], split.num_classes, train_->size(), test_ ? test_->size() : 0,
-             train_->chunk_records()};
+             train_->chunk_records(),
+             detail::str_cat(split.records, " records of ", split.height, "x", split.width, "x", split.channels, ", ",
+                             split.num_classes, " classes, content ", hex)};
     data::LoaderOptions lo;
     lo.threads = o.loader_threads;
     lo.seed = o.seed;
@@ -81,7 +89,9 @@ class SyntheticSource final : public DataSource {
     RT_CHECK(o.size > 0 && o.height > 0 && o.width > 0 && o.channels > 0 && o.classes > 0,
              "synthetic data: size, shape and classes must be positive, got ", o.size, " records of ", o.height, "x",
              o.width, "x", o.channels, ", ", o.classes, " classes");
-    info_ = {o.height, o.width, o.channels, o.classes, o.size, 0, 64};
+    info_ = {o.height, o.width, o.channels, o.classes, o.size, 0, 64,
+             detail::str_cat("synthetic: ", o.size, " records of ", o.height, "x", o.width, "x", o.channels, ", ",
+                             o.classes, " classes")};
   }
   const DataInfo& info() const override { return info_; }
 

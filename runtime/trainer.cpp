@@ -101,7 +101,7 @@ const char* compression_name(comm::Compression c) {
 }  // namespace
 
 json TrainerOptions::to_json() const {
-  json j{{"batch_size", batch},       {"epochs", epochs},
+  json j{{"model", model_name},       {"batch_size", batch},       {"epochs", epochs},
          {"steps", steps},            {"accum_steps", accum},
          {"seed", seed},              {"optimizer", name_of(optimizer)},
          {"lr", lr},                  {"momentum", momentum},
@@ -147,6 +147,24 @@ void validate(const TrainerOptions& o) {
   RT_CHECK(finite(o.timeout) && o.timeout >= 0, "--timeout must be 0 (off) or more seconds, got ", o.timeout);
   RT_CHECK(o.resume != "auto" || !o.checkpoint_dir.empty(),
            "--resume auto needs --checkpoint-dir (the folder to take the newest checkpoint from)");
+  RT_CHECK(o.checkpoint_every == 0 || !o.checkpoint_dir.empty(),
+           "--checkpoint-every ", o.checkpoint_every, " needs --checkpoint-dir (where to write them)");
+  RT_CHECK(o.keep_last == 0 || !o.checkpoint_dir.empty(), "--keep-last needs --checkpoint-dir");
+}
+
+// What every rank must agree on: the flags the checkpoints record, and whatever decides which collectives
+// a rank takes part in (cadences, and whether checkpoints, the log and the trace are on).
+nlohmann::json agreement(const TrainerOptions& o) {
+  nlohmann::json j = o.to_json();
+  j["log_every"] = o.log_every;
+  j["eval_every"] = o.eval_every;
+  j["checkpoint_every"] = o.checkpoint_every;
+  j["trace_steps"] = o.trace_steps;
+  j["check"] = o.check;
+  for (const auto& [key, path] : {std::pair{"checkpoint_dir", &o.checkpoint_dir}, std::pair{"log_jsonl", &o.log_jsonl},
+                                  std::pair{"trace", &o.trace}})
+    j[key] = path->empty() ? "(unset)" : "(set)";
+  return j;
 }
 
 // Where an output file goes must exist and be writable now, not after the first epoch.
@@ -167,6 +185,8 @@ Trainer::Trainer(comm::World& world, TrainerOptions options)
     : world_(world), options_(std::move(options)), watchdog_(world, options_.timeout) {
   validate(options_);
   FaultInjection::from_env();  // a malformed RINGTRAIN_INJECT is refused before any work
+  // First of all collectives: ranks with different flags would otherwise hang in one the others skip.
+  check_same_config(world_, agreement(options_));
   Device want = Device::cpu();
   if (options_.device == DeviceChoice::Cuda || (options_.device == DeviceChoice::Auto && cuda_available()))
     want = Device::cuda(0);
@@ -212,6 +232,7 @@ class Run {
   void plan_length();
   void make_optimizer();
   void resume();
+  void compare_config(const json& written, const std::string& file) const;
   void connect();
   void announce();
   bool run_epoch(int64_t epoch);
@@ -257,6 +278,7 @@ class Run {
   int64_t step_ = 0, first_step_ = 0, micro_ = 0, in_accum_ = 0, skipped_ = 0, images_ = 0;
   data::SamplerState position_, last_position_;  // where the run starts; where the next step would start
   std::string resumed_from_;
+  int64_t mine_step_ = 0;  // the step of the checkpoint being resumed
   StepTimer timer_;
   Clock::time_point step_begin_, run_start_, interval_start_;
   Clock::time_point backward_start_, backward_end_;  // of the last micro-batch
@@ -371,8 +393,14 @@ void Run::resume() {
            s.global_batch, " (", s.world_size, " ranks x batch ", s.config.value("batch_size", json(-1)).dump(),
            " x accum ", s.config.value("accum_steps", json(-1)).dump(), "); resume with the same global batch (now ",
            global_batch_, ")");
-  model_.load_state_dict(mine->checkpoint.model);
-  opt_->load_state(mine->checkpoint.optimizer);
+  mine_step_ = s.step;
+  compare_config(s.config, chosen);
+  try {
+    model_.load_state_dict(mine->checkpoint.model);
+    opt_->load_state(mine->checkpoint.optimizer);
+  } catch (const std::exception& e) {
+    RT_THROW("--resume ", chosen, ": ", e.what());
+  }
   if (scaler_ && s.loss_scale) scaler_->load(s.loss_scale->scale, s.loss_scale->growth_tracker);
   if (s.rng_stream > 0) set_rng_stream(s.rng_stream);
   step_ = s.step;
@@ -381,6 +409,33 @@ void Run::resume() {
   if (root_)
     std::printf("resumed from %s: step %lld, epoch %lld, batch %lld\n", chosen.c_str(), static_cast<long long>(step_),
                 static_cast<long long>(position_.epoch), static_cast<long long>(position_.next_batch));
+}
+
+// A resume that changes what is trained is refused; one that changes the run's length or schedule is
+// allowed (extending a run is common) but said, since e.g. a cosine schedule then jumps.
+void Run::compare_config(const json& written, const std::string& file) const {
+  json now = o_.to_json();
+  now["dataset"] = data_.info().signature;
+  auto differs = [&](const char* key) { return written.contains(key) && now.contains(key) && written[key] != now[key]; };
+  for (const char* key : {"arch", "model", "optimizer", "dataset"})
+    if (differs(key)) {
+      const std::string what = std::string(key) == "dataset" ? "the dataset" : detail::str_cat("--", key);
+      RT_THROW("--resume ", file, ": the checkpoint was written with ", what, " ", written[key].dump(),
+               " but this run has ", now[key].dump(), "; resuming would not continue that training (start a new ",
+               "run, or resume with the same ", what, ")");
+    }
+  std::string changed;
+  for (const char* key : {"steps", "epochs", "lr", "lr_schedule", "warmup_epochs", "lr_step_epochs", "lr_milestones",
+                          "lr_gamma", "lr_scaling", "momentum", "wd", "label_smoothing", "precision"})
+    if (differs(key)) {
+      std::string flag = key;
+      std::replace(flag.begin(), flag.end(), '_', '-');
+      changed += detail::str_cat(changed.empty() ? "" : ", ", "--", flag, " ", written[key].dump(), " -> ", now[key].dump());
+    }
+  if (!changed.empty() && root_)
+    std::fprintf(stderr, "%s: warning: resuming %s with another run length or schedule than it was written with (%s): "
+                 "the learning rate continues from this run's schedule at step %lld\n",
+                 o_.program.c_str(), file.c_str(), changed.c_str(), static_cast<long long>(mine_step_));
 }
 
 void Run::connect() {
@@ -634,6 +689,7 @@ void Run::save(int64_t at_step, const data::SamplerState& pos) {
     s.rng_stream = rng_stream();
     if (scaler_) s.loss_scale = LossScaleState{scaler_->scale(), scaler_->growth_tracker()};
     s.config = o_.to_json();
+    s.config["dataset"] = data_.info().signature;
     try {
       ckpt_.save(at_step, Checkpoint{model_.state_dict(), opt_->state(), s.to_json()});
     } catch (const std::exception& e) {

@@ -31,6 +31,35 @@ class CheckpointTest : public ::testing::Test {
   fs::path dir_;
 };
 
+// A flipped byte in a tensor or in the metadata is an error naming the file at load, not a NaN later.
+TEST_F(CheckpointTest, AFlippedByteIsCaughtByTheChecksum) {
+  std::vector<double> pattern(64);
+  for (size_t i = 0; i < pattern.size(); ++i) pattern[i] = 1000.0 + static_cast<double>(i);  // findable bytes
+  const Checkpoint c{{{"w", Tensor::from_vector(pattern, Shape{64}, DType::F64)}},
+                     {{"w.momentum", Tensor::zeros(Shape{64}, DType::F64)}}, R"({"step": 123456789})"};
+  auto flipped = [&](const std::string& needle_name, const std::string& needle) {
+    const fs::path f = dir_ / (needle_name + ".h5");
+    save_checkpoint(f, c);
+    std::string bytes;
+    {
+      std::ifstream in(f, std::ios::binary);
+      bytes.assign(std::istreambuf_iterator<char>(in), {});
+    }
+    const size_t at = bytes.find(needle);
+    EXPECT_NE(at, std::string::npos) << needle_name;
+    if (at == std::string::npos) return std::string();
+    bytes[at + needle.size() / 2] ^= 0x01;
+    std::ofstream(f, std::ios::binary | std::ios::trunc) << bytes;
+    return testing::error_of([&] { load_checkpoint(f); });
+  };
+  EXPECT_NO_THROW(load_checkpoint((save_checkpoint(dir_ / "ok.h5", c), dir_ / "ok.h5")));
+  const double probe = 1010.0;
+  const std::string e1 = flipped("tensor", std::string(reinterpret_cast<const char*>(&probe), sizeof probe));
+  EXPECT_NE(e1.find("checkpoint '" + (dir_ / "tensor.h5").string() + "' is corrupt"), std::string::npos) << e1;
+  const std::string e2 = flipped("meta", "123456789");
+  EXPECT_NE(e2.find("is corrupt: its tensors and metadata hash to"), std::string::npos) << e2;
+}
+
 TEST_F(CheckpointTest, RoundTripIsBitwiseForEveryDtype) {
   Checkpoint c;
   c.model = {{"conv1.weight", Tensor::normal(Shape{4, 3, 3, 2}, 0, 1, 1)},

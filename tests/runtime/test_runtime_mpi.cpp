@@ -192,6 +192,35 @@ TEST(Trainer, ResumesACustomModelBitwiseExactly) {
     EXPECT_TRUE(x[i].second == y[i].second) << x[i].first << " differs after the resume";
   }
   EXPECT_EQ(resumed.train_loss, full.train_loss);
+  // What the checkpoint was trained as must not change: another optimizer or other data is refused.
+  {
+    TrainerOptions o = small_run(b);
+    o.resume = (a / "ckpt-step00000003.h5").string();
+    o.optimizer = OptimizerKind::AdamW;
+    Trainer trainer(world(), o);
+    auto data = open_shards(dir, {.device = trainer.device()});
+    auto net = small_net(data->info().channels, data->info().classes);
+    const std::string e = testing::error_of([&] { trainer.fit(*net, *data, step); });
+    EXPECT_NE(e.find("the checkpoint was written with --optimizer \"sgd\" but this run has \"adamw\""),
+              std::string::npos) << e;
+  }
+  // Another run length is allowed but said (the cosine schedule continues from this run's shape).
+  {
+    TrainerOptions o = small_run(dir / "c");
+    o.resume = (a / "ckpt-step00000003.h5").string();
+    o.steps = 8;
+    Trainer trainer(world(), o);
+    auto data = open_shards(dir, {.device = trainer.device()});
+    auto net = small_net(data->info().channels, data->info().classes);
+    ::testing::internal::CaptureStderr();
+    const TrainResult longer = trainer.fit(*net, *data, step);
+    const std::string warned = ::testing::internal::GetCapturedStderr();
+    EXPECT_EQ(longer.steps, 8);
+    if (world().is_root()) {
+      EXPECT_NE(warned.find("another run length or schedule than it was written with (--steps 6 -> 8)"),
+                std::string::npos) << warned;
+    }
+  }
   // --resume auto picks the newest (step 6) and, the run being complete, trains nothing more.
   {
     TrainerOptions o = small_run(a);
@@ -207,6 +236,22 @@ TEST(Trainer, ResumesACustomModelBitwiseExactly) {
   if (world().is_root()) fs::remove_all(dir);
 }
 
+TEST(Trainer, RanksStartedWithDifferentFlagsFailAtOnceNamingTheFlag) {
+  if (world().size() < 2) GTEST_SKIP() << "needs 2 or more ranks";
+  TrainerOptions o;
+  o.timeout = 0;
+  if (world().rank() == world().size() - 1) o.steps = 40;
+  const std::string e = testing::error_of([&] { Trainer(world(), o); });
+  EXPECT_NE(e.find("the ranks were started with different flags"), std::string::npos) << e;
+  EXPECT_NE(e.find("rank " + std::to_string(world().size() - 1) + " ("), std::string::npos) << e;
+  EXPECT_NE(e.find("has --steps 40 where rank 0 has 0"), std::string::npos) << e;
+  o = TrainerOptions{};
+  o.timeout = 0;
+  if (world().rank() == 1) o.log_jsonl = "/tmp/x.jsonl";  // decides whether GPU records are gathered
+  EXPECT_NE(testing::error_of([&] { Trainer(world(), o); }).find("has --log-jsonl \"(set)\" where rank 0 has \"(unset)\""),
+            std::string::npos);
+}
+
 TEST(Trainer, OptionsAreCheckedNamingTheFlag) {
   TrainerOptions o;
   o.resume = "auto";
@@ -214,6 +259,10 @@ TEST(Trainer, OptionsAreCheckedNamingTheFlag) {
   o = TrainerOptions{};
   o.lr = std::nan("");
   EXPECT_NE(testing::error_of([&] { Trainer(world(), o); }).find("--lr must be a positive number"), std::string::npos);
+  o = TrainerOptions{};
+  o.checkpoint_every = 5;
+  EXPECT_NE(testing::error_of([&] { Trainer(world(), o); }).find("--checkpoint-every 5 needs --checkpoint-dir"),
+            std::string::npos);
   o = TrainerOptions{};
   o.log_jsonl = "/nonexistent/folder/run.jsonl";
   const std::string e = testing::error_of([&] { Trainer(world(), o); });
