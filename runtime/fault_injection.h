@@ -20,6 +20,9 @@ struct FaultInjection {
   // From the environment (Kind::None when unset).
   static FaultInjection from_env();
 
+  // Whether the fault fires on this rank after this step (the Trainer names the watchdog phase first, so
+  // an injected hang is reported as one, with its step).
+  bool fires(int rank_here, int64_t step_now) const { return kind != Kind::None && rank_here == rank && step_now == step; }
   // Called by the Trainer after each optimizer step with the new step count; returns the step this rank
   // reports at the check-in (wrong for "desync"). Throws for "throw"; sleeps for an hour for "hang".
   int64_t after_step(int rank_here, int64_t step_now) const;

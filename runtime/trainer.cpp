@@ -608,6 +608,7 @@ void Run::optimizer_step() {
   sync_->zero_grad();
   const auto t_opt = Clock::now();
   ++step_;
+  if (inject_.fires(world_.rank(), step_)) dog_.phase("injected fault (RINGTRAIN_INJECT)", step_);
   const int64_t reported = inject_.after_step(world_.rank(), step_);
   dog_.phase("step check-in (waiting for other ranks)", step_);
   check_in_step(world_, reported, plan_);

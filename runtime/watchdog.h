@@ -1,15 +1,20 @@
 // runtime/watchdog.h: hang detection. The training thread names the phase it is in (phase("forward", step));
-// a thread of the watchdog's own checks twice a second, and a phase older than the timeout is reported —
-// rank, step, phase, seconds, and whether this rank is the one behind or is waiting for the others — and,
-// by default, the whole job is aborted (World::abort), so no rank waits forever on a stuck peer.
+// a thread of the watchdog's own checks several times a second, and a phase older than the timeout is
+// reported — rank, step, phase, seconds, and whether this rank is the one behind or is waiting for the
+// others — and, by default, the whole job is aborted (World::abort), so no rank waits forever on a stuck
+// peer. A rank waiting for others asks them, through their watchdog threads (on a communicator of the
+// watchdogs' own, so a rank stuck in compute still answers), where they are, and names the ones that have
+// not arrived: "rank 1 on host h has not arrived at step 5: it is in forward of step 5 for 31 s".
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <list>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "comm/world.h"
 
@@ -19,9 +24,10 @@ class Watchdog {
  public:
   // What happens to a stuck phase; the default prints the message and aborts the job (World::abort).
   using StuckHandler = std::function<void(const std::string& message)>;
-  // timeout_s <= 0: never fires (no thread is started).
+  // timeout_s <= 0: never fires (no thread is started). Collective when timeout_s > 0 on several ranks (the
+  // watchdogs' communicator is made): every rank must pass the same timeout.
   Watchdog(const comm::World& world, double timeout_s, StuckHandler on_stuck = {});
-  ~Watchdog();  // stops and joins its own thread; never communicates
+  ~Watchdog();  // stops and joins its own thread; never waits for a peer
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
 
@@ -33,12 +39,15 @@ class Watchdog {
   const char* current_phase() const { return phase_.load(); }
   int64_t current_step() const { return step_.load(); }
   double timeout_s() const { return timeout_s_; }
-  // The report for a phase stuck `seconds` (what the handler receives).
+  // The report for a phase stuck `seconds` (what the handler receives), without the other ranks' answers.
   std::string report(double seconds) const;
 
  private:
   using Clock = std::chrono::steady_clock;
+  struct Status;
   void run();
+  void serve_requests();
+  std::string ask_the_others();
 
   const comm::World& world_;
   double timeout_s_;
@@ -49,6 +58,10 @@ class Watchdog {
   std::atomic<uint64_t> generation_{0};  // phase entries so far
   std::atomic<bool> paused_{false};
   std::atomic<bool> stop_{false};
+  MPI_Comm peers_ = MPI_COMM_NULL;  // the watchdogs' own communicator (several ranks only)
+  int64_t question_ = 0;            // sequence number of the last question to the others (its send buffer)
+  struct Reply;
+  std::list<Reply> replies_;        // answers being sent (a list: MPI holds their addresses)
   std::thread thread_;
 };
 

@@ -7,6 +7,8 @@
 
 #include <cstring>
 #include <filesystem>
+#include <mutex>
+#include <thread>
 
 #include "comm/host_collectives.h"
 #include "comm/world.h"
@@ -23,6 +25,7 @@
 #include "runtime/data_source.h"
 #include "runtime/evaluate.h"
 #include "runtime/trainer.h"
+#include "runtime/watchdog.h"
 #include "test_util.h"
 
 namespace ringtrain::runtime {
@@ -112,6 +115,36 @@ TEST(CheckIn, ARankOutOfStepIsNamedOnEveryRank) {
             std::string::npos) << e;
   const std::string p = testing::error_of([&] { check_in_step(world(), 5, world().rank() == late ? 99 : 1234); });
   EXPECT_NE(p.find("with a different bucket plan"), std::string::npos) << p;
+}
+
+// A rank waiting past the timeout asks the others (their watchdog threads answer, even from a rank busy in
+// compute) and names the one that has not arrived, with its phase and step.
+TEST(WatchdogAcrossRanks, AWaitingRankNamesTheRankThatHasNotArrived) {
+  if (world().size() < 2) GTEST_SKIP() << "needs 2 or more ranks";
+  const int late = world().size() - 1;
+  std::mutex mutex;
+  std::vector<std::string> got;
+  {
+    Watchdog dog(world(), 0.4, [&](const std::string& m) {
+      std::lock_guard<std::mutex> lock(mutex);
+      got.push_back(m);
+    });
+    dog.phase(world().rank() == late ? "forward" : "step check-in (waiting for other ranks)", 5);
+    std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+    std::lock_guard<std::mutex> lock(mutex);
+    ASSERT_EQ(got.size(), 1u);
+    if (world().rank() == late) {
+      EXPECT_NE(got[0].find("step 5 stuck in forward"), std::string::npos) << got[0];
+      EXPECT_NE(got[0].find("this rank is the one behind"), std::string::npos) << got[0];
+    } else {
+      const std::string expected = detail::str_cat("rank ", late, " on host ", world().hosts()[late],
+                                                   " has not arrived at step 5: it is in forward of step 5 for ");
+      EXPECT_NE(got[0].find(expected), std::string::npos) << got[0];
+      for (int r = 0; r < late; ++r)  // the other waiting ranks are not blamed
+        EXPECT_EQ(got[0].find(detail::str_cat("rank ", r, " on host")), std::string::npos) << got[0];
+    }
+  }
+  comm::barrier(world().comm());
 }
 
 // A small CNN that is not a ResNet: conv-bn-relu, pool, linear.
