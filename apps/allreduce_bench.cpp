@@ -73,13 +73,13 @@ int main(int argc, char** argv) {
   app.add_option("-b,--min-bytes", min_text, "smallest size (K/M/G suffixes)")->capture_default_str();
   app.add_option("-e,--max-bytes", max_text, "largest size (K/M/G suffixes)")->capture_default_str();
   app.add_option("-f,--step-factor", step_factor, "size multiplier between rows")->capture_default_str();
-  app.add_option("-n,--iters", iters, "timed operations per size")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("-w,--warmup", warmup, "untimed operations per size")->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("-n,--iters", iters, "timed operations per size")->capture_default_str()->check(CLI::Range(1, 10000000));
+  app.add_option("-w,--warmup", warmup, "untimed operations per size")->capture_default_str()->check(CLI::Range(0, 10000000));
   app.add_option("--dtype", dtype_text, "f32, bf16 or f16")->capture_default_str()->check(CLI::IsMember({"f32", "bf16", "f16"}));
   app.add_option("--op", op_text, "sum or avg")->capture_default_str()->check(CLI::IsMember({"sum", "avg"}));
   app.add_option("--device", device_text, "cpu or cuda (nccl needs cuda)")->capture_default_str();
   app.add_option("--chunk-bytes", chunk_text, "ring: bytes per pipelined message")->capture_default_str();
-  app.add_option("--pipeline-depth", depth, "ring: receive buffers in flight")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--pipeline-depth", depth, "ring: receive buffers in flight")->capture_default_str()->check(CLI::Range(1, 1024));
   app.add_flag("-c,--check", check, "verify results (wrong-element count)");
   app.add_option("--json", json_path, "write {\"results\": [...]} here (rank 0)");
   CLI11_PARSE(app, argc, argv);
@@ -88,7 +88,8 @@ int main(int argc, char** argv) {
     const int64_t min_bytes = parse_bytes("--min-bytes", min_text), max_bytes = parse_bytes("--max-bytes", max_text);
     RT_CHECK(min_bytes > 0 && min_bytes <= max_bytes, "--min-bytes (", min_bytes, ") must be positive and at most --max-bytes (",
              max_bytes, ")");
-    RT_CHECK(step_factor > 1, "--step-factor must be greater than 1, got ", step_factor);
+    RT_CHECK(std::isfinite(step_factor) && step_factor > 1, "--step-factor must be a finite number greater than 1, got ",
+             step_factor);
     const DType dt = parse_dtype(dtype_text);
     const ReduceOp op = op_text == "avg" ? ReduceOp::Average : ReduceOp::Sum;
     RT_CHECK(!(check && op == ReduceOp::Average), "--check verifies sums; drop --op avg or --check");

@@ -4,6 +4,7 @@
 //   bench_loader --data DIR [--split train] [--batch-size 128] [--threads 1,2] [--batches 100]
 //                [--pad-crop 4] [--resized-crop 0] [--hflip] [--repeats 3]
 #include <CLI/CLI.hpp>
+#include <new>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -23,21 +24,24 @@ int main(int argc, char** argv) {
   bool hflip = false;
   app.add_option("--data", data_dir, "shard dataset folder (made by make_shards)")->required();
   app.add_option("--split", split, "split to read")->capture_default_str();
-  app.add_option("-b,--batch-size", batch, "records per batch")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("-b,--batch-size", batch, "records per batch")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   app.add_option("--threads", threads_text, "comma-separated worker thread counts to measure")->capture_default_str();
-  app.add_option("--batches", batches, "batches per measured run")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--pad-crop", pad_crop, "random crop after zero padding by this many pixels")->capture_default_str();
-  app.add_option("--resized-crop", resized_crop, "random-resized crop to this size (0 = off)")->capture_default_str();
+  app.add_option("--batches", batches, "batches per measured run")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  app.add_option("--pad-crop", pad_crop, "random crop after zero padding by this many pixels")->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 16));
+  app.add_option("--resized-crop", resized_crop, "random-resized crop to this size (0 = off)")->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{8192}));
   app.add_flag("--hflip", hflip, "random horizontal flip");
-  app.add_option("--repeats", repeats, "runs per configuration (median reported)")->capture_default_str();
+  app.add_option("--repeats", repeats, "runs per configuration (median reported)")->capture_default_str()->check(CLI::Range(1, 1000));
   CLI11_PARSE(app, argc, argv);
   try {
     ShardDataset ds = ShardDataset::open(data_dir, split);
     std::vector<int> thread_counts;
     std::stringstream ss(threads_text);
     for (std::string item; std::getline(ss, item, ',');) {
-      int t = std::atoi(item.c_str());
-      if (t <= 0) RT_THROW("--threads: '", item, "' is not a positive thread count");
+      const bool digits = !item.empty() && item.size() <= 4 && item.find_first_not_of("0123456789") == std::string::npos;
+      const int t = digits ? std::stoi(item) : 0;
+      if (t <= 0 || t > 1024) RT_THROW("--threads: '", item, "' is not a thread count from 1 to 1024");
       thread_counts.push_back(t);
     }
     SamplerOptions so;
@@ -73,6 +77,9 @@ int main(int argc, char** argv) {
       std::printf("threads=%d img_per_s=%.0f (min %.0f, max %.0f over %d runs)\n", threads, rates[rates.size() / 2],
                   rates.front(), rates.back(), repeats);
     }
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "bench_loader: error: out of memory (lower --batch-size or --threads)\n");
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_loader: error: %s\n", e.what());
     return 1;

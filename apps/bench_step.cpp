@@ -31,13 +31,13 @@ int main(int argc, char** argv) {
   int64_t batch = 128, hw = 32, in_ch = 3, classes = 10;
   int threads = 0, steps = 10, warmup = 2;
   app.add_option("-a,--arch", arch, "architecture")->capture_default_str();
-  app.add_option("-b,--batch-size", batch, "images per step")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--threads", threads, "CPU threads (0: cores / local ranks)")->capture_default_str();
-  app.add_option("--hw", hw, "image height and width")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--in-ch", in_ch, "input channels")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--classes", classes, "classes")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--steps", steps, "timed steps (median reported)")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--warmup", warmup, "untimed steps first")->capture_default_str();
+  app.add_option("-b,--batch-size", batch, "images per step")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 16));
+  app.add_option("--threads", threads, "CPU threads (0: cores / local ranks)")->capture_default_str()->check(CLI::Range(0, 4096));
+  app.add_option("--hw", hw, "image height and width")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{4096}));
+  app.add_option("--in-ch", in_ch, "input channels")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{4096}));
+  app.add_option("--classes", classes, "classes")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  app.add_option("--steps", steps, "timed steps (median reported)")->capture_default_str()->check(CLI::Range(1, 1000000));
+  app.add_option("--warmup", warmup, "untimed steps first")->capture_default_str()->check(CLI::Range(0, 1000000));
   app.add_option("--device", device_text, "cpu or cuda[:i]")->capture_default_str();
   app.add_option("--precision", precision, "fp32 (bf16/fp16 autocast comes with mixed precision)")
       ->capture_default_str()

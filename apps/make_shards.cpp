@@ -3,6 +3,7 @@
 // (docs/DATA_FORMAT.md), then prints a summary per split. Every split is validated by ShardWriter on
 // finish, so a zero exit status means the dataset re-opened cleanly.
 #include <CLI/CLI.hpp>
+#include <new>
 
 #include <cinttypes>
 #include <cstdio>
@@ -138,6 +139,9 @@ int main(int argc, char** argv) {
     }
     print_summary(result, out);
     return 0;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "make_shards: error: out of memory (the images are too large for this machine?)\n");
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "make_shards: error: %s\n", e.what());
     return 1;

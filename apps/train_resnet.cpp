@@ -6,6 +6,7 @@
 // checkpoints, evaluation, the watchdog (--timeout), the check-in, the JSONL log and the merged trace.
 // An error on any rank prints "rank R (host): reason" once and ends the whole job (comm::run_main).
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <string>
 
 #include "comm/world.h"
@@ -40,6 +41,8 @@ data::Transform transform_for(const data::SplitInfo& split, const ResNetFlags& f
   t.pad_crop = f.pad_crop >= 0 ? f.pad_crop : (small ? 4 : 0);
   t.resized_crop = small ? 0 : (f.image_size > 0 ? f.image_size : 224);
   t.hflip = f.hflip;
+  RT_CHECK(t.pad_crop <= std::min(split.height, split.width), "--pad-crop ", t.pad_crop, " is larger than the ",
+           split.height, "x", split.width, " images of the dataset");
   return t;
 }
 

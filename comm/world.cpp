@@ -10,6 +10,7 @@
 #include <cstring>
 #include <iostream>
 #include <mutex>
+#include <new>
 #include <set>
 #include <thread>
 
@@ -143,6 +144,12 @@ int run_main(int argc, char** argv, const std::function<int(World&)>& fn) {
     if (world && world->rank() != 0 && world->size() > 1) std::this_thread::sleep_for(std::chrono::seconds(5));
     if (world) world->abort(e.what());
     std::fprintf(stderr, "ringtrain: %s\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    const char* text = "out of host memory (an allocation failed): lower --batch-size, the image size or the number "
+                       "of loader threads, or run fewer ranks per node";
+    if (world) world->abort(text);
+    std::fprintf(stderr, "ringtrain: %s\n", text);
     return 1;
   } catch (const std::exception& e) {
     if (world) world->abort(e.what());

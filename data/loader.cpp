@@ -157,6 +157,11 @@ Loader::Loader(const ShardDataset& dataset, LoaderOptions options) : dataset_(da
   RT_CHECK(t.dtype == DType::F32 || t.dtype == DType::BF16, "loader: output dtype must be f32 or bf16, got ",
            dtype_name(t.dtype));
   RT_CHECK(t.pad_crop >= 0 && t.resized_crop >= 0, "loader: negative crop size");
+  const SplitInfo& info = dataset.info();
+  // A crop padded by more than the image is mostly padding: almost certainly a wrong flag.
+  RT_CHECK(t.pad_crop <= std::min(info.height, info.width), "loader: pad_crop (--pad-crop) ", t.pad_crop,
+           " is larger than the ", info.height, "x", info.width, " images of split '", info.split, "'");
+  RT_CHECK(t.resized_crop <= 8192, "loader: resized_crop (--image-size) ", t.resized_crop, " is over 8192 pixels");
   RT_CHECK(options_.prefetch >= 1, "loader: prefetch must be >= 1, got ", options_.prefetch);
   threads_ = options_.threads > 0 ? options_.threads : std::max(1, num_threads() - 1);
   if (options_.device.is_cuda()) copy_stream_ = Stream::create(options_.device);
