@@ -18,15 +18,15 @@ Tensor all_reduce_sum(const CommunicatorPtr& comm, const Tensor& x) {
 }
 
 namespace {
-class CommSum final : public CrossReplicaSum {
+class CommExchange final : public CrossReplicaSum {
  public:
-  explicit CommSum(CommunicatorPtr comm) : comm_(std::move(comm)) {}
-  Tensor sum(const Tensor& local) override { return all_reduce_sum(comm_, local); }
-  double sum_count(double local, Device device) override {
-    Tensor t = Tensor::scalar(local, DType::F64, device);
-    comm_->all_reduce(t, ReduceOp::Sum);
-    return t.item();
+  explicit CommExchange(CommunicatorPtr comm) : comm_(std::move(comm)) {}
+  Tensor all_gather(const Tensor& local) override {
+    Tensor all = Tensor::empty(Shape{local.numel() * comm_->size()}, local.dtype(), local.device());
+    comm_->all_gather(local, all);
+    return all;
   }
+  void all_reduce_sum(Tensor& t) override { comm_->all_reduce(t, ReduceOp::Sum); }
 
  private:
   CommunicatorPtr comm_;
@@ -45,7 +45,7 @@ int convert(Module& m, const std::shared_ptr<CrossReplicaSum>& sum) {
 
 std::shared_ptr<CrossReplicaSum> make_cross_replica_sum(CommunicatorPtr comm) {
   RT_CHECK(comm, "make_cross_replica_sum: no communicator");
-  return std::make_shared<CommSum>(std::move(comm));
+  return std::make_shared<CommExchange>(std::move(comm));
 }
 
 int convert_sync_batchnorm(Module& model, CommunicatorPtr comm) {

@@ -193,6 +193,24 @@ struct KernelTable {
   void (*batch_norm_backward)(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& save_mean,
                               const Tensor& save_invstd, bool training, Tensor& dx, Tensor& dgamma,
                               Tensor& dbeta) = nullptr;
+  // Training statistics (both here and in batch_norm_forward): two passes in f64, the second taking the
+  // deviations from the f64 mean.
+  // SyncBatchNorm, exact (ops.h sync_batch_norm): this rank's per-channel count, mean and
+  // M2 = sum (x - mean)^2 over x viewed as (M, C), both passes accumulated in f64:
+  // stats = F64 (2C + 1) [count, mean (C), M2 (C)], ready to be gathered and merged with Chan's formula.
+  void (*batch_norm_stats)(const Tensor& x, Tensor& stats) = nullptr;
+  // The normalisation with given statistics (mean and invstd, the parameter dtype): the same fused pass,
+  // rounded the same way, as batch_norm_forward's.
+  void (*batch_norm_apply)(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& mean,
+                           const Tensor& invstd, bool relu, const Tensor* residual, Tensor& y) = nullptr;
+  // The local sums of the backward (dy already ReLU-masked), in f64: sums = F64 (2C) [sum dy (C),
+  // sum dy * xhat (C)] with xhat = (x - save_mean) * save_invstd.
+  void (*batch_norm_backward_reduce)(const Tensor& x, const Tensor& dy, const Tensor& save_mean,
+                                     const Tensor& save_invstd, Tensor& sums) = nullptr;
+  // dx = gamma * invstd * (dy - sum dy / count - xhat * sum (dy * xhat) / count), with `sums` (F64 (2C),
+  // as above) and `count` over every rank: the backward of statistics taken over all of them.
+  void (*batch_norm_backward_elemt)(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& save_mean,
+                                    const Tensor& save_invstd, const Tensor& sums, double count, Tensor& dx) = nullptr;
   // Pooling over NHWC x (N, H, W, C) -> y (N, P, Q, C) with geometry g (k = c, r x s window).
   // Max writes the argmax as a flat h * W + w index per output element (I64); padding never wins.
   void (*max_pool2d_forward)(const Tensor& x, const ConvGeometry& g, Tensor& y, Tensor& argmax) = nullptr;

@@ -634,28 +634,41 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const C
 // ---------------------------------------------------------------------------------------------------
 // Batch norm and pooling
 
-Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
-                  const Tensor& running_var, bool training, double momentum, double eps, bool fuse_relu,
-                  const Tensor& residual) {
-  check_floating("batch_norm", x);
-  RT_CHECK(x.ndim() >= 2, "op 'batch_norm': expected (N, ..., C), got ", x.describe());
+namespace {
+// The checks batch_norm and sync_batch_norm share; returns the parameter dtype. local_batch: the
+// statistics are this batch's alone, so it needs two values per channel (SyncBN checks the union).
+DType check_batch_norm(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                       const Tensor& running_mean, const Tensor& running_var, bool local_batch, double momentum,
+                       double eps, const Tensor& residual) {
+  check_floating(op, x);
+  RT_CHECK(x.ndim() >= 2, "op '", op, "': expected (N, ..., C), got ", x.describe());
   const int64_t C = x.size(-1), M = x.numel() / std::max<int64_t>(C, 1);
   const DType param_dtype = x.dtype() == DType::F64 ? DType::F64 : DType::F32;
   for (const Tensor* t : {&weight, &bias, &running_mean, &running_var}) {
-    RT_CHECK(t->defined(), "op 'batch_norm': undefined parameter or statistic");
+    RT_CHECK(t->defined(), "op '", op, "': undefined parameter or statistic");
     if (t->ndim() != 1 || t->size(0) != C || t->dtype() != param_dtype || t->device() != x.device())
-      RT_THROW("op 'batch_norm': ", t->describe(), " must be ", dtype_name(param_dtype), "[", C, "] on ",
+      RT_THROW("op '", op, "': ", t->describe(), " must be ", dtype_name(param_dtype), "[", C, "] on ",
                x.device().str(), " for input ", x.describe());
   }
-  if (training && M < 2)
-    RT_THROW("op 'batch_norm': training needs more than one value per channel, got input ", x.describe());
+  if (local_batch && M < 2)
+    RT_THROW("op '", op, "': training needs more than one value per channel, got input ", x.describe());
   if (residual.defined()) {
-    check_same_device_dtype("batch_norm", x, residual);
+    check_same_device_dtype(op, x, residual);
     if (!(residual.shape() == x.shape()))
-      RT_THROW("op 'batch_norm': residual ", residual.describe(), " must have the input's shape ", x.shape());
+      RT_THROW("op '", op, "': residual ", residual.describe(), " must have the input's shape ", x.shape());
   }
   if (!(eps > 0) || !(momentum >= 0 && momentum <= 1))
-    RT_THROW("op 'batch_norm': eps must be > 0 and momentum in [0, 1], got eps=", eps, " momentum=", momentum);
+    RT_THROW("op '", op, "': eps must be > 0 and momentum in [0, 1], got eps=", eps, " momentum=", momentum);
+  return param_dtype;
+}
+}  // namespace
+
+Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+                  const Tensor& running_var, bool training, double momentum, double eps, bool fuse_relu,
+                  const Tensor& residual) {
+  const DType param_dtype =
+      check_batch_norm("batch_norm", x, weight, bias, running_mean, running_var, training, momentum, eps, residual);
+  const int64_t C = x.size(-1), M = x.numel() / std::max<int64_t>(C, 1);
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
   Tensor save_mean = Tensor::empty(Shape{C}, param_dtype, x.device());
   Tensor save_invstd = Tensor::empty(Shape{C}, param_dtype, x.device());
@@ -692,6 +705,98 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, con
                   detail::after_op(dy.device(), "batch_norm_backward");
                   // The residual's gradient is the (ReLU-masked) output gradient itself.
                   return Grads{dx, dw, db, has_residual ? dy : Tensor()};
+                });
+}
+
+namespace {
+
+// Chan, Golub and LeVeque's parallel merge of per-replica (count, mean, M2), in replica order: exact where
+// E[x^2] - E[x]^2 would cancel, and the same bits on every replica (they merge the same numbers in the
+// same order). gathered: (replicas x (2C + 1)) [count, mean (C), M2 (C)]. Returns the total count.
+double merge_statistics(const Tensor& gathered, int64_t C, std::vector<double>& mean, std::vector<double>& m2) {
+  const int64_t row = 2 * C + 1;
+  RT_CHECK(gathered.numel() % row == 0, "sync_batch_norm: gathered ", gathered.numel(),
+           " statistics, not a whole number of replicas of ", C, " channels (do all replicas have the same model?)");
+  const double* g = gathered.data<double>();
+  mean.assign(static_cast<size_t>(C), 0.0);
+  m2.assign(static_cast<size_t>(C), 0.0);
+  double total = 0;
+  for (int64_t r = 0; r < gathered.numel() / row; ++r) {
+    const double* s = g + r * row;
+    const double n = s[0];
+    if (n <= 0) continue;
+    const double merged = total + n;
+    for (int64_t c = 0; c < C; ++c) {
+      const auto i = static_cast<size_t>(c);
+      const double delta = s[1 + c] - mean[i];
+      mean[i] += delta * (n / merged);
+      m2[i] += s[1 + C + c] + delta * delta * (total * n / merged);
+    }
+    total = merged;
+  }
+  return total;
+}
+
+}  // namespace
+
+Tensor sync_batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+                       const Tensor& running_var, double momentum, double eps, bool fuse_relu, const Tensor& residual,
+                       const std::shared_ptr<BatchNormExchange>& exchange) {
+  const DType param_dtype =
+      check_batch_norm("sync_batch_norm", x, weight, bias, running_mean, running_var, false, momentum, eps, residual);
+  RT_CHECK(exchange, "op 'sync_batch_norm': no exchange with the other replicas");
+  const int64_t C = x.size(-1);
+  const Device device = x.device();
+  Tensor local = Tensor::empty(Shape{2 * C + 1}, DType::F64, device);
+  RT_KERNEL(device, "sync_batch_norm", batch_norm_stats)(x, local);
+  detail::after_op(device, "sync_batch_norm");
+  std::vector<double> mean, m2;
+  const double count = merge_statistics(exchange->all_gather(local).to(Device::cpu()), C, mean, m2);
+  RT_CHECK(count > 1, "op 'sync_batch_norm': training needs more than one value per channel over all replicas, got ",
+           count, " (input ", x.describe(), ")");
+  // The saved statistics exactly as batch_norm's training pass rounds them: on one replica SyncBN is plain
+  // batch norm bit for bit.
+  std::vector<double> invstd(m2.size()), unbiased(m2.size());
+  for (size_t c = 0; c < m2.size(); ++c) {
+    invstd[c] = 1.0 / std::sqrt(m2[c] / count + eps);
+    unbiased[c] = m2[c] / (count - 1);
+  }
+  const Tensor save_mean = Tensor::from_vector(mean, Shape{C}, param_dtype, device);
+  const Tensor save_invstd = Tensor::from_vector(invstd, Shape{C}, param_dtype, device);
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), device);
+  const Tensor* residual_ptr = residual.defined() ? &residual : nullptr;
+  RT_KERNEL(device, "sync_batch_norm", batch_norm_apply)(x, weight, bias, save_mean, save_invstd, fuse_relu, residual_ptr, y);
+  detail::after_op(device, "sync_batch_norm");
+  {
+    NoGradGuard no_grad;
+    Tensor(running_mean).copy_(add(mul(running_mean, 1.0 - momentum), mul(save_mean, momentum)));
+    Tensor(running_var).copy_(add(mul(running_var, 1.0 - momentum),
+                                  mul(Tensor::from_vector(unbiased, Shape{C}, param_dtype, device), momentum)));
+  }
+  if (!needs_grad({&x, &weight, &bias, &residual})) return y;
+  Tensor sx = x.detach(), sw = weight.detach(), sy = fuse_relu ? y.detach() : Tensor();
+  const bool has_residual = residual.defined();
+  return record("sync_batch_norm", {&x, &weight, &bias, &residual}, y,
+                [sx, sw, sy, save_mean, save_invstd, has_residual, exchange, count, C, param_dtype](const Tensor& dy_in) {
+                  NoGradGuard no_grad;
+                  Tensor dy = dy_in;
+                  if (sy.defined()) {
+                    dy = Tensor::empty(dy_in.shape(), dy_in.dtype(), dy_in.device());
+                    RT_KERNEL(dy.device(), "sync_batch_norm_backward", binary)(
+                        BinaryOp::ReluGrad, dy_in, sy, dy, make_broadcast(dy.shape(), sy.shape(), dy.shape()));
+                  }
+                  Tensor sums = Tensor::empty(Shape{2 * C}, DType::F64, dy.device());
+                  RT_KERNEL(dy.device(), "sync_batch_norm_backward", batch_norm_backward_reduce)(sx, dy, save_mean,
+                                                                                                save_invstd, sums);
+                  // This replica's parameter gradients; the sums over every replica for dx.
+                  Tensor dbeta = sums.slice(0, C).to(param_dtype), dgamma = sums.slice(C, 2 * C).to(param_dtype);
+                  Tensor global = sums.clone();
+                  exchange->all_reduce_sum(global);
+                  Tensor dx = Tensor::empty(sx.shape(), sx.dtype(), sx.device());
+                  RT_KERNEL(dy.device(), "sync_batch_norm_backward", batch_norm_backward_elemt)(
+                      sx, dy, sw, save_mean, save_invstd, global, count, dx);
+                  detail::after_op(dy.device(), "sync_batch_norm_backward");
+                  return Grads{dx, dgamma, dbeta, has_residual ? dy : Tensor()};
                 });
 }
 

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 #include "core/tensor.h"
 
@@ -84,6 +85,28 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const C
 Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
                   const Tensor& running_var, bool training, double momentum, double eps, bool fuse_relu = false,
                   const Tensor& residual = Tensor());
+
+// What a synchronised batch norm exchanges with the other replicas of a data-parallel job (comm/ makes one
+// over a communicator). Both are collective: every replica calls them in the same order.
+class BatchNormExchange {
+ public:
+  virtual ~BatchNormExchange() = default;
+  // Every replica's `local` (1-D, the same size everywhere), concatenated in replica order.
+  virtual Tensor all_gather(const Tensor& local) = 0;
+  // `t` summed over the replicas, in place, the same bits on every replica.
+  virtual void all_reduce_sum(Tensor& t) = 0;
+};
+
+// SyncBatchNorm in training: batch_norm with the statistics of every replica's batch, as one process with
+// their union would compute them. Each replica takes its per-channel (count, mean, M2) in two f64 passes,
+// one all-gather brings them together and Chan's parallel formula merges them in replica order (exact,
+// and identical on every replica, whatever the means); the normalisation is the fused batch-norm pass
+// (with the residual add and ReLU). Backward: the per-channel sums of dy and dy * xhat are summed over
+// the replicas with one all-reduce for dx; the weight and bias gradients are this replica's own (the
+// gradient averaging of data parallelism completes them).
+Tensor sync_batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+                       const Tensor& running_var, double momentum, double eps, bool fuse_relu, const Tensor& residual,
+                       const std::shared_ptr<BatchNormExchange>& exchange);
 struct Pool2dParams {
   int64_t kernel_h = 2, kernel_w = 2;
   int64_t stride_h = 2, stride_w = 2;

@@ -5,21 +5,16 @@
 
 #include <memory>
 
+#include "core/ops.h"
 #include "layers/module.h"
 
 namespace ringtrain {
 
-// Sums per-channel statistics over the replicas of a data-parallel job; a BatchNorm2d given one is a
-// SyncBatchNorm (comm/sync_batchnorm.h makes them). sum() must be differentiable: its backward sums the
-// incoming gradients over the replicas the same way.
-class CrossReplicaSum {
- public:
-  virtual ~CrossReplicaSum() = default;
-  virtual Tensor sum(const Tensor& local) = 0;
-  // The total element count; `device` is where the statistics live (some communicators take only
-  // tensors of their device).
-  virtual double sum_count(double local, Device device) = 0;
-};
+// What a SyncBatchNorm exchanges with the other replicas of a data-parallel job (core/ops.h,
+// BatchNormExchange: an all-gather of the statistics forward, an all-reduce of two per-channel sums
+// backward); comm/sync_batchnorm.h makes one over a communicator. A BatchNorm2d given one is a
+// SyncBatchNorm.
+using CrossReplicaSum = BatchNormExchange;
 
 class BatchNorm2d : public Module {
  public:
@@ -41,7 +36,6 @@ class BatchNorm2d : public Module {
 
  private:
   Tensor run(const Tensor& x, bool relu, const Tensor& residual = Tensor());
-  Tensor run_synchronized(const Tensor& x, bool relu, const Tensor& residual);
   std::shared_ptr<CrossReplicaSum> cross_replica_;
   int64_t channels_;
   double momentum_, eps_;

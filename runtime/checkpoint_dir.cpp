@@ -126,7 +126,10 @@ data::SamplerState TrainState::position_for(int64_t run_per_step_global, int64_t
   RT_CHECK(samples % run_per_step_global == 0, "--resume ", file, ": the checkpoint stopped after ", samples,
            " samples of its epoch, not a multiple of this run's ", run_per_step_global, " (ranks x --batch-size)");
   data::SamplerState p{position.epoch, samples / run_per_step_global};
-  if (p.next_batch >= micro_per_epoch) {  // the epoch was complete
+  RT_CHECK(p.next_batch <= micro_per_epoch, "--resume ", file, ": /meta/json key 'sampler.next_batch' ", position.next_batch,
+           " is beyond the end of an epoch (", micro_per_epoch, " batches of ", run_per_step_global,
+           " images in this run): the checkpoint does not belong to this dataset and batch size");
+  if (p.next_batch == micro_per_epoch) {  // the epoch was complete
     ++p.epoch;
     p.next_batch = 0;
   }

@@ -39,6 +39,14 @@ std::string error_of(const std::function<void()>& f);
 // Random f64 tensor (deterministic per seed).
 Tensor random_f64(const Shape& shape, uint64_t seed, double low = -1.0, double high = 1.0);
 
+// The exchange of a SyncBatchNorm that is its job's only replica: the gather is the local statistics
+// themselves and the sum changes nothing (sync_batch_norm then equals batch_norm).
+class SingleReplicaExchange final : public BatchNormExchange {
+ public:
+  Tensor all_gather(const Tensor& local) override { return local.clone(); }
+  void all_reduce_sum(Tensor&) override {}
+};
+
 // GPU vs CPU agreement (relative and absolute) per dtype: a few units in the last place of the storage
 // type (16-bit results may round the other way after a 1-ulp difference in f32); 0 for integers.
 double cuda_vs_cpu_tolerance(DType t);

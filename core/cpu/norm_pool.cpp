@@ -51,6 +51,44 @@ std::vector<double> channel_sums(int64_t rows, int64_t channels, F&& f) {
   return total;
 }
 
+// y = x * scale + shift per channel (+ residual, ReLU), scale = gamma * invstd, shift = beta - mean * scale.
+template <typename S, typename P>
+void apply_batch_norm(const Tensor& x, const P* pg, const P* pb, const P* pm, const P* pi, bool relu,
+                      const Tensor* residual, Tensor& y) {
+  using A = acc_t<S>;
+  const int64_t C = x.size(-1), M = x.numel() / std::max<int64_t>(C, 1);
+  const S* px = x.data<S>();
+  S* py = y.data<S>();
+  std::vector<A> scale(static_cast<size_t>(C)), shift(static_cast<size_t>(C));
+  for (int64_t c = 0; c < C; ++c) {
+    scale[static_cast<size_t>(c)] = static_cast<A>(pg[c] * pi[c]);
+    shift[static_cast<size_t>(c)] = static_cast<A>(pb[c] - pm[c] * pg[c] * pi[c]);
+  }
+  const S* pres = residual ? residual->data<S>() : nullptr;
+  parallel_for(M, std::max<int64_t>(1, 16384 / std::max<int64_t>(C, 1)), [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r)
+      for (int64_t c = 0; c < C; ++c) {
+        A v = load_as<A>(px[r * C + c]) * scale[static_cast<size_t>(c)] + shift[static_cast<size_t>(c)];
+        if (pres) v += load_as<A>(pres[r * C + c]);
+        if (relu && v < A(0)) v = A(0);
+        py[r * C + c] = store_as<S>(v);
+      }
+  });
+}
+
+// Per-channel mean and M2 = sum (x - mean)^2 of an (M, C) view in two passes, both in f64 and the second
+// from the f64 mean: a mean that dwarfs the spread costs no digits.
+template <typename S>
+void mean_and_m2(const S* px, int64_t M, int64_t C, std::vector<double>& mean, std::vector<double>& m2) {
+  using A = acc_t<S>;
+  mean = channel_sums(M, C, [&](int64_t r, int64_t c) { return static_cast<double>(load_as<A>(px[r * C + c])); });
+  for (double& v : mean) v = M > 0 ? v / static_cast<double>(M) : 0.0;
+  m2 = channel_sums(M, C, [&](int64_t r, int64_t c) {
+    const double d = static_cast<double>(load_as<A>(px[r * C + c])) - mean[static_cast<size_t>(c)];
+    return d * d;
+  });
+}
+
 void batch_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
                         const Tensor& running_var, bool training, double eps, bool relu, const Tensor* residual, Tensor& y, Tensor& save_mean,
                         Tensor& save_invstd) {
@@ -58,21 +96,14 @@ void batch_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta
   visit_float(x.dtype(), "batch_norm", [&](auto tag) {
     using S = decltype(tag);
     using P = std::conditional_t<std::is_same_v<S, double>, double, float>;  // parameter / stats dtype
-    using A = acc_t<S>;
-    const S* px = x.data<S>();
-    S* py = y.data<S>();
-    const P *pg = gamma.data<P>(), *pb = beta.data<P>();
     P *pm = save_mean.data<P>(), *pi = save_invstd.data<P>();
     if (training) {
-      auto sums = channel_sums(M, C, [&](int64_t r, int64_t c) { return static_cast<double>(load_as<A>(px[r * C + c])); });
-      for (int64_t c = 0; c < C; ++c) pm[c] = static_cast<P>(sums[static_cast<size_t>(c)] / static_cast<double>(M));
-      // Two-pass variance: numerically safe for large means.
-      auto sq = channel_sums(M, C, [&](int64_t r, int64_t c) {
-        const double d = static_cast<double>(load_as<A>(px[r * C + c])) - static_cast<double>(pm[c]);
-        return d * d;
-      });
-      for (int64_t c = 0; c < C; ++c)
-        pi[c] = static_cast<P>(1.0 / std::sqrt(sq[static_cast<size_t>(c)] / static_cast<double>(M) + eps));
+      std::vector<double> mean, m2;
+      mean_and_m2(x.data<S>(), M, C, mean, m2);
+      for (int64_t c = 0; c < C; ++c) {
+        pm[c] = static_cast<P>(mean[static_cast<size_t>(c)]);
+        pi[c] = static_cast<P>(1.0 / std::sqrt(m2[static_cast<size_t>(c)] / static_cast<double>(M) + eps));
+      }
     } else {
       const P *rm = running_mean.data<P>(), *rv = running_var.data<P>();
       for (int64_t c = 0; c < C; ++c) {
@@ -80,22 +111,52 @@ void batch_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta
         pi[c] = static_cast<P>(1.0 / std::sqrt(static_cast<double>(rv[c]) + eps));
       }
     }
-    // y = x * scale + shift per channel.
-    std::vector<A> scale(static_cast<size_t>(C)), shift(static_cast<size_t>(C));
-    for (int64_t c = 0; c < C; ++c) {
-      scale[static_cast<size_t>(c)] = static_cast<A>(pg[c] * pi[c]);
-      shift[static_cast<size_t>(c)] = static_cast<A>(pb[c] - pm[c] * pg[c] * pi[c]);
-    }
-    const S* pres = residual ? residual->data<S>() : nullptr;
-    parallel_for(M, std::max<int64_t>(1, 16384 / std::max<int64_t>(C, 1)), [&](int64_t lo, int64_t hi) {
-      for (int64_t r = lo; r < hi; ++r)
-        for (int64_t c = 0; c < C; ++c) {
-          A v = load_as<A>(px[r * C + c]) * scale[static_cast<size_t>(c)] + shift[static_cast<size_t>(c)];
-          if (pres) v += load_as<A>(pres[r * C + c]);
-          if (relu && v < A(0)) v = A(0);
-          py[r * C + c] = store_as<S>(v);
-        }
-    });
+    apply_batch_norm<S, P>(x, gamma.data<P>(), beta.data<P>(), pm, pi, relu, residual, y);
+  });
+}
+
+void batch_norm_apply(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& mean,
+                      const Tensor& invstd, bool relu, const Tensor* residual, Tensor& y) {
+  visit_float(x.dtype(), "batch_norm_apply", [&](auto tag) {
+    using S = decltype(tag);
+    using P = std::conditional_t<std::is_same_v<S, double>, double, float>;
+    apply_batch_norm<S, P>(x, gamma.data<P>(), beta.data<P>(), mean.data<P>(), invstd.data<P>(), relu, residual, y);
+  });
+}
+
+// The backward's per-channel sums over an (M, C) view, in f64: sum dy and sum dy * xhat.
+template <typename S, typename P>
+void backward_sums(const S* px, const S* pdy, const P* pm, const P* pi, int64_t M, int64_t C, std::vector<double>& sum_dy,
+                   std::vector<double>& sum_dy_xhat) {
+  using A = acc_t<S>;
+  sum_dy = channel_sums(M, C, [&](int64_t r, int64_t c) { return static_cast<double>(load_as<A>(pdy[r * C + c])); });
+  sum_dy_xhat = channel_sums(M, C, [&](int64_t r, int64_t c) {
+    const double xhat = (static_cast<double>(load_as<A>(px[r * C + c])) - pm[c]) * pi[c];
+    return static_cast<double>(load_as<A>(pdy[r * C + c])) * xhat;
+  });
+}
+
+// dx = g * invstd * (dy - sum_dy / count - xhat * sum_dy_xhat / count), or g * invstd * dy without the
+// statistics' terms (eval: sums null). The coefficients in f64, rounded once to the accumulator type.
+template <typename S, typename P>
+void backward_dx(const S* px, const S* pdy, const P* pg, const P* pm, const P* pi, const double* sum_dy,
+                 const double* sum_dy_xhat, double count, int64_t M, int64_t C, S* pdx) {
+  using A = acc_t<S>;
+  std::vector<A> k1(static_cast<size_t>(C)), k2(static_cast<size_t>(C)), k3(static_cast<size_t>(C));
+  for (int64_t c = 0; c < C; ++c) {
+    const size_t i = static_cast<size_t>(c);
+    const double gi = static_cast<double>(pg[c]) * pi[c];
+    k1[i] = static_cast<A>(gi);
+    k2[i] = static_cast<A>(sum_dy ? gi * sum_dy[c] / count : 0.0);
+    k3[i] = static_cast<A>(sum_dy_xhat ? gi * sum_dy_xhat[c] / count : 0.0);
+  }
+  parallel_for(M, std::max<int64_t>(1, 16384 / std::max<int64_t>(C, 1)), [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r)
+      for (int64_t c = 0; c < C; ++c) {
+        const size_t i = static_cast<size_t>(c);
+        const A xhat = (load_as<A>(px[r * C + c]) - static_cast<A>(pm[c])) * static_cast<A>(pi[c]);
+        pdx[r * C + c] = store_as<S>(load_as<A>(pdy[r * C + c]) * k1[i] - k2[i] - xhat * k3[i]);
+      }
   });
 }
 
@@ -105,35 +166,56 @@ void batch_norm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma,
   visit_float(x.dtype(), "batch_norm_backward", [&](auto tag) {
     using S = decltype(tag);
     using P = std::conditional_t<std::is_same_v<S, double>, double, float>;
-    using A = acc_t<S>;
     const S *px = x.data<S>(), *pdy = dy.data<S>();
-    S* pdx = dx.data<S>();
-    const P *pg = gamma.data<P>(), *pm = save_mean.data<P>(), *pi = save_invstd.data<P>();
+    const P *pm = save_mean.data<P>(), *pi = save_invstd.data<P>();
+    std::vector<double> sum_dy, sum_dy_xhat;
+    backward_sums(px, pdy, pm, pi, M, C, sum_dy, sum_dy_xhat);
     P *pdg = dgamma.data<P>(), *pdb = dbeta.data<P>();
-    auto sum_dy = channel_sums(M, C, [&](int64_t r, int64_t c) { return static_cast<double>(load_as<A>(pdy[r * C + c])); });
-    auto sum_dy_xhat = channel_sums(M, C, [&](int64_t r, int64_t c) {
-      const double xhat = (static_cast<double>(load_as<A>(px[r * C + c])) - pm[c]) * pi[c];
-      return static_cast<double>(load_as<A>(pdy[r * C + c])) * xhat;
-    });
-    std::vector<A> k1(static_cast<size_t>(C)), k2(static_cast<size_t>(C)), k3(static_cast<size_t>(C));
     for (int64_t c = 0; c < C; ++c) {
-      const size_t i = static_cast<size_t>(c);
-      pdg[c] = static_cast<P>(sum_dy_xhat[i]);
-      pdb[c] = static_cast<P>(sum_dy[i]);
-      // dx = g * invstd * (dy - mean(dy) - xhat * mean(dy * xhat)) in training; g * invstd * dy in eval.
-      const double gi = static_cast<double>(pg[c]) * pi[c];
-      k1[i] = static_cast<A>(gi);
-      k2[i] = static_cast<A>(training ? gi * sum_dy[i] / static_cast<double>(M) : 0.0);
-      k3[i] = static_cast<A>(training ? gi * sum_dy_xhat[i] / static_cast<double>(M) : 0.0);
+      pdg[c] = static_cast<P>(sum_dy_xhat[static_cast<size_t>(c)]);
+      pdb[c] = static_cast<P>(sum_dy[static_cast<size_t>(c)]);
     }
-    parallel_for(M, std::max<int64_t>(1, 16384 / std::max<int64_t>(C, 1)), [&](int64_t lo, int64_t hi) {
-      for (int64_t r = lo; r < hi; ++r)
-        for (int64_t c = 0; c < C; ++c) {
-          const size_t i = static_cast<size_t>(c);
-          const A xhat = (load_as<A>(px[r * C + c]) - static_cast<A>(pm[c])) * static_cast<A>(pi[c]);
-          pdx[r * C + c] = store_as<S>(load_as<A>(pdy[r * C + c]) * k1[i] - k2[i] - xhat * k3[i]);
-        }
-    });
+    backward_dx(px, pdy, gamma.data<P>(), pm, pi, training ? sum_dy.data() : nullptr,
+                training ? sum_dy_xhat.data() : nullptr, static_cast<double>(M), M, C, dx.data<S>());
+  });
+}
+
+void batch_norm_stats(const Tensor& x, Tensor& stats) {
+  const int64_t C = x.size(-1), M = x.numel() / std::max<int64_t>(C, 1);
+  visit_float(x.dtype(), "batch_norm_stats", [&](auto tag) {
+    using S = decltype(tag);
+    std::vector<double> mean, m2;
+    mean_and_m2(x.data<S>(), M, C, mean, m2);
+    double* out = stats.data<double>();  // [count, mean (C), M2 (C)]
+    out[0] = static_cast<double>(M);
+    std::copy(mean.begin(), mean.end(), out + 1);
+    std::copy(m2.begin(), m2.end(), out + 1 + C);
+  });
+}
+
+void batch_norm_backward_reduce(const Tensor& x, const Tensor& dy, const Tensor& save_mean, const Tensor& save_invstd,
+                                Tensor& sums) {
+  const int64_t C = x.size(-1), M = x.numel() / std::max<int64_t>(C, 1);
+  visit_float(x.dtype(), "batch_norm_backward_reduce", [&](auto tag) {
+    using S = decltype(tag);
+    using P = std::conditional_t<std::is_same_v<S, double>, double, float>;
+    std::vector<double> sum_dy, sum_dy_xhat;
+    backward_sums(x.data<S>(), dy.data<S>(), save_mean.data<P>(), save_invstd.data<P>(), M, C, sum_dy, sum_dy_xhat);
+    double* out = sums.data<double>();  // [sum dy (C), sum dy * xhat (C)]
+    std::copy(sum_dy.begin(), sum_dy.end(), out);
+    std::copy(sum_dy_xhat.begin(), sum_dy_xhat.end(), out + C);
+  });
+}
+
+void batch_norm_backward_elemt(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& save_mean,
+                               const Tensor& save_invstd, const Tensor& sums, double count, Tensor& dx) {
+  const int64_t C = x.size(-1), M = x.numel() / std::max<int64_t>(C, 1);
+  visit_float(x.dtype(), "batch_norm_backward_elemt", [&](auto tag) {
+    using S = decltype(tag);
+    using P = std::conditional_t<std::is_same_v<S, double>, double, float>;
+    const double* ps = sums.data<double>();
+    backward_dx(x.data<S>(), dy.data<S>(), gamma.data<P>(), save_mean.data<P>(), save_invstd.data<P>(), ps, ps + C,
+                count, M, C, dx.data<S>());
   });
 }
 
@@ -273,6 +355,10 @@ void avg_pool2d_backward(const Tensor& dy, const ConvGeometry& g, Tensor& dx) {
 void register_norm_pool_kernels(KernelTable& t) {
   t.batch_norm_forward = &batch_norm_forward;
   t.batch_norm_backward = &batch_norm_backward;
+  t.batch_norm_stats = &batch_norm_stats;
+  t.batch_norm_apply = &batch_norm_apply;
+  t.batch_norm_backward_reduce = &batch_norm_backward_reduce;
+  t.batch_norm_backward_elemt = &batch_norm_backward_elemt;
   t.max_pool2d_forward = &max_pool2d_forward;
   t.max_pool2d_backward = &max_pool2d_backward;
   t.avg_pool2d_forward = &avg_pool2d_forward;

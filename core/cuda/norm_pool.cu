@@ -9,7 +9,9 @@
 // to an f64 workspace (parts, C). A second small kernel merges each channel's partials in a fixed order
 // (again rows of threads over the parts and a fixed tree) and turns the sums into statistics. The split
 // into parts depends on the shape alone, never on the GPU. Training uses two passes (mean, then the sum
-// of squared deviations from it) like the CPU; the normalisation is a third, elementwise, pass.
+// of squared deviations from its unrounded f64 value) like the CPU; the normalisation is a third,
+// elementwise, pass. SyncBatchNorm's kernels (stats, apply with given statistics, the backward's local sums
+// and its dx from sums over every replica) are the same passes cut where the replicas exchange numbers.
 //
 // Pooling: one thread per output element (c innermost, so loads and stores are coalesced). Backward
 // passes are gathers, one thread per input element, that visit the outputs whose window covers it in
@@ -89,9 +91,10 @@ __device__ inline void tree_over_rows(double (*shared)[kLanes]) {
 template <typename S, StatPass kPass>
 __global__ void __launch_bounds__(kThreads)
     channel_partials_kernel(const S* x /* (M, C) */, const S* dy /* (M, C), Backward only */,
-                            const param_t<S>* mean /* (C), not for Sum */,
-                            const param_t<S>* invstd /* (C), Backward only */, int64_t M, int64_t C, int64_t chunk,
-                            double* partial /* (accumulators, parts, C) */) {
+                            const param_t<S>* mean /* (C), Backward only */,
+                            const param_t<S>* invstd /* (C), Backward only */,
+                            const double* mean64 /* (C), SquaredDeviation only: the f64 mean */, int64_t M, int64_t C,
+                            int64_t chunk, double* partial /* (accumulators, parts, C) */) {
   using A = compute_t<S>;
   __shared__ double acc0[kRows][kLanes];
   __shared__ double acc1[kRows][kLanes];
@@ -101,8 +104,11 @@ __global__ void __launch_bounds__(kThreads)
   double a0 = 0.0, a1 = 0.0;
   if (c < C) {
     double m = 0.0, is = 0.0;
-    if constexpr (kPass != StatPass::Sum) m = static_cast<double>(mean[c]);
-    if constexpr (kPass == StatPass::Backward) is = static_cast<double>(invstd[c]);
+    if constexpr (kPass == StatPass::SquaredDeviation) m = mean64[c];
+    if constexpr (kPass == StatPass::Backward) {
+      m = static_cast<double>(mean[c]);
+      is = static_cast<double>(invstd[c]);
+    }
     const int64_t begin = part * chunk, end = min(M, begin + chunk);
     for (int64_t r = begin + row; r < end; r += kRows) {
       const double v = static_cast<double>(load_as<A>(x[r * C + c]));
@@ -159,11 +165,67 @@ __device__ inline void write_scale_shift(const P* gamma, const P* beta, P mean, 
 template <typename P>
 __global__ void __launch_bounds__(kThreads)
     bn_mean_kernel(const double* partial /* (parts, C) */, int64_t parts, int64_t M, int64_t C,
-                   P* save_mean /* (C) */) {
+                   P* save_mean /* (C) */, double* mean64 /* (C): the same, unrounded, for the second pass */) {
   __shared__ double shared[kRows][kLanes];
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kLanes + threadIdx.x;
   const double total = merge_parts(partial, parts, C, c, shared);
-  if (threadIdx.y == 0 && c < C) save_mean[c] = static_cast<P>(total / static_cast<double>(M));
+  if (threadIdx.y == 0 && c < C) {
+    const double mean = M > 0 ? total / static_cast<double>(M) : 0.0;
+    save_mean[c] = static_cast<P>(mean);
+    mean64[c] = mean;
+  }
+}
+
+// SyncBatchNorm's local statistics: stats = [count, mean (C), M2 (C)] in f64. Grid (tiles), block
+// (kLanes, kRows). With `mean_pass` the partials are sums of x (-> mean and the count), else squared
+// deviations from that mean (-> M2).
+__global__ void __launch_bounds__(kThreads)
+    bn_stats_kernel(const double* partial /* (parts, C) */, int64_t parts, int64_t M, int64_t C, bool mean_pass,
+                    double* stats /* (2C + 1) */) {
+  __shared__ double shared[kRows][kLanes];
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kLanes + threadIdx.x;
+  const double total = merge_parts(partial, parts, C, c, shared);
+  if (threadIdx.y != 0 || c >= C) return;
+  if (mean_pass) {
+    stats[1 + c] = M > 0 ? total / static_cast<double>(M) : 0.0;
+    if (c == 0) stats[0] = static_cast<double>(M);
+  } else {
+    stats[1 + C + c] = total;
+  }
+}
+
+// The scale and shift of given statistics (batch_norm_apply). One thread per channel.
+template <typename P, typename A>
+__global__ void bn_given_params_kernel(const P* mean, const P* invstd, const P* gamma, const P* beta, int64_t C,
+                                       A* coef /* scale (C), shift (C) */) {
+  RT_GRID_STRIDE(c, C) write_scale_shift(gamma, beta, mean[c], invstd[c], C, c, coef);
+}
+
+// The local sums of the backward into sums = [sum dy (C), sum dy * xhat (C)]. Grid (tiles), block
+// (kLanes, kRows).
+__global__ void __launch_bounds__(kThreads)
+    bn_backward_sums_kernel(const double* partial /* (2, parts, C) */, int64_t parts, int64_t C,
+                            double* sums /* (2C) */) {
+  __shared__ double shared[kRows][kLanes];
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kLanes + threadIdx.x;
+  const double sum_dy = merge_parts(partial, parts, C, c, shared);
+  const double sum_dy_xhat = merge_parts(partial + parts * C, parts, C, c, shared);
+  if (threadIdx.y == 0 && c < C) {
+    sums[c] = sum_dy;
+    sums[C + c] = sum_dy_xhat;
+  }
+}
+
+// The dx coefficients of batch_norm_backward_elemt from sums over every replica (see bn_backward_coef_kernel).
+template <typename P, typename A>
+__global__ void bn_elemt_coef_kernel(const double* sums /* (2C) */, double count, const P* gamma, const P* save_invstd,
+                                     int64_t C, A* coef /* k1, k2, k3: (3, C) */) {
+  RT_GRID_STRIDE(c, C) {
+    const double gi = static_cast<double>(gamma[c]) * static_cast<double>(save_invstd[c]);
+    coef[c] = static_cast<A>(gi);
+    coef[C + c] = static_cast<A>(gi * sums[c] / count);
+    coef[2 * C + c] = static_cast<A>(gi * sums[C + c] / count);
+  }
 }
 
 // Grid (tiles), block (kLanes, kRows).
@@ -404,15 +466,16 @@ void batch_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta
     if (training) {
       const RowSplit split = split_rows(M, C);
       Tensor partial = Tensor::empty(Shape{split.parts * C}, DType::F64, x.device());
+      Tensor mean64 = Tensor::empty(Shape{C}, DType::F64, x.device());
       const dim3 grid(tiles, static_cast<unsigned>(split.parts));
       double* ws = partial.data<double>();
       channel_partials_kernel<S, StatPass::Sum>
-          <<<grid, block, 0, stream>>>(x.data<S>(), nullptr, nullptr, nullptr, M, C, split.chunk, ws);
+          <<<grid, block, 0, stream>>>(x.data<S>(), nullptr, nullptr, nullptr, nullptr, M, C, split.chunk, ws);
       CUDA_CHECK(cudaGetLastError());
-      bn_mean_kernel<P><<<tiles, block, 0, stream>>>(ws, split.parts, M, C, pm);
+      bn_mean_kernel<P><<<tiles, block, 0, stream>>>(ws, split.parts, M, C, pm, mean64.data<double>());
       CUDA_CHECK(cudaGetLastError());
-      channel_partials_kernel<S, StatPass::SquaredDeviation>
-          <<<grid, block, 0, stream>>>(x.data<S>(), nullptr, pm, nullptr, M, C, split.chunk, ws);
+      channel_partials_kernel<S, StatPass::SquaredDeviation><<<grid, block, 0, stream>>>(
+          x.data<S>(), nullptr, nullptr, nullptr, mean64.data<double>(), M, C, split.chunk, ws);
       CUDA_CHECK(cudaGetLastError());
       bn_invstd_kernel<P, A>
           <<<tiles, block, 0, stream>>>(ws, split.parts, M, C, eps, pg, pb, pm, pi, coef.data<A>());
@@ -447,7 +510,7 @@ void batch_norm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma,
     Tensor coef = Tensor::empty(Shape{3 * C}, accumulator_dtype<A>(), x.device());
     double* ws = partial.data<double>();
     channel_partials_kernel<S, StatPass::Backward><<<dim3(tiles, static_cast<unsigned>(split.parts)), block, 0, stream>>>(
-        x.data<S>(), dy.data<S>(), pm, pi, M, C, split.chunk, ws);
+        x.data<S>(), dy.data<S>(), pm, pi, nullptr, M, C, split.chunk, ws);
     CUDA_CHECK(cudaGetLastError());
     bn_backward_coef_kernel<P, A><<<tiles, block, 0, stream>>>(ws, split.parts, M, C, training, gamma.data<P>(), pi,
                                                                dgamma.data<P>(), dbeta.data<P>(), coef.data<A>());
@@ -455,6 +518,98 @@ void batch_norm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma,
     if (M == 0) return;
     bn_backward_dx_kernel<S><<<elementwise_grid(M, C), block, 0, stream>>>(x.data<S>(), dy.data<S>(), pm, pi,
                                                                           coef.data<A>(), M, C, dx.data<S>());
+    CUDA_CHECK(cudaGetLastError());
+  });
+}
+
+void batch_norm_stats(const Tensor& x, Tensor& stats) {
+  const int64_t C = x.size(-1), M = x.numel() / std::max<int64_t>(C, 1);
+  DeviceScope scope(x);
+  dispatch_floating(x.dtype(), "batch_norm_stats", [&](auto tag) {
+    using S = typename decltype(tag)::type;
+    const cudaStream_t stream = stream_now();
+    if (C == 0) return;
+    const unsigned tiles = static_cast<unsigned>((C + kLanes - 1) / kLanes);
+    const dim3 block(kLanes, kRows);
+    const RowSplit split = split_rows(M, C);
+    Tensor partial = Tensor::empty(Shape{split.parts * C}, DType::F64, x.device());
+    const dim3 grid(tiles, static_cast<unsigned>(split.parts));
+    double* ws = partial.data<double>();
+    double* out = stats.data<double>();
+    channel_partials_kernel<S, StatPass::Sum>
+        <<<grid, block, 0, stream>>>(x.data<S>(), nullptr, nullptr, nullptr, nullptr, M, C, split.chunk, ws);
+    CUDA_CHECK(cudaGetLastError());
+    bn_stats_kernel<<<tiles, block, 0, stream>>>(ws, split.parts, M, C, true, out);
+    CUDA_CHECK(cudaGetLastError());
+    channel_partials_kernel<S, StatPass::SquaredDeviation>
+        <<<grid, block, 0, stream>>>(x.data<S>(), nullptr, nullptr, nullptr, out + 1, M, C, split.chunk, ws);
+    CUDA_CHECK(cudaGetLastError());
+    bn_stats_kernel<<<tiles, block, 0, stream>>>(ws, split.parts, M, C, false, out);
+    CUDA_CHECK(cudaGetLastError());
+  });
+}
+
+void batch_norm_apply(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& mean,
+                      const Tensor& invstd, bool relu, const Tensor* residual, Tensor& y) {
+  const int64_t C = x.size(-1), M = x.numel() / std::max<int64_t>(C, 1);
+  DeviceScope scope(x);
+  dispatch_floating(x.dtype(), "batch_norm_apply", [&](auto tag) {
+    using S = typename decltype(tag)::type;
+    using P = param_t<S>;
+    using A = compute_t<S>;
+    if (C == 0) return;
+    const cudaStream_t stream = stream_now();
+    Tensor coef = Tensor::empty(Shape{2 * C}, accumulator_dtype<A>(), x.device());
+    bn_given_params_kernel<P, A><<<grid_for(C), kThreads, 0, stream>>>(mean.data<P>(), invstd.data<P>(),
+                                                                       gamma.data<P>(), beta.data<P>(), C,
+                                                                       coef.data<A>());
+    CUDA_CHECK(cudaGetLastError());
+    if (M == 0) return;
+    bn_apply_kernel<S><<<elementwise_grid(M, C), dim3(kLanes, kRows), 0, stream>>>(
+        x.data<S>(), residual ? residual->data<S>() : nullptr, coef.data<A>(), M, C, relu, y.data<S>());
+    CUDA_CHECK(cudaGetLastError());
+  });
+}
+
+void batch_norm_backward_reduce(const Tensor& x, const Tensor& dy, const Tensor& save_mean, const Tensor& save_invstd,
+                                Tensor& sums) {
+  const int64_t C = x.size(-1), M = x.numel() / std::max<int64_t>(C, 1);
+  DeviceScope scope(x);
+  dispatch_floating(x.dtype(), "batch_norm_backward_reduce", [&](auto tag) {
+    using S = typename decltype(tag)::type;
+    using P = param_t<S>;
+    if (C == 0) return;
+    const cudaStream_t stream = stream_now();
+    const unsigned tiles = static_cast<unsigned>((C + kLanes - 1) / kLanes);
+    const dim3 block(kLanes, kRows);
+    const RowSplit split = split_rows(M, C);
+    Tensor partial = Tensor::empty(Shape{2 * split.parts * C}, DType::F64, x.device());
+    double* ws = partial.data<double>();
+    channel_partials_kernel<S, StatPass::Backward><<<dim3(tiles, static_cast<unsigned>(split.parts)), block, 0, stream>>>(
+        x.data<S>(), dy.data<S>(), save_mean.data<P>(), save_invstd.data<P>(), nullptr, M, C, split.chunk, ws);
+    CUDA_CHECK(cudaGetLastError());
+    bn_backward_sums_kernel<<<tiles, block, 0, stream>>>(ws, split.parts, C, sums.data<double>());
+    CUDA_CHECK(cudaGetLastError());
+  });
+}
+
+void batch_norm_backward_elemt(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& save_mean,
+                               const Tensor& save_invstd, const Tensor& sums, double count, Tensor& dx) {
+  const int64_t C = x.size(-1), M = x.numel() / std::max<int64_t>(C, 1);
+  DeviceScope scope(x);
+  dispatch_floating(x.dtype(), "batch_norm_backward_elemt", [&](auto tag) {
+    using S = typename decltype(tag)::type;
+    using P = param_t<S>;
+    using A = compute_t<S>;
+    if (C == 0) return;
+    const cudaStream_t stream = stream_now();
+    Tensor coef = Tensor::empty(Shape{3 * C}, accumulator_dtype<A>(), x.device());
+    bn_elemt_coef_kernel<P, A><<<grid_for(C), kThreads, 0, stream>>>(sums.data<double>(), count, gamma.data<P>(),
+                                                                     save_invstd.data<P>(), C, coef.data<A>());
+    CUDA_CHECK(cudaGetLastError());
+    if (M == 0) return;
+    bn_backward_dx_kernel<S><<<elementwise_grid(M, C), dim3(kLanes, kRows), 0, stream>>>(
+        x.data<S>(), dy.data<S>(), save_mean.data<P>(), save_invstd.data<P>(), coef.data<A>(), M, C, dx.data<S>());
     CUDA_CHECK(cudaGetLastError());
   });
 }
@@ -516,6 +671,10 @@ void avg_pool2d_backward(const Tensor& dy, const ConvGeometry& g, Tensor& dx) {
 void register_norm_pool_kernels(KernelTable& t) {
   t.batch_norm_forward = &batch_norm_forward;
   t.batch_norm_backward = &batch_norm_backward;
+  t.batch_norm_stats = &batch_norm_stats;
+  t.batch_norm_apply = &batch_norm_apply;
+  t.batch_norm_backward_reduce = &batch_norm_backward_reduce;
+  t.batch_norm_backward_elemt = &batch_norm_backward_elemt;
   t.max_pool2d_forward = &max_pool2d_forward;
   t.max_pool2d_backward = &max_pool2d_backward;
   t.avg_pool2d_forward = &avg_pool2d_forward;

@@ -124,6 +124,51 @@ TEST_P(CudaBatchNorm, ForwardBackwardAndRunningStatisticsAgree) {
   }
 }
 
+// SyncBatchNorm's kernels (statistics, apply, local sums, dx) on the GPU, through the op with a single
+// replica, against plain batch norm on the CPU (which it equals there bit for bit).
+TEST_P(CudaBatchNorm, SyncBatchNormKernelsAgreeWithTheCpu) {
+  RT_REQUIRE_CUDA();
+  const auto& [c, dtype] = GetParam();
+  if (!c.training) GTEST_SKIP() << "SyncBatchNorm synchronises training statistics only";
+  const int64_t C = c.shape[c.shape.ndim() - 1];
+  const DType pd = param_dtype(dtype);
+  const Tensor x = Tensor::normal(c.shape, 3.0, 2.0, 11, DType::F64).to(dtype);
+  const Tensor res = Tensor::normal(c.shape, 0.0, 1.0, 12, DType::F64).to(dtype);
+  const Tensor w = Tensor::uniform(Shape{C}, 0.5, 1.5, 13, DType::F64).to(pd);
+  const Tensor b = Tensor::uniform(Shape{C}, -0.5, 0.5, 14, DType::F64).to(pd);
+  const Tensor upstream = Tensor::normal(c.shape, 0.0, 1.0, 17, DType::F64).to(dtype);
+  auto exchange = std::make_shared<testing::SingleReplicaExchange>();
+  struct Run {
+    Tensor x, w, b, res, rm, rv, y;
+  };
+  auto run = [&](Device d) {
+    Run r;
+    r.x = x.to(d).clone().set_requires_grad();
+    r.w = w.to(d).clone().set_requires_grad();
+    r.b = b.to(d).clone().set_requires_grad();
+    if (c.residual) r.res = res.to(d).clone().set_requires_grad();
+    r.rm = Tensor::zeros(Shape{C}, pd, d);
+    r.rv = Tensor::ones(Shape{C}, pd, d);
+    r.y = d.is_cpu() ? batch_norm(r.x, r.w, r.b, r.rm, r.rv, true, 0.1, 1e-5, c.relu, r.res)
+                     : sync_batch_norm(r.x, r.w, r.b, r.rm, r.rv, 0.1, 1e-5, c.relu, r.res, exchange);
+    r.y.backward(upstream.to(d));
+    return r;
+  };
+  const Run cpu = run(Device::cpu()), gpu = run(kGpu);
+  const std::string what = c.name + " " + std::string(dtype_name(dtype));
+  const double tol = tol_for(dtype), gtol = grad_tol_for(dtype), stol = stat_tol_for(dtype);
+  const double ptol = dtype == DType::F64 ? 1e-10 : (dtype == DType::F32 ? 1e-4 : 1e-3);
+  EXPECT_TRUE(all_close(on_cpu(gpu.y), cpu.y, tol, tol)) << what << ": y";
+  EXPECT_TRUE(all_close(on_cpu(gpu.rm), cpu.rm, stol, stol)) << what << ": running_mean";
+  EXPECT_TRUE(all_close(on_cpu(gpu.rv), cpu.rv, stol, stol)) << what << ": running_var";
+  EXPECT_TRUE(all_close(on_cpu(gpu.x.grad()), cpu.x.grad(), gtol, gtol)) << what << ": dx";
+  EXPECT_TRUE(all_close(on_cpu(gpu.w.grad()), cpu.w.grad(), ptol, ptol)) << what << ": dgamma";
+  EXPECT_TRUE(all_close(on_cpu(gpu.b.grad()), cpu.b.grad(), ptol, ptol)) << what << ": dbeta";
+  if (c.residual) {
+    EXPECT_TRUE(all_close(on_cpu(gpu.res.grad()), cpu.res.grad(), gtol, gtol)) << what << ": dresidual";
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Cases, CudaBatchNorm,
                          ::testing::Combine(::testing::ValuesIn(bn_cases()), ::testing::ValuesIn(kFloatingTypes)),
                          [](const auto& info) {

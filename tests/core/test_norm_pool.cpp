@@ -70,6 +70,48 @@ TEST(BatchNorm, Bf16ActivationsWithF32ParametersAndErrors) {
   EXPECT_TRUE(all_close(fused, plain, 1e-6, 1e-6));
 }
 
+// On one replica SyncBatchNorm's split passes (stats, merge, apply; local sums, dx) are plain batch norm
+// bit for bit, forward and backward, for every floating dtype, with and without the fused residual + ReLU.
+TEST(BatchNorm, SyncBatchNormOnOneReplicaIsPlainBatchNormBitForBit) {
+  auto exchange = std::make_shared<testing::SingleReplicaExchange>();
+  for (DType dtype : {DType::F32, DType::F64, DType::BF16, DType::F16})
+    for (bool fused : {false, true}) {
+      const DType pd = dtype == DType::F64 ? DType::F64 : DType::F32;
+      const Tensor x0 = Tensor::normal(Shape{6, 3, 5, 7}, 1e3, 2.0, 31, DType::F64).to(dtype);  // mean >> spread
+      const Tensor r0 = Tensor::normal(x0.shape(), 0, 1, 32, DType::F64).to(dtype);
+      const Tensor up = Tensor::normal(x0.shape(), 0, 1, 33, DType::F64).to(dtype);
+      struct Out {
+        Tensor y, rm, rv, dx, dw, db, dr;
+      };
+      auto run = [&](bool sync) {
+        Tensor x = x0.clone().set_requires_grad(), res = r0.clone().set_requires_grad();
+        Tensor w = Tensor::uniform(Shape{7}, 0.5, 1.5, 34, pd).set_requires_grad();
+        Tensor b = Tensor::uniform(Shape{7}, -1, 1, 35, pd).set_requires_grad();
+        Out o{Tensor(), Tensor::zeros(Shape{7}, pd), Tensor::ones(Shape{7}, pd), {}, {}, {}, {}};
+        const Tensor rres = fused ? res : Tensor();
+        o.y = sync ? sync_batch_norm(x, w, b, o.rm, o.rv, 0.1, 1e-5, fused, rres, exchange)
+                   : batch_norm(x, w, b, o.rm, o.rv, true, 0.1, 1e-5, fused, rres);
+        o.y.backward(up);
+        o.dx = x.grad();
+        o.dw = w.grad();
+        o.db = b.grad();
+        if (fused) o.dr = res.grad();
+        return o;
+      };
+      const Out a = run(false), s = run(true);
+      const std::string what = std::string(dtype_name(dtype)) + (fused ? " fused" : "");
+      EXPECT_EQ(s.y.to_vector(), a.y.to_vector()) << what;
+      EXPECT_EQ(s.dx.to_vector(), a.dx.to_vector()) << what;
+      EXPECT_EQ(s.dw.to_vector(), a.dw.to_vector()) << what;
+      EXPECT_EQ(s.db.to_vector(), a.db.to_vector()) << what;
+      EXPECT_EQ(s.rm.to_vector(), a.rm.to_vector()) << what;
+      EXPECT_TRUE(all_close(s.rv, a.rv, 1e-6, 1e-6)) << what << ": running_var (SyncBN's is exact, plain BN's from invstd)";
+      if (fused) {
+        EXPECT_EQ(s.dr.to_vector(), a.dr.to_vector()) << what;
+      }
+    }
+}
+
 TEST(Pooling, MaxAndAveragePoolingMatchPyTorch) {
   auto g = load_golden("norm_pool");
   struct Case {

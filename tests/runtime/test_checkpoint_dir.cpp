@@ -147,6 +147,9 @@ TEST(TrainState, ThePositionConvertsAcrossWorldSizesAtTheSameGlobalBatch) {
   const std::string e = testing::error_of([&] { s.position_for(32, 100, "f.h5"); });
   EXPECT_NE(e.find("--resume f.h5: the checkpoint stopped after 48 samples of its epoch, not a multiple of this run's 32"),
             std::string::npos) << e;
+  const std::string beyond = testing::error_of([&] { s.position_for(8, 5, "f.h5"); });
+  EXPECT_NE(beyond.find("key 'sampler.next_batch' 3 is beyond the end of an epoch (5 batches of 8 images"),
+            std::string::npos) << beyond;
   s.per_step_global = 0;  // written before per_step_global existed: this run's batches
   EXPECT_EQ(s.position_for(8, 100, "f.h5").next_batch, 3);
 }
