@@ -26,7 +26,7 @@ struct CommonArgs {
 void add_common_options(CLI::App* sub, CommonArgs& args) {
   sub->add_option("--shards", args.shards,
                   "Shards of the train split; smaller splits get proportionally fewer, at least 1")
-      ->check(CLI::Range(1, 1 << 20));
+      ->check(CLI::Range(1, 99999));
   sub->add_option("--seed", args.seed, "Seed for the imagefolder shuffle and synthetic data");
   sub->add_flag("--quiet", args.quiet, "No progress line on stderr");
 }

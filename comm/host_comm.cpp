@@ -149,6 +149,7 @@ bool HostCommunicator::release_local() noexcept {
   std::deque<Task> dropped;
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (detached_) return false;  // asked again: the thread may still be inside MPI with our members
     if (closed_) return true;
     stopping_ = true;
     cancelled_ = true;
@@ -166,6 +167,8 @@ bool HostCommunicator::release_local() noexcept {
     stopped = exited_cv_.wait_for(lock, std::chrono::milliseconds(200), [&] { return exited_; });
   }
   if (!stopped) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    detached_ = true;
     thread_.detach();
     return false;
   }

@@ -84,6 +84,7 @@ class HostCommunicator : public Communicator {
   bool exited_ = false;     // the thread left its loop (guarded by mutex_)
   bool abandoned_ = false;  // an operation was cancelled mid-way: MPI may still use its buffers
   bool closed_ = false;
+  bool detached_ = false;   // the thread was left running in MPI: this object must never be freed
   std::atomic<bool> cancelled_{false};
   std::string broken_;  // set by the first failed operation (guarded by mutex_)
   std::thread thread_;

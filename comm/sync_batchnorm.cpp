@@ -52,4 +52,14 @@ int convert_sync_batchnorm(Module& model, CommunicatorPtr comm) {
   return convert(model, make_cross_replica_sum(std::move(comm)));
 }
 
+int revert_sync_batchnorm(Module& model) {
+  int n = 0;
+  if (auto* bn = dynamic_cast<BatchNorm2d*>(&model)) {
+    n += bn->synchronized() ? 1 : 0;
+    bn->set_cross_replica(nullptr);
+  }
+  for (auto& [name, child] : model.named_children()) n += revert_sync_batchnorm(*child);
+  return n;
+}
+
 }  // namespace ringtrain::comm

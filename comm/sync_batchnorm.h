@@ -22,5 +22,7 @@ std::shared_ptr<CrossReplicaSum> make_cross_replica_sum(CommunicatorPtr comm);
 
 // Returns how many BatchNorm2d layers were converted.
 int convert_sync_batchnorm(Module& model, CommunicatorPtr comm);
+// Back to local statistics (e.g. before the communicator is closed); returns how many were synchronised.
+int revert_sync_batchnorm(Module& model);
 
 }  // namespace ringtrain::comm

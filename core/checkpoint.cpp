@@ -22,26 +22,26 @@ constexpr int kVersion = 1;
 
 h5::Where in(const fs::path& file, std::string object = {}) { return h5::Where{"checkpoint", file, std::move(object)}; }
 
-// The checksum: FNV-1a over every tensor (group, name, dtype, shape, bytes), in name order so that writing
-// (caller's order) and reading (HDF5's name order) agree, then over the metadata. Stored as the root
-// attribute "checksum"; a file without one (written before it existed) is accepted.
+// The checksum: Digest64 (core/hash.h) over every tensor (group, name, dtype, shape, bytes), in name order
+// so that writing (caller's order) and reading (HDF5's name order) agree, then over the metadata. Stored
+// as the root attribute "checksum"; a file without one (written before it existed) is accepted.
 using Digests = std::vector<std::pair<std::string, uint64_t>>;
 
 void add_digest(Digests& out, const char* group, const std::string& name, const Tensor& host) {
-  Fnv1a h;
-  h.add(group).add("/").add(name).add(dtype_name(host.dtype()));
+  Digest64 h;
+  h.add(std::string_view(group)).add(std::string_view("/")).add(name).add(std::string_view(dtype_name(host.dtype())));
   for (int64_t d : host.shape()) h.add_word(static_cast<uint64_t>(d));
-  h.add_words(host.data_ptr(), host.nbytes());
+  h.add(host.data_ptr(), host.nbytes());
   out.emplace_back(detail::str_cat(group, "/", name), h.value());
 }
 
 std::string checksum_text(Digests digests, const std::string& meta_json) {
   std::sort(digests.begin(), digests.end());
-  Fnv1a h;
+  Digest64 h;
   for (const auto& [key, value] : digests) h.add(key).add_word(value);
   h.add(meta_json);
   char text[32];
-  std::snprintf(text, sizeof text, "fnv1a64:%016llx", static_cast<unsigned long long>(h.value()));
+  std::snprintf(text, sizeof text, "digest64:%016llx", static_cast<unsigned long long>(h.value()));
   return text;
 }
 

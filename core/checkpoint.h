@@ -3,7 +3,7 @@
 //   /optimizer/<state name>   optimizer state ("step", "<param>.momentum", "<param>.exp_avg", ...)
 //   /meta/json                string dataset with step, epoch, config, world size, ... as JSON
 // Root attributes: format "ringtrain-checkpoint", format_version 1, layout "NHWC activations, KRSC filters",
-// checksum "fnv1a64:<hex>" over every tensor and the metadata, verified on load (a flipped byte is an
+// checksum "digest64:<hex>" over every tensor and the metadata, verified on load (a flipped byte is an
 // error naming the file, not a NaN loss steps later).
 // Datasets keep their dtype (f32, f64, i32, i64, u8 natively; f16/bf16 as uint16 with an attribute
 // "dtype"). Writing is atomic: a temporary file in the same folder is written, flushed and fsync'ed,

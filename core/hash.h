@@ -1,6 +1,8 @@
-// core/hash.h: FNV-1a (64-bit), the one non-cryptographic hash ringtrain uses to compare things across
-// ranks in the same job: builds, bucket plans, configurations, tensor bytes. Values are never stored, so
-// only equality within one run matters.
+// core/hash.h: the non-cryptographic hashes. FNV-1a (64-bit) compares things across the ranks of one
+// job (builds, bucket plans, configurations, tensor bytes): equality within one run is all that matters.
+// Digest64 is the checksum stored in checkpoints: every 64-bit word goes through a full avalanche
+// (splitmix64's finaliser) before it is folded in, so flipped bits cannot cancel each other the way they
+// can in word-wise FNV (where two flips of bit 63 add 2^64 and vanish).
 #pragma once
 
 #include <cstdint>
@@ -45,5 +47,42 @@ class Fnv1a {
 };
 
 inline uint64_t fnv1a(std::string_view bytes) { return Fnv1a().add(bytes).value(); }
+
+class Digest64 {
+ public:
+  Digest64& add_word(uint64_t word) {
+    h_ = rotl(h_ ^ mix(word + kGolden * ++count_), 29) * 0x9fb21c651e98df25ull;
+    return *this;
+  }
+  // Bytes as 64-bit words (the tail zero-padded), then the length.
+  Digest64& add(const void* data, int64_t nbytes) {
+    const auto* p = static_cast<const unsigned char*>(data);
+    int64_t i = 0;
+    for (; i + 8 <= nbytes; i += 8) {
+      uint64_t w;
+      std::memcpy(&w, p + i, 8);
+      add_word(w);
+    }
+    if (i < nbytes) {
+      uint64_t w = 0;
+      std::memcpy(&w, p + i, static_cast<size_t>(nbytes - i));
+      add_word(w);
+    }
+    return add_word(static_cast<uint64_t>(nbytes));
+  }
+  Digest64& add(std::string_view text) { return add(text.data(), static_cast<int64_t>(text.size())); }
+  uint64_t value() const { return mix(h_ ^ count_); }
+
+ private:
+  static constexpr uint64_t kGolden = 0x9e3779b97f4a7c15ull;
+  static uint64_t rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+  static uint64_t mix(uint64_t z) {  // splitmix64's finaliser: every input bit reaches every output bit
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  uint64_t h_ = kGolden;
+  uint64_t count_ = 0;
+};
 
 }  // namespace ringtrain

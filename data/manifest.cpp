@@ -102,6 +102,10 @@ constexpr int64_t kMaxRecords = int64_t{1} << 40;
 
 SplitInfo split_from_json(const std::string& name, const json& j, const fs::path& manifest) {
   try {
+    // The writer's rule for split names: they are part of every shard's file name, so nothing that could
+    // lead out of the folder ('/', "..") or confuse the "-NNNNN-of-NNNNN" tail ('-').
+    if (name.empty() || name.find_first_of("/\\-") != std::string::npos || name.find("..") != std::string::npos)
+      RT_THROW("the split name must be non-empty, without '/', '\\', '-' or '..'");
     const Entry e{j, ""};
     SplitInfo s;
     s.split = name;

@@ -152,9 +152,10 @@ struct ShardWriter::Impl {
 
 ShardWriter::ShardWriter(WriterOptions options) : impl_(nullptr) {
   auto& o = options;
-  RT_CHECK(!o.split.empty() && o.split.find('/') == std::string::npos && o.split.find('-') == std::string::npos,
-           "ShardWriter: split name '", o.split, "' must be non-empty without '/' or '-'");
-  RT_CHECK(o.num_shards >= 1, "ShardWriter: --shards must be >= 1, got ", o.num_shards);
+  RT_CHECK(!o.split.empty() && o.split.find_first_of("/\\-") == std::string::npos && o.split.find("..") == std::string::npos,
+           "ShardWriter: split name '", o.split, "' must be non-empty, without '/', '\\', '-' or '..'");
+  RT_CHECK(o.num_shards >= 1 && o.num_shards <= 99999, "ShardWriter: --shards must be from 1 to 99999 (five digits in ",
+           "the file names), got ", o.num_shards);
   RT_CHECK(o.total_records >= 0, "ShardWriter: negative record count ", o.total_records);
   RT_CHECK(o.height > 0 && o.width > 0 && o.channels > 0, "ShardWriter: bad image shape ", o.height, "x", o.width,
            "x", o.channels);

@@ -43,6 +43,7 @@ void check_same_config(const comm::World& world, const nlohmann::json& config) {
   for (int r = 1; r < world.size() && named < 4; ++r) {
     if (all[r] == all[0]) continue;
     const nlohmann::json theirs = nlohmann::json::parse(all[r]);
+    const int before = named;
     for (const auto& [key, value] : root.items()) {
       const nlohmann::json other = theirs.contains(key) ? theirs[key] : nlohmann::json();
       if (other == value) continue;
@@ -53,7 +54,10 @@ void check_same_config(const comm::World& world, const nlohmann::json& config) {
       ++named;
       break;
     }
-    if (named == 0) differs += detail::str_cat("\n  rank ", r, " (", world.hosts()[r], ") has another set of flags");
+    if (named == before) {
+      differs += detail::str_cat("\n  rank ", r, " (", world.hosts()[r], ") has another set of flags");
+      ++named;
+    }
   }
   throw comm::CollectiveError(
       detail::str_cat("the ranks were started with different flags (every rank must get the same):", differs));

@@ -193,6 +193,21 @@ fs::path CheckpointDir::save(int64_t step, const Checkpoint& checkpoint) const {
   return target;
 }
 
+std::vector<std::string> CheckpointDir::supersede_after(int64_t step) const {
+  std::vector<std::string> renamed;
+  for (const auto& [s, path] : list()) {
+    if (s <= step) continue;
+    fs::path target = path;
+    target += ".superseded";
+    std::error_code ec;
+    fs::rename(path, target, ec);
+    if (ec) RT_THROW("--checkpoint-dir: cannot set aside '", path.string(), "' (newer than the resumed step ", step, "): ",
+                     ec.message());
+    renamed.push_back(target.string());
+  }
+  return renamed;
+}
+
 std::vector<std::string> CheckpointDir::remove_stale_temp_files() const {
   std::vector<std::string> removed;
   std::error_code ec;

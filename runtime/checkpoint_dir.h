@@ -68,6 +68,9 @@ class CheckpointDir {
 
   // Writes step's checkpoint (atomically), then applies keep_last. Returns the path written.
   std::filesystem::path save(int64_t step, const Checkpoint& checkpoint) const;
+  // A run resumed from an older checkpoint replaces the later ones of its folder: they are renamed to
+  // "<name>.superseded" (kept, but no longer picked by --resume auto); returns the new names.
+  std::vector<std::string> supersede_after(int64_t step) const;
   // Removes temporary files of interrupted writes (.ckpt-step*.h5.tmp-*); returns their names.
   std::vector<std::string> remove_stale_temp_files() const;
   // Creates the folder and proves it writable (a probe file); errors name the flag and the folder.

@@ -48,6 +48,7 @@ EvalResult evaluate(Module& model, data::Loader& test_loader, int64_t test_size,
     }
     sums[3] += static_cast<double>(b->valid);
   }
+  if (options.on_wait) options.on_wait();
   comm::all_reduce(world.comm(), std::span<double>(sums, 4));
   EvalResult r;
   r.count = static_cast<int64_t>(sums[3]);

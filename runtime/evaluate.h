@@ -21,8 +21,9 @@ struct EvalOptions {
   int64_t epoch = 0;            // passed to the loader (deterministic transforms ignore it)
   // The logits (N, C) of a batch of images; default: model(images).
   std::function<Tensor(Module& model, const Tensor& images)> logits = {};
-  // Called before each batch (the Trainer names its watchdog phase here).
+  // Called before each batch, and before the closing all-reduce (the Trainer names its watchdog phases).
   std::function<void()> on_batch = {};
+  std::function<void()> on_wait = {};
 };
 
 // Collective. Puts the model in eval mode for the pass and back in train mode after; no gradients.

@@ -161,6 +161,7 @@ nlohmann::json agreement(const TrainerOptions& o) {
   j["checkpoint_every"] = o.checkpoint_every;
   j["trace_steps"] = o.trace_steps;
   j["check"] = o.check;
+  j["timeout"] = o.timeout;  // a watchdog of its own on some ranks but not others makes a collective differ
   for (const auto& [key, path] : {std::pair{"checkpoint_dir", &o.checkpoint_dir}, std::pair{"log_jsonl", &o.log_jsonl},
                                   std::pair{"trace", &o.trace}})
     j[key] = path->empty() ? "(unset)" : "(set)";
@@ -182,17 +183,20 @@ std::string check_output_file(const std::string& flag, const std::string& path) 
 }  // namespace
 
 Trainer::Trainer(comm::World& world, TrainerOptions options)
-    : world_(world), options_(std::move(options)), watchdog_(world, options_.timeout) {
+    : world_(world), options_(std::move(options)) {
   validate(options_);
   FaultInjection::from_env();  // a malformed RINGTRAIN_INJECT is refused before any work
   // First of all collectives: ranks with different flags would otherwise hang in one the others skip.
   check_same_config(world_, agreement(options_));
+  watchdog_ = std::make_unique<Watchdog>(world_, options_.timeout);
+  watchdog_->phase("startup: binding the rank", 0);
   Device want = Device::cpu();
   if (options_.device == DeviceChoice::Cuda || (options_.device == DeviceChoice::Auto && cuda_available()))
     want = Device::cuda(0);
   const comm::DeviceBinding binding = world_.bind(want, options_.threads, options_.allow_shared_gpu);
   device_ = binding.device;
   threads_ = binding.threads;
+  agree_on_device();
   manual_seed(options_.seed);  // the model built next is initialised identically on every rank
   if (options_.check) {
     const comm::Backend backend = options_.backend.value_or(device_.is_cuda() ? comm::Backend::Nccl : comm::Backend::Ring);
@@ -209,9 +213,21 @@ Trainer::Trainer(comm::World& world, TrainerOptions options)
       if (error.empty()) error = check_output_file(flag, path);
   }
   comm::agree_or_throw(world_.comm(), error, "checking the output paths");
+  // What the app does next (open the data, build the model) is guarded too, under its own name.
+  watchdog_->phase("startup: opening the data and building the model (before fit)", 0);
 }
 
 Trainer::~Trainer() = default;
+
+// `--device auto` resolves per rank: a node whose GPU is unusable would silently train on the CPU with
+// another backend and hang the others in collectives that never match. Every rank must land on the same kind.
+void Trainer::agree_on_device() {
+  int64_t kinds[2] = {device_.is_cuda() ? 1 : 0, device_.is_cuda() ? -1 : 0};  // min and max of is_cuda
+  comm::all_reduce(world_.comm(), std::span<int64_t>(kinds, 2), comm::HostOp::Min);
+  if (kinds[0] == -kinds[1]) return;
+  const std::string mine = device_.is_cuda() ? "" : detail::str_cat("no usable GPU here (", cuda_status().reason, ")");
+  comm::agree_or_throw(world_.comm(), mine, "putting every rank on the same kind of device (the others train on CUDA)");
+}
 
 // ---------------------------------------------------------------------------------------------------
 // One run of fit().
@@ -406,6 +422,12 @@ void Run::resume() {
   step_ = s.step;
   position_ = s.position_for(per_step_global_, micro_limit_, chosen);
   resumed_from_ = chosen;
+  // Later checkpoints in this run's folder belong to the run being replaced: --resume auto must not
+  // continue them after a crash of this one.
+  if (root_ && o_.resume != "auto")
+    for (const auto& name : ckpt_.supersede_after(step_))
+      std::fprintf(stderr, "%s: warning: set aside %s: it is newer than the resumed step %lld and belongs to the run "
+                   "this one replaces\n", o_.program.c_str(), name.c_str(), static_cast<long long>(step_));
   if (root_)
     std::printf("resumed from %s: step %lld, epoch %lld, batch %lld\n", chosen.c_str(), static_cast<long long>(step_),
                 static_cast<long long>(position_.epoch), static_cast<long long>(position_.next_batch));
@@ -499,9 +521,13 @@ TrainResult Run::run() {
   if (step_ > first_step_) save(step_, last_position_);  // a finished run relaunched writes nothing new
   TrainResult result = summarize();
   // The collective teardown, on the success path only: destructors never communicate.
+  dog_.phase("closing the communicators (waiting for other ranks)", step_);
   sync_.reset();
   comm_->close();
-  if (bn_comm_) bn_comm_->close();
+  if (bn_comm_) {
+    comm::revert_sync_batchnorm(model_);  // the model stays usable after the run, with local statistics
+    bn_comm_->close();
+  }
   return result;
 }
 
@@ -663,6 +689,7 @@ void Run::evaluate_now(int64_t epoch) {
   eo.batch = o_.batch;
   eo.label_smoothing = o_.label_smoothing;
   eo.on_batch = [&] { dog_.phase("evaluation", step_); };
+  eo.on_wait = [&] { dog_.phase("evaluation all-reduce (waiting for other ranks)", step_); };
   last_eval_ = evaluate(model_, *loader, data_.info().test_size, world_, eo);
   if (!root_) return;
   std::printf("epoch %lld: test top-1 %.2f%%  top-5 %.2f%%  loss %.4f  (%lld images)\n",
@@ -696,11 +723,14 @@ void Run::save(int64_t at_step, const data::SamplerState& pos) {
     } catch (const std::exception& e) {
       error = e.what();
     }
+  } else {
+    dog_.phase("checkpoint (waiting for other ranks: rank 0 writes it)", at_step);
   }
   comm::agree_or_throw(world_.comm(), error, "writing the checkpoint");
 }
 
 TrainResult Run::summarize() {
+  dog_.phase("summary (waiting for other ranks)", step_);
   TrainResult r;
   r.elapsed_s = std::chrono::duration<double>(Clock::now() - run_start_).count();
   r.steps = step_;
@@ -761,11 +791,14 @@ TrainResult Run::summarize() {
 }  // namespace
 
 TrainResult Trainer::fit(Module& model, DataSource& data, const StepFn& step_fn) {
-  watchdog_.phase("startup", 0);
-  Run run(world_, options_, device_, threads_, watchdog_, model, data, step_fn);
-  TrainResult result = run.run();
-  watchdog_.pause();  // the caller's work after the run is not a stuck phase
-  return result;
+  watchdog_->phase("startup: preparing the run", 0);
+  // The caller's work after the run (or after catching its error) is not a stuck phase.
+  struct Pause {
+    Watchdog& dog;
+    ~Pause() { dog.pause(); }
+  } pause{*watchdog_};
+  Run run(world_, options_, device_, threads_, *watchdog_, model, data, step_fn);
+  return run.run();
 }
 
 }  // namespace ringtrain::runtime

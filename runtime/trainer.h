@@ -130,18 +130,19 @@ class Trainer {
   Device device() const { return device_; }
   int threads() const { return threads_; }
   const TrainerOptions& options() const { return options_; }
-  Watchdog& watchdog() { return watchdog_; }
+  Watchdog& watchdog() { return *watchdog_; }
 
   // Collective. Moves the model to device(), trains it on `data` and returns the figures rank 0 printed.
   // May be called again (another model or run) with the same Trainer.
   TrainResult fit(Module& model, DataSource& data, const StepFn& step_fn = {});
 
  private:
+  void agree_on_device();
   comm::World& world_;
   TrainerOptions options_;
   Device device_ = Device::cpu();
   int threads_ = 1;
-  Watchdog watchdog_;
+  std::unique_ptr<Watchdog> watchdog_;  // made once the ranks agree on the flags (its making is collective)
 };
 
 }  // namespace ringtrain::runtime

@@ -45,13 +45,14 @@ Watchdog::~Watchdog() {
   if (thread_.joinable()) thread_.join();
   // Local: answers still on their way are let go (MPI may still read them, so their memory is kept); the
   // communicator is marked for freeing, which does not wait for the others.
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;
   if (!replies_.empty()) {
     for (Reply& r : replies_) MPI_Request_free(&r.request);
     new std::list<Reply>(std::move(replies_));  // a few bytes, only when a peer never took its answer
   }
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (peers_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&peers_);
+  if (peers_ != MPI_COMM_NULL) MPI_Comm_free(&peers_);
 }
 
 void Watchdog::phase(const char* name, int64_t step) {
@@ -137,12 +138,14 @@ void Watchdog::serve_requests() {
 // Asks every other rank where it is (waiting up to 3 s, answering questions meanwhile) and names the
 // ranks that have not arrived where this one waits.
 std::string Watchdog::ask_the_others() {
-  const int64_t question = ++question_;  // question_ is the send buffer: it outlives the sends
+  const int64_t question = ++question_;
+  // The send buffer must outlive sends that a dead rank never takes: one small block per question, kept.
+  auto* buffer = new int64_t(question);
   const int64_t my_step = step_.load();
   const int n = world_.size(), me = world_.rank();
   std::vector<MPI_Request> sent(static_cast<size_t>(n), MPI_REQUEST_NULL);
   for (int r = 0; r < n; ++r)
-    if (r != me) MPI_CHECK(MPI_Isend(&question_, 1, MPI_INT64_T, r, kAskTag, peers_, &sent[static_cast<size_t>(r)]));
+    if (r != me) MPI_CHECK(MPI_Isend(buffer, 1, MPI_INT64_T, r, kAskTag, peers_, &sent[static_cast<size_t>(r)]));
   std::vector<std::optional<Status>> answers(static_cast<size_t>(n));
   int missing = n - 1;
   const auto deadline = Clock::now() + std::chrono::seconds(3);
@@ -163,8 +166,17 @@ std::string Watchdog::ask_the_others() {
     slot = s;
     --missing;
   }
-  for (MPI_Request& r : sent)
-    if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);  // a question a dead rank never takes is let go
+  bool all_sent = true;
+  for (MPI_Request& r : sent) {
+    if (r == MPI_REQUEST_NULL) continue;
+    int done = 0;
+    MPI_Test(&r, &done, MPI_STATUS_IGNORE);
+    if (!done) {
+      all_sent = false;
+      MPI_Request_free(&r);  // a question a dead rank never takes is let go (its buffer stays)
+    }
+  }
+  if (all_sent) delete buffer;
   std::string named;
   int behind = 0;
   for (int r = 0; r < n; ++r) {

@@ -306,6 +306,14 @@ TEST_F(Shards, ManifestEntriesAreCheckedNamingTheKey) {
   expect(edited([](auto& s) { s["shards"][0]["crc32"] = "xyz"; }), "key 'shards[0].crc32' must be 8 hex digits");
   expect(edited([](auto& s) { s["shards"] = nlohmann::json::array(); }), "key 'shards' must be a non-empty list");
   expect(edited([](auto& s) { s.erase("num_classes"); }), "key 'num_classes' is missing");
+  // A split named to climb out of the folder, with a matching file name, is refused by its name.
+  write();
+  nlohmann::json m = nlohmann::json::parse(std::ifstream(dir_ / "manifest.json"));
+  m["splits"]["../outside"] = m["splits"]["train"];
+  m["splits"]["../outside"]["shards"] = {{{"file", "../outside-00000-of-00001.h5"}, {"records", 10}, {"crc32", "00000000"}}};
+  std::ofstream(dir_ / "manifest.json") << m.dump(2);
+  const std::string e = testing::error_of([&] { ShardDataset::open(dir_, "../outside"); });
+  EXPECT_NE(e.find("split '../outside': the split name must be non-empty, without '/'"), std::string::npos) << e;
 }
 
 // A shard's own attributes must agree with where the manifest puts it (a file copied between datasets or

@@ -82,6 +82,16 @@ TEST_F(CheckpointDirTest, ResumeAutoSkipsHalfWrittenAndForeignFilesNamingThem) {
   EXPECT_FALSE(CheckpointDir(dir_ / "empty").load_newest({})) << "no folder: nothing to resume";
 }
 
+TEST_F(CheckpointDirTest, CheckpointsNewerThanAnExplicitResumeAreSetAside) {
+  CheckpointDir d(dir_);
+  for (int64_t s : {100, 200, 300}) d.save(s, checkpoint(s));
+  const auto renamed = d.supersede_after(100);
+  EXPECT_EQ(renamed, (std::vector<std::string>{d.path(200).string() + ".superseded", d.path(300).string() + ".superseded"}));
+  EXPECT_EQ(steps_on_disk(d), (std::vector<int64_t>{100}));
+  EXPECT_TRUE(fs::exists(d.path(300).string() + ".superseded")) << "kept, only no longer picked";
+  EXPECT_EQ(d.load_newest({})->state.step, 100);
+}
+
 TEST_F(CheckpointDirTest, RemovesTemporaryFilesOfInterruptedWrites) {
   CheckpointDir d(dir_);
   d.save(2, checkpoint(2));
