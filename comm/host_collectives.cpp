@@ -73,6 +73,20 @@ int64_t all_reduce(MPI_Comm comm, int64_t value, HostOp op) {
   return value;
 }
 
+bool same_on_every_rank(MPI_Comm comm, std::span<const int64_t> values) {
+  std::vector<int64_t> v;
+  v.reserve(2 * values.size());
+  for (int64_t x : values) {
+    RT_CHECK(x != std::numeric_limits<int64_t>::min(), "same_on_every_rank: INT64_MIN has no negation");
+    v.push_back(x);
+    v.push_back(-x);
+  }
+  all_reduce(comm, std::span<int64_t>(v), HostOp::Min);
+  for (size_t i = 0; i < values.size(); ++i)
+    if (v[2 * i] != values[i] || -v[2 * i + 1] != values[i]) return false;
+  return true;
+}
+
 std::string broadcast(MPI_Comm comm, const std::string& value, int root) {
   int64_t length = static_cast<int64_t>(value.size());
   MPI_CHECK(MPI_Bcast(&length, 1, MPI_INT64_T, root, comm));

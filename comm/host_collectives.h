@@ -25,6 +25,10 @@ void all_reduce(MPI_Comm comm, std::span<uint64_t> values, HostOp op);
 double all_reduce(MPI_Comm comm, double value, HostOp op = HostOp::Sum);
 int64_t all_reduce(MPI_Comm comm, int64_t value, HostOp op = HostOp::Sum);
 
+// Whether every rank passed the same values: one all-reduce (the minimum of each value and of its negation
+// gives its minimum and maximum at once). Values must be above INT64_MIN.
+bool same_on_every_rank(MPI_Comm comm, std::span<const int64_t> values);
+
 // Root's value on every rank (any length; the other ranks' inputs are ignored).
 std::string broadcast(MPI_Comm comm, const std::string& value, int root = 0);
 int64_t broadcast(MPI_Comm comm, int64_t value, int root = 0);

@@ -11,6 +11,21 @@
 
 namespace ringtrain {
 
+namespace detail {
+// Calls word(w) for each whole 64-bit word of data (native byte order); returns the bytes consumed.
+template <typename Word>
+int64_t for_each_word(const void* data, int64_t nbytes, Word&& word) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  int64_t i = 0;
+  for (; i + 8 <= nbytes; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, p + i, 8);
+    word(w);
+  }
+  return i;
+}
+}  // namespace detail
+
 class Fnv1a {
  public:
   static constexpr uint64_t kOffsetBasis = 14695981039346656037ull;
@@ -30,13 +45,8 @@ class Fnv1a {
   // Bulk bytes as 64-bit words, the tail byte by byte, then the length.
   Fnv1a& add_words(const void* data, int64_t nbytes) {
     const auto* p = static_cast<const unsigned char*>(data);
-    int64_t i = 0;
-    for (; i + 8 <= nbytes; i += 8) {
-      uint64_t w;
-      std::memcpy(&w, p + i, 8);
-      add_word(w);
-    }
-    for (; i < nbytes; ++i) h_ = (h_ ^ p[i]) * kPrime;
+    for (int64_t i = detail::for_each_word(data, nbytes, [this](uint64_t w) { add_word(w); }); i < nbytes; ++i)
+      h_ = (h_ ^ p[i]) * kPrime;
     h_ ^= static_cast<uint64_t>(nbytes);
     return *this;
   }
@@ -57,12 +67,7 @@ class Digest64 {
   // Bytes as 64-bit words (the tail zero-padded), then the length.
   Digest64& add(const void* data, int64_t nbytes) {
     const auto* p = static_cast<const unsigned char*>(data);
-    int64_t i = 0;
-    for (; i + 8 <= nbytes; i += 8) {
-      uint64_t w;
-      std::memcpy(&w, p + i, 8);
-      add_word(w);
-    }
+    const int64_t i = detail::for_each_word(data, nbytes, [this](uint64_t w) { add_word(w); });
     if (i < nbytes) {
       uint64_t w = 0;
       std::memcpy(&w, p + i, static_cast<size_t>(nbytes - i));

@@ -661,6 +661,23 @@ DType check_batch_norm(const char* op, const Tensor& x, const Tensor& weight, co
     RT_THROW("op '", op, "': eps must be > 0 and momentum in [0, 1], got eps=", eps, " momentum=", momentum);
   return param_dtype;
 }
+
+// running = (1 - momentum) running + momentum batch; the variance's weight carries its own factor (plain
+// batch norm turns the biased variance into the unbiased one with it).
+void update_running_statistics(const Tensor& running_mean, const Tensor& running_var, const Tensor& mean,
+                               const Tensor& var, double momentum, double var_weight) {
+  NoGradGuard no_grad;
+  Tensor(running_mean).copy_(add(mul(running_mean, 1.0 - momentum), mul(mean, momentum)));
+  Tensor(running_var).copy_(add(mul(running_var, 1.0 - momentum), mul(var, var_weight)));
+}
+
+// The output gradient through a fused ReLU (y: the op's output, undefined without one).
+Tensor relu_masked(const Tensor& dy, const Tensor& y, const char* op) {
+  if (!y.defined()) return dy;
+  Tensor masked = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
+  RT_KERNEL(dy.device(), op, binary)(BinaryOp::ReluGrad, dy, y, masked, make_broadcast(dy.shape(), y.shape(), dy.shape()));
+  return masked;
+}
 }  // namespace
 
 Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
@@ -680,9 +697,8 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, con
     NoGradGuard no_grad;
     // Biased batch variance from the saved 1/sqrt(var + eps); running_var uses the unbiased one.
     Tensor var = add(rdiv(mul(save_invstd, save_invstd), 1.0), -eps);
-    Tensor(running_mean).copy_(add(mul(running_mean, 1.0 - momentum), mul(save_mean, momentum)));
-    Tensor(running_var)
-        .copy_(add(mul(running_var, 1.0 - momentum), mul(var, momentum * static_cast<double>(M) / (M - 1))));
+    update_running_statistics(running_mean, running_var, save_mean, var, momentum,
+                              momentum * static_cast<double>(M) / (M - 1));
   }
   if (!needs_grad({&x, &weight, &bias, &residual})) return y;
   Tensor sx = x.detach(), sw = weight.detach(), sy = fuse_relu ? y.detach() : Tensor();
@@ -691,12 +707,7 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, con
                                   : (fuse_relu ? "batch_norm_relu" : "batch_norm");
   return record(name, {&x, &weight, &bias, &residual}, y,
                 [sx, sw, sy, save_mean, save_invstd, training, has_residual](const Tensor& dy_in) {
-                  Tensor dy = dy_in;
-                  if (sy.defined()) {
-                    dy = Tensor::empty(dy_in.shape(), dy_in.dtype(), dy_in.device());
-                    RT_KERNEL(dy.device(), "batch_norm_backward", binary)(
-                        BinaryOp::ReluGrad, dy_in, sy, dy, make_broadcast(dy.shape(), sy.shape(), dy.shape()));
-                  }
+                  const Tensor dy = relu_masked(dy_in, sy, "batch_norm_backward");
                   Tensor dx = Tensor::empty(sx.shape(), sx.dtype(), sx.device());
                   Tensor dw = Tensor::empty(sw.shape(), sw.dtype(), sw.device());
                   Tensor db = Tensor::empty(sw.shape(), sw.dtype(), sw.device());
@@ -767,24 +778,15 @@ Tensor sync_batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias
   const Tensor* residual_ptr = residual.defined() ? &residual : nullptr;
   RT_KERNEL(device, "sync_batch_norm", batch_norm_apply)(x, weight, bias, save_mean, save_invstd, fuse_relu, residual_ptr, y);
   detail::after_op(device, "sync_batch_norm");
-  {
-    NoGradGuard no_grad;
-    Tensor(running_mean).copy_(add(mul(running_mean, 1.0 - momentum), mul(save_mean, momentum)));
-    Tensor(running_var).copy_(add(mul(running_var, 1.0 - momentum),
-                                  mul(Tensor::from_vector(unbiased, Shape{C}, param_dtype, device), momentum)));
-  }
+  update_running_statistics(running_mean, running_var, save_mean,
+                            Tensor::from_vector(unbiased, Shape{C}, param_dtype, device), momentum, momentum);
   if (!needs_grad({&x, &weight, &bias, &residual})) return y;
   Tensor sx = x.detach(), sw = weight.detach(), sy = fuse_relu ? y.detach() : Tensor();
   const bool has_residual = residual.defined();
   return record("sync_batch_norm", {&x, &weight, &bias, &residual}, y,
                 [sx, sw, sy, save_mean, save_invstd, has_residual, exchange, count, C, param_dtype](const Tensor& dy_in) {
                   NoGradGuard no_grad;
-                  Tensor dy = dy_in;
-                  if (sy.defined()) {
-                    dy = Tensor::empty(dy_in.shape(), dy_in.dtype(), dy_in.device());
-                    RT_KERNEL(dy.device(), "sync_batch_norm_backward", binary)(
-                        BinaryOp::ReluGrad, dy_in, sy, dy, make_broadcast(dy.shape(), sy.shape(), dy.shape()));
-                  }
+                  const Tensor dy = relu_masked(dy_in, sy, "sync_batch_norm_backward");
                   Tensor sums = Tensor::empty(Shape{2 * C}, DType::F64, dy.device());
                   RT_KERNEL(dy.device(), "sync_batch_norm_backward", batch_norm_backward_reduce)(sx, dy, save_mean,
                                                                                                 save_invstd, sums);

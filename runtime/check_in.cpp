@@ -16,12 +16,9 @@ uint64_t bucket_plan_hash(const std::vector<comm::BucketInfo>& buckets) {
 }
 
 void check_in_step(const comm::World& world, int64_t step, uint64_t plan) {
-  // Min of (x, -x) gives min and max in one operation; the plan is halved to fit a signed negation.
-  const auto p = static_cast<int64_t>(plan >> 1);
-  int64_t v[4] = {step, -step, p, -p};
-  comm::all_reduce(world.comm(), std::span<int64_t>(v, 4), comm::HostOp::Min);
-  if (v[0] == step && -v[1] == step && v[2] == p && -v[3] == p) return;
-  const int64_t mine[2] = {step, p};
+  // The plan is halved to fit a signed negation.
+  const int64_t mine[2] = {step, static_cast<int64_t>(plan >> 1)};
+  if (comm::same_on_every_rank(world.comm(), mine)) return;
   const std::vector<int64_t> all = comm::all_gather(world.comm(), std::span<const int64_t>(mine, 2));
   std::string bad;
   for (int r = 1; r < world.size(); ++r)
@@ -31,11 +28,16 @@ void check_in_step(const comm::World& world, int64_t step, uint64_t plan) {
   throw comm::CollectiveError(detail::str_cat("ranks are out of step: rank 0 is at step ", all[0], ", ", bad));
 }
 
+std::string flag_of(const std::string& key) {
+  std::string flag = "--" + key;
+  std::replace(flag.begin(), flag.end(), '_', '-');
+  return flag;
+}
+
 void check_same_config(const comm::World& world, const nlohmann::json& config) {
   const std::string mine = config.dump();
-  uint64_t h[2] = {fnv1a(mine), ~fnv1a(mine)};  // min of both: min and max in one all-reduce
-  comm::all_reduce(world.comm(), std::span<uint64_t>(h, 2), comm::HostOp::Min);
-  if (h[0] == fnv1a(mine) && ~h[1] == fnv1a(mine)) return;
+  const int64_t hash[1] = {static_cast<int64_t>(fnv1a(mine) >> 1)};
+  if (comm::same_on_every_rank(world.comm(), hash)) return;
   const std::vector<std::string> all = comm::all_gather_strings(world.comm(), mine);
   const nlohmann::json root = nlohmann::json::parse(all[0]);
   std::string differs;
@@ -47,9 +49,7 @@ void check_same_config(const comm::World& world, const nlohmann::json& config) {
     for (const auto& [key, value] : root.items()) {
       const nlohmann::json other = theirs.contains(key) ? theirs[key] : nlohmann::json();
       if (other == value) continue;
-      std::string flag = key;
-      std::replace(flag.begin(), flag.end(), '_', '-');
-      differs += detail::str_cat("\n  rank ", r, " (", world.hosts()[r], ") has --", flag, " ", other.dump(),
+      differs += detail::str_cat("\n  rank ", r, " (", world.hosts()[r], ") has ", flag_of(key), " ", other.dump(),
                                  " where rank 0 has ", value.dump());
       ++named;
       break;

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "comm/grad_sync.h"
 #include "comm/world.h"
@@ -20,6 +21,9 @@ uint64_t bucket_plan_hash(const std::vector<comm::BucketInfo>& buckets);
 
 // Collective.
 void check_in_step(const comm::World& world, int64_t step, uint64_t plan);
+
+// The flag a configuration key stands for: "lr_step_epochs" -> "--lr-step-epochs".
+std::string flag_of(const std::string& key);
 
 // Collective: `config` (a JSON object of flag name -> value, keys spelled as the flags without "--" and
 // with '_' for '-') must be the same on every rank.

@@ -222,9 +222,8 @@ Trainer::~Trainer() = default;
 // `--device auto` resolves per rank: a node whose GPU is unusable would silently train on the CPU with
 // another backend and hang the others in collectives that never match. Every rank must land on the same kind.
 void Trainer::agree_on_device() {
-  int64_t kinds[2] = {device_.is_cuda() ? 1 : 0, device_.is_cuda() ? -1 : 0};  // min and max of is_cuda
-  comm::all_reduce(world_.comm(), std::span<int64_t>(kinds, 2), comm::HostOp::Min);
-  if (kinds[0] == -kinds[1]) return;
+  const int64_t cuda[1] = {device_.is_cuda() ? 1 : 0};
+  if (comm::same_on_every_rank(world_.comm(), cuda)) return;
   const std::string mine = device_.is_cuda() ? "" : detail::str_cat("no usable GPU here (", cuda_status().reason, ")");
   comm::agree_or_throw(world_.comm(), mine, "putting every rank on the same kind of device (the others train on CUDA)");
 }
@@ -441,7 +440,7 @@ void Run::compare_config(const json& written, const std::string& file) const {
   auto differs = [&](const char* key) { return written.contains(key) && now.contains(key) && written[key] != now[key]; };
   for (const char* key : {"arch", "model", "optimizer", "dataset"})
     if (differs(key)) {
-      const std::string what = std::string(key) == "dataset" ? "the dataset" : detail::str_cat("--", key);
+      const std::string what = std::string(key) == "dataset" ? "the dataset" : flag_of(key);
       RT_THROW("--resume ", file, ": the checkpoint was written with ", what, " ", written[key].dump(),
                " but this run has ", now[key].dump(), "; resuming would not continue that training (start a new ",
                "run, or resume with the same ", what, ")");
@@ -449,11 +448,8 @@ void Run::compare_config(const json& written, const std::string& file) const {
   std::string changed;
   for (const char* key : {"steps", "epochs", "lr", "lr_schedule", "warmup_epochs", "lr_step_epochs", "lr_milestones",
                           "lr_gamma", "lr_scaling", "momentum", "wd", "label_smoothing", "precision"})
-    if (differs(key)) {
-      std::string flag = key;
-      std::replace(flag.begin(), flag.end(), '_', '-');
-      changed += detail::str_cat(changed.empty() ? "" : ", ", "--", flag, " ", written[key].dump(), " -> ", now[key].dump());
-    }
+    if (differs(key))
+      changed += detail::str_cat(changed.empty() ? "" : ", ", flag_of(key), " ", written[key].dump(), " -> ", now[key].dump());
   if (!changed.empty() && root_)
     std::fprintf(stderr, "%s: warning: resuming %s with another run length or schedule than it was written with (%s): "
                  "the learning rate continues from this run's schedule at step %lld\n",

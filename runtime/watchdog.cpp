@@ -30,7 +30,8 @@ struct Watchdog::Reply {
 };
 
 Watchdog::Watchdog(const comm::World& world, double timeout_s, StuckHandler on_stuck)
-    : world_(world), timeout_s_(timeout_s), on_stuck_(std::move(on_stuck)) {
+    : world_(world), timeout_s_(timeout_s), on_stuck_(std::move(on_stuck)),
+      debug_phases_(std::getenv("RT_DEBUG_PHASES") != nullptr) {
   if (!on_stuck_) on_stuck_ = [this](const std::string& message) { world_.abort(message); };
   if (timeout_s_ <= 0) return;
   if (world_.size() > 1 && world_.thread_level() == MPI_THREAD_MULTIPLE) {
@@ -56,7 +57,7 @@ Watchdog::~Watchdog() {
 }
 
 void Watchdog::phase(const char* name, int64_t step) {
-  if (std::getenv("RT_DEBUG_PHASES"))
+  if (debug_phases_)
     std::fprintf(stderr, "[rank %d] step %lld: %s\n", world_.rank(), static_cast<long long>(step), name);
   phase_.store(name);
   step_.store(step);

@@ -57,6 +57,7 @@ class Watchdog {
   std::atomic<Clock::rep> since_{Clock::now().time_since_epoch().count()};
   std::atomic<uint64_t> generation_{0};  // phase entries so far
   std::atomic<bool> paused_{false};
+  const bool debug_phases_;  // RT_DEBUG_PHASES: every phase entry printed (read once, not per phase)
   std::atomic<bool> stop_{false};
   MPI_Comm peers_ = MPI_COMM_NULL;  // the watchdogs' own communicator (several ranks only)
   int64_t question_ = 0;            // sequence number of the last question to the others
