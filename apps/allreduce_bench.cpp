@@ -65,11 +65,11 @@ int64_t count_wrong(const Tensor& result, int n) {
 int main(int argc, char** argv) {
   CLI::App app{"All-reduce bandwidth sweep (nccl-tests style)"};
   std::string backends_text = "ring", min_text = "8", max_text = "64M", dtype_text = "f32", json_path,
-              device_text = "cpu", op_text = "sum", chunk_text = "512K";
+              device_text = "cpu", op_text = "sum", chunk_text = "512K", net_chunk_text = "64000";
   double step_factor = 2;
   int iters = 20, warmup = 5, depth = 4;
   bool check = false;
-  app.add_option("--backend", backends_text, "ring, mpi or nccl; a comma list compares them")->capture_default_str();
+  app.add_option("--backend", backends_text, "ring, hierarchical, mpi or nccl; a comma list compares them")->capture_default_str();
   app.add_option("-b,--min-bytes", min_text, "smallest size (K/M/G suffixes)")->capture_default_str();
   app.add_option("-e,--max-bytes", max_text, "largest size (K/M/G suffixes)")->capture_default_str();
   app.add_option("-f,--step-factor", step_factor, "size multiplier between rows")->capture_default_str();
@@ -79,6 +79,7 @@ int main(int argc, char** argv) {
   app.add_option("--op", op_text, "sum or avg")->capture_default_str()->check(CLI::IsMember({"sum", "avg"}));
   app.add_option("--device", device_text, "cpu or cuda (nccl needs cuda)")->capture_default_str();
   app.add_option("--chunk-bytes", chunk_text, "ring: bytes per pipelined message")->capture_default_str();
+  app.add_option("--net-chunk-bytes", net_chunk_text, "ring: bytes per message between nodes")->capture_default_str();
   app.add_option("--pipeline-depth", depth, "ring: receive buffers in flight")->capture_default_str()->check(CLI::Range(1, 1024));
   app.add_flag("-c,--check", check, "verify results (wrong-element count)");
   app.add_option("--json", json_path, "write {\"results\": [...]} here (rank 0)");
@@ -97,6 +98,7 @@ int main(int argc, char** argv) {
     CommOptions options;
     options.chunk_bytes = parse_bytes("--chunk-bytes", chunk_text);
     options.pipeline_depth = depth;
+    options.net_chunk_bytes = parse_bytes("--net-chunk-bytes", net_chunk_text);
     std::vector<std::pair<std::string, CommunicatorPtr>> comms;
     for (const std::string& name : split(backends_text))
       comms.emplace_back(name, make_communicator(parse_backend(name), world.comm(), options));
@@ -105,6 +107,7 @@ int main(int argc, char** argv) {
     if (world.is_root()) {
       std::printf("# ringtrain allreduce_bench: %d ranks on %d node(s), dtype %s, op %s, iters %d, warmup %d, device %s\n", n,
                   world.num_nodes(), dtype_text.c_str(), op_text.c_str(), iters, warmup, binding.device.str().c_str());
+      for (const auto& [name, comm] : comms) std::printf("# %s: %s\n", name.c_str(), comm->describe().c_str());
       std::printf("# %-8s %12s %12s %6s %11s %11s %11s %8s\n", "backend", "size(B)", "count", "type", "time(us)",
                   "algbw(GB/s)", "busbw(GB/s)", "wrong");
     }

@@ -43,10 +43,10 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::IsMember({"fp32"}));
   app.add_option("--backend", backend,
-                 "gradient all-reduce under mpirun: ring, mpi or nccl; none: every rank trains alone, no sync (the "
+                 "gradient all-reduce under mpirun: ring, hierarchical, mpi or nccl; none: every rank trains alone, no sync (the "
                  "machine's own slowdown from running ranks side by side, the ceiling for weak scaling)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"ring", "mpi", "nccl", "none"}));
+      ->check(CLI::IsMember({"ring", "hierarchical", "mpi", "nccl", "none"}));
   CLI11_PARSE(app, argc, argv);
   return comm::run_main(argc, argv, [&](comm::World& world) {
     const Device device = world.bind(parse_device(device_text), threads).device;

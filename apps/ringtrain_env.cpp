@@ -60,6 +60,8 @@ int main(int argc, char** argv) {
       all_ok &= runtime::report_check(world, "self-test on " + d.str(), failure, "every rank");
     }
     std::vector<comm::Backend> backends{comm::Backend::Ring, comm::Backend::Mpi};
+    if (comm::auto_backend(world, Device::cpu()) == comm::Backend::Hierarchical)
+      backends.insert(backends.begin() + 1, comm::Backend::Hierarchical);
     if (cuda.device_count > 0 && cuda.device_count >= world.local_size()) backends.push_back(comm::Backend::Nccl);
     for (comm::Backend b : backends) {
       const Device dev = b == comm::Backend::Nccl ? Device::cuda(world.local_rank() % cuda.device_count) : Device::cpu();

@@ -10,6 +10,7 @@ namespace ringtrain::comm {
 
 // Owned by make_communicator, which wraps them in a CommunicatorPtr whose deleter asks release_local().
 std::unique_ptr<Communicator> make_ring_communicator(MPI_Comm parent, const CommOptions& options);
+std::unique_ptr<Communicator> make_hierarchical_communicator(MPI_Comm parent, const CommOptions& options);
 std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm parent, const CommOptions& options);
 std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm parent, const CommOptions& options);
 

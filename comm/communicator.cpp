@@ -6,15 +6,17 @@
 #include <vector>
 
 #include "comm/backends.h"
+#include "comm/world.h"
 #include "core/check.h"
 
 namespace ringtrain::comm {
 
 Backend parse_backend(const std::string& name) {
   if (name == "ring") return Backend::Ring;
+  if (name == "hierarchical") return Backend::Hierarchical;
   if (name == "mpi") return Backend::Mpi;
   if (name == "nccl") return Backend::Nccl;
-  RT_THROW("unknown communication backend '", name, "' (expected ring, mpi or nccl)");
+  RT_THROW("unknown communication backend '", name, "' (expected ring, hierarchical, mpi or nccl)");
 }
 
 const char* backend_name(Backend b) {
@@ -22,8 +24,19 @@ const char* backend_name(Backend b) {
     case Backend::Ring: return "ring";
     case Backend::Mpi: return "mpi";
     case Backend::Nccl: return "nccl";
+    case Backend::Hierarchical: return "hierarchical";
   }
   return "?";
+}
+
+Backend auto_backend(const World& world, Device device) {
+  if (device.is_cuda()) return Backend::Nccl;
+  return world.num_nodes() > 1 && world.local_size() > 1 && world.nodes_uniform() ? Backend::Hierarchical
+                                                                                   : Backend::Ring;
+}
+
+std::string Communicator::describe() const {
+  return detail::str_cat(backend_name(backend()), " over ", size_, " rank(s)");
 }
 
 Communicator::Communicator(MPI_Comm parent) {
@@ -39,7 +52,10 @@ Communicator::Communicator(MPI_Comm parent) {
 void Communicator::free_comm() noexcept {
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm_);
+  sub_comms_.push_back(comm_);
+  for (MPI_Comm& c : sub_comms_)
+    if (c != MPI_COMM_NULL && !finalized) MPI_Comm_free(&c);
+  sub_comms_.clear();
   comm_ = MPI_COMM_NULL;
 }
 
@@ -49,11 +65,19 @@ CommunicatorPtr make_communicator(Backend backend, MPI_Comm parent, const CommOp
            options.chunk_bytes);
   RT_CHECK(options.pipeline_depth >= 1, "CommOptions.pipeline_depth must be at least 1, got ",
            options.pipeline_depth);
+  RT_CHECK(options.net_chunk_bytes >= 64 && options.net_chunk_bytes <= (int64_t{1} << 30),
+           "network chunk size (CommOptions.net_chunk_bytes, --net-chunk-bytes) must be between 64 bytes and 1 GiB, got ",
+           options.net_chunk_bytes);
+  RT_CHECK(options.net_pipeline_depth >= 1, "CommOptions.net_pipeline_depth must be at least 1, got ",
+           options.net_pipeline_depth);
+  RT_CHECK(options.node_size >= 0, "CommOptions.node_size must be 0 (the real nodes) or ranks per node, got ",
+           options.node_size);
   std::unique_ptr<Communicator> made;
   switch (backend) {
     case Backend::Ring: made = make_ring_communicator(parent, options); break;
     case Backend::Mpi: made = make_mpi_communicator(parent, options); break;
     case Backend::Nccl: made = make_nccl_communicator(parent, options); break;
+    case Backend::Hierarchical: made = make_hierarchical_communicator(parent, options); break;
   }
   RT_CHECK(made, "make_communicator: bad backend");
   // Destruction never blocks: an object whose thread is stuck in MPI is leaked instead (release_local).

@@ -3,6 +3,9 @@
 // Backends (chosen by make_communicator, implemented in separate files):
 //   ring  our own ring all-reduce over MPI point-to-point for CPU tensors (comm/ring.cpp): reduce-scatter
 //         then all-gather, chunked and pipelined; GPU tensors go through pinned host buffers.
+//   hierarchical  the ring, node-aware (comm/ring.cpp): reduce-scatter inside each node over shared memory,
+//         an all-reduce of each local rank's slice across nodes, an all-gather inside the node; the
+//         automatic CPU choice when ranks share nodes across several nodes (auto_backend).
 //   mpi   MPI_Allreduce and friends, the reference (comm/mpi_backend.cpp).
 //   nccl  NCCL for GPU tensors (comm/nccl.cpp, CUDA builds only).
 //
@@ -27,11 +30,16 @@
 namespace ringtrain::comm {
 
 enum class ReduceOp : uint8_t { Sum, Average };
-enum class Backend : uint8_t { Ring, Mpi, Nccl };
+enum class Backend : uint8_t { Ring, Mpi, Nccl, Hierarchical };
 
-// "ring" | "mpi" | "nccl"; anything else is an error naming the value.
+// "ring" | "hierarchical" | "mpi" | "nccl"; anything else is an error naming the value.
 Backend parse_backend(const std::string& name);
 const char* backend_name(Backend b);
+
+class World;
+// What `--backend auto` means for this world and device: nccl for GPU tensors; on the CPU hierarchical
+// when several nodes each hold the same number (> 1) of ranks, else ring.
+Backend auto_backend(const World& world, Device device);
 
 // Handle of an asynchronous collective.
 class Work {
@@ -56,6 +64,14 @@ struct CommOptions {
   int64_t chunk_bytes = 512 << 10;
   // Ring: receive buffers in flight per rank (the pipeline depth).
   int pipeline_depth = 4;
+  // Ring, between nodes: bytes per message and receives in flight when a ring's neighbours are on other
+  // nodes. Below Open MPI's TCP eager limit (64 KiB with its header), so no message waits for a rendezvous
+  // reply queued behind data on a saturated link.
+  int64_t net_chunk_bytes = 64000;
+  int net_pipeline_depth = 16;
+  // Hierarchical: ranks per node, counted in rank order (ranks 0..k-1 are node 0, ...), instead of the
+  // ranks that share memory; 0 means the real topology. For tests and for emulating nodes on one host.
+  int node_size = 0;
   // NCCL: how long a collective may run before the communicator is aborted and wait() raises.
   std::chrono::milliseconds timeout{std::chrono::minutes(10)};
 };
@@ -69,6 +85,8 @@ class Communicator {
   int rank() const { return rank_; }
   int size() const { return size_; }
   virtual Backend backend() const = 0;
+  // The backend and how it spans the ranks, e.g. "hierarchical: 2 nodes x 2 ranks".
+  virtual std::string describe() const;
   // The private MPI communicator this one uses (a duplicate of the parent given at creation).
   MPI_Comm mpi_comm() const { return comm_; }
 
@@ -102,8 +120,9 @@ class Communicator {
 
  protected:
   explicit Communicator(MPI_Comm parent);  // duplicates parent, sets MPI_ERRORS_RETURN
-  void free_comm() noexcept;
+  void free_comm() noexcept;  // comm_ and sub_comms_
   MPI_Comm comm_ = MPI_COMM_NULL;
+  std::vector<MPI_Comm> sub_comms_;  // more private communicators a backend made from comm_
   int rank_ = 0, size_ = 1;
 };
 using CommunicatorPtr = std::shared_ptr<Communicator>;

@@ -81,6 +81,9 @@ World& World::init(int* argc, char*** argv) {
   // Node count: the ranks that are local rank 0.
   int leader = w->local_rank_ == 0 ? 1 : 0;
   MPI_CHECK(MPI_Allreduce(&leader, &w->num_nodes_, 1, MPI_INT, MPI_SUM, w->comm_));
+  int sizes[2] = {w->local_size_, -w->local_size_};
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, sizes, 2, MPI_INT, MPI_MAX, w->comm_));
+  w->nodes_uniform_ = sizes[0] == -sizes[1];
   MPI_CHECK(MPI_Comm_free(&local));
 
   char name[MPI_MAX_PROCESSOR_NAME] = {0};

@@ -38,6 +38,8 @@ class World {
   int local_rank() const { return local_rank_; }
   int local_size() const { return local_size_; }
   int num_nodes() const { return num_nodes_; }
+  // Every node holds the same number of ranks (what the hierarchical all-reduce needs).
+  bool nodes_uniform() const { return nodes_uniform_; }
   const std::string& host() const { return hosts_[rank_]; }
   const std::vector<std::string>& hosts() const { return hosts_; }  // per rank
   int thread_level() const { return thread_level_; }
@@ -58,6 +60,7 @@ class World {
  private:
   World() = default;
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1, num_nodes_ = 1;
+  bool nodes_uniform_ = true;
   int thread_level_ = MPI_THREAD_SINGLE;
   std::vector<std::string> hosts_{""};
   MPI_Comm comm_ = MPI_COMM_NULL;

@@ -78,8 +78,10 @@ void add_device_flags(CLI::App& app, TrainerOptions& o) {
 }
 
 void add_parallel_flags(CLI::App& app, TrainerOptions& o) {
-  add_choice(app, "--backend", "auto (nccl on GPU, ring on CPU), nccl, ring or mpi",
-             o.backend ? comm::backend_name(*o.backend) : "auto", {"auto", "nccl", "ring", "mpi"},
+  add_choice(app, "--backend",
+             "auto (nccl on GPU; on CPU hierarchical across nodes of several ranks each, else ring), nccl, ring, "
+             "hierarchical or mpi",
+             o.backend ? comm::backend_name(*o.backend) : "auto", {"auto", "nccl", "ring", "hierarchical", "mpi"},
              [&o](const std::string& v) {
                o.backend = v == "auto" ? std::nullopt : std::optional<comm::Backend>(comm::parse_backend(v));
              });

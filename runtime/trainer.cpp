@@ -199,7 +199,7 @@ Trainer::Trainer(comm::World& world, TrainerOptions options)
   agree_on_device();
   manual_seed(options_.seed);  // the model built next is initialised identically on every rank
   if (options_.check) {
-    const comm::Backend backend = options_.backend.value_or(device_.is_cuda() ? comm::Backend::Nccl : comm::Backend::Ring);
+    const comm::Backend backend = options_.backend.value_or(comm::auto_backend(world_, device_));
     quick_preflight(world_, backend, device_);
   }
   std::string error;
@@ -457,7 +457,7 @@ void Run::compare_config(const json& written, const std::string& file) const {
 }
 
 void Run::connect() {
-  backend_ = o_.backend.value_or(device_.is_cuda() ? comm::Backend::Nccl : comm::Backend::Ring);
+  backend_ = o_.backend.value_or(comm::auto_backend(world_, device_));
   comm_ = comm::make_communicator(backend_, world_.comm());
   // SyncBatchNorm's all-reduces on a communicator of their own: they must not queue behind gradient buckets.
   if (o_.sync_bn) {

@@ -1,19 +1,33 @@
-// compare_checkpoints A.h5 B.h5: exits 0 and prints "identical: N tensors" when both checkpoints hold
-// the same /model and /optimizer entries with bitwise equal values; otherwise names the first
-// difference and exits 1. Used by the exact-resume test.
+// compare_checkpoints A.h5 B.h5 [--rtol X]: exits 0 and prints "identical: N tensors" when both checkpoints
+// hold the same /model and /optimizer entries with bitwise equal values; otherwise names the first
+// difference and exits 1. Used by the exact-resume test. With --rtol, values may differ by X of the
+// tensor's scale (max |a - b| <= X * max |a|, for sums taken in another order): prints "close: N tensors,
+// worst R at NAME".
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "core/checkpoint.h"
 
 using namespace ringtrain;
 
 int main(int argc, char** argv) {
-  if (argc != 3) {
-    std::fprintf(stderr, "usage: compare_checkpoints A.h5 B.h5\n");
+  double rtol = -1;
+  if (argc == 5 && std::strcmp(argv[3], "--rtol") == 0) {
+    char* end = nullptr;
+    rtol = std::strtod(argv[4], &end);
+    if (*end != '\0' || !(rtol >= 0)) rtol = -2;
+  }
+  if ((argc != 3 && argc != 5) || rtol == -2 || (argc == 5 && rtol < 0)) {
+    std::fprintf(stderr, "usage: compare_checkpoints A.h5 B.h5 [--rtol X]\n");
     return 2;
   }
   try {
+    double worst = 0;
+    std::string worst_name;
     const Checkpoint a = load_checkpoint(argv[1]), b = load_checkpoint(argv[2]);
     size_t count = 0;
     for (const auto* part : {"model", "optimizer"}) {
@@ -26,12 +40,38 @@ int main(int argc, char** argv) {
       for (size_t i = 0; i < x.size(); ++i, ++count) {
         const Tensor& s = x[i].second;
         const Tensor& t = y[i].second;
-        if (x[i].first != y[i].first || s.shape() != t.shape() || s.dtype() != t.dtype() ||
-            std::memcmp(s.data_ptr(), t.data_ptr(), static_cast<size_t>(s.nbytes())) != 0) {
-          std::printf("different: /%s/%s\n", part, x[i].first.c_str());
+        const std::string name = std::string("/") + part + "/" + x[i].first;
+        if (x[i].first != y[i].first || s.shape() != t.shape() || s.dtype() != t.dtype()) {
+          std::printf("different: %s (name, shape or dtype)\n", name.c_str());
           return 1;
         }
+        if (rtol < 0) {
+          if (std::memcmp(s.data_ptr(), t.data_ptr(), static_cast<size_t>(s.nbytes())) != 0) {
+            std::printf("different: %s\n", name.c_str());
+            return 1;
+          }
+          continue;
+        }
+        const auto u = s.to_vector(), v = t.to_vector();
+        double scale = 0, diff = 0;
+        for (size_t k = 0; k < u.size(); ++k) {
+          scale = std::max(scale, std::fabs(u[k]));
+          diff = std::max(diff, std::fabs(u[k] - v[k]));
+        }
+        const double rel = diff / std::max(scale, 1e-30);
+        if (!(rel <= rtol)) {
+          std::printf("different: %s differs by %.3g of its scale (--rtol %g)\n", name.c_str(), rel, rtol);
+          return 1;
+        }
+        if (rel > worst) {
+          worst = rel;
+          worst_name = name;
+        }
       }
+    }
+    if (rtol >= 0) {
+      std::printf("close: %zu tensors, worst %.3g at %s\n", count, worst, worst_name.empty() ? "-" : worst_name.c_str());
+      return 0;
     }
     std::printf("identical: %zu tensors\n", count);
     return 0;

@@ -4,6 +4,8 @@
 // submission order, and bad arguments are errors naming the tensor and rank.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <chrono>
 #include <string>
@@ -23,10 +25,12 @@ namespace {
 struct Case {
   Backend backend;
   int64_t chunk_bytes;
+  int node_size = 0;  // hierarchical: ranks per emulated node (0: the real nodes)
 };
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
-  return std::string(backend_name(info.param.backend)) + "_chunk" + std::to_string(info.param.chunk_bytes);
+  return std::string(backend_name(info.param.backend)) + "_chunk" + std::to_string(info.param.chunk_bytes) +
+         (info.param.node_size ? "_node" + std::to_string(info.param.node_size) : "");
 }
 
 class Collectives : public ::testing::TestWithParam<Case> {
@@ -35,6 +39,7 @@ class Collectives : public ::testing::TestWithParam<Case> {
     CommOptions o;
     o.chunk_bytes = GetParam().chunk_bytes;
     o.pipeline_depth = 3;
+    o.node_size = GetParam().node_size;
     comm = make_communicator(GetParam().backend, World::init().comm(), o);
   }
   CommunicatorPtr comm;
@@ -164,7 +169,12 @@ TEST_P(Collectives, BadArgumentsAreErrorsNamingTheTensor) {
 
 INSTANTIATE_TEST_SUITE_P(Backends, Collectives,
                          ::testing::Values(Case{Backend::Ring, 512 << 10}, Case{Backend::Ring, 1024},
-                                           Case{Backend::Ring, 4096}, Case{Backend::Mpi, 512 << 10}),
+                                           Case{Backend::Ring, 4096}, Case{Backend::Mpi, 512 << 10},
+                                           // The real nodes: one host here, 2x2 through the emulated cluster.
+                                           Case{Backend::Hierarchical, 512 << 10},
+                                           // Emulated nodes of 2 (and 3) ranks: 2x2 on 4 ranks, uneven on 3.
+                                           Case{Backend::Hierarchical, 1024, 2}, Case{Backend::Hierarchical, 4096, 2},
+                                           Case{Backend::Hierarchical, 4096, 3}),
                          case_name);
 
 // GPU tensors: the ring stages them through pinned host memory (ranks may share one GPU); NCCL reduces
@@ -217,6 +227,19 @@ TEST(Agreement, OneRankErrorMakesEveryRankThrowTheSameMessage) {
   EXPECT_NO_THROW(agree_or_throw(w.comm(), "", "nothing"));
 }
 
+// The nodes the test runs on: RT_EXPECT_NODES=NxP when the emulated cluster (scripts/cluster.sh, ranks
+// placed by slot: 0..P-1 on node0, ...) runs it; one host otherwise.
+struct ExpectedNodes {
+  int nodes = 1, per_node = 0;  // per_node 0: every rank on this host
+};
+ExpectedNodes expected_nodes() {
+  ExpectedNodes e;
+  if (const char* text = std::getenv("RT_EXPECT_NODES")) {
+    RT_CHECK(std::sscanf(text, "%dx%d", &e.nodes, &e.per_node) == 2, "RT_EXPECT_NODES must be NxP, got '", text, "'");
+  }
+  return e;
+}
+
 TEST(WorldInfo, RanksAndNodesAreConsistent) {
   World& w = World::init();
   int size = 0;
@@ -224,8 +247,21 @@ TEST(WorldInfo, RanksAndNodesAreConsistent) {
   EXPECT_EQ(w.size(), size);
   EXPECT_GE(w.local_rank(), 0);
   EXPECT_LT(w.local_rank(), w.local_size());
-  EXPECT_EQ(w.num_nodes(), 1);  // CTest runs every rank on this machine
-  EXPECT_EQ(w.local_size(), w.size());
+  EXPECT_TRUE(w.nodes_uniform());
+  const ExpectedNodes nodes = expected_nodes();
+  if (nodes.per_node == 0) {
+    EXPECT_EQ(w.num_nodes(), 1);  // CTest runs every rank on this machine
+    EXPECT_EQ(w.local_size(), w.size());
+    EXPECT_EQ(auto_backend(w, Device::cpu()), Backend::Ring);
+  } else {
+    ASSERT_EQ(w.size(), nodes.nodes * nodes.per_node) << "RT_EXPECT_NODES does not match the world";
+    EXPECT_EQ(w.num_nodes(), nodes.nodes);
+    EXPECT_EQ(w.local_size(), nodes.per_node);
+    EXPECT_EQ(w.local_rank(), w.rank() % nodes.per_node);
+    for (int r = 0; r < w.size(); ++r) EXPECT_EQ(w.hosts()[r], "node" + std::to_string(r / nodes.per_node)) << "rank " << r;
+    EXPECT_EQ(auto_backend(w, Device::cpu()), nodes.per_node > 1 ? Backend::Hierarchical : Backend::Ring);
+  }
+  EXPECT_EQ(auto_backend(w, Device::cuda(0)), Backend::Nccl);
   EXPECT_EQ(static_cast<int>(w.hosts().size()), w.size());
   EXPECT_EQ(w.thread_level(), MPI_THREAD_MULTIPLE);
   const DeviceBinding b = w.bind(Device::cpu());
@@ -297,8 +333,10 @@ TEST(Lifetime, DestroyingARingCommunicatorWithAStuckOperationReturnsPromptly) {
 
 TEST(Lifetime, CloseDrainsThenRefusesNewWork) {
   World& w = World::init();
-  for (Backend b : {Backend::Ring, Backend::Mpi}) {
-    auto comm = make_communicator(b, w.comm());
+  for (Backend b : {Backend::Ring, Backend::Mpi, Backend::Hierarchical}) {
+    CommOptions o;
+    o.node_size = 2;
+    auto comm = make_communicator(b, w.comm(), o);
     Tensor t = Tensor::ones(Shape{257});
     WorkPtr pending = comm->all_reduce_async(t);
     comm->close();  // collective: waits for the all-reduce above on every rank
@@ -310,8 +348,46 @@ TEST(Lifetime, CloseDrainsThenRefusesNewWork) {
   }
 }
 
+TEST(Hierarchical, SaysHowItSpansTheRanks) {
+  World& w = World::init();
+  const int n = w.size();
+  CommOptions two;
+  two.node_size = 2;
+  const std::string emulated = make_communicator(Backend::Hierarchical, w.comm(), two)->describe();
+  std::string want = "flat ring over " + std::to_string(n) + " rank(s): one node";
+  if (n == 4) want = "hierarchical: 2 nodes x 2 ranks";
+  if (n == 3) want = "flat ring over 3 rank(s): the nodes hold different numbers";
+  EXPECT_NE(emulated.find(want), std::string::npos) << emulated;
+  const std::string real = make_communicator(Backend::Hierarchical, w.comm())->describe();
+  const ExpectedNodes nodes = expected_nodes();
+  std::string want_real = n > 1 ? "one node" : "flat ring over 1 rank(s)";
+  if (nodes.per_node > 1) want_real = detail::str_cat("hierarchical: ", nodes.nodes, " nodes x ", nodes.per_node, " ranks");
+  if (nodes.per_node == 1 && n > 1) want_real = "one rank per node";
+  EXPECT_NE(real.find(want_real), std::string::npos) << real;
+  EXPECT_EQ(make_communicator(Backend::Ring, w.comm())->describe(), "ring over " + std::to_string(n) + " rank(s)");
+}
+
+TEST(Hierarchical, AgreesWithTheFlatRingToRounding) {
+  World& w = World::init();
+  CommOptions o;
+  o.node_size = 2;
+  o.chunk_bytes = 4096;
+  auto hier = make_communicator(Backend::Hierarchical, w.comm(), o);
+  auto flat = make_communicator(Backend::Ring, w.comm());
+  for (int64_t count : {int64_t{1}, int64_t{3}, int64_t{99991}}) {
+    Tensor a = Tensor::uniform(Shape{count}, -1, 1, 77 + w.rank(), DType::F32);
+    Tensor b = a.clone();
+    hier->all_reduce(a, ReduceOp::Average);
+    flat->all_reduce(b, ReduceOp::Average);
+    const auto x = a.to_vector(), y = b.to_vector();
+    for (int64_t i = 0; i < count; ++i) ASSERT_NEAR(x[i], y[i], 1e-6) << "count " << count << " element " << i;
+  }
+}
+
 TEST(Backends, ParseNamesTheBadValue) {
   EXPECT_EQ(parse_backend("ring"), Backend::Ring);
+  EXPECT_EQ(parse_backend("hierarchical"), Backend::Hierarchical);
+  EXPECT_STREQ(backend_name(Backend::Hierarchical), "hierarchical");
   const std::string e = ringtrain::testing::error_of([] { parse_backend("gloo"); });
   EXPECT_NE(e.find("unknown communication backend 'gloo'"), std::string::npos) << e;
 }

@@ -82,13 +82,13 @@ CommunicatorPtr ring() { return make_communicator(Backend::Ring, World::init().c
 // and a CPU reference on the whole batch; after every step they must agree within `tolerance` and the
 // parameters must be bitwise identical on every rank.
 void train_and_compare(bool with_bn, GradSyncOptions options, double tolerance, Device device = Device::cpu(),
-                       Backend backend = Backend::Ring) {
+                       Backend backend = Backend::Ring, CommOptions comm_options = {}) {
   World& w = World::init();
   const int n = w.size(), r = w.rank();
   auto reference = make_model(with_bn);
   auto model = make_model(with_bn);
   model->to(device);
-  CommunicatorPtr comm = make_communicator(backend, w.comm());
+  CommunicatorPtr comm = make_communicator(backend, w.comm(), comm_options);
   if (with_bn) {
     EXPECT_EQ(convert_sync_batchnorm(*model, comm), 1);
   }
@@ -127,6 +127,16 @@ void train_and_compare(bool with_bn, GradSyncOptions options, double tolerance, 
 TEST(GradSync, RanksTrainLikeOneProcessOnTheUnionBatch) { train_and_compare(false, {}, 2e-5); }
 
 TEST(GradSync, SyncBatchNormTrainsLikeOneProcessOnTheUnionBatch) { train_and_compare(true, {}, 5e-5); }
+
+// The node-aware all-reduce behind the same GradSync: on nodes emulated as 2 ranks each (2x2 on 4 ranks),
+// and on the real nodes (one host here; 2 nodes x 2 ranks when the emulated cluster runs this suite).
+TEST(GradSync, HierarchicalAllReduceTrainsLikeOneProcess) {
+  CommOptions two;
+  two.node_size = 2;
+  train_and_compare(false, {}, 2e-5, Device::cpu(), Backend::Hierarchical, two);
+  train_and_compare(true, {}, 5e-5, Device::cpu(), Backend::Hierarchical, two);
+  train_and_compare(false, {}, 2e-5, Device::cpu(), Backend::Hierarchical);
+}
 
 TEST(GradSync, SmallBucketsAndNoOverlapGiveTheSameResult) {
   GradSyncOptions o;

@@ -1,0 +1,283 @@
+#!/usr/bin/env bash
+# scripts/cluster.sh: an emulated cluster on one machine. Every node is a Linux network namespace with its
+# own address and host name; the nodes are joined by veth pairs through a bridge that lives in a namespace
+# of its own ("the switch"), every link shaped with tc as asked. Open MPI runs one daemon per node and
+# speaks TCP between them, exactly as between machines; ranks on one node use shared memory.
+#
+#   cluster.sh up N [--rate 10gbit] [--delay 50us] [--slots K]   make node0..node{N-1}, write a hostfile
+#   cluster.sh run [mpirun args...] -- PROGRAM ARGS              an MPI job across the nodes, from node0
+#   cluster.sh exec NODE CMD...                                  a command inside NODE (its net + host name)
+#   cluster.sh mpirun-args                                       the mpirun options for the cluster that is up
+#   cluster.sh kill NODE                                         every process of NODE dies at once (kill -9)
+#   cluster.sh partition NODE | heal NODE                        NODE's link drops every packet (no RST) | back
+#   cluster.sh status                                            what is up
+#   cluster.sh down                                              remove everything it made (idempotent)
+#
+# What it touches: network namespaces named rtc-* (rtc-switch, rtc-node0, ...), addresses of 10.213.7.0/24
+# inside them only (RT_CLUSTER_PREFIX and RT_CLUSTER_NET below change both), /etc/netns/rtc-node*/ (the per-node /etc/hosts that `ip netns exec` mounts) and its
+# state folder (RT_CLUSTER_STATE, default /run/ringtrain-cluster). The machine's own network namespace and
+# interfaces are never changed. Needs root, iproute2 (ip, tc, bridge) and util-linux (unshare).
+# Exit status: 0 done, 1 failed (the message says what), 2 usage, 3 cannot run here (not root, no ip).
+set -euo pipefail
+
+# RT_CLUSTER_PREFIX, RT_CLUSTER_NET and RT_CLUSTER_STATE let a second cluster live beside the first (the
+# tests use their own, so they never touch one a user has up).
+readonly PREFIX=${RT_CLUSTER_PREFIX:-rtc}
+readonly SWITCH=${PREFIX}-switch
+readonly NET=${RT_CLUSTER_NET:-10.213.7}
+readonly SUBNET=${NET}.0/24
+readonly STATE=${RT_CLUSTER_STATE:-/run/ringtrain-cluster}
+readonly MAX_NODES=64
+self=$(readlink -f "$0")
+
+die() { echo "cluster.sh: $*" >&2; exit 1; }
+[[ $PREFIX =~ ^[a-z][a-z0-9]{1,7}$ ]] || die "RT_CLUSTER_PREFIX '$PREFIX' must be 2-8 lower-case letters or digits"
+[[ $NET =~ ^10\.([0-9]{1,3})\.([0-9]{1,3})$ ]] && ((BASH_REMATCH[1] < 256 && BASH_REMATCH[2] < 256)) ||
+  die "RT_CLUSTER_NET '$NET' must be the first three parts of a 10.x.y.0/24 network, e.g. 10.213.7"
+usage() { sed -n '/^#   cluster.sh/s/^#   //p' "$self" >&2; exit 2; }
+
+can_run() {
+  [[ $(id -u) = 0 ]] || { echo "cluster.sh: needs root (it makes network namespaces)" >&2; exit 3; }
+  local tool
+  for tool in ip tc bridge unshare hostname; do
+    command -v "$tool" > /dev/null || { echo "cluster.sh: needs '$tool' (iproute2 / util-linux)" >&2; exit 3; }
+  done
+}
+
+is_up() { [[ -f $STATE/nodes ]]; }
+nodes() { cat "$STATE/nodes"; }
+addr_of() { echo "$NET.$(($1 + 1))"; }
+
+# NODE name -> index; an error naming the node when it is not part of the cluster that is up.
+node_index() {
+  is_up || die "no cluster is up (cluster.sh up N first)"
+  local name=$1 n
+  n=$(nodes)
+  [[ $name =~ ^node([0-9]+)$ ]] && ((10#${BASH_REMATCH[1]} < n)) ||
+    die "unknown node '$name': the cluster that is up has node0..node$((n - 1))"
+  echo $((10#${BASH_REMATCH[1]}))
+}
+
+# Runs CMD in node K with its host name; used by exec, run and the launch agent.
+in_node() {
+  local k=$1
+  shift
+  exec ip netns exec "$PREFIX-node$k" unshare --uts -- /bin/sh -c 'hostname "$0" && exec "$@"' "node$k" "$@"
+}
+
+pids_of() { ip netns pids "$1" 2> /dev/null || true; }
+
+kill_namespace() {
+  local ns=$1 round pids
+  for round in 1 2 3 4 5 6 7 8 9 10; do
+    pids=$(pids_of "$ns")
+    [[ -z $pids ]] && return 0
+    # shellcheck disable=SC2086
+    kill -9 $pids 2> /dev/null || true
+    sleep 0.1
+  done
+  [[ -z $(pids_of "$ns") ]] || echo "cluster.sh: processes of $ns survived kill -9: $(pids_of "$ns" | tr '\n' ' ')" >&2
+}
+
+down() {
+  local ns
+  for ns in $(ip netns list 2> /dev/null | awk '{print $1}' | grep -E "^$PREFIX-(switch|node[0-9]+)$" || true); do
+    kill_namespace "$ns"
+    ip netns del "$ns" 2> /dev/null || true
+  done
+  rm -rf /etc/netns/"$PREFIX"-node* "$STATE"
+  rmdir /etc/netns 2> /dev/null || true
+}
+
+# tc rate: a number with a tc unit, e.g. 10gbit, 500mbit.
+rate_ok() { [[ $1 =~ ^[0-9]+(\.[0-9]+)?(bit|kbit|mbit|gbit|tbit)$ ]]; }
+delay_ok() { [[ $1 =~ ^[0-9]+(\.[0-9]+)?(us|ms|s)$ ]]; }
+rate_bits() {
+  python3 -c "import re,sys; m=re.fullmatch(r'([0-9.]+)([kmgt]?)bit',sys.argv[1]); print(int(float(m[1])*{'':1,'k':1e3,'m':1e6,'g':1e9,'t':1e12}[m[2]]))" "$1"
+}
+
+# Shapes the egress of DEV in namespace NS: netem delay (when asked) and a token bucket at RATE. Both ends of
+# a link are shaped, so each direction runs at RATE.
+shape() {
+  local ns=$1 dev=$2 rate=$3 delay=$4 parent=root burst bits
+  if [[ $delay != none ]]; then
+    ip netns exec "$ns" tc qdisc add dev "$dev" root handle 1: netem delay "$delay" 2> /dev/null ||
+      die "--delay $delay needs tc's netem qdisc, which this kernel lacks (sch_netem): leave --delay out (links then add no latency)"
+    parent="parent 1:1"
+  fi
+  if [[ $rate != none ]]; then
+    bits=$(rate_bits "$rate")
+    # The bucket holds 2 ms at the rate, and at least two 64 KiB GSO packets (a packet larger than the
+    # bucket would be dropped for ever).
+    burst=$((bits / 8 / 500))
+    ((burst < 131072)) && burst=131072
+    # shellcheck disable=SC2086
+    ip netns exec "$ns" tc qdisc add dev "$dev" $parent handle 10: tbf rate "$rate" burst "$burst" latency 100ms ||
+      die "tc could not shape $dev in $ns to $rate"
+  fi
+}
+
+write_agent() {
+  # Open MPI's launch agent (plm_rsh_agent): called as `agent [ssh options] HOST COMMAND...` like ssh,
+  # it enters HOST's namespace instead of logging in. The command is a shell line, as over ssh.
+  cat > "$STATE/agent" << EOF
+#!/usr/bin/env bash
+# Launch agent of scripts/cluster.sh (Open MPI plm_rsh_agent): enters a node instead of ssh.
+while [[ \${1:-} == -* ]]; do shift; done
+host=\${1:?agent: no host given}
+shift
+[[ \$host =~ ^node([0-9]+)\$ ]] || { echo "cluster agent: unknown host '\$host'" >&2; exit 255; }
+k=\${BASH_REMATCH[1]}
+ip netns exec $PREFIX-node\$k true 2> /dev/null || { echo "cluster agent: node\$k is not up" >&2; exit 255; }
+exec ip netns exec $PREFIX-node\$k unshare --uts -- /bin/sh -c 'hostname "\$0" && exec /bin/sh -c "\$1"' "node\$k" "\$*"
+EOF
+  chmod +x "$STATE/agent"
+}
+
+up() {
+  local n=${1:-} rate=none delay=none slots=1 k
+  [[ $n =~ ^[0-9]+$ ]] && ((n >= 1 && n <= MAX_NODES)) || die "up: N must be a number of nodes from 1 to $MAX_NODES, got '${n}'"
+  shift
+  while (($#)); do
+    case $1 in
+      --rate) rate=${2:?--rate needs a value}; shift 2 ;;
+      --delay) delay=${2:?--delay needs a value}; shift 2 ;;
+      --slots) slots=${2:?--slots needs a value}; shift 2 ;;
+      *) die "up: unknown option '$1' (--rate, --delay, --slots)" ;;
+    esac
+  done
+  [[ $rate = none ]] || rate_ok "$rate" || die "--rate '$rate' is not a tc rate such as 10gbit, 500mbit"
+  [[ $delay = none ]] || delay_ok "$delay" || die "--delay '$delay' is not a time such as 50us, 1ms"
+  [[ $slots =~ ^[0-9]+$ ]] && ((slots >= 1)) || die "--slots must be a positive number, got '$slots'"
+  if is_up || ip netns list 2> /dev/null | grep -qE "^$PREFIX-"; then
+    die "a cluster is already up ($(cat "$STATE/nodes" 2> /dev/null || echo '?') nodes): cluster.sh down first"
+  fi
+  trap 'echo "cluster.sh: up failed or was interrupted; removing what it made" >&2; down; exit 1' ERR INT TERM
+  mkdir -p "$STATE"
+  ip netns add "$SWITCH"
+  ip netns exec "$SWITCH" ip link add br0 type bridge
+  ip netns exec "$SWITCH" ip link set br0 up
+  ip netns exec "$SWITCH" ip link set lo up
+  : > "$STATE/hostfile"
+  local hosts="127.0.0.1 localhost"$'\n'
+  for ((k = 0; k < n; ++k)); do hosts+="$(addr_of "$k") node$k"$'\n'; done
+  for ((k = 0; k < n; ++k)); do
+    local ns=$PREFIX-node$k
+    ip netns add "$ns"
+    mkdir -p "/etc/netns/$ns"
+    printf '%s' "$hosts" > "/etc/netns/$ns/hosts"
+    # Made in the switch, one end moved into the node: the machine's own namespace never holds either.
+    ip netns exec "$SWITCH" ip link add "sw$k" type veth peer name eth0 netns "$ns"
+    ip netns exec "$SWITCH" ip link set "sw$k" master br0 up
+    ip netns exec "$ns" ip link set lo up
+    # A peer that stopped answering fails a connection with unacknowledged data after 5 retransmissions
+    # (about 13 s) instead of the default 15 (about 15 minutes): mpirun aborting a job sends to every
+    # daemon, and waits for that send to fail before it declares a partitioned node lost. Per namespace.
+    ip netns exec "$ns" sysctl -qw net.ipv4.tcp_retries2=5
+    ip netns exec "$ns" ip addr add "$(addr_of "$k")/24" dev eth0
+    ip netns exec "$ns" ip link set eth0 up
+    shape "$ns" eth0 "$rate" "$delay"
+    shape "$SWITCH" "sw$k" "$rate" "$delay"
+    echo "node$k slots=$slots" >> "$STATE/hostfile"
+  done
+  write_agent
+  printf 'rate=%s\ndelay=%s\nslots=%s\n' "$rate" "$delay" "$slots" > "$STATE/config"
+  echo "$n" > "$STATE/nodes"
+  trap - ERR INT TERM
+  # node0 must reach every other node over TCP before the cluster is called up (there may be no ping).
+  for ((k = 1; k < n; ++k)); do
+    reach "$k" || { down; die "node0 cannot reach node$k ($(addr_of "$k")) over TCP; removed the cluster"; }
+  done
+  echo "cluster up: $n node(s) on $SUBNET, rate $rate, delay $delay, $slots slot(s) each; hostfile $STATE/hostfile"
+}
+
+# A TCP connection from node0 to node K (a listener there, 5 s at most).
+reach() {
+  local k=$1 addr
+  addr=$(addr_of "$k")
+  ip netns exec "$PREFIX-node$k" timeout 5 python3 -c "import socket; s=socket.create_server(('$addr', 7999)); s.accept()" &
+  local listener=$!
+  ip netns exec "$PREFIX-node0" timeout 5 python3 -c "
+import socket, time
+for _ in range(100):
+    try: socket.create_connection(('$addr', 7999), timeout=1).close(); break
+    except OSError: time.sleep(0.05)
+else: raise SystemExit(1)"
+  local rc=$?
+  wait "$listener" 2> /dev/null || true
+  return $rc
+}
+
+mpirun_args() {
+  is_up || die "no cluster is up (cluster.sh up N first)"
+  local args=(--hostfile "$STATE/hostfile" --mca plm_rsh_agent "$STATE/agent" --mca plm_rsh_no_tree_spawn 1
+    --mca pml ob1 --mca btl tcp,vader,self --mca btl_tcp_if_include "$SUBNET" --mca oob_tcp_if_include "$SUBNET"
+    # A daemon whose node stopped answering (a partition) is declared lost after 5 + 3 x 2 s of silence
+    # instead of TCP's minutes, so mpirun ends the job naming the node.
+    --mca oob_tcp_keepalive_time 5 --mca oob_tcp_keepalive_intvl 2 --mca oob_tcp_keepalive_probes 3)
+  [[ $(id -u) = 0 ]] && args+=(--allow-run-as-root)
+  echo "${args[@]}"
+}
+
+status() {
+  if ! is_up; then echo "no cluster is up"; return 0; fi
+  local n k
+  n=$(nodes)
+  echo "cluster: $n node(s) on $SUBNET; $(tr '\n' ' ' < "$STATE/config")"
+  for ((k = 0; k < n; ++k)); do
+    local state=up
+    ip netns exec "$SWITCH" bridge link show dev "sw$k" | grep -q "state disabled" && state=partitioned
+    echo "  node$k $(addr_of "$k") $state, $(pids_of "$PREFIX-node$k" | wc -l) process(es)"
+  done
+}
+
+main() {
+  local verb=${1:-}
+  (($#)) && shift
+  case $verb in
+    up) can_run; up "$@" ;;
+    down) can_run; down; echo "cluster down" ;;
+    status) can_run; status ;;
+    mpirun-args) mpirun_args ;;
+    exec)
+      can_run
+      (($# >= 2)) || die "exec: usage: cluster.sh exec NODE CMD..."
+      local k
+      k=$(node_index "$1")
+      shift
+      in_node "$k" "$@"
+      ;;
+    run)
+      can_run
+      is_up || die "no cluster is up (cluster.sh up N first)"
+      local pre=() args
+      while (($#)) && [[ $1 != -- ]]; do pre+=("$1"); shift; done
+      if (($#)); then shift; else set -- "${pre[@]}"; pre=(); fi
+      (($#)) || die "run: no program given (cluster.sh run [mpirun args...] -- PROGRAM ARGS)"
+      read -r -a args <<< "$(mpirun_args)"
+      in_node 0 mpirun "${args[@]}" "${pre[@]}" "$@"
+      ;;
+    kill)
+      can_run
+      (($# == 1)) || die "kill: usage: cluster.sh kill NODE"
+      local k
+      k=$(node_index "$1")
+      kill_namespace "$PREFIX-node$k"
+      echo "node$k: every process killed"
+      ;;
+    partition | heal)
+      can_run
+      (($# == 1)) || die "$verb: usage: cluster.sh $verb NODE"
+      local k
+      k=$(node_index "$1")
+      # The switch's port of the node stops forwarding: packets both ways vanish, both ends keep their
+      # carrier, nobody sends a reset. heal forwards again.
+      ip netns exec "$SWITCH" bridge link set dev "sw$k" state "$([[ $verb = partition ]] && echo 0 || echo 3)"
+      echo "node$k: $([[ $verb = partition ]] && echo partitioned || echo healed)"
+      ;;
+    -h | --help | help) usage ;;
+    *) usage ;;
+  esac
+}
+
+main "$@"

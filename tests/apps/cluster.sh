@@ -1,0 +1,187 @@
+#!/usr/bin/env bash
+# tests/apps/cluster.sh SCENARIO SOURCE_DIR BUILD_DIR: multi-node behaviour through the emulated cluster
+# (scripts/cluster.sh). Each scenario brings up its own cluster (prefix rtt, 10.213.8.0/24, never a cluster a
+# user has up), runs, and tears it down whatever happens. Exit 77 (CTest: skipped, with the reason printed)
+# where network namespaces cannot be made (not root, no iproute2).
+#   harness      the script's verbs, its errors, and that the machine's own namespace is left unchanged
+#   collectives  test_comm on 2 nodes x 2 ranks over TCP: World (local ranks, host names), the hierarchical
+#                all-reduce, every collective exact
+#   training     test_grad_sync and test_sync_batchnorm on 2x2: N ranks equal 1 process on the union batch
+#   doctor       ringtrain_env across 2x2: the rank -> host map, every all-reduce check passes
+#   resnet       train_resnet on 2x2: the flat ring gives the same bits as on one host; auto picks
+#                hierarchical and agrees with it to float noise
+#   kill         cluster.sh kill node1 mid-training: non-zero exit within 30 s naming node1
+#   partition    cluster.sh partition node1 mid-training: non-zero exit within --timeout + 30 s naming node1
+set -uo pipefail
+scenario=${1:?scenario}
+src=$(cd "${2:?source dir}" && pwd)
+build=$(cd "${3:?build dir}" && pwd)
+export RT_CLUSTER_PREFIX=rtt RT_CLUSTER_NET=10.213.8 RT_CLUSTER_STATE=/run/ringtrain-cluster-test
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+cluster=$src/scripts/cluster.sh
+work=$(mktemp -d)
+fail() { echo "cluster test $scenario: FAIL: $*"; exit 1; }
+cleanup() { "$cluster" down > /dev/null 2>&1; rm -rf "$work"; }
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+if [[ $(id -u) != 0 ]]; then echo "SKIP: the emulated cluster needs root (network namespaces)"; exit 77; fi
+for tool in ip tc bridge unshare; do
+  command -v "$tool" > /dev/null || { echo "SKIP: the emulated cluster needs '$tool' (iproute2, util-linux)"; exit 77; }
+done
+if ! ip netns add rtt-probe 2> /dev/null; then echo "SKIP: cannot make network namespaces here (ip netns add failed)"; exit 77; fi
+ip netns del rtt-probe
+
+"$cluster" down > /dev/null 2>&1  # what a killed earlier run may have left
+up() { "$cluster" up "$@" || fail "cluster.sh up $* failed"; }
+run() { timeout -k 5 "$1" "$cluster" run "${@:2}"; }
+
+# Starts a long training job in the background (output in $work/job.log), waits until it has made steps.
+start_training() {
+  local extra=("$@")
+  rm -f "$work/job.log" "$work/job.rc"
+  ( start=$(date +%s.%N)
+    timeout -k 5 240 "$cluster" run -np 4 -- "$build/train_resnet" --synthetic -a resnet20 -b 8 --image-size 16 \
+      --threads 1 --steps 100000 --log-every 2 "${extra[@]}" > "$work/job.log" 2>&1
+    echo "exit=$? after=$(python3 -c "import time,sys; print(f'{time.time()-float(sys.argv[1]):.1f}')" "$start")" > "$work/job.rc"
+  ) &
+  job=$!
+  for _ in $(seq 600); do
+    grep -q "step 6/" "$work/job.log" 2> /dev/null && return 0
+    [[ -f $work/job.rc ]] && { cat "$work/job.log"; fail "the job ended before training ($(cat "$work/job.rc"))"; }
+    sleep 0.1
+  done
+  cat "$work/job.log"
+  fail "the job made no steps in 60 s"
+}
+
+# Waits for the background job; prints its output and how it ended.
+job_result() {
+  local t0=$1
+  wait "$job"
+  elapsed=$(python3 -c "import time,sys; print(f'{time.time()-float(sys.argv[1]):.1f}')" "$t0")
+  cat "$work/job.log"
+  read -r rc_line < "$work/job.rc"
+  echo "job: $rc_line; ${elapsed}s from the fault to the end of mpirun"
+  rc=${rc_line#exit=}
+  rc=${rc%% *}
+}
+
+case $scenario in
+  harness)
+    before=$(ip -o link show; ip -o addr show; ip route show)
+    "$cluster" up 0 2> "$work/err" && fail "up 0 was accepted"
+    grep -q "N must be a number of nodes from 1 to" "$work/err" || fail "up 0: $(cat "$work/err")"
+    "$cluster" up 2 --rate fast 2> "$work/err" && fail "--rate fast was accepted"
+    grep -q "is not a tc rate" "$work/err" || fail "--rate fast: $(cat "$work/err")"
+    "$cluster" up 2 --slots 0 2> "$work/err" && fail "--slots 0 was accepted"
+    "$cluster" mpirun-args 2> "$work/err" && fail "mpirun-args without a cluster"
+    grep -q "no cluster is up" "$work/err" || fail "mpirun-args: $(cat "$work/err")"
+    up 3 --rate 2gbit --slots 2
+    "$cluster" up 2 2> "$work/err" && fail "a second up was accepted"
+    grep -q "a cluster is already up (3 nodes)" "$work/err" || fail "second up: $(cat "$work/err")"
+    [[ $("$cluster" exec node2 hostname) = node2 ]] || fail "node2's host name is '$("$cluster" exec node2 hostname)'"
+    grep -q "10.213.8.3/24" <<< "$("$cluster" exec node2 ip -o -4 addr show dev eth0)" || fail "node2 has not 10.213.8.3"
+    grep -q "10.213.8.2" <<< "$("$cluster" exec node0 getent hosts node1)" || fail "node0 does not resolve node1"
+    grep -q "tbf.*rate 2Gbit" <<< "$(ip netns exec rtt-switch tc qdisc show dev sw1)" || fail "sw1 is not shaped to 2gbit"
+    grep -q "tbf.*rate 2Gbit" <<< "$("$cluster" exec node1 tc qdisc show dev eth0)" || fail "node1's eth0 is not shaped"
+    grep -qx "node1 slots=2" "$RT_CLUSTER_STATE/hostfile" || fail "hostfile: $(cat "$RT_CLUSTER_STATE/hostfile")"
+    grep -q -- "--hostfile $RT_CLUSTER_STATE/hostfile --mca plm_rsh_agent" <<< "$("$cluster" mpirun-args)" || fail "mpirun-args"
+    "$cluster" exec node7 true 2> "$work/err" && fail "exec on node7 of 3 was accepted"
+    grep -q "unknown node 'node7': the cluster that is up has node0..node2" "$work/err" || fail "node7: $(cat "$work/err")"
+    [[ $(run 60 -np 3 --map-by node -- hostname | sort | tr '\n' ' ') = "node0 node1 node2 " ]] || fail "run: one rank per node"
+    grep -q "node1: partitioned" <<< "$("$cluster" partition node1)" || fail "partition"
+    grep -q "node1 10.213.8.2 partitioned" <<< "$("$cluster" status)" || fail "status after partition: $("$cluster" status)"
+    # Packets to a partitioned node vanish: a connection attempt times out (no reset, no refusal).
+    "$cluster" exec node0 timeout 10 python3 -c "
+import socket, sys
+try: socket.create_connection(('10.213.8.2', 9), timeout=2)
+except socket.timeout: sys.exit(0)
+except OSError as e: sys.exit(f'refused or reset instead of silence: {e}')
+sys.exit('connected')" || fail "a partitioned node answered"
+    "$cluster" heal node1 > /dev/null
+    grep -q "node1 10.213.8.2 up" <<< "$("$cluster" status)" || fail "status after heal: $("$cluster" status)"
+    "$cluster" exec node1 sleep 600 &
+    sleep 0.5
+    grep -q "every process killed" <<< "$("$cluster" kill node1)" || fail "kill"
+    wait $! 2> /dev/null
+    [[ $(ip netns pids rtt-node1 | wc -l) = 0 ]] || fail "processes survived kill node1"
+    "$cluster" down > /dev/null
+    "$cluster" down > /dev/null || fail "a second down failed (must be idempotent)"
+    grep -q "^rtt-" <<< "$(ip netns list)" && fail "namespaces left after down: $(ip netns list)"
+    [[ -e $RT_CLUSTER_STATE || -e /etc/netns/rtt-node0 ]] && fail "state left after down"
+    after=$(ip -o link show; ip -o addr show; ip route show)
+    [[ $before = "$after" ]] || fail "the machine's own namespace changed: $(diff <(echo "$before") <(echo "$after"))"
+    echo "harness: verbs, errors and teardown as documented; the machine's own links, addresses and routes unchanged"
+    ;;
+  collectives)
+    up 2 --slots 2
+    run 300 -np 4 -x RT_EXPECT_NODES=2x2 -- "$build/tests/test_comm" || fail "test_comm on 2 nodes x 2 ranks"
+    run 300 -np 2 -x RT_EXPECT_NODES=2x1 --map-by node -- "$build/tests/test_comm" || fail "test_comm on 2 nodes x 1 rank"
+    ;;
+  training)
+    up 2 --slots 2
+    run 400 -np 4 -- "$build/tests/test_grad_sync" || fail "test_grad_sync on 2 nodes x 2 ranks"
+    run 400 -np 4 -- "$build/tests/test_sync_batchnorm" || fail "test_sync_batchnorm on 2 nodes x 2 ranks"
+    ;;
+  doctor)
+    up 2 --slots 2
+    run 120 -np 4 -- "$build/ringtrain_env" > "$work/out" 2>&1 || { cat "$work/out"; fail "ringtrain_env across 2 nodes"; }
+    cat "$work/out"
+    for want in "rank 0: node0" "rank 1: node0" "rank 2: node1" "rank 3: node1" "host node1:" \
+                "PASS ring all-reduce" "PASS hierarchical all-reduce" "PASS mpi all-reduce" "all checks passed"; do
+      grep -q "$want" "$work/out" || fail "ringtrain_env printed no '$want'"
+    done
+    ;;
+  resnet)
+    args=(--synthetic -a resnet20 -b 4 --image-size 8 --synthetic-size 64 --steps 6 --threads 1 --log-every 100 --seed 3)
+    timeout -k 5 300 mpirun -np 4 --allow-run-as-root --oversubscribe "$build/train_resnet" "${args[@]}" --backend ring \
+      --checkpoint-dir "$work/one" > "$work/one.log" 2>&1 || { cat "$work/one.log"; fail "4 ranks on one host"; }
+    up 2 --slots 2
+    run 300 -np 4 -- "$build/train_resnet" "${args[@]}" --backend ring --checkpoint-dir "$work/ring" > "$work/ring.log" 2>&1 ||
+      { cat "$work/ring.log"; fail "2x2 ring"; }
+    run 300 -np 4 -- "$build/train_resnet" "${args[@]}" --checkpoint-dir "$work/auto" > "$work/auto.log" 2>&1 ||
+      { cat "$work/auto.log"; fail "2x2 auto"; }
+    head -1 "$work/ring.log" "$work/auto.log"
+    grep -q "4 rank(s) on 2 node(s), ring backend" "$work/ring.log" || fail "the ring run's plan line"
+    grep -q "4 rank(s) on 2 node(s), hierarchical backend" "$work/auto.log" || fail "--backend auto did not pick hierarchical on 2x2"
+    ck=ckpt-step00000006.h5
+    "$build/tests/compare_checkpoints" "$work/one/$ck" "$work/ring/$ck" || fail "the ring over TCP is not bitwise the ring on one host"
+    "$build/tests/compare_checkpoints" "$work/one/$ck" "$work/auto/$ck" --rtol 1e-4 ||
+      fail "hierarchical across nodes is not the one-host run to float noise"
+    ;;
+  kill)
+    up 2 --slots 2
+    start_training
+    t0=$(date +%s.%N)
+    "$cluster" kill node1
+    job_result "$t0"
+    [[ $rc != 0 ]] || fail "the job exited 0 after node1 was killed"
+    [[ $rc != 124 && $rc != 137 ]] || fail "the job hung"
+    python3 -c "import sys; sys.exit(float(sys.argv[1]) > 30)" "$elapsed" || fail "the job took ${elapsed}s (> 30 s) to end"
+    grep -q "node1" "$work/job.log" || fail "the job's messages do not name node1"
+    ;;
+  partition)
+    # Twice: --timeout 60 (Open MPI's daemon keepalive, 11 s here, ends the job first and names node1) and
+    # --timeout 5 (ringtrain's watchdog ends it first, naming the ranks that stopped answering).
+    for timeout_s in 60 5; do
+      up 2 --slots 2
+      start_training --timeout "$timeout_s"
+      t0=$(date +%s.%N)
+      "$cluster" partition node1
+      job_result "$t0"
+      [[ $rc != 0 ]] || fail "the job exited 0 after node1 was cut off"
+      [[ $rc != 124 && $rc != 137 ]] || fail "the job hung"
+      python3 -c "import sys; sys.exit(float(sys.argv[1]) > $timeout_s + 30)" "$elapsed" ||
+        fail "the job took ${elapsed}s (> --timeout $timeout_s + 30 s)"
+      if ((timeout_s == 5)); then
+        grep -Eq "rank [23] on host node1 does not answer" "$work/job.log" || fail "the watchdog did not name node1's ranks"
+      else
+        grep -Eq "Remote daemon: .* on node node1" "$work/job.log" || fail "mpirun did not name node1"
+      fi
+      "$cluster" down > /dev/null
+    done
+    ;;
+  *) echo "unknown scenario '$scenario'"; exit 2 ;;
+esac
+echo "cluster test $scenario: PASS"
