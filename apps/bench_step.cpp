@@ -1,7 +1,7 @@
 // apps/bench_step: synthetic data: median training-step time, img/s and peak memory of a ResNet
 // (forward, softmax cross-entropy, backward, SGD with momentum and weight decay).
 //   bench_step -a resnet20 -b 128 --threads 1 [--hw 32] [--in-ch 3] [--steps 10] [--warmup 2]
-//              [--device cpu] [--precision fp32]
+//              [--device cpu] [--precision fp32] [--backend ring] [--bucket-mb 25]
 // Prints one line: "ringtrain resnet20 b128 32x32x3 threads=1 median_step_s=... img_per_s=... peak_rss_mb=..."
 // Under mpirun it is data-parallel (GradSync over --backend, default ring; -b is per rank): the step
 // time is the slowest rank's median, img/s counts every rank's images, and the line adds ranks=N and
@@ -30,6 +30,7 @@ int main(int argc, char** argv) {
   std::string arch = "resnet20", device_text = "cpu", precision = "fp32", backend = "ring";
   int64_t batch = 128, hw = 32, in_ch = 3, classes = 10;
   int threads = 0, steps = 10, warmup = 2;
+  double bucket_mb = 25;
   app.add_option("-a,--arch", arch, "architecture")->capture_default_str();
   app.add_option("-b,--batch-size", batch, "images per step")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 16));
   app.add_option("--threads", threads, "CPU threads (0: cores / local ranks)")->capture_default_str()->check(CLI::Range(0, 4096));
@@ -47,6 +48,8 @@ int main(int argc, char** argv) {
                  "machine's own slowdown from running ranks side by side, the ceiling for weak scaling)")
       ->capture_default_str()
       ->check(CLI::IsMember({"ring", "hierarchical", "mpi", "nccl", "none"}));
+  app.add_option("--bucket-mb", bucket_mb, "gradient bucket size under mpirun")->capture_default_str()
+      ->check(CLI::Range(1e-6, 1e6));
   CLI11_PARSE(app, argc, argv);
   return comm::run_main(argc, argv, [&](comm::World& world) {
     const Device device = world.bind(parse_device(device_text), threads).device;
@@ -56,7 +59,8 @@ int main(int argc, char** argv) {
     Sgd opt(as_named(model.named_parameters()), SgdOptions{.momentum = 0.9, .weight_decay = 5e-4});
     std::unique_ptr<comm::GradSync> sync;
     if (world.size() > 1 && backend != "none")
-      sync = std::make_unique<comm::GradSync>(model, comm::make_communicator(comm::parse_backend(backend), world.comm()));
+      sync = std::make_unique<comm::GradSync>(model, comm::make_communicator(comm::parse_backend(backend), world.comm()),
+                                              comm::GradSyncOptions{.bucket_mb = bucket_mb});
     CrossEntropyLoss loss_fn;
     Tensor x = Tensor::normal(Shape{batch, hw, hw, in_ch}, 0, 1, 1, DType::F32, device);
     std::vector<double> ys(static_cast<size_t>(batch));

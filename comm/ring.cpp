@@ -43,14 +43,18 @@ namespace {
 // Waits for a request without hogging a core: MPI_Wait busy-polls, which on a fully subscribed node
 // (every core running a rank's compute threads) steals the core backward is computing on while the peer
 // is not ready yet. Poll briefly, then yield between polls (other runnable threads go first), then
-// sleep with a growing pause (at most 100 us, well below the time a large chunk takes). MPI makes
-// progress, including the single-copy (CMA) transfers, inside MPI_Test.
+// sleep with a growing pause: doubling from 10 us to 100 us (well below the time a large chunk takes), then
+// a quarter of the time slept so far, at most `max_pause` — 100 us inside a node; 1 ms between nodes,
+// where a slow link would otherwise wake this thread every 100 us for the whole of backward, each wake-up
+// preempting the compute thread on its core, while a message is still noticed at most 25% later than it
+// arrived. MPI makes progress, including the single-copy (CMA) transfers, inside MPI_Test.
 // For receives, `expected_bytes` >= 0 checks the message's size: a shorter message means the ranks are
 // not running the same operation (different sizes or a different sequence), an error instead of
 // silently wrong data.
 // `owner` being cancelled (release_local: the communicator is destroyed while an error unwinds) ends the
 // wait with an error instead of waiting for a peer that may never come.
-void wait_polite(const HostCommunicator& owner, MPI_Request* request, int64_t expected_bytes = -1) {
+void wait_polite(const HostCommunicator& owner, MPI_Request* request, std::chrono::microseconds max_pause,
+                 int64_t expected_bytes = -1) {
   int done = 0;
   MPI_Status status;
   auto finished = [&] {
@@ -70,13 +74,15 @@ void wait_polite(const HostCommunicator& owner, MPI_Request* request, int64_t ex
     MPI_CHECK(MPI_Test(request, &done, &status));
     if (done) return finished();
   }
-  auto pause = std::chrono::microseconds(10);
+  using us = std::chrono::microseconds;
+  us pause(10), slept(0);
   for (;;) {
     if (owner.cancelled()) RT_THROW("ring: cancelled (the communicator was destroyed while this rank waited for a peer)");
     std::this_thread::sleep_for(pause);
+    slept += pause;
     MPI_CHECK(MPI_Test(request, &done, &status));
     if (done) return finished();
-    pause = std::min(pause * 2, std::chrono::microseconds(100));
+    pause = std::min(std::max(std::min(pause * 2, us(100)), slept / 4), max_pause);
   }
 }
 
@@ -86,6 +92,7 @@ struct Ring {
   int rank = 0, size = 1;
   int64_t chunk_bytes = 0;  // bytes per message
   int depth = 1;            // receives in flight
+  std::chrono::microseconds max_pause{100};  // the longest sleep between polls of a pending message
   int right() const { return (rank + 1) % size; }
   int left() const { return (rank + size - 1) % size; }
   int wrap(int k) const { return ((k % size) + size) % size; }
@@ -209,6 +216,7 @@ class RingCommunicator final : public HostCommunicator {
   void set_network(Ring& g) const {
     g.chunk_bytes = std::min(options_.chunk_bytes, options_.net_chunk_bytes);
     g.depth = std::max(options_.pipeline_depth, options_.net_pipeline_depth);
+    g.max_pause = std::chrono::microseconds(1000);
   }
 
   static int64_t chunk_elems(const Ring& g, int64_t es) { return std::max<int64_t>(1, g.chunk_bytes / es); }
@@ -224,8 +232,8 @@ class RingCommunicator final : public HostCommunicator {
                         &sends_.back()));
   }
 
-  void wait_sends() {
-    for (MPI_Request& r : sends_) wait_polite(*this, &r);
+  void wait_sends(const Ring& g) {
+    for (MPI_Request& r : sends_) wait_polite(*this, &r, g.max_pause);
     sends_.clear();
   }
 
@@ -264,7 +272,7 @@ class RingCommunicator final : public HostCommunicator {
     for (size_t i = 0; i < recvs.size(); ++i) {
       const int slot = static_cast<int>(i % depth);
       const Piece& p = recvs[i];
-      wait_polite(*this, &recv_req[slot], p.length * es);
+      wait_polite(*this, &recv_req[slot], g.max_pause, p.length * es);
       reduce_sum_into(data + p.offset * es, staging_.data() + slot * ce * es, p.length, dtype);
       if (i + depth < recvs.size()) post(i + depth);
       if (p.step + 2 < n) {
@@ -277,10 +285,10 @@ class RingCommunicator final : public HostCommunicator {
     }
     for (size_t i = 0; i < gathers.size(); ++i) {
       const Piece& p = gathers[i];
-      wait_polite(*this, &gather_req[i], p.length * es);
+      wait_polite(*this, &gather_req[i], g.max_pause, p.length * es);
       if (p.step + 2 < n) isend(g, data, p, es, ag_tag0 + p.step + 1);
     }
-    wait_sends();
+    wait_sends(g);
   }
 
   // Rank r starts owning segment (r + 1 + shift) mod n; after it every rank holds every segment.
@@ -300,10 +308,10 @@ class RingCommunicator final : public HostCommunicator {
     for (const Piece& p : first) isend(g, data, p, es, tag0);
     for (size_t i = 0; i < recvs.size(); ++i) {
       const Piece& p = recvs[i];
-      wait_polite(*this, &recv_req[i], p.length * es);
+      wait_polite(*this, &recv_req[i], g.max_pause, p.length * es);
       if (p.step + 2 < n) isend(g, data, p, es, tag0 + p.step + 1);
     }
-    wait_sends();
+    wait_sends(g);
   }
 
   Ring world_, node_, rail_;

@@ -14,9 +14,9 @@
 #   cluster.sh down                                              remove everything it made (idempotent)
 #
 # What it touches: network namespaces named rtc-* (rtc-switch, rtc-node0, ...), addresses of 10.213.7.0/24
-# inside them only (RT_CLUSTER_PREFIX and RT_CLUSTER_NET below change both), /etc/netns/rtc-node*/ (the per-node /etc/hosts that `ip netns exec` mounts) and its
-# state folder (RT_CLUSTER_STATE, default /run/ringtrain-cluster). The machine's own network namespace and
-# interfaces are never changed. Needs root, iproute2 (ip, tc, bridge) and util-linux (unshare).
+# inside them only (RT_CLUSTER_PREFIX and RT_CLUSTER_NET below change both), /etc/netns/rtc-node*/ (the
+# per-node /etc/hosts that `ip netns exec` mounts) and its state folder (RT_CLUSTER_STATE, default
+# /run/ringtrain-cluster). The machine's own network namespace and interfaces are never changed. Needs root, iproute2 (ip, tc, bridge) and util-linux (unshare).
 # Exit status: 0 done, 1 failed (the message says what), 2 usage, 3 cannot run here (not root, no ip).
 set -euo pipefail
 
@@ -107,9 +107,9 @@ shape() {
   fi
   if [[ $rate != none ]]; then
     bits=$(rate_bits "$rate")
-    # The bucket holds 2 ms at the rate, and at least two 64 KiB GSO packets (a packet larger than the
-    # bucket would be dropped for ever).
-    burst=$((bits / 8 / 500))
+    # The bucket holds 1 ms at the rate (a transfer of less than that can pass at the veth's own speed),
+    # and at least two 64 KiB GSO packets (a packet larger than the bucket would be dropped for ever).
+    burst=$((bits / 8 / 1000))
     ((burst < 131072)) && burst=131072
     # shellcheck disable=SC2086
     ip netns exec "$ns" tc qdisc add dev "$dev" $parent handle 10: tbf rate "$rate" burst "$burst" latency 100ms ||
@@ -149,7 +149,7 @@ up() {
   [[ $rate = none ]] || rate_ok "$rate" || die "--rate '$rate' is not a tc rate such as 10gbit, 500mbit"
   [[ $delay = none ]] || delay_ok "$delay" || die "--delay '$delay' is not a time such as 50us, 1ms"
   [[ $slots =~ ^[0-9]+$ ]] && ((slots >= 1)) || die "--slots must be a positive number, got '$slots'"
-  if is_up || ip netns list 2> /dev/null | grep -qE "^$PREFIX-"; then
+  if is_up || grep -qE "^$PREFIX-" <<< "$(ip netns list 2> /dev/null)"; then
     die "a cluster is already up ($(cat "$STATE/nodes" 2> /dev/null || echo '?') nodes): cluster.sh down first"
   fi
   trap 'echo "cluster.sh: up failed or was interrupted; removing what it made" >&2; down; exit 1' ERR INT TERM
@@ -214,7 +214,9 @@ mpirun_args() {
     --mca pml ob1 --mca btl tcp,vader,self --mca btl_tcp_if_include "$SUBNET" --mca oob_tcp_if_include "$SUBNET"
     # A daemon whose node stopped answering (a partition) is declared lost after 5 + 3 x 2 s of silence
     # instead of TCP's minutes, so mpirun ends the job naming the node.
-    --mca oob_tcp_keepalive_time 5 --mca oob_tcp_keepalive_intvl 2 --mca oob_tcp_keepalive_probes 3)
+    --mca oob_tcp_keepalive_time 5 --mca oob_tcp_keepalive_intvl 2 --mca oob_tcp_keepalive_probes 3
+    # Every node's daemon would bind its first rank to core 0, the same physical core on every node.
+    --bind-to none)
   [[ $(id -u) = 0 ]] && args+=(--allow-run-as-root)
   echo "${args[@]}"
 }
@@ -226,7 +228,7 @@ status() {
   echo "cluster: $n node(s) on $SUBNET; $(tr '\n' ' ' < "$STATE/config")"
   for ((k = 0; k < n; ++k)); do
     local state=up
-    ip netns exec "$SWITCH" bridge link show dev "sw$k" | grep -q "state disabled" && state=partitioned
+    grep -q "state disabled" <<< "$(ip netns exec "$SWITCH" bridge link show dev "sw$k")" && state=partitioned
     echo "  node$k $(addr_of "$k") $state, $(pids_of "$PREFIX-node$k" | wc -l) process(es)"
   done
 }

@@ -17,4 +17,5 @@ ringtrain_tool_packages=(
   cmake make g++ pkg-config
   python3 python3-torch python3-torchvision python3-h5py python3-matplotlib
   dataset-fashion-mnist
+  iproute2 hostname util-linux  # the emulated cluster (scripts/cluster.sh): ip, tc, bridge, unshare
 )

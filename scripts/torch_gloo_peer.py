@@ -80,7 +80,13 @@ def allreduce(argv):
         b *= factor
     if rank == 0 and json_path:
         with open(json_path, "w") as f: json.dump({"ranks": n, "results": rows}, f, indent=2)
-    dist.destroy_process_group()
+    finish()
+
+
+def finish():
+    # gloo's teardown has hung here when ranks reach it at different times: every rank meets here, then the
+    # process ends without it.
+    dist.barrier(); sys.stdout.flush(); os._exit(0)
 
 
 def step(argv):
@@ -103,7 +109,7 @@ def step(argv):
     if rank == 0:
         print(f"torch-ddp-gloo {torch.__version__} resnet{depth} b{batch} hw{hw} ranks={n} threads={threads} "
               f"median_step_s={med:.4f} img_per_s={batch * n / med:.1f}", flush=True)
-    dist.destroy_process_group()
+    finish()
 
 
 if __name__ == "__main__":

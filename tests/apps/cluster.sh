@@ -8,8 +8,9 @@
 #                all-reduce, every collective exact
 #   training     test_grad_sync and test_sync_batchnorm on 2x2: N ranks equal 1 process on the union batch
 #   doctor       ringtrain_env across 2x2: the rank -> host map, every all-reduce check passes
-#   resnet       train_resnet on 2x2: the flat ring gives the same bits as on one host; auto picks
-#                hierarchical and agrees with it to float noise
+#   resnet       train_resnet on 2x2: the flat ring gives the same bits as on one host (with and without
+#                --sync-bn); auto picks hierarchical and agrees with it to float noise
+#   bench        scripts/bench_cluster.py, briefly: its all-reduce table (ring within the link rate, gloo beside)
 #   kill         cluster.sh kill node1 mid-training: non-zero exit within 30 s naming node1
 #   partition    cluster.sh partition node1 mid-training: non-zero exit within --timeout + 30 s naming node1
 set -uo pipefail
@@ -135,20 +136,42 @@ sys.exit('connected')" || fail "a partitioned node answered"
     ;;
   resnet)
     args=(--synthetic -a resnet20 -b 4 --image-size 8 --synthetic-size 64 --steps 6 --threads 1 --log-every 100 --seed 3)
-    timeout -k 5 300 mpirun -np 4 --allow-run-as-root --oversubscribe "$build/train_resnet" "${args[@]}" --backend ring \
-      --checkpoint-dir "$work/one" > "$work/one.log" 2>&1 || { cat "$work/one.log"; fail "4 ranks on one host"; }
+    for bn in "" --sync-bn; do
+      timeout -k 5 300 mpirun -np 4 --allow-run-as-root --oversubscribe "$build/train_resnet" "${args[@]}" --backend ring \
+        $bn --checkpoint-dir "$work/one$bn" > "$work/one.log" 2>&1 || { cat "$work/one.log"; fail "4 ranks on one host $bn"; }
+    done
     up 2 --slots 2
     run 300 -np 4 -- "$build/train_resnet" "${args[@]}" --backend ring --checkpoint-dir "$work/ring" > "$work/ring.log" 2>&1 ||
       { cat "$work/ring.log"; fail "2x2 ring"; }
     run 300 -np 4 -- "$build/train_resnet" "${args[@]}" --checkpoint-dir "$work/auto" > "$work/auto.log" 2>&1 ||
       { cat "$work/auto.log"; fail "2x2 auto"; }
+    run 300 -np 4 -- "$build/train_resnet" "${args[@]}" --backend ring --sync-bn --checkpoint-dir "$work/ring-bn" \
+      > "$work/ring-bn.log" 2>&1 || { cat "$work/ring-bn.log"; fail "2x2 ring with --sync-bn"; }
     head -1 "$work/ring.log" "$work/auto.log"
     grep -q "4 rank(s) on 2 node(s), ring backend" "$work/ring.log" || fail "the ring run's plan line"
     grep -q "4 rank(s) on 2 node(s), hierarchical backend" "$work/auto.log" || fail "--backend auto did not pick hierarchical on 2x2"
     ck=ckpt-step00000006.h5
     "$build/tests/compare_checkpoints" "$work/one/$ck" "$work/ring/$ck" || fail "the ring over TCP is not bitwise the ring on one host"
+    "$build/tests/compare_checkpoints" "$work/one--sync-bn/$ck" "$work/ring-bn/$ck" ||
+      fail "SyncBatchNorm over TCP is not bitwise SyncBatchNorm on one host"
     "$build/tests/compare_checkpoints" "$work/one/$ck" "$work/auto/$ck" --rtol 1e-4 ||
       fail "hierarchical across nodes is not the one-host run to float noise"
+    ;;
+  bench)
+    BUILD_DIR=$build timeout -k 5 400 /usr/bin/python3 "$src/scripts/bench_cluster.py" --out "$work/bench" --rates 1gbit \
+      --repeats 1 --max-bytes 4M --parts allreduce || fail "bench_cluster.py failed"
+    cat "$work/bench/summary.md"
+    grep -Eq "^\| 1 MiB \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \| ring/mpi [0-9.]+, ring/gloo [0-9.]+; ring at [0-9.]+% of the link \|$" \
+      "$work/bench/summary.md" || fail "no 2x1 row"
+    grep -Eq "hierarchical/gloo [0-9.]+ \|$" "$work/bench/summary.md" || fail "no 2x2 row"
+    grep -q "wrong elements: 0" "$work/bench/summary.md" || fail "wrong elements"
+    python3 - "$work/bench/summary.md" << 'PY' || fail "busbw above the shaped link rate (0.125 GB/s)"
+import re, sys
+text = open(sys.argv[1]).read()
+section = text.split("2x1")[1].split("###")[0]
+cells = [float(x) for x in re.findall(r"\| [0-9]+ MiB \| ([0-9.]+) \|", section)]
+sys.exit(0 if cells and all(c <= 0.125 * 1.05 for c in cells) else 1)
+PY
     ;;
   kill)
     up 2 --slots 2
