@@ -152,7 +152,9 @@ up() {
   if is_up || grep -qE "^$PREFIX-" <<< "$(ip netns list 2> /dev/null)"; then
     die "a cluster is already up ($(cat "$STATE/nodes" 2> /dev/null || echo '?') nodes): cluster.sh down first"
   fi
-  trap 'echo "cluster.sh: up failed or was interrupted; removing what it made" >&2; down; exit 1' ERR INT TERM
+  # Whatever ends `up` early (a failed command, die, Ctrl-C) removes what it made.
+  trap 'rc=$?; trap - EXIT; if ((rc != 0)); then echo "cluster.sh: up did not finish; removed what it made" >&2; down; fi; exit $rc' EXIT
+  trap 'exit 130' INT TERM
   mkdir -p "$STATE"
   ip netns add "$SWITCH"
   ip netns exec "$SWITCH" ip link add br0 type bridge
@@ -183,11 +185,11 @@ up() {
   write_agent
   printf 'rate=%s\ndelay=%s\nslots=%s\n' "$rate" "$delay" "$slots" > "$STATE/config"
   echo "$n" > "$STATE/nodes"
-  trap - ERR INT TERM
   # node0 must reach every other node over TCP before the cluster is called up (there may be no ping).
   for ((k = 1; k < n; ++k)); do
-    reach "$k" || { down; die "node0 cannot reach node$k ($(addr_of "$k")) over TCP; removed the cluster"; }
+    reach "$k" || die "node0 cannot reach node$k ($(addr_of "$k")) over TCP"
   done
+  trap - EXIT INT TERM
   echo "cluster up: $n node(s) on $SUBNET, rate $rate, delay $delay, $slots slot(s) each; hostfile $STATE/hostfile"
 }
 

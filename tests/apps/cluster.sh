@@ -76,6 +76,13 @@ case $scenario in
     "$cluster" up 2 --rate fast 2> "$work/err" && fail "--rate fast was accepted"
     grep -q "is not a tc rate" "$work/err" || fail "--rate fast: $(cat "$work/err")"
     "$cluster" up 2 --slots 0 2> "$work/err" && fail "--slots 0 was accepted"
+    if "$cluster" up 2 --delay 50us > /dev/null 2> "$work/err"; then
+      "$cluster" down > /dev/null  # a kernel with netem: the delay is honoured
+    else
+      grep -q "needs tc's netem qdisc" "$work/err" || fail "--delay: $(cat "$work/err")"
+      grep -q "^rtt-" <<< "$(ip netns list)" && fail "a failed up left namespaces: $(ip netns list)"
+      [[ -e $RT_CLUSTER_STATE ]] && fail "a failed up left its state folder"
+    fi
     "$cluster" mpirun-args 2> "$work/err" && fail "mpirun-args without a cluster"
     grep -q "no cluster is up" "$work/err" || fail "mpirun-args: $(cat "$work/err")"
     up 3 --rate 2gbit --slots 2
