@@ -28,8 +28,8 @@
 // different numbers of ranks, one node, or one rank per node: the flat ring over every rank.
 #include <algorithm>
 #include <chrono>
-#include <string>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
 

@@ -71,7 +71,8 @@ def parse_args(argv):
     p.add_argument("--ranks", type=int_list, default=None,
                    help="world sizes (default: 1,2,4,... up to the Slurm task count or the cores here)")
     p.add_argument("--arch", type=csv_list("arch"), default=["resnet20"], help="comma-separated (default resnet20)")
-    p.add_argument("--backend", type=csv_list("backend"), default=["ring"], help="comma-separated: ring,mpi,nccl,auto")
+    p.add_argument("--backend", type=csv_list("backend"), default=["ring"],
+                   help="comma-separated: ring,hierarchical,mpi,nccl,auto")
     p.add_argument("--batch", type=int, default=64, help="weak: images per rank (default 64)")
     p.add_argument("--global-batch", type=int, default=256, help="strong: images per step over all ranks (default 256)")
     p.add_argument("--steps", type=int, default=30, help="optimizer steps per run (default 30)")
@@ -286,7 +287,7 @@ def model_check(a, rows):
         if n < 2:
             continue
         bench = a.out / f"allreduce_np{n}.json"
-        backend = first[1] if first[1] in ("ring", "mpi", "nccl") else "ring"
+        backend = first[1] if first[1] in ("ring", "hierarchical", "mpi", "nccl") else "ring"
         cmd = launcher(a, n) + [str(a.build / "allreduce_bench"), "--backend", backend, "--min-bytes", "8",
                                 "--max-bytes", "64M", "--iters", "10", "--json", str(bench)]
         print(f"[{time.strftime('%H:%M:%S')}] {shlex.join(cmd)}", flush=True)
@@ -298,7 +299,7 @@ def model_check(a, rows):
         args += ["--bench", f"{n}={bench}"]
     report = a.out / "model_check.md"
     cmd = [sys.executable, str(ROOT / "scripts" / "scaling_model.py"), "selfcheck", *args, "--backend",
-           first[1] if first[1] in ("ring", "mpi", "nccl") else "ring", "--markdown"]
+           first[1] if first[1] in ("ring", "hierarchical", "mpi", "nccl") else "ring", "--markdown"]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     report.write_text(proc.stdout)
     print(proc.stdout, end="")
