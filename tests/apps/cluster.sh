@@ -30,7 +30,16 @@ if [[ $(id -u) != 0 ]]; then echo "SKIP: the emulated cluster needs root (networ
 for tool in ip tc bridge unshare; do
   command -v "$tool" > /dev/null || { echo "SKIP: the emulated cluster needs '$tool' (iproute2, util-linux)"; exit 77; }
 done
-if ! ip netns add rtt-probe 2> /dev/null; then echo "SKIP: cannot make network namespaces here (ip netns add failed)"; exit 77; fi
+# What the cluster needs, tried on a throwaway namespace: a skip names the first thing this machine lacks.
+probe() {
+  ip netns add rtt-probe 2> /dev/null || { echo "cannot make network namespaces (ip netns add failed)"; return 1; }
+  ip netns exec rtt-probe unshare --uts -- hostname probe 2> /dev/null ||
+    { echo "cannot give a namespace its own host name (unshare --uts failed)"; return 1; }
+  ip -n rtt-probe link add p0 type veth peer name p1 2> /dev/null || { echo "cannot make veth pairs"; return 1; }
+  ip netns exec rtt-probe tc qdisc add dev p0 root tbf rate 1gbit burst 131072 latency 100ms 2> /dev/null ||
+    { echo "cannot shape links (tc tbf failed)"; return 1; }
+}
+if ! reason=$(probe); then ip netns del rtt-probe 2> /dev/null; echo "SKIP: $reason"; exit 77; fi
 ip netns del rtt-probe
 
 "$cluster" down > /dev/null 2>&1  # what a killed earlier run may have left
