@@ -29,11 +29,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "comm/backends.h"
+#include "comm/host_collectives.h"
 #include "comm/host_comm.h"
 #include "core/check.h"
 
@@ -191,9 +193,9 @@ class RingCommunicator final : public HostCommunicator {
     int local_rank = 0, local_size = 1;
     MPI_CHECK(MPI_Comm_rank(node, &local_rank));
     MPI_CHECK(MPI_Comm_size(node, &local_size));
-    int sizes[2] = {local_size, -local_size};
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, sizes, 2, MPI_INT, MPI_MAX, comm_));
-    const bool uniform = sizes[0] == -sizes[1], several_nodes = -sizes[1] < size_;
+    const int64_t mine = local_size;
+    const bool uniform = same_on_every_rank(comm_, std::span<const int64_t>(&mine, 1));
+    const bool several_nodes = !uniform || local_size < size_;  // nodes of different sizes are several
     if (several_nodes) set_network(world_);
     if (!hierarchical) {
       MPI_CHECK(MPI_Comm_free(&node));

@@ -12,9 +12,11 @@
 #include <mutex>
 #include <new>
 #include <set>
+#include <span>
 #include <thread>
 
 #include "comm/communicator.h"
+#include "comm/host_collectives.h"
 #include "core/check.h"
 #include "core/parallel.h"
 
@@ -81,9 +83,8 @@ World& World::init(int* argc, char*** argv) {
   // Node count: the ranks that are local rank 0.
   int leader = w->local_rank_ == 0 ? 1 : 0;
   MPI_CHECK(MPI_Allreduce(&leader, &w->num_nodes_, 1, MPI_INT, MPI_SUM, w->comm_));
-  int sizes[2] = {w->local_size_, -w->local_size_};
-  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, sizes, 2, MPI_INT, MPI_MAX, w->comm_));
-  w->nodes_uniform_ = sizes[0] == -sizes[1];
+  const int64_t local_size = w->local_size_;
+  w->nodes_uniform_ = same_on_every_rank(w->comm_, std::span<const int64_t>(&local_size, 1));
   MPI_CHECK(MPI_Comm_free(&local));
 
   char name[MPI_MAX_PROCESSOR_NAME] = {0};

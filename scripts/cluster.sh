@@ -119,17 +119,16 @@ shape() {
 
 write_agent() {
   # Open MPI's launch agent (plm_rsh_agent): called as `agent [ssh options] HOST COMMAND...` like ssh,
-  # it enters HOST's namespace instead of logging in. The command is a shell line, as over ssh.
+  # it runs the command line in HOST through `cluster.sh exec` instead of logging in (as over ssh, the
+  # command is one shell line).
   cat > "$STATE/agent" << EOF
 #!/usr/bin/env bash
 # Launch agent of scripts/cluster.sh (Open MPI plm_rsh_agent): enters a node instead of ssh.
 while [[ \${1:-} == -* ]]; do shift; done
 host=\${1:?agent: no host given}
 shift
-[[ \$host =~ ^node([0-9]+)\$ ]] || { echo "cluster agent: unknown host '\$host'" >&2; exit 255; }
-k=\${BASH_REMATCH[1]}
-ip netns exec $PREFIX-node\$k true 2> /dev/null || { echo "cluster agent: node\$k is not up" >&2; exit 255; }
-exec ip netns exec $PREFIX-node\$k unshare --uts -- /bin/sh -c 'hostname "\$0" && exec /bin/sh -c "\$1"' "node\$k" "\$*"
+export RT_CLUSTER_PREFIX=$PREFIX RT_CLUSTER_NET=$NET RT_CLUSTER_STATE=$STATE
+exec $self exec "\$host" /bin/sh -c "\$*"
 EOF
   chmod +x "$STATE/agent"
 }

@@ -22,6 +22,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 cluster=$src/scripts/cluster.sh
 work=$(mktemp -d)
 fail() { echo "cluster test $scenario: FAIL: $*"; exit 1; }
+since() { python3 -c "import time,sys; print(f'{time.time()-float(sys.argv[1]):.1f}')" "$1"; }  # s since $(date +%s.%N)
 cleanup() { "$cluster" down > /dev/null 2>&1; rm -rf "$work"; }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -53,7 +54,7 @@ start_training() {
   ( start=$(date +%s.%N)
     timeout -k 5 240 "$cluster" run -np 4 -- "$build/train_resnet" --synthetic -a resnet20 -b 8 --image-size 16 \
       --threads 1 --steps 100000 --log-every 2 "${extra[@]}" > "$work/job.log" 2>&1
-    echo "exit=$? after=$(python3 -c "import time,sys; print(f'{time.time()-float(sys.argv[1]):.1f}')" "$start")" > "$work/job.rc"
+    echo "exit=$? after=$(since "$start")" > "$work/job.rc"
   ) &
   job=$!
   for _ in $(seq 600); do
@@ -69,7 +70,7 @@ start_training() {
 job_result() {
   local t0=$1
   wait "$job"
-  elapsed=$(python3 -c "import time,sys; print(f'{time.time()-float(sys.argv[1]):.1f}')" "$t0")
+  elapsed=$(since "$t0")
   cat "$work/job.log"
   read -r rc_line < "$work/job.rc"
   echo "job: $rc_line; ${elapsed}s from the fault to the end of mpirun"
