@@ -113,7 +113,7 @@ void GradSync::State::check_same_model() {
       error = detail::str_cat("the model has ", lines.size(), " parameters and buffers here but ", theirs.size(),
                               " on rank 0", i < lines.size() ? "; first extra: " + lines[i] : std::string());
   }
-  agree_or_throw(check, error, "GradSync: the model check (every rank must build the same model)");
+  agree_or_throw(check, error, "GradSync: the model check (every rank must build the same model)", true);
 
   if (options.broadcast_parameters) {
     NoGradGuard no_grad;
@@ -142,7 +142,7 @@ void GradSync::State::check_same_model() {
                               "seed or checkpoint, or keep broadcast_parameters on)");
       break;
     }
-  agree_or_throw(check, error, "GradSync: the weight check (every rank must start from rank 0's weights)");
+  agree_or_throw(check, error, "GradSync: the weight check (every rank must start from rank 0's weights)", true);
 }
 
 void GradSync::State::plan() {

@@ -144,7 +144,7 @@ std::vector<std::string> all_gather_strings(MPI_Comm comm, const std::string& mi
 
 void barrier(MPI_Comm comm) { MPI_CHECK(MPI_Barrier(comm)); }
 
-void agree_or_throw(MPI_Comm comm, const std::string& local_error, const std::string& what) {
+void agree_or_throw(MPI_Comm comm, const std::string& local_error, const std::string& what, bool permanent) {
   const int64_t failing = all_reduce(comm, int64_t{local_error.empty() ? 0 : 1});
   if (failing == 0) return;
   const std::vector<std::string> all = all_gather_strings(comm, local_error);
@@ -157,7 +157,7 @@ void agree_or_throw(MPI_Comm comm, const std::string& local_error, const std::st
     if (failed <= 4) details += detail::str_cat("\n  rank ", r, ": ", all[r]);
   }
   if (failed > 4) details += detail::str_cat("\n  (", failed - 4, " more ranks failed)");
-  throw CollectiveError(message + details);
+  throw CollectiveError(message + details, permanent);
 }
 
 }  // namespace ringtrain::comm

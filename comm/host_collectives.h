@@ -51,7 +51,8 @@ class CollectiveError : public ::ringtrain::Error {
 
 // A collective verdict: every rank passes its local error text ("" when fine); if any rank has one,
 // every rank throws the same CollectiveError naming the failing rank(s) and their texts. Use it
-// before anything that would otherwise leave healthy ranks waiting for a failed one.
-void agree_or_throw(MPI_Comm comm, const std::string& local_error, const std::string& what);
+// before anything that would otherwise leave healthy ranks waiting for a failed one. `permanent`: the
+// step is about the input (flags, data, a checkpoint), so the verdict is an error no restart fixes.
+void agree_or_throw(MPI_Comm comm, const std::string& local_error, const std::string& what, bool permanent = false);
 
 }  // namespace ringtrain::comm

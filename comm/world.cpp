@@ -130,9 +130,47 @@ DeviceBinding World::bind(Device want, int threads, bool allow_shared_gpu) const
   return b;
 }
 
-void World::abort(const std::string& message, int code) const {
+bool supervised() {
+  const char* v = std::getenv("RINGTRAIN_SUPERVISOR");
+  return v && *v && std::strcmp(v, "0") != 0;
+}
+
+std::string json_quote(const std::string& text) {
+  std::string out = "\"";
+  for (const char c : text) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          char buffer[8];
+          std::snprintf(buffer, sizeof buffer, "\\u%04x", static_cast<unsigned>(static_cast<unsigned char>(c)));
+          out += buffer;
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+void supervisor_event(const std::string& json_object, bool to_stderr) {
+  if (!supervised()) return;
+  std::FILE* out = to_stderr ? stderr : stdout;
+  std::fprintf(out, "%s%s\n", kEventPrefix, json_object.c_str());
+  std::fflush(out);
+}
+
+void World::abort(const std::string& message, int code, bool permanent) const {
+  if (permanent) code = kExitPermanent;
   std::fprintf(stderr, "ringtrain: rank %d (%s): %s\n", rank_, host().c_str(), message.c_str());
   std::fflush(stderr);
+  supervisor_event(detail::str_cat("{\"event\":\"error\",\"rank\":", rank_, ",\"host\":", json_quote(host()),
+                                   ",\"permanent\":", permanent ? "true" : "false", ",\"message\":", json_quote(message),
+                                   "}"),
+                   true);
   if (size_ == 1) std::_Exit(code);
   MPI_Abort(MPI_COMM_WORLD, code);
   std::_Exit(code);
@@ -140,15 +178,19 @@ void World::abort(const std::string& message, int code) const {
 
 int run_main(int argc, char** argv, const std::function<int(World&)>& fn) {
   World* world = nullptr;
+  auto permanent = [](const std::exception& e) {
+    const auto* error = dynamic_cast<const Error*>(&e);
+    return error && error->permanent();
+  };
   try {
     world = &World::init(&argc, &argv);
     return fn(*world);
   } catch (const CollectiveError& e) {
     // Every rank has the same message: rank 0 prints it and ends the job; the others give it a moment.
     if (world && world->rank() != 0 && world->size() > 1) std::this_thread::sleep_for(std::chrono::seconds(5));
-    if (world) world->abort(e.what());
+    if (world) world->abort(e.what(), 1, e.permanent());
     std::fprintf(stderr, "ringtrain: %s\n", e.what());
-    return 1;
+    return e.permanent() ? kExitPermanent : 1;
   } catch (const std::bad_alloc&) {
     const char* text = "out of host memory (an allocation failed): lower --batch-size, the image size or the number "
                        "of loader threads, or run fewer ranks per node";
@@ -156,9 +198,9 @@ int run_main(int argc, char** argv, const std::function<int(World&)>& fn) {
     std::fprintf(stderr, "ringtrain: %s\n", text);
     return 1;
   } catch (const std::exception& e) {
-    if (world) world->abort(e.what());
+    if (world) world->abort(e.what(), 1, permanent(e));
     std::fprintf(stderr, "ringtrain: %s\n", e.what());
-    return 1;
+    return permanent(e) ? kExitPermanent : 1;
   } catch (...) {
     if (world) world->abort("an unknown exception (not derived from std::exception) escaped");
     std::fprintf(stderr, "ringtrain: an unknown exception escaped\n");

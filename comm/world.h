@@ -51,8 +51,10 @@ class World {
   // cores this process may use / local ranks (at least 1). Sets the device and the CPU thread count.
   DeviceBinding bind(Device want, int threads = 0, bool allow_shared_gpu = false) const;
 
-  // Prints "ringtrain: rank R (host): message" to stderr and aborts every rank of the job.
-  [[noreturn]] void abort(const std::string& message, int code = 1) const;
+  // Prints "ringtrain: rank R (host): message" to stderr and aborts every rank of the job. `permanent`:
+  // no restart fixes it (Error::permanent); the exit status is then kExitPermanent and, under a
+  // supervisor, the error event says so.
+  [[noreturn]] void abort(const std::string& message, int code = 1, bool permanent = false) const;
 
   // "rank 0 of 2 (local 0 of 2) on host"
   std::string describe() const;
@@ -66,8 +68,23 @@ class World {
   MPI_Comm comm_ = MPI_COMM_NULL;
 };
 
+// The exit status of a job that failed for a reason no restart fixes (bad flags, data, checkpoint).
+inline constexpr int kExitPermanent = 3;
+
+// Under the supervisor (apps/ringtrain_run sets RINGTRAIN_SUPERVISOR=1 for every rank) the job reports
+// what the supervisor acts on as lines "ringtrain-event {JSON object}": rank 0 its plan, every step and
+// every checkpoint (stdout), any failing rank its error and whether it is permanent (stderr). Outside a
+// supervisor nothing is printed.
+inline constexpr const char* kEventPrefix = "ringtrain-event ";
+bool supervised();
+// Prints kEventPrefix + json_object as one line and flushes (stderr or stdout); nothing when not supervised.
+void supervisor_event(const std::string& json_object, bool to_stderr = false);
+// `text` as a JSON string literal (quotes, backslashes and control characters escaped).
+std::string json_quote(const std::string& text);
+
 // Initialises the world, runs fn, returns its exit code. Any exception escaping fn (or a
-// ringtrain::Error from any rank) prints once, naming rank and host, and aborts the job with status 1.
+// ringtrain::Error from any rank) prints once, naming rank and host, and aborts the job with status 1
+// (kExitPermanent for a permanent Error).
 int run_main(int argc, char** argv, const std::function<int(World&)>& fn);
 
 }  // namespace ringtrain::comm

@@ -16,8 +16,34 @@ namespace ringtrain {
 // callers that caught and rethrew with more context (file, rank, op).
 class Error : public std::runtime_error {
  public:
-  explicit Error(std::string message) : std::runtime_error(std::move(message)) {}
+  explicit Error(std::string message, bool permanent = false)
+      : std::runtime_error(std::move(message)), permanent_(permanent) {}
+  // A restart of the job would meet the same error (bad flags, bad data, a checkpoint that does not
+  // match the run, a diverged run): the supervisor (ringtrain_run) ends the run at once instead of
+  // relaunching. Everything else (a lost peer, a hang, a crash) may be transient.
+  bool permanent() const { return permanent_; }
+
+ private:
+  bool permanent_;
 };
+
+// An Error that a restart cannot fix (see Error::permanent).
+class PermanentError : public Error {
+ public:
+  explicit PermanentError(std::string message) : Error(std::move(message), true) {}
+};
+
+// Runs fn; a ringtrain::Error it throws comes out as a PermanentError with the same message. For the
+// places whose every failure is about the input (validating flags, opening data, loading a checkpoint).
+template <typename Fn>
+decltype(auto) permanent_errors(Fn&& fn) {
+  try {
+    return fn();
+  } catch (const Error& e) {
+    if (e.permanent()) throw;
+    throw PermanentError(e.what());
+  }
+}
 
 namespace detail {
 
@@ -59,6 +85,8 @@ constexpr int kNoDevice = -1;
 
 // Throws ringtrain::Error with a streamed message (no condition text).
 #define RT_THROW(...) throw ::ringtrain::Error(::ringtrain::detail::str_cat(__VA_ARGS__))
+// Throws ringtrain::PermanentError (an error no restart fixes) with a streamed message.
+#define RT_THROW_PERMANENT(...) throw ::ringtrain::PermanentError(::ringtrain::detail::str_cat(__VA_ARGS__))
 
 // The generic call checker: `ok(status)` decides success, `text(status)` explains it, `device()` names
 // the current device (or kNoDevice).

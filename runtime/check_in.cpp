@@ -2,6 +2,7 @@
 #include "runtime/check_in.h"
 
 #include <algorithm>
+#include <span>
 
 #include "comm/host_collectives.h"
 #include "core/check.h"
@@ -15,10 +16,13 @@ uint64_t bucket_plan_hash(const std::vector<comm::BucketInfo>& buckets) {
   return h.value();
 }
 
-void check_in_step(const comm::World& world, int64_t step, uint64_t plan) {
-  // The plan is halved to fit a signed negation.
+int64_t check_in_step(const comm::World& world, int64_t step, uint64_t plan, int64_t request) {
+  // The plan is halved to fit a signed negation. One all-reduce (min): of each value and its negation
+  // (equal everywhere iff min == -min(-v)), and of -request (the largest request).
   const int64_t mine[2] = {step, static_cast<int64_t>(plan >> 1)};
-  if (comm::same_on_every_rank(world.comm(), mine)) return;
+  int64_t v[5] = {mine[0], -mine[0], mine[1], -mine[1], -request};
+  comm::all_reduce(world.comm(), std::span<int64_t>(v, 5), comm::HostOp::Min);
+  if (v[0] == -v[1] && v[2] == -v[3]) return -v[4];
   const std::vector<int64_t> all = comm::all_gather(world.comm(), std::span<const int64_t>(mine, 2));
   std::string bad;
   for (int r = 1; r < world.size(); ++r)
@@ -60,7 +64,7 @@ void check_same_config(const comm::World& world, const nlohmann::json& config) {
     }
   }
   throw comm::CollectiveError(
-      detail::str_cat("the ranks were started with different flags (every rank must get the same):", differs));
+      detail::str_cat("the ranks were started with different flags (every rank must get the same):", differs), true);
 }
 
 }  // namespace ringtrain::runtime

@@ -19,8 +19,9 @@ namespace ringtrain::runtime {
 // A fingerprint of the bucket plan (element counts in launch order).
 uint64_t bucket_plan_hash(const std::vector<comm::BucketInfo>& buckets);
 
-// Collective.
-void check_in_step(const comm::World& world, int64_t step, uint64_t plan);
+// Collective. `request` rides along in the same all-reduce: the largest any rank passed is returned
+// (rank 0's time-based checkpoint decision reaches every rank without a collective of its own).
+int64_t check_in_step(const comm::World& world, int64_t step, uint64_t plan, int64_t request = 0);
 
 // The flag a configuration key stands for: "lr_step_epochs" -> "--lr-step-epochs".
 std::string flag_of(const std::string& key);

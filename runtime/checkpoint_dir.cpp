@@ -120,10 +120,10 @@ TrainState TrainState::from_json(const std::string& text, const std::string& fil
 }
 
 data::SamplerState TrainState::position_for(int64_t run_per_step_global, int64_t micro_per_epoch,
-                                            const std::string& file) const {
+                                            const std::string& file, bool round_down) const {
   const int64_t written_in = per_step_global > 0 ? per_step_global : run_per_step_global;
   const int64_t samples = position.next_batch * written_in;
-  RT_CHECK(samples % run_per_step_global == 0, "--resume ", file, ": the checkpoint stopped after ", samples,
+  RT_CHECK(round_down || samples % run_per_step_global == 0, "--resume ", file, ": the checkpoint stopped after ", samples,
            " samples of its epoch, not a multiple of this run's ", run_per_step_global, " (ranks x --batch-size)");
   data::SamplerState p{position.epoch, samples / run_per_step_global};
   RT_CHECK(p.next_batch <= micro_per_epoch, "--resume ", file, ": /meta/json key 'sampler.next_batch' ", position.next_batch,
@@ -178,10 +178,10 @@ std::optional<CheckpointDir::Loaded> CheckpointDir::load_newest(const std::funct
   return std::nullopt;
 }
 
-fs::path CheckpointDir::save(int64_t step, const Checkpoint& checkpoint) const {
+fs::path CheckpointDir::save(int64_t step, const Checkpoint& checkpoint, const SaveOptions& options) const {
   RT_CHECK(on(), "CheckpointDir::save without a folder");
   const fs::path target = path(step);
-  save_checkpoint(target, checkpoint);
+  save_checkpoint(target, checkpoint, options);
   if (keep_last_ > 0) {
     const auto all = list();
     const size_t keep = static_cast<size_t>(keep_last_);

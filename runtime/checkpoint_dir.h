@@ -42,7 +42,10 @@ struct TrainState {
   // epoch has micro_per_epoch of them: a checkpoint of another world size at the same global batch
   // continues at the same sample. Errors name `file` when the samples done are not a whole number of this
   // run's batches.
-  data::SamplerState position_for(int64_t per_step_global, int64_t micro_per_epoch, const std::string& file) const;
+  // round_down: take the whole batches done instead (a run that accepted another global batch; it sees
+  // less than one batch of samples twice).
+  data::SamplerState position_for(int64_t per_step_global, int64_t micro_per_epoch, const std::string& file,
+                                  bool round_down = false) const;
 };
 
 class CheckpointDir {
@@ -67,7 +70,7 @@ class CheckpointDir {
   std::optional<Loaded> load_newest(const std::function<void(const std::string&)>& warn) const;
 
   // Writes step's checkpoint (atomically), then applies keep_last. Returns the path written.
-  std::filesystem::path save(int64_t step, const Checkpoint& checkpoint) const;
+  std::filesystem::path save(int64_t step, const Checkpoint& checkpoint, const SaveOptions& options = {}) const;
   // A run resumed from an older checkpoint replaces the later ones of its folder: they are renamed to
   // "<name>.superseded" (kept, but no longer picked by --resume auto); returns the new names.
   std::vector<std::string> supersede_after(int64_t step) const;

@@ -96,9 +96,14 @@ void add_output_flags(CLI::App& app, TrainerOptions& o) {
   app.add_option("--checkpoint-dir", o.checkpoint_dir, "write checkpoints here (always one at the end)");
   app.add_option("--checkpoint-every", o.checkpoint_every, "optimizer steps between checkpoints (0: end of every epoch)")
       ->capture_default_str()->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+  app.add_option("--checkpoint-every-min", o.checkpoint_every_min,
+                 "also write one when this many minutes passed since the last (0: off); bounds the work a failure loses")
+      ->capture_default_str()->check(finite_number())->check(CLI::Range(0.0, 1e7));
   app.add_option("--keep-last", o.keep_last, "checkpoints kept in --checkpoint-dir, older ones deleted (0: all)")
       ->capture_default_str()->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
   app.add_option("--resume", o.resume, "auto (newest in --checkpoint-dir, if any) or a checkpoint path");
+  app.add_flag("--allow-batch-change", o.allow_batch_change,
+               "resume a checkpoint written at another global batch (the training changes; refused otherwise)");
   app.add_option("--eval-every", o.eval_every, "epochs between evaluations")->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1000000}));
   app.add_option("--log-every", o.log_every, "steps between progress lines / JSONL records")->capture_default_str()

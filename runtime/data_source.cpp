@@ -52,7 +52,10 @@ class ShardSource final : public DataSource {
 
   const DataInfo& info() const override { return info_; }
   void start_epoch(data::DistributedSampler& sampler, int64_t epoch) override { train_loader_->start_epoch(sampler, epoch); }
-  std::optional<data::Batch> next() override { return train_loader_->next(); }
+  // A record that cannot be read or decoded is bad data: a restart would meet it again.
+  std::optional<data::Batch> next() override {
+    return permanent_errors([this] { return train_loader_->next(); });
+  }
   data::SamplerState position() const override { return train_loader_->position(); }
   data::Loader* test_loader() override { return test_loader_.get(); }
   std::vector<std::string> warnings() const override { return warnings_; }
@@ -135,7 +138,8 @@ class SyntheticSource final : public DataSource {
 }  // namespace
 
 std::unique_ptr<DataSource> open_shards(const std::string& dir, const ShardSourceOptions& options) {
-  return std::make_unique<ShardSource>(dir, options);
+  // A missing, foreign or corrupt dataset is an error no restart fixes.
+  return permanent_errors([&] { return std::make_unique<ShardSource>(dir, options); });
 }
 
 std::unique_ptr<DataSource> synthetic_data(const SyntheticOptions& options) {

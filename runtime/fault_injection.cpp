@@ -2,8 +2,10 @@
 #include "runtime/fault_injection.h"
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <thread>
+#include <vector>
 
 #include "core/check.h"
 
@@ -20,36 +22,63 @@ int64_t parse_count(const std::string& text, const std::string& whole, const cha
 
 }  // namespace
 
-FaultInjection FaultInjection::parse(const std::string& s) {
-  const size_t a = s.find(':'), b = a == std::string::npos ? a : s.find(':', a + 1);
-  RT_CHECK(a != std::string::npos && b != std::string::npos && s.find(':', b + 1) == std::string::npos,
-           "RINGTRAIN_INJECT: expected KIND:RANK:STEP (e.g. throw:1:2), got '", s, "'");
+FaultInjection FaultInjection::parse(const std::string& s, int64_t this_attempt) {
+  std::vector<std::string> fields;
+  for (size_t from = 0;;) {
+    const size_t colon = s.find(':', from);
+    fields.push_back(s.substr(from, colon - from));
+    if (colon == std::string::npos) break;
+    from = colon + 1;
+  }
+  RT_CHECK(fields.size() == 3 || fields.size() == 4,
+           "RINGTRAIN_INJECT: expected KIND:RANK:STEP[:ATTEMPT] (e.g. throw:1:2), got '", s, "'");
   FaultInjection f;
-  const std::string kind = s.substr(0, a);
+  const std::string& kind = fields[0];
   if (kind == "throw") f.kind = Kind::Throw;
   else if (kind == "desync") f.kind = Kind::Desync;
   else if (kind == "hang") f.kind = Kind::Hang;
-  else RT_THROW("RINGTRAIN_INJECT: unknown kind '", kind, "' in '", s, "' (expected throw, desync or hang)");
-  f.rank = static_cast<int>(parse_count(s.substr(a + 1, b - a - 1), s, "RANK", 1 << 24));
-  f.step = parse_count(s.substr(b + 1), s, "STEP", int64_t{1} << 40);
+  else if (kind == "hang-checkpoint") f.kind = Kind::HangCheckpoint;
+  else RT_THROW("RINGTRAIN_INJECT: unknown kind '", kind, "' in '", s, "' (expected throw, desync, hang or hang-checkpoint)");
+  f.rank = static_cast<int>(parse_count(fields[1], s, "RANK", 1 << 24));
+  f.step = parse_count(fields[2], s, "STEP", int64_t{1} << 40);
   RT_CHECK(f.step >= 1, "RINGTRAIN_INJECT: STEP counts optimizer steps from 1, got 0 in '", s, "'");
+  if (fields.size() == 4) f.attempt = parse_count(fields[3], s, "ATTEMPT", 1 << 20);
+  RT_CHECK(f.kind != Kind::HangCheckpoint || f.rank == 0,
+           "RINGTRAIN_INJECT: hang-checkpoint needs RANK 0 (rank 0 alone writes checkpoints), got '", s, "'");
+  f.this_attempt = this_attempt;
   return f;
 }
 
 FaultInjection FaultInjection::from_env() {
+  int64_t attempt = 0;
+  if (const char* restart = std::getenv("RINGTRAIN_RESTART")) {
+    const std::string text = restart;
+    RT_CHECK(!text.empty() && text.size() <= 9 && text.find_first_not_of("0123456789") == std::string::npos,
+             "RINGTRAIN_RESTART must be a restart count (0, 1, ...), got '", text, "'");
+    attempt = std::stoll(text);
+  }
   const char* text = std::getenv("RINGTRAIN_INJECT");
-  return text ? parse(text) : FaultInjection{};
+  return text && *text ? parse(text, attempt) : FaultInjection{};  // set but empty: off
 }
 
 int64_t FaultInjection::after_step(int rank_here, int64_t step_now) const {
-  if (kind == Kind::None || rank_here != rank || step_now != step) return step_now;
+  if (!fires(rank_here, step_now)) return step_now;
   switch (kind) {
     case Kind::Throw: RT_THROW("injected failure at step ", step_now);
     case Kind::Desync: return step_now + 1;
     case Kind::Hang: std::this_thread::sleep_for(std::chrono::hours(1)); return step_now;
+    case Kind::HangCheckpoint:
     case Kind::None: break;
   }
   return step_now;
+}
+
+void FaultInjection::in_checkpoint_write(int rank_here, int64_t step_now) const {
+  if (kind != Kind::HangCheckpoint || !armed(rank_here, step_now)) return;
+  std::fprintf(stderr, "ringtrain: injected hang inside the write of the step-%lld checkpoint (RINGTRAIN_INJECT)\n",
+               static_cast<long long>(step_now));
+  std::fflush(stderr);
+  std::this_thread::sleep_for(std::chrono::hours(1));
 }
 
 }  // namespace ringtrain::runtime

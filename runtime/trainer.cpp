@@ -140,6 +140,8 @@ void validate(const TrainerOptions& o) {
            o.threads, " and ", o.loader_threads);
   RT_CHECK(finite(o.bucket_mb) && o.bucket_mb > 0, "--bucket-mb must be positive, got ", o.bucket_mb);
   RT_CHECK(o.checkpoint_every >= 0, "--checkpoint-every must be 0 (every epoch) or more, got ", o.checkpoint_every);
+  RT_CHECK(finite(o.checkpoint_every_min) && o.checkpoint_every_min >= 0,
+           "--checkpoint-every-min must be 0 (off) or more minutes, got ", o.checkpoint_every_min);
   RT_CHECK(o.keep_last >= 0, "--keep-last must be 0 (keep all) or more, got ", o.keep_last);
   RT_CHECK(o.eval_every >= 1 && o.log_every >= 1 && o.trace_steps >= 1,
            "--eval-every, --log-every and --trace-steps must be at least 1, got ", o.eval_every, ", ", o.log_every,
@@ -150,6 +152,8 @@ void validate(const TrainerOptions& o) {
   RT_CHECK(o.checkpoint_every == 0 || !o.checkpoint_dir.empty(),
            "--checkpoint-every ", o.checkpoint_every, " needs --checkpoint-dir (where to write them)");
   RT_CHECK(o.keep_last == 0 || !o.checkpoint_dir.empty(), "--keep-last needs --checkpoint-dir");
+  RT_CHECK(o.checkpoint_every_min == 0 || !o.checkpoint_dir.empty(),
+           "--checkpoint-every-min ", o.checkpoint_every_min, " needs --checkpoint-dir (where to write them)");
 }
 
 // What every rank must agree on: the flags the checkpoints record, and whatever decides which collectives
@@ -159,6 +163,7 @@ nlohmann::json agreement(const TrainerOptions& o) {
   j["log_every"] = o.log_every;
   j["eval_every"] = o.eval_every;
   j["checkpoint_every"] = o.checkpoint_every;
+  j["checkpoint_every_min"] = o.checkpoint_every_min;
   j["trace_steps"] = o.trace_steps;
   j["check"] = o.check;
   j["timeout"] = o.timeout;  // a watchdog of its own on some ranks but not others makes a collective differ
@@ -184,8 +189,11 @@ std::string check_output_file(const std::string& flag, const std::string& path) 
 
 Trainer::Trainer(comm::World& world, TrainerOptions options)
     : world_(world), options_(std::move(options)) {
-  validate(options_);
-  FaultInjection::from_env();  // a malformed RINGTRAIN_INJECT is refused before any work
+  // Bad flags (and a malformed RINGTRAIN_INJECT) are refused before any work, as errors no restart fixes.
+  permanent_errors([this] {
+    validate(options_);
+    FaultInjection::from_env();
+  });
   // First of all collectives: ranks with different flags would otherwise hang in one the others skip.
   check_same_config(world_, agreement(options_));
   watchdog_ = std::make_unique<Watchdog>(world_, options_.timeout);
@@ -212,7 +220,7 @@ Trainer::Trainer(comm::World& world, TrainerOptions options)
     for (const auto& [flag, path] : {std::pair{"--log-jsonl", options_.log_jsonl}, std::pair{"--trace", options_.trace}})
       if (error.empty()) error = check_output_file(flag, path);
   }
-  comm::agree_or_throw(world_.comm(), error, "checking the output paths");
+  comm::agree_or_throw(world_.comm(), error, "checking the output paths", true);
   // What the app does next (open the data, build the model) is guarded too, under its own name.
   watchdog_->phase("startup: opening the data and building the model (before fit)", 0);
 }
@@ -225,7 +233,8 @@ void Trainer::agree_on_device() {
   const int64_t cuda[1] = {device_.is_cuda() ? 1 : 0};
   if (comm::same_on_every_rank(world_.comm(), cuda)) return;
   const std::string mine = device_.is_cuda() ? "" : detail::str_cat("no usable GPU here (", cuda_status().reason, ")");
-  comm::agree_or_throw(world_.comm(), mine, "putting every rank on the same kind of device (the others train on CUDA)");
+  comm::agree_or_throw(world_.comm(), mine, "putting every rank on the same kind of device (the others train on CUDA)",
+                       true);
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -296,6 +305,8 @@ class Run {
   int64_t mine_step_ = 0;  // the step of the checkpoint being resumed
   StepTimer timer_;
   Clock::time_point step_begin_, run_start_, interval_start_;
+  Clock::time_point last_save_;  // rank 0's clock: --checkpoint-every-min counts from here
+  bool save_due_ = false;        // rank 0 asked for a time-based checkpoint at the last check-in
   Clock::time_point backward_start_, backward_end_;  // of the last micro-batch
   double interval_loss_ = 0, interval_weight_ = 0, last_loss_ = 0;
   std::optional<EvalResult> last_eval_;
@@ -402,24 +413,31 @@ void Run::resume() {
   } catch (const std::exception& e) {
     error = e.what();
   }
-  comm::agree_or_throw(world_.comm(), error, "--resume");
+  comm::agree_or_throw(world_.comm(), error, "--resume", true);
   const TrainState& s = mine->state;
-  RT_CHECK(s.global_batch == global_batch_, "--resume ", chosen, ": the checkpoint was written with global batch ",
-           s.global_batch, " (", s.world_size, " ranks x batch ", s.config.value("batch_size", json(-1)).dump(),
-           " x accum ", s.config.value("accum_steps", json(-1)).dump(), "); resume with the same global batch (now ",
-           global_batch_, ")");
+  const bool batch_changed = s.global_batch != global_batch_;
+  const std::string written_batch = detail::str_cat(s.global_batch, " (", s.world_size, " ranks x batch ",
+                                                    s.config.value("batch_size", json(-1)).dump(), " x accum ",
+                                                    s.config.value("accum_steps", json(-1)).dump(), ")");
+  if (batch_changed && !o_.allow_batch_change)
+    RT_THROW_PERMANENT("--resume ", chosen, ": the checkpoint was written with global batch ", written_batch,
+                       "; resume with the same global batch (now ", global_batch_, "), or pass --allow-batch-change");
+  if (batch_changed && root_)
+    std::fprintf(stderr, "%s: warning: --allow-batch-change: resuming %s, written with global batch %s, at global "
+                 "batch %lld: from here this is another training than the checkpoint's\n", o_.program.c_str(),
+                 chosen.c_str(), written_batch.c_str(), static_cast<long long>(global_batch_));
   mine_step_ = s.step;
-  compare_config(s.config, chosen);
+  permanent_errors([&] { compare_config(s.config, chosen); });
   try {
     model_.load_state_dict(mine->checkpoint.model);
     opt_->load_state(mine->checkpoint.optimizer);
   } catch (const std::exception& e) {
-    RT_THROW("--resume ", chosen, ": ", e.what());
+    RT_THROW_PERMANENT("--resume ", chosen, ": ", e.what());
   }
   if (scaler_ && s.loss_scale) scaler_->load(s.loss_scale->scale, s.loss_scale->growth_tracker);
   if (s.rng_stream > 0) set_rng_stream(s.rng_stream);
   step_ = s.step;
-  position_ = s.position_for(per_step_global_, micro_limit_, chosen);
+  position_ = permanent_errors([&] { return s.position_for(per_step_global_, micro_limit_, chosen, batch_changed); });
   resumed_from_ = chosen;
   // Later checkpoints in this run's folder belong to the run being replaced: --resume auto must not
   // continue them after a crash of this one.
@@ -494,6 +512,12 @@ void Run::announce() {
     std::fflush(stdout);
   }
   // What scripts/scaling_model.py needs besides the timings: the run's shape and its bucket plan.
+  if (root_)
+    comm::supervisor_event(json{{"event", "plan"}, {"world_size", world_.size()}, {"nodes", world_.num_nodes()},
+                                {"batch_size", o_.batch}, {"accum_steps", o_.accum}, {"global_batch", global_batch_},
+                                {"step", step_}, {"total_steps", total_steps_}, {"resumed_from", resumed_from_},
+                                {"checkpoint_dir", o_.checkpoint_dir}}
+                               .dump());
   log_.write(plan_record({.world_size = world_.size(), .nodes = world_.num_nodes(), .threads = threads_,
                           .arch = o_.model_name, .backend = comm::backend_name(backend_), .device = device_.str(),
                           .batch_size = o_.batch, .accum_steps = o_.accum, .global_batch = global_batch_,
@@ -503,12 +527,14 @@ void Run::announce() {
 TrainResult Run::run() {
   model_.to(device_);
   model_.train();
-  plan_length();
-  make_optimizer();
+  permanent_errors([this] {  // errors of the flags against the data
+    plan_length();
+    make_optimizer();
+  });
   resume();
   connect();
   announce();
-  run_start_ = interval_start_ = Clock::now();
+  run_start_ = interval_start_ = last_save_ = Clock::now();
   first_step_ = step_;
   last_position_ = position_;
   bool done = step_ >= total_steps_;
@@ -555,7 +581,8 @@ bool Run::run_epoch(int64_t epoch) {
     last_position_ = data_.position();
     const bool finishing = step_ >= total_steps_;
     report(epoch, finishing);
-    if (o_.checkpoint_every > 0 && step_ % o_.checkpoint_every == 0 && !finishing) save(step_, last_position_);
+    if (((o_.checkpoint_every > 0 && step_ % o_.checkpoint_every == 0) || save_due_) && !finishing)
+      save(step_, last_position_);
     if (finishing) {
       done = true;
       break;
@@ -577,12 +604,13 @@ void Run::micro_step(const data::Batch& batch, bool last_micro, Clock::time_poin
     AutocastGuard autocast_scope(autocast_);
     loss = step_fn_ ? step_fn_(model_, batch) : loss_fn_(model_(batch.images), batch.labels);
   }
-  RT_CHECK(loss.defined() && loss.numel() == 1, "the step function must return a scalar loss, got ",
-           loss.defined() ? loss.describe() : std::string("an undefined tensor"));
+  if (!loss.defined() || loss.numel() != 1)
+    RT_THROW_PERMANENT("the step function must return a scalar loss, got ",
+                       loss.defined() ? loss.describe() : std::string("an undefined tensor"));
   const double loss_value = loss.item();
   // With f16 loss scaling a non-finite loss makes non-finite gradients: the scaler skips that step.
   if (!std::isfinite(loss_value) && !scaler_)
-    RT_THROW("non-finite loss (", loss_value, ") at step ", step_, " (epoch ", sampler_->state().epoch,
+    RT_THROW_PERMANENT("non-finite loss (", loss_value, ") at step ", step_, " (epoch ", sampler_->state().epoch,
              ", micro-batch ", micro_ - 1, "): lower --lr, add --warmup-epochs, or check the data");
   const auto t2 = Clock::now();
   dog_.phase("backward", step_);
@@ -621,8 +649,9 @@ void Run::optimizer_step() {
     // Gradients are averaged already, so every rank takes the same decision.
     if (!scaler_->step(*opt_, parameters_, schedule_->at(step_))) {
       ++skipped_;
-      RT_CHECK(scaler_->scale() >= 1e-4, "f16 loss scale fell to ", scaler_->scale(), " at step ", step_,
-               ": the gradients are not finite at any scale (diverged); lower --lr or use --precision bf16");
+      if (scaler_->scale() < 1e-4)
+        RT_THROW_PERMANENT("f16 loss scale fell to ", scaler_->scale(), " at step ", step_,
+                           ": the gradients are not finite at any scale (diverged); lower --lr or use --precision bf16");
     }
   } else {
     opt_->step(schedule_->at(step_));
@@ -633,8 +662,12 @@ void Run::optimizer_step() {
   if (inject_.fires(world_.rank(), step_)) dog_.phase("injected fault (RINGTRAIN_INJECT)", step_);
   const int64_t reported = inject_.after_step(world_.rank(), step_);
   dog_.phase("step check-in (waiting for other ranks)", step_);
-  check_in_step(world_, reported, plan_);
+  // --checkpoint-every-min: rank 0's clock decides, and its decision reaches every rank in the check-in.
+  const bool want_save = root_ && o_.checkpoint_every_min > 0 &&
+                         std::chrono::duration<double>(Clock::now() - last_save_).count() >= 60 * o_.checkpoint_every_min;
+  save_due_ = check_in_step(world_, reported, plan_, want_save ? 1 : 0) > 0;
   const auto t5 = Clock::now();
+  if (root_) comm::supervisor_event(json{{"event", "step"}, {"step", step_}}.dump());
   trace_.span("exposed_comm", backward_end_, t4, step_ - 1);
   for (const auto& b : sync_->last_bucket_timings())
     trace_.span(detail::str_cat("allreduce bucket ", b.bucket), b.begin, b.end, step_ - 1, 1);
@@ -701,7 +734,7 @@ void Run::save(int64_t at_step, const data::SamplerState& pos) {
   // Rank 0's file must describe every rank: BatchNorm running statistics (per rank without SyncBN) are
   // averaged first, so a resumed run (which starts every rank from the file) continues exactly.
   if (!o_.sync_bn && world_.size() > 1) sync_->average_buffers();
-  std::string error;
+  std::string error, written;
   if (root_) {
     TrainState s;
     s.step = at_step;
@@ -714,8 +747,9 @@ void Run::save(int64_t at_step, const data::SamplerState& pos) {
     if (scaler_) s.loss_scale = LossScaleState{scaler_->scale(), scaler_->growth_tracker()};
     s.config = o_.to_json();
     s.config["dataset"] = data_.info().signature;
+    SaveOptions seam{.before_rename = [&] { inject_.in_checkpoint_write(world_.rank(), at_step); }};
     try {
-      ckpt_.save(at_step, Checkpoint{model_.state_dict(), opt_->state(), s.to_json()});
+      written = ckpt_.save(at_step, Checkpoint{model_.state_dict(), opt_->state(), s.to_json()}, seam).string();
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -723,6 +757,8 @@ void Run::save(int64_t at_step, const data::SamplerState& pos) {
     dog_.phase("checkpoint (waiting for other ranks: rank 0 writes it)", at_step);
   }
   comm::agree_or_throw(world_.comm(), error, "writing the checkpoint");
+  last_save_ = Clock::now();
+  if (root_) comm::supervisor_event(json{{"event", "checkpoint"}, {"step", at_step}, {"path", written}}.dump());
 }
 
 TrainResult Run::summarize() {

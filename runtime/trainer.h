@@ -87,8 +87,10 @@ struct TrainerOptions {
   // ---- outputs and cadence
   std::string checkpoint_dir;   // empty: no checkpoints
   int64_t checkpoint_every = 0; // optimizer steps between checkpoints (0: end of every epoch)
+  double checkpoint_every_min = 0;  // also one when this many minutes passed since the last (rank 0's clock)
   int64_t keep_last = 0;        // checkpoints kept (0: all)
   std::string resume;           // "auto" (newest valid in checkpoint_dir, if any) or a checkpoint path
+  bool allow_batch_change = false;  // resume a checkpoint of another global batch (another training, said)
   int64_t eval_every = 1;       // epochs between evaluations of the test split
   int64_t log_every = 50;       // steps between progress lines / train records
   std::string log_jsonl, trace;

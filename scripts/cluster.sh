@@ -8,7 +8,9 @@
 #   cluster.sh run [mpirun args...] -- PROGRAM ARGS              an MPI job across the nodes, from node0
 #   cluster.sh exec NODE CMD...                                  a command inside NODE (its net + host name)
 #   cluster.sh mpirun-args                                       the mpirun options for the cluster that is up
-#   cluster.sh kill NODE                                         every process of NODE dies at once (kill -9)
+#   cluster.sh kill NODE                                         NODE fails: every process dies at once (kill -9)
+#                                                                and it stays down (nothing enters it) until revive
+#   cluster.sh revive NODE                                       a killed NODE is back, empty, as after a reboot
 #   cluster.sh partition NODE | heal NODE                        NODE's link drops every packet (no RST) | back
 #   cluster.sh status                                            what is up
 #   cluster.sh down                                              remove everything it made (idempotent)
@@ -58,9 +60,14 @@ node_index() {
   echo $((10#${BASH_REMATCH[1]}))
 }
 
+# A killed node is down until revived: exec and the launch agent refuse it, as ssh to a dead machine fails.
+is_down() { [[ -f $STATE/down-node$1 ]]; }
+is_partitioned() { grep -q "state disabled" <<< "$(ip netns exec "$SWITCH" bridge link show dev "sw$1")"; }
+
 # Runs CMD in node K with its host name; used by exec, run and the launch agent.
 in_node() {
   local k=$1
+  is_down "$k" && { echo "cluster.sh: node$k is down (killed; cluster.sh revive node$k brings it back)" >&2; exit 255; }
   shift
   exec ip netns exec "$PREFIX-node$k" unshare --uts -- /bin/sh -c 'hostname "$0" && exec "$@"' "node$k" "$@"
 }
@@ -128,7 +135,8 @@ while [[ \${1:-} == -* ]]; do shift; done
 host=\${1:?agent: no host given}
 shift
 export RT_CLUSTER_PREFIX=$PREFIX RT_CLUSTER_NET=$NET RT_CLUSTER_STATE=$STATE
-exec $self exec "\$host" /bin/sh -c "\$*"
+# As ssh: a node that is down or cut off from the caller's does not answer (exit 255, ssh's own status).
+exec $self agent-exec "\$host" /bin/sh -c "\$*"
 EOF
   chmod +x "$STATE/agent"
 }
@@ -229,7 +237,8 @@ status() {
   echo "cluster: $n node(s) on $SUBNET; $(tr '\n' ' ' < "$STATE/config")"
   for ((k = 0; k < n; ++k)); do
     local state=up
-    grep -q "state disabled" <<< "$(ip netns exec "$SWITCH" bridge link show dev "sw$k")" && state=partitioned
+    is_partitioned "$k" && state=partitioned
+    is_down "$k" && state=down
     echo "  node$k $(addr_of "$k") $state, $(pids_of "$PREFIX-node$k" | wc -l) process(es)"
   done
 }
@@ -260,13 +269,38 @@ main() {
       read -r -a args <<< "$(mpirun_args)"
       in_node 0 mpirun "${args[@]}" "${pre[@]}" "$@"
       ;;
+    agent-exec)
+      # The launch agent's way in (not for people): exec, refused across a partition as over a network.
+      can_run
+      local k caller
+      k=$(node_index "$1")
+      shift
+      caller=$(hostname)
+      if [[ $caller =~ ^node([0-9]+)$ ]] && ((10#${BASH_REMATCH[1]} != k)) &&
+        { is_partitioned "$k" || is_partitioned "$((10#${BASH_REMATCH[1]}))"; }; then
+        echo "ssh: connect to host node$k: Connection timed out (cluster.sh: partitioned)" >&2
+        exit 255
+      fi
+      in_node "$k" "$@"
+      ;;
     kill)
       can_run
       (($# == 1)) || die "kill: usage: cluster.sh kill NODE"
       local k
       k=$(node_index "$1")
+      : > "$STATE/down-node$k"
       kill_namespace "$PREFIX-node$k"
-      echo "node$k: every process killed"
+      echo "node$k: every process killed; down until cluster.sh revive node$k"
+      ;;
+    revive)
+      can_run
+      (($# == 1)) || die "revive: usage: cluster.sh revive NODE"
+      local k
+      k=$(node_index "$1")
+      is_down "$k" || die "revive: node$k is not down"
+      kill_namespace "$PREFIX-node$k"
+      rm -f "$STATE/down-node$k"
+      echo "node$k: back up"
       ;;
     partition | heal)
       can_run

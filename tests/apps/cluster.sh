@@ -13,6 +13,10 @@
 #   bench        scripts/bench_cluster.py, briefly: its all-reduce table (ring within the link rate, gloo beside)
 #   kill         cluster.sh kill node1 mid-training: non-zero exit within 30 s naming node1
 #   partition    cluster.sh partition node1 mid-training: non-zero exit within --timeout + 30 s naming node1
+#   elastic      ringtrain_run on 2 nodes x 1 rank, node1 killed mid-epoch: the run finishes on node0 alone
+#                with --accum-steps 2 (the same global batch), bitwise equal to a node0-alone run resumed
+#                from the same checkpoint, one restart logged, recovery under 60 s; a second run grows
+#                back to 2 ranks when node1 is revived before its next failure
 set -uo pipefail
 scenario=${1:?scenario}
 src=$(cd "${2:?source dir}" && pwd)
@@ -124,6 +128,18 @@ sys.exit('connected')" || fail "a partitioned node answered"
     grep -q "every process killed" <<< "$("$cluster" kill node1)" || fail "kill"
     wait $! 2> /dev/null
     [[ $(ip netns pids rtt-node1 | wc -l) = 0 ]] || fail "processes survived kill node1"
+    # A killed node stays down (as ssh to a dead machine, nothing enters it) until revived.
+    "$cluster" exec node1 true 2> "$work/err" && fail "exec entered a killed node"
+    grep -q "node1 is down" "$work/err" || fail "exec on a down node: $(cat "$work/err")"
+    grep -q "node1 10.213.8.2 down" <<< "$("$cluster" status)" || fail "status after kill: $("$cluster" status)"
+    "$cluster" revive node1 > /dev/null && "$cluster" exec node1 true || fail "revive"
+    "$cluster" revive node1 2> /dev/null && fail "revive of a node that is up was accepted"
+    # The launch agent (mpirun's ssh) does not get through a partition; exec from outside still does.
+    "$cluster" partition node1 > /dev/null
+    "$cluster" exec node0 "$RT_CLUSTER_STATE/agent" node1 true 2> "$work/err" && fail "the agent crossed a partition"
+    grep -q "Connection timed out" "$work/err" || fail "agent across a partition: $(cat "$work/err")"
+    "$cluster" heal node1 > /dev/null
+    "$cluster" exec node0 "$RT_CLUSTER_STATE/agent" node1 true || fail "the agent after heal"
     "$cluster" down > /dev/null
     "$cluster" down > /dev/null || fail "a second down failed (must be idempotent)"
     grep -q "^rtt-" <<< "$(ip netns list)" && fail "namespaces left after down: $(ip netns list)"
@@ -221,6 +237,72 @@ PY
       fi
       "$cluster" down > /dev/null
     done
+    ;;
+  elastic)
+    up 2
+    "$build/make_shards" synthetic "$work/data" --shape 32x32x3 --count 2000 --classes 10 --shards 2 > /dev/null 2>&1
+    common=(--data "$work/data" -a resnet20 -b 16 --steps 60 --log-every 10 --lr 0.05 --threads 1 --checkpoint-every 5)
+    supervise() {  # NAME ringtrain_run-args...: in the background, from node0, output in $work/NAME.log
+      local name=$1
+      shift
+      ( timeout -k 5 300 "$cluster" exec node0 "$build/ringtrain_run" --mpirun-args "$("$cluster" mpirun-args) -x RINGTRAIN_INJECT" \
+          --probe-timeout 5 "$@" > "$work/$name.log" 2>&1
+        echo $? > "$work/$name.rc" ) &
+    }
+    wait_for() {  # CONDITION [NAME]: until CONDITION holds (false at once if NAME's run has ended)
+      for _ in $(seq 1200); do
+        eval "$1" && return 0
+        [[ -n ${2:-} && -f $work/$2.rc ]] && return 1
+        sleep 0.1
+      done
+      return 1
+    }
+    export RINGTRAIN_INJECT=
+    supervise a --np 2 -- "$build/train_resnet" "${common[@]}" --checkpoint-dir "$work/a" --log-jsonl "$work/a.jsonl"
+    wait_for "[[ -f $work/a/ckpt-step00000010.h5 ]]" a || { cat "$work/a.log"; fail "no step-10 checkpoint"; }
+    t0=$(date +%s.%N)
+    "$cluster" kill node1
+    wait
+    grep "ringtrain_run:" "$work/a.log"
+    [[ $(cat "$work/a.rc") = 0 ]] || { cat "$work/a.log"; fail "the supervised run exited $(cat "$work/a.rc")"; }
+    grep -q "dropped node1; relaunching 1 rank(s) on node0 with --accum-steps 2 (same global batch)" "$work/a.log" ||
+      fail "no restart line dropping node1"
+    grep -q "1 rank(s) on 1 node(s), ring backend, batch 16/rank x 2 accum = 32 global" "$work/a.log" ||
+      fail "the relaunch did not keep the global batch"
+    resumed=$(python3 - "$work/a.jsonl" "$t0" << 'PY'
+import json, sys
+r = [json.loads(l) for l in open(sys.argv[1])]
+restarts = [x for x in r if x["type"] == "restart"]
+assert len(restarts) == 1, restarts
+x = restarts[0]
+assert x["hosts_dropped"] == ["node1"] and x["world_size"] == 1 and x["accum_steps"] == 2 and x["global_batch_kept"], x
+rec = next(x for x in r if x["type"] == "recovered")
+recovery = rec["first_step_time"] - float(sys.argv[2])
+assert 0 < recovery < 60, f"recovery took {recovery:.1f} s"
+assert r[-1]["type"] == "supervisor" and r[-1]["outcome"] == "finished" and r[-1]["restarts"] == 1, r[-1]
+print(rec["resumed_step"])
+print(f"recovery {recovery:.1f} s from the kill to the first step, {rec['lost_steps']} step(s) lost", file=sys.stderr)
+PY
+) || fail "the JSONL log's restart records"
+    ((resumed >= 10)) || fail "resumed from step $resumed, before the step-10 checkpoint"
+    ckpt=$(printf "ckpt-step%08d.h5" "$resumed")
+    timeout -k 5 300 mpirun -np 1 --allow-run-as-root "$build/train_resnet" "${common[@]}" --accum-steps 2 \
+      --checkpoint-dir "$work/b" --resume "$work/a/$ckpt" > "$work/b.log" 2>&1 || { cat "$work/b.log"; fail "node0-alone resume"; }
+    "$build/tests/compare_checkpoints" "$work/a/ckpt-step00000060.h5" "$work/b/ckpt-step00000060.h5" ||
+      fail "the recovered run is not the node0-alone run from $ckpt"
+    # Grow back: node1 is revived while the run goes on alone; the next failure brings it back in.
+    "$cluster" revive node1
+    RINGTRAIN_INJECT=throw:0:40:1 supervise c --np 2 -- "$build/train_resnet" "${common[@]}" --checkpoint-dir "$work/c"
+    wait_for "[[ -f $work/c/ckpt-step00000010.h5 ]]" c || { cat "$work/c.log"; fail "c: no step-10 checkpoint"; }
+    "$cluster" kill node1
+    wait_for "grep -q 'restart 1 is training again' $work/c.log" c || { cat "$work/c.log"; fail "c: no first restart"; }
+    "$cluster" revive node1
+    wait
+    grep "ringtrain_run:" "$work/c.log"
+    [[ $(cat "$work/c.rc") = 0 ]] || { cat "$work/c.log"; fail "c: exit $(cat "$work/c.rc")"; }
+    grep -q "restart 2 of 3: rank 0 (node0): injected failure at step 40; back: node1; relaunching 2 rank(s) on node0, node1 with --accum-steps 1" \
+      "$work/c.log" || fail "c: did not grow back to node1"
+    grep -q "finished after 2 restart(s)" "$work/c.log" || fail "c: no summary"
     ;;
   *) echo "unknown scenario '$scenario'"; exit 2 ;;
 esac

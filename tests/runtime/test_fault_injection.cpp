@@ -2,23 +2,28 @@
 // naming the variable, never ignored) and each fault fires on its rank and step only.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include "runtime/fault_injection.h"
 #include "test_util.h"
 
 namespace ringtrain::runtime {
 namespace {
 
-TEST(FaultInjection, ParsesTheThreeKinds) {
+TEST(FaultInjection, ParsesTheKinds) {
   const auto t = FaultInjection::parse("throw:1:2");
   EXPECT_EQ(t.kind, FaultInjection::Kind::Throw);
   EXPECT_EQ(t.rank, 1);
   EXPECT_EQ(t.step, 2);
   EXPECT_EQ(FaultInjection::parse("desync:0:5").kind, FaultInjection::Kind::Desync);
   EXPECT_EQ(FaultInjection::parse("hang:3:1").kind, FaultInjection::Kind::Hang);
+  EXPECT_EQ(FaultInjection::parse("hang-checkpoint:0:4").kind, FaultInjection::Kind::HangCheckpoint);
+  EXPECT_EQ(t.attempt, -1);
+  EXPECT_EQ(FaultInjection::parse("throw:1:2:3").attempt, 3);
 }
 
 TEST(FaultInjection, RejectsMalformedValuesNamingTheVariable) {
-  for (const char* bad : {"throw", "throw:1", "throw:1:2:3", "boom:1:2", "throw:x:2", "throw:1:", "throw:-1:2",
+  for (const char* bad : {"throw", "throw:1", "throw:1:2:3:4", "throw:1:2:", "throw:1:2:x", "boom:1:2", "hang-checkpoint:1:2", "throw:x:2", "throw:1:", "throw:-1:2",
                           "throw:1:0", "throw:1:2.5", ":1:2", "throw:1:99999999999999999999"}) {
     const std::string e = testing::error_of([&] { FaultInjection::parse(bad); });
     EXPECT_NE(e.find("RINGTRAIN_INJECT"), std::string::npos) << bad << " -> " << e;
@@ -35,6 +40,25 @@ TEST(FaultInjection, FiresOnItsRankAndStepOnly) {
   EXPECT_EQ(d.after_step(0, 3), 4);
   EXPECT_EQ(d.after_step(0, 4), 4);
   EXPECT_EQ(FaultInjection{}.after_step(0, 1), 1);
+  // The checkpoint hang does not fire after the step, only inside the write (which would sleep: not called).
+  EXPECT_FALSE(FaultInjection::parse("hang-checkpoint:0:2").fires(0, 2));
+}
+
+// ATTEMPT: the fault of a supervised run fires on that attempt (RINGTRAIN_RESTART) only, so a restart
+// gets past it; without ATTEMPT it fires on every attempt.
+TEST(FaultInjection, AttemptLimitsTheFaultToOneLaunch) {
+  EXPECT_TRUE(FaultInjection::parse("throw:1:2:0", 0).fires(1, 2));
+  EXPECT_FALSE(FaultInjection::parse("throw:1:2:0", 1).fires(1, 2));
+  EXPECT_EQ(FaultInjection::parse("throw:1:2:0", 1).after_step(1, 2), 2);
+  EXPECT_TRUE(FaultInjection::parse("throw:1:2:1", 1).fires(1, 2));
+  EXPECT_TRUE(FaultInjection::parse("throw:1:2", 5).fires(1, 2));
+  ::setenv("RINGTRAIN_RESTART", "2", 1);
+  ::setenv("RINGTRAIN_INJECT", "throw:0:1:2", 1);
+  EXPECT_TRUE(FaultInjection::from_env().fires(0, 1));
+  ::setenv("RINGTRAIN_RESTART", "two", 1);
+  EXPECT_NE(testing::error_of([] { FaultInjection::from_env(); }).find("RINGTRAIN_RESTART must be"), std::string::npos);
+  ::unsetenv("RINGTRAIN_RESTART");
+  ::unsetenv("RINGTRAIN_INJECT");
 }
 
 }  // namespace

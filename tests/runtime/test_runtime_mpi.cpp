@@ -5,8 +5,11 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <mutex>
 #include <thread>
 
@@ -115,6 +118,13 @@ TEST(CheckIn, ARankOutOfStepIsNamedOnEveryRank) {
             std::string::npos) << e;
   const std::string p = testing::error_of([&] { check_in_step(world(), 5, world().rank() == late ? 99 : 1234); });
   EXPECT_NE(p.find("with a different bucket plan"), std::string::npos) << p;
+}
+
+// The check-in carries one rank's request (rank 0's time-based checkpoint) to every rank.
+TEST(CheckIn, CarriesTheLargestRequestToEveryRank) {
+  EXPECT_EQ(check_in_step(world(), 5, 1234), 0);
+  EXPECT_EQ(check_in_step(world(), 5, 1234, world().rank() == 0 ? 1 : 0), 1);
+  EXPECT_EQ(check_in_step(world(), 5, 1234, world().rank() == world().size() - 1 ? 1 : 0), 1);
 }
 
 // A rank waiting past the timeout asks the others (their watchdog threads answer, even from a rank busy in
@@ -269,6 +279,101 @@ TEST(Trainer, ResumesACustomModelBitwiseExactly) {
   if (world().is_root()) fs::remove_all(dir);
 }
 
+// --checkpoint-every-min: rank 0's clock decides and every rank takes part in the save. A cadence far
+// below one step's time writes one after every step; the steps/epoch cadence is off (epoch end only).
+TEST(Trainer, CheckpointsByTimeOnEveryRanksAgreement) {
+  const fs::path dir = make_dataset("by-time", 96, 10);
+  TrainerOptions o = small_run(dir / "t");
+  o.checkpoint_every = 0;
+  o.checkpoint_every_min = 1e-9;
+  {
+    Trainer trainer(world(), o);
+    auto data = open_shards(dir, {.device = trainer.device()});
+    auto net = small_net(data->info().channels, data->info().classes);
+    EXPECT_EQ(trainer.fit(*net, *data).steps, 6);
+  }
+  if (world().is_root()) {
+    const auto written = CheckpointDir(dir / "t").list();
+    ASSERT_EQ(written.size(), 6u);
+    for (int64_t i = 0; i < 6; ++i) EXPECT_EQ(written[static_cast<size_t>(i)].first, i + 1);
+  }
+  // An hour's cadence writes only the final one in a run of seconds.
+  o = small_run(dir / "h");
+  o.checkpoint_every = 0;
+  o.checkpoint_every_min = 60;
+  {
+    Trainer trainer(world(), o);
+    auto data = open_shards(dir, {.device = trainer.device()});
+    auto net = small_net(data->info().channels, data->info().classes);
+    trainer.fit(*net, *data);
+  }
+  if (world().is_root()) {
+    EXPECT_EQ(CheckpointDir(dir / "h").list().size(), 1u);
+  }
+  o.checkpoint_every_min = std::nan("");
+  EXPECT_NE(testing::error_of([&] { Trainer(world(), o); }).find("--checkpoint-every-min must be 0 (off) or more"),
+            std::string::npos);
+  comm::barrier(world().comm());
+  if (world().is_root()) fs::remove_all(dir);
+}
+
+// What the supervisor acts on: errors about the input are permanent (no restart fixes them), the rest not.
+TEST(Trainer, ErrorsAboutTheInputArePermanent) {
+  auto permanent = [](const std::function<void()>& fn) {
+    try {
+      fn();
+    } catch (const Error& e) {
+      return e.permanent();
+    }
+    ADD_FAILURE() << "no error";
+    return false;
+  };
+  TrainerOptions bad;
+  bad.lr = -1;
+  EXPECT_TRUE(permanent([&] { Trainer(world(), bad); })) << "a bad flag";
+  EXPECT_TRUE(permanent([&] { open_shards("/nonexistent/shards", {}); })) << "missing data";
+  const fs::path dir = make_dataset("permanent", 96, 10);
+  {
+    Trainer trainer(world(), small_run(dir / "a"));
+    auto data = open_shards(dir, {.device = trainer.device()});
+    auto net = small_net(data->info().channels, data->info().classes);
+    trainer.fit(*net, *data);
+  }
+  // A checkpoint of another global batch: refused, permanently, unless --allow-batch-change.
+  TrainerOptions o = small_run(dir / "b");
+  o.batch *= 2;
+  o.resume = (dir / "a" / "ckpt-step00000003.h5").string();
+  {
+    Trainer trainer(world(), o);
+    auto data = open_shards(dir, {.device = trainer.device()});
+    auto net = small_net(data->info().channels, data->info().classes);
+    EXPECT_TRUE(permanent([&] { trainer.fit(*net, *data); }));
+  }
+  o.allow_batch_change = true;
+  {
+    Trainer trainer(world(), o);
+    auto data = open_shards(dir, {.device = trainer.device()});
+    auto net = small_net(data->info().channels, data->info().classes);
+    const TrainResult r = trainer.fit(*net, *data);
+    EXPECT_EQ(r.steps, 6);
+    EXPECT_EQ(r.steps_run, 3);
+  }
+  // An injected throw (what a transient failure looks like) is not permanent.
+  ::setenv("RINGTRAIN_INJECT", detail::str_cat("throw:", world().size() - 1, ":2").c_str(), 1);
+  {
+    TrainerOptions t = small_run(dir / "c");
+    Trainer trainer(world(), t);
+    auto data = open_shards(dir, {.device = trainer.device()});
+    auto net = small_net(data->info().channels, data->info().classes);
+    if (world().size() == 1) {
+      EXPECT_FALSE(permanent([&] { trainer.fit(*net, *data); }));
+    }
+  }
+  ::unsetenv("RINGTRAIN_INJECT");
+  comm::barrier(world().comm());
+  if (world().is_root()) fs::remove_all(dir);
+}
+
 TEST(Trainer, RanksStartedWithDifferentFlagsFailAtOnceNamingTheFlag) {
   if (world().size() < 2) GTEST_SKIP() << "needs 2 or more ranks";
   TrainerOptions o;
@@ -278,6 +383,14 @@ TEST(Trainer, RanksStartedWithDifferentFlagsFailAtOnceNamingTheFlag) {
   EXPECT_NE(e.find("the ranks were started with different flags"), std::string::npos) << e;
   EXPECT_NE(e.find("rank " + std::to_string(world().size() - 1) + " ("), std::string::npos) << e;
   EXPECT_NE(e.find("has --steps 40 where rank 0 has 0"), std::string::npos) << e;
+  EXPECT_TRUE([&] {
+    try {
+      Trainer(world(), o);
+    } catch (const Error& x) {
+      return x.permanent();
+    }
+    return false;
+  }()) << "different flags are an error no restart fixes";
   o = TrainerOptions{};
   o.timeout = 0;
   if (world().rank() == 1) o.log_jsonl = "/tmp/x.jsonl";  // decides whether GPU records are gathered

@@ -1,0 +1,527 @@
+// apps/ringtrain_run: the elastic supervisor. It launches a training job with mpirun and, when the job
+// fails, finds out what failed, drops the hosts that are gone, and relaunches on the survivors from the
+// newest complete checkpoint — keeping the global batch by raising --accum-steps — up to --max-restarts
+// times; errors a restart cannot fix end the run at once:
+//
+//   ringtrain_run --hostfile hosts --np 8 --max-restarts 3 -- ./train_resnet --data /shards -a resnet50
+//       --checkpoint-dir ckpt --checkpoint-every-min 10
+//
+// On the emulated cluster (scripts/cluster.sh) it runs inside node0 and takes the cluster's mpirun options:
+//   scripts/cluster.sh exec node0 ./build/ringtrain_run --mpirun-args "$(scripts/cluster.sh mpirun-args)"
+//       --np 2 -- ./build/train_resnet ...
+// Inside a Slurm allocation without --hostfile the hosts are the allocation's (scontrol show hostnames).
+//
+// The job tells it what it needs through event lines (comm::kEventPrefix, only under a supervisor): its
+// plan, each step, each checkpoint, and every rank's error with whether a restart can fix it. Hosts are
+// probed through the same launch agent mpirun uses (--mca plm_rsh_agent, else ssh; srun under Slurm).
+// The decisions live in runtime/supervisor.h; this file drives the processes. Every restart is one line on
+// stdout and a record in the JSONL log (the job's --log-jsonl unless --log-jsonl is given here).
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/check.h"
+#include "runtime/supervisor.h"
+
+using namespace ringtrain;
+using namespace ringtrain::runtime::supervisor;
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::atomic<int> g_signal{0};
+void on_signal(int sig) { g_signal = sig; }
+
+double unix_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+void say(const std::string& text) {
+  std::printf("ringtrain_run: %s\n", text.c_str());
+  std::fflush(stdout);
+}
+
+std::string join(const std::vector<std::string>& v, const char* sep = " ") {
+  std::string out;
+  for (const auto& s : v) out += (out.empty() ? "" : sep) + s;
+  return out;
+}
+
+std::string names(const std::vector<Host>& hosts) {
+  std::vector<std::string> n;
+  for (const auto& h : hosts) n.push_back(h.slots > 1 ? detail::str_cat(h.name, " (", h.slots, ")") : h.name);
+  return join(n, ", ");
+}
+
+// A child process with its stdout and stderr on pipes (or /dev/null).
+struct Child {
+  pid_t pid = -1;
+  int out = -1, err = -1;
+};
+
+Child spawn(const std::vector<std::string>& argv, bool capture) {
+  int out[2] = {-1, -1}, err[2] = {-1, -1};
+  if (capture) RT_CHECK(::pipe(out) == 0 && ::pipe(err) == 0, "ringtrain_run: pipe failed: ", std::strerror(errno));
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  const pid_t pid = ::fork();
+  RT_CHECK(pid >= 0, "ringtrain_run: fork failed: ", std::strerror(errno));
+  if (pid == 0) {
+    if (capture) {
+      ::dup2(out[1], 1);
+      ::dup2(err[1], 2);
+      ::close(out[0]);
+      ::close(err[0]);
+      ::close(out[1]);
+      ::close(err[1]);
+    } else {
+      const int null = ::open("/dev/null", O_RDWR);
+      ::dup2(null, 0);
+      ::dup2(null, 1);
+      ::dup2(null, 2);
+    }
+    ::execvp(args[0], args.data());
+    std::fprintf(stderr, "ringtrain_run: cannot run '%s': %s\n", args[0], std::strerror(errno));
+    ::_exit(127);
+  }
+  Child c{pid, -1, -1};
+  if (capture) {
+    ::close(out[1]);
+    ::close(err[1]);
+    c.out = out[0];
+    c.err = err[0];
+  }
+  return c;
+}
+
+int exit_status_of(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+// The liveness probe: `true` run on each host through the launch agent, all at once, `timeout_s` at most.
+// Returns the hosts that did not answer.
+std::vector<std::string> probe(const std::vector<Host>& hosts, const std::vector<std::string>& agent, double timeout_s) {
+  char self[256] = {0};
+  ::gethostname(self, sizeof self - 1);
+  std::vector<std::pair<std::string, pid_t>> running;
+  std::vector<std::string> dead;
+  for (const auto& h : hosts) {
+    if (h.name == self || h.name == "localhost" || h.name == "127.0.0.1") continue;  // this host is alive
+    std::vector<std::string> argv = agent;
+    if (!agent.empty() && agent[0] == "srun") argv.push_back("--nodelist=" + h.name);
+    else argv.push_back(h.name);
+    argv.push_back("true");
+    running.emplace_back(h.name, spawn(argv, false).pid);
+  }
+  const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s);
+  for (auto& [name, pid] : running) {
+    int status = 0;
+    for (;;) {
+      const pid_t done = ::waitpid(pid, &status, WNOHANG);
+      if (done == pid) break;
+      if (Clock::now() > deadline) {
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, &status, 0);
+        status = -1;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    if (status != 0) dead.push_back(name);
+  }
+  return dead;
+}
+
+struct Options {
+  std::string hostfile, mpirun_args, mpirun = "mpirun", log_jsonl;
+  int np = 0, max_restarts = 3, min_np = 1, max_np = 0;
+  double restart_delay = 0, probe_timeout = 15;
+  bool allow_batch_change = false;
+  std::vector<std::string> command;
+};
+
+// The hosts: --hostfile, else the hostfile inside --mpirun-args, else the Slurm allocation, else this host.
+std::vector<Host> initial_hosts(const Options& o, const MpirunArgs& m, std::string& source) {
+  const std::string file = !o.hostfile.empty() ? o.hostfile : m.hostfile;
+  if (!file.empty()) {
+    std::ifstream in(file);
+    RT_CHECK(in.good(), "--hostfile: cannot read '", file, "'");
+    std::stringstream text;
+    text << in.rdbuf();
+    source = "hostfile " + file;
+    return parse_hostfile(text.str(), file);
+  }
+  if (const char* nodelist = std::getenv("SLURM_JOB_NODELIST")) {
+    const std::string cmd = detail::str_cat("scontrol show hostnames '", nodelist, "'");
+    std::FILE* p = ::popen(cmd.c_str(), "r");
+    RT_CHECK(p, "ringtrain_run: cannot run scontrol to list the Slurm allocation's hosts");
+    std::string text;
+    char buffer[4096];
+    for (size_t n; (n = std::fread(buffer, 1, sizeof buffer, p)) > 0;) text.append(buffer, n);
+    RT_CHECK(::pclose(p) == 0, "ringtrain_run: '", cmd, "' failed");
+    std::vector<Host> hosts = parse_hostfile(text, "scontrol show hostnames");
+    const char* per_node = std::getenv("SLURM_NTASKS_PER_NODE");
+    const int slots = per_node && std::atoi(per_node) > 0
+                          ? std::atoi(per_node)
+                          : (o.np + static_cast<int>(hosts.size()) - 1) / static_cast<int>(hosts.size());
+    for (auto& h : hosts) h.slots = slots;
+    source = detail::str_cat("the Slurm allocation (", nodelist, ")");
+    return hosts;
+  }
+  char self[256] = {0};
+  ::gethostname(self, sizeof self - 1);
+  source = "this host";
+  return {Host{self, std::max(o.np, o.max_np)}};
+}
+
+std::vector<std::string> probe_agent(const MpirunArgs& m) {
+  if (!m.agent.empty()) {
+    std::vector<std::string> agent = split_words(m.agent.substr(0, m.agent.find(':')));
+    if (!agent.empty() && fs::path(agent[0]).filename() == "ssh")
+      agent.insert(agent.begin() + 1, {"-o", "BatchMode=yes", "-o", "ConnectTimeout=10"});
+    return agent;
+  }
+  if (std::getenv("SLURM_JOB_ID")) return {"srun", "--nodes=1", "--ntasks=1", "--overlap", "--quiet"};
+  return {"ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10"};
+}
+
+class Log {
+ public:
+  explicit Log(const std::string& path) : path_(path) {}
+  void write(json record) {
+    if (path_.empty()) return;
+    record["time"] = unix_now();
+    std::ofstream out(path_, std::ios::app);
+    out << record.dump() << "\n";
+    if (!out.good()) std::fprintf(stderr, "ringtrain_run: warning: cannot append to '%s'\n", path_.c_str());
+  }
+
+ private:
+  std::string path_;
+};
+
+// One launch: runs mpirun, echoes the job's lines (not the event lines), and gathers what failed.
+struct Launch {
+  Failure failure;
+  bool ok = false;
+  int64_t resumed_step = -1;
+  std::string resumed_from;
+  json plan;
+  Clock::time_point end, last_step_at, first_step_at;
+  bool stepped = false;
+  std::vector<std::pair<int64_t, Clock::time_point>> checkpoints;  // (step, when written)
+};
+
+Launch run_once(const std::vector<std::string>& argv, const std::function<void(Launch&)>& on_first_step) {
+  Launch l;
+  Child c = spawn(argv, true);
+  std::string pending[2];
+  bool open[2] = {true, true};
+  bool forwarded = false;
+  auto handle = [&](const std::string& line, bool is_err) {
+    if (auto e = parse_event(line)) {
+      const std::string kind = (*e)["event"];
+      if (kind == "plan") {
+        l.failure.trained = true;
+        l.plan = *e;
+        l.resumed_step = e->value("step", int64_t{0});
+        l.resumed_from = e->value("resumed_from", std::string());
+      } else if (kind == "step") {
+        l.failure.last_step = e->value("step", int64_t{-1});
+        l.last_step_at = Clock::now();
+        if (!l.stepped) {
+          l.stepped = true;
+          l.first_step_at = l.last_step_at;
+          on_first_step(l);
+        }
+      } else if (kind == "checkpoint") {
+        l.checkpoints.emplace_back(e->value("step", int64_t{-1}), Clock::now());
+      } else if (kind == "error") {
+        l.failure.errors.push_back(*e);
+      }
+      return;
+    }
+    std::FILE* to = is_err ? stderr : stdout;
+    std::fprintf(to, "%s\n", line.c_str());
+    std::fflush(to);
+    // mpirun's own account of a lost daemon or a dead rank, for the restart line.
+    if (l.failure.mpirun_says.empty() &&
+        (line.find("mpirun noticed that") != std::string::npos || line.find("Remote daemon") != std::string::npos ||
+         line.find("lost communication with a remote daemon") != std::string::npos)) {
+      std::string text = line;
+      text.erase(0, text.find_first_not_of(" \t"));
+      while (!text.empty() && (text.back() == '.' || text.back() == ' ')) text.pop_back();
+      l.failure.mpirun_says = "mpirun: " + text;
+    }
+  };
+  while (open[0] || open[1]) {
+    if (g_signal && !forwarded) {
+      ::kill(c.pid, g_signal.load());
+      forwarded = true;
+    }
+    pollfd fds[2] = {{c.out, POLLIN, 0}, {c.err, POLLIN, 0}};
+    if (!open[0]) fds[0].fd = -1;
+    if (!open[1]) fds[1].fd = -1;
+    if (::poll(fds, 2, 200) < 0) continue;  // EINTR from a signal: forwarded above
+    for (int k = 0; k < 2; ++k) {
+      if (!open[k] || !(fds[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      char buffer[65536];
+      const ssize_t n = ::read(k == 0 ? c.out : c.err, buffer, sizeof buffer);
+      if (n <= 0) {
+        open[k] = false;
+        if (!pending[k].empty()) handle(pending[k], k == 1);
+        continue;
+      }
+      pending[k].append(buffer, static_cast<size_t>(n));
+      for (size_t nl; (nl = pending[k].find('\n')) != std::string::npos;) {
+        handle(pending[k].substr(0, nl), k == 1);
+        pending[k].erase(0, nl + 1);
+      }
+    }
+  }
+  ::close(c.out);
+  ::close(c.err);
+  int status = 0;
+  while (::waitpid(c.pid, &status, 0) < 0 && errno == EINTR) {
+    if (g_signal && !forwarded) {
+      ::kill(c.pid, g_signal.load());
+      forwarded = true;
+    }
+  }
+  l.end = Clock::now();
+  l.failure.exit_status = exit_status_of(status);
+  l.ok = l.failure.exit_status == 0;
+  return l;
+}
+
+int supervise(Options o) {
+  const MpirunArgs m = parse_mpirun_args(split_words(o.mpirun_args));
+  const JobFlags flags = read_job_flags(o.command);
+  if (o.max_np == 0) o.max_np = o.np;
+  RT_CHECK(o.min_np <= o.np && o.np <= o.max_np, "--min-np ", o.min_np, " <= --np ", o.np, " <= --max-np ", o.max_np,
+           " does not hold");
+  RT_CHECK(o.max_restarts == 0 || !flags.checkpoint_dir.empty(),
+           "the training command has no --checkpoint-dir: a restart would begin the training again from step 0; give "
+           "it one (with --checkpoint-every or --checkpoint-every-min to bound the work a failure loses), or pass "
+           "--max-restarts 0");
+  std::string source;
+  const std::vector<Host> all_hosts = initial_hosts(o, m, source);
+  RT_CHECK(total_slots(all_hosts) >= o.np, "--np ", o.np, " needs ", o.np, " slots but ", source, " gives ",
+           total_slots(all_hosts), " (", names(all_hosts), ")");
+  const std::vector<std::string> agent = probe_agent(m);
+  Log log(!o.log_jsonl.empty() ? o.log_jsonl : flags.log_jsonl);
+  char dir_template[] = "/tmp/ringtrain_run.XXXXXX";
+  RT_CHECK(::mkdtemp(dir_template), "ringtrain_run: cannot make a folder under /tmp: ", std::strerror(errno));
+  const fs::path state = dir_template;
+  struct Cleanup {
+    fs::path dir;
+    ~Cleanup() {
+      std::error_code ec;
+      fs::remove_all(dir, ec);
+    }
+  } cleanup{state};
+
+  std::vector<Host> alive = all_hosts;
+  int np = o.np;
+  int64_t accum = flags.accum;
+  bool batch_changed = false;
+  int64_t base_micro = static_cast<int64_t>(o.np) * flags.accum;  // per-rank batches per optimizer step
+  std::optional<Failure> previous;
+  double recovery_total = 0, lost_work_total = 0;
+  int restarts = 0;
+  // Of the launch that failed last: when it ended and where the run stood.
+  Clock::time_point failed_at{}, failed_last_step_at{};
+  int64_t failed_last_step = -1;
+
+  for (int attempt = 0;; ++attempt) {
+    const std::vector<Host> use = hosts_for(alive, np);
+    const fs::path hostfile = state / detail::str_cat("hosts.", attempt);
+    std::ofstream(hostfile) << hostfile_text(use);
+    std::vector<std::string> argv = {o.mpirun};
+    argv.insert(argv.end(), m.rest.begin(), m.rest.end());
+    for (const std::string& a : {std::string("--hostfile"), hostfile.string(), std::string("-np"), std::to_string(np),
+                                 std::string("-x"), std::string("RINGTRAIN_SUPERVISOR=1"), std::string("-x"),
+                                 detail::str_cat("RINGTRAIN_RESTART=", attempt)})
+      argv.push_back(a);
+    const std::vector<std::string> command = relaunch_command(o.command, flags, accum, attempt > 0, batch_changed);
+    argv.insert(argv.end(), command.begin(), command.end());
+    if (attempt == 0)
+      say(detail::str_cat("launching ", np, " rank(s) on ", names(use), " (from ", source, "), up to ", o.max_restarts,
+                          " restart(s)"));
+    Launch l = run_once(argv, [&](Launch& now) {
+      if (attempt == 0) return;
+      const double from_end = seconds(failed_at, now.first_step_at);
+      const double from_step = failed_last_step >= 0 ? seconds(failed_last_step_at, now.first_step_at) : from_end;
+      recovery_total += from_step;
+      say(detail::str_cat("restart ", attempt, " is training again: resumed at step ", now.resumed_step,
+                          now.resumed_from.empty() ? " (no checkpoint: from the start)" : " from " + now.resumed_from,
+                          "; its first step came ", std::lround(from_end * 10) / 10.0, " s after the failed job ended",
+                          failed_last_step >= 0
+                              ? detail::str_cat(" (", std::lround(from_step * 10) / 10.0, " s after that job's last step)")
+                              : std::string()));
+      log.write({{"type", "recovered"}, {"restart", attempt}, {"resumed_step", now.resumed_step},
+                 {"resumed_from", now.resumed_from}, {"first_step_time", unix_now()},
+                 {"seconds_from_failed_exit", from_end}, {"seconds_from_last_step", from_step},
+                 {"lost_steps", failed_last_step >= 0 ? failed_last_step - now.resumed_step : 0}});
+    });
+    if (l.failure.trained && attempt == 0 && l.plan.contains("world_size") && l.plan.contains("accum_steps"))
+      base_micro = l.plan["world_size"].get<int64_t>() * l.plan["accum_steps"].get<int64_t>();
+    // The work since the checkpoint this launch resumed from is lost once it fails.
+    const auto work_lost_s = [&](const Launch& x, int64_t resume_step) {
+      if (!x.stepped) return 0.0;
+      for (auto it = x.checkpoints.rbegin(); it != x.checkpoints.rend(); ++it)
+        if (it->first == resume_step) return seconds(it->second, x.last_step_at);
+      return seconds(x.first_step_at, x.last_step_at);  // from this launch's first step (an approximation)
+    };
+    if (l.ok) {
+      log.write({{"type", "supervisor"}, {"outcome", "finished"}, {"restarts", restarts}, {"exit_status", 0},
+                 {"time_lost_s", recovery_total + lost_work_total}, {"recovery_s", recovery_total},
+                 {"lost_work_s", lost_work_total}});
+      say(detail::str_cat("finished after ", restarts, " restart(s)",
+                          restarts ? detail::str_cat("; time lost ", std::lround((recovery_total + lost_work_total) * 10) / 10.0,
+                                                     " s (recovery ", std::lround(recovery_total * 10) / 10.0,
+                                                     " s, lost work ", std::lround(lost_work_total * 10) / 10.0, " s)")
+                                   : std::string()));
+      return 0;
+    }
+    auto give_up = [&](int code, const std::string& outcome, const std::string& why) {
+      log.write({{"type", "supervisor"}, {"outcome", outcome}, {"restarts", restarts}, {"exit_status", code},
+                 {"time_lost_s", recovery_total + lost_work_total}, {"recovery_s", recovery_total},
+                 {"lost_work_s", lost_work_total}, {"reason", why}});
+      std::fprintf(stderr, "ringtrain_run: %s\n", why.c_str());
+      std::fflush(stderr);
+      return code;
+    };
+    if (g_signal)
+      return give_up(128 + g_signal, "interrupted",
+                     detail::str_cat("stopped by signal ", g_signal.load(), " (", strsignal(g_signal), "); not restarting"));
+    Failure& f = l.failure;
+    // Every host of the cluster is probed: the lost ones are dropped, ones that came back rejoin.
+    const std::vector<std::string> dead = probe(all_hosts, agent, o.probe_timeout);
+    for (const auto& h : use)
+      if (std::find(dead.begin(), dead.end(), h.name) != dead.end()) f.lost_hosts.push_back(h.name);
+    const std::string what = describe(f);
+    const Verdict verdict = judge(f, previous ? &*previous : nullptr);
+    if (verdict == Verdict::Permanent)
+      return give_up(f.exit_status == 0 ? 1 : f.exit_status, "failed",
+                     detail::str_cat("not restarting: ", what, " — a restart cannot fix this error"));
+    if (verdict == Verdict::NoReason)
+      return give_up(f.exit_status, "failed",
+                     detail::str_cat("not restarting: the job failed before training began (", what,
+                                     ") and every host answers; a restart would fail the same way"));
+    if (attempt >= o.max_restarts)
+      return give_up(f.exit_status, "gave up",
+                     detail::str_cat("giving up: --max-restarts ", o.max_restarts, " used; the last failure: ", what));
+    if (verdict == Verdict::Repeated)
+      return give_up(f.exit_status, "failed",
+                     detail::str_cat("not restarting: the same error came back at step ", f.last_step,
+                                     " after a restart (", what, "); it is not transient"));
+    std::vector<Host> next;
+    for (const auto& h : all_hosts)
+      if (std::find(dead.begin(), dead.end(), h.name) == dead.end()) next.push_back(h);
+    std::string why_not;
+    const auto world = plan_world(o.np, std::max<int64_t>(1, base_micro / o.np), total_slots(next), o.min_np, o.max_np,
+                                  o.allow_batch_change, why_not);
+    if (!world)
+      return give_up(1, "gave up", detail::str_cat("cannot restart after: ", what, ": ", why_not));
+    std::vector<std::string> dropped, back;
+    for (const auto& h : alive)
+      if (std::find_if(next.begin(), next.end(), [&](const Host& x) { return x.name == h.name; }) == next.end())
+        dropped.push_back(h.name);
+    for (const auto& h : next)
+      if (std::find_if(alive.begin(), alive.end(), [&](const Host& x) { return x.name == h.name; }) == alive.end())
+        back.push_back(h.name);
+    // The checkpoint the relaunch will resume: the newest this launch (or an earlier one) wrote.
+    int64_t resume_step = l.resumed_step >= 0 ? l.resumed_step : 0;
+    if (!l.checkpoints.empty()) resume_step = l.checkpoints.back().first;
+    else if (previous && l.resumed_step < 0) resume_step = 0;
+    const double lost_s = work_lost_s(l, resume_step);
+    lost_work_total += lost_s;
+    ++restarts;
+    failed_at = l.end;
+    failed_last_step = f.last_step;
+    failed_last_step_at = l.last_step_at;
+    np = world->np;
+    accum = world->accum;
+    batch_changed = batch_changed || world->batch_changed;
+    alive = next;
+    const int64_t lost_steps = f.last_step >= 0 ? std::max<int64_t>(0, f.last_step - resume_step) : 0;
+    say(detail::str_cat("restart ", attempt + 1, " of ", o.max_restarts, ": ", what,
+                        dropped.empty() ? "" : "; dropped " + join(dropped, ", "),
+                        back.empty() ? "" : "; back: " + join(back, ", "), "; relaunching ", np, " rank(s) on ",
+                        names(hosts_for(alive, np)), " with --accum-steps ", accum,
+                        world->batch_changed ? " (the global batch CHANGES: --allow-batch-change)" : " (same global batch)",
+                        ", --resume auto (",
+                        resume_step > 0 ? detail::str_cat("step ", resume_step) : std::string("no checkpoint yet: from the start"),
+                        "; ", lost_steps, " step(s) of work lost, ", std::lround(lost_s * 10) / 10.0, " s)"));
+    log.write({{"type", "restart"}, {"restart", attempt + 1}, {"max_restarts", o.max_restarts}, {"failure", what},
+               {"exit_status", f.exit_status}, {"hosts_dropped", dropped}, {"hosts_back", back},
+               {"hosts", names(hosts_for(alive, np))}, {"world_size", np}, {"accum_steps", accum},
+               {"global_batch_kept", !world->batch_changed}, {"last_step", f.last_step},
+               {"resume_step", resume_step}, {"lost_steps", lost_steps}, {"lost_work_s", lost_s},
+               {"detect_s", l.stepped ? seconds(l.last_step_at, l.end) : 0.0}});
+    previous = f;
+    if (o.restart_delay > 0) std::this_thread::sleep_for(std::chrono::duration<double>(o.restart_delay));
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Elastic supervisor: runs a training job under mpirun and restarts it on the surviving hosts, from "
+               "its newest checkpoint, when a rank or host fails"};
+  Options o;
+  app.add_option("--hostfile", o.hostfile, "Open MPI hostfile of the hosts to use (else the one in --mpirun-args, "
+                                           "the Slurm allocation, or this host)");
+  app.add_option("--np", o.np, "ranks of the first launch")->required()->check(CLI::Range(1, 1 << 20));
+  app.add_option("--max-restarts", o.max_restarts, "relaunches after failures before giving up")
+      ->capture_default_str()->check(CLI::Range(0, 1000));
+  app.add_option("--min-np", o.min_np, "fewest ranks a relaunch may use")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  app.add_option("--max-np", o.max_np, "most ranks a relaunch may use when hosts come back (0: --np)")
+      ->capture_default_str()->check(CLI::Range(0, 1 << 20));
+  app.add_option("--restart-delay", o.restart_delay, "seconds to wait before a relaunch")->capture_default_str()
+      ->check(CLI::Range(0.0, 86400.0));
+  app.add_option("--probe-timeout", o.probe_timeout, "seconds a host may take to answer the liveness probe")
+      ->capture_default_str()->check(CLI::Range(0.1, 3600.0));
+  app.add_flag("--allow-batch-change", o.allow_batch_change,
+               "relaunch even when the global batch cannot be kept on the ranks left (the training changes)");
+  app.add_option("--mpirun-args", o.mpirun_args, "options passed to every mpirun (one string, split as sh does)");
+  app.add_option("--mpirun", o.mpirun, "the mpirun to run")->capture_default_str();
+  app.add_option("--log-jsonl", o.log_jsonl, "append the restart records here (default: the job's --log-jsonl)");
+  app.add_option("command", o.command, "the training command, after --")->required();
+  CLI11_PARSE(app, argc, argv);
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(sig, &sa, nullptr);
+  try {
+    return supervise(o);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ringtrain_run: %s\n", e.what());
+    return 2;
+  }
+}

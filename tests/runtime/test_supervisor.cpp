@@ -1,0 +1,130 @@
+// Tests for runtime/supervisor.h: the elastic supervisor's decisions — hostfiles, mpirun arguments, the
+// training command's flags, the world of a relaunch (the global batch kept), event lines and the verdict
+// on a failure. The processes themselves are tests/apps/elastic.sh's and the cluster "elastic" scenario's.
+#include "runtime/supervisor.h"
+
+#include <gtest/gtest.h>
+
+#include "test_util.h"
+
+namespace ringtrain::runtime::supervisor {
+namespace {
+
+using json = nlohmann::json;
+
+TEST(Supervisor, ReadsHostfilesNamingTheBadLine) {
+  const auto hosts = parse_hostfile("# the cluster\nnode0 slots=2\n\nnode1 slots=4 max_slots=8  # big\nnode0\n", "h");
+  ASSERT_EQ(hosts.size(), 2u);
+  EXPECT_EQ(hosts[0].name, "node0");
+  EXPECT_EQ(hosts[0].slots, 3) << "a host named twice adds its slots";
+  EXPECT_EQ(hosts[1].slots, 4);
+  EXPECT_EQ(total_slots(hosts), 7);
+  EXPECT_EQ(hostfile_text(hosts_for(hosts, 4)), "node0 slots=3\nnode1 slots=1\n");
+  EXPECT_EQ(hostfile_text(hosts_for(hosts, 2)), "node0 slots=2\n");
+  EXPECT_NE(testing::error_of([] { parse_hostfile("a\nb slots=x\n", "hf"); }).find("hostfile 'hf' line 2: slots must be"),
+            std::string::npos);
+  EXPECT_NE(testing::error_of([] { parse_hostfile("a cores=2\n", "hf"); }).find("expected 'HOST [slots=N]"), std::string::npos);
+  EXPECT_NE(testing::error_of([] { parse_hostfile("# none\n", "hf"); }).find("names no host"), std::string::npos);
+}
+
+TEST(Supervisor, SplitsMpirunArgsAsShDoes) {
+  EXPECT_EQ(split_words("  -x A=1  --mca btl 'tcp,self' \"a b\" c\\ d "),
+            (std::vector<std::string>{"-x", "A=1", "--mca", "btl", "tcp,self", "a b", "c d"}));
+  EXPECT_TRUE(split_words("").empty());
+  EXPECT_NE(testing::error_of([] { split_words("--mca 'x"); }).find("unbalanced ' quote"), std::string::npos);
+  const MpirunArgs m = parse_mpirun_args(split_words("--hostfile /h --mca plm_rsh_agent /a/agent --bind-to none"));
+  EXPECT_EQ(m.hostfile, "/h");
+  EXPECT_EQ(m.agent, "/a/agent");
+  EXPECT_EQ(m.rest, (std::vector<std::string>{"--mca", "plm_rsh_agent", "/a/agent", "--bind-to", "none"}));
+  for (const char* own : {"-np", "-n", "--host", "-H"})
+    EXPECT_NE(testing::error_of([&] { parse_mpirun_args({own, "4"}); }).find(std::string(own) + " is ringtrain_run's to set"),
+              std::string::npos) << own;
+}
+
+TEST(Supervisor, ReadsTheTrainingCommandsFlagsLastOneWins) {
+  const JobFlags f = read_job_flags({"./train", "--accum-steps", "2", "--checkpoint-dir=ck", "--log-jsonl", "l.jsonl",
+                                     "--accum-steps=3", "--resume", "auto"});
+  EXPECT_EQ(f.accum, 3);
+  EXPECT_EQ(f.checkpoint_dir, "ck");
+  EXPECT_EQ(f.log_jsonl, "l.jsonl");
+  EXPECT_EQ(f.resume, "auto");
+  EXPECT_EQ(read_job_flags({"./train"}).accum, 1);
+  EXPECT_NE(testing::error_of([] { read_job_flags({"./t", "--accum-steps", "0"}); }).find("--accum-steps must be"),
+            std::string::npos);
+  EXPECT_NE(testing::error_of([] { read_job_flags({"./t", "--checkpoint-dir"}); }).find("has no value"), std::string::npos);
+  EXPECT_EQ(relaunch_command({"./t", "-b", "8"}, JobFlags{}, 2, true),
+            (std::vector<std::string>{"./t", "-b", "8", "--accum-steps", "2", "--resume", "auto"}));
+  EXPECT_EQ(relaunch_command({"./t"}, JobFlags{}, 1, false), (std::vector<std::string>{"./t"}));
+  EXPECT_EQ(relaunch_command({"./t"}, JobFlags{}, 1, true, true),
+            (std::vector<std::string>{"./t", "--resume", "auto", "--allow-batch-change"}));
+}
+
+// The global batch is base_np x base_accum per-rank batches: a relaunch takes the most ranks that divide it.
+TEST(Supervisor, PlansTheLargestWorldThatKeepsTheGlobalBatch) {
+  std::string why;
+  auto w = plan_world(2, 1, 1, 1, 2, false, why);
+  ASSERT_TRUE(w);
+  EXPECT_EQ(w->np, 1);
+  EXPECT_EQ(w->accum, 2);
+  w = plan_world(8, 1, 7, 1, 8, false, why);  // 7 slots left of 8: 4 ranks x accum 2
+  ASSERT_TRUE(w);
+  EXPECT_EQ(w->np, 4);
+  EXPECT_EQ(w->accum, 2);
+  w = plan_world(4, 2, 16, 1, 8, false, why);  // hosts back, --max-np 8: 8 ranks x accum 1
+  ASSERT_TRUE(w);
+  EXPECT_EQ(w->np, 8);
+  EXPECT_EQ(w->accum, 1);
+  EXPECT_FALSE(plan_world(4, 1, 1, 2, 4, false, why));
+  EXPECT_NE(why.find("only 1 rank slot(s) are left on the hosts that answer, fewer than --min-np 2"), std::string::npos) << why;
+  EXPECT_FALSE(plan_world(3, 1, 2, 2, 3, false, why));
+  EXPECT_NE(why.find("cannot be kept on 2 to 2 ranks"), std::string::npos) << why;
+  w = plan_world(3, 1, 2, 2, 3, true, why);
+  ASSERT_TRUE(w);
+  EXPECT_TRUE(w->batch_changed);
+  EXPECT_EQ(w->np, 2);
+  EXPECT_EQ(w->accum, 2);
+}
+
+TEST(Supervisor, ParsesEventLinesOnly) {
+  auto e = parse_event("ringtrain-event {\"event\":\"step\",\"step\":7}");
+  ASSERT_TRUE(e);
+  EXPECT_EQ((*e)["step"], 7);
+  EXPECT_TRUE(parse_event("[1,0]<stdout>:ringtrain-event {\"event\":\"plan\"}"));
+  EXPECT_FALSE(parse_event("epoch 1/1 step 4/12 loss 2.0"));
+  EXPECT_FALSE(parse_event("ringtrain-event {broken"));
+  EXPECT_FALSE(parse_event("ringtrain-event [1,2]"));
+  EXPECT_FALSE(parse_event("ringtrain-event {\"no_event\":1}"));
+}
+
+TEST(Supervisor, JudgesWhatARestartCanFix) {
+  const json transient = {{"event", "error"}, {"rank", 1}, {"host", "n1"}, {"permanent", false}, {"message", "boom"}};
+  const json permanent = {{"event", "error"}, {"rank", 0}, {"host", "n0"}, {"permanent", true}, {"message", "bad shard"}};
+  Failure f;
+  f.trained = true;
+  f.errors = {transient};
+  f.last_step = 5;
+  EXPECT_EQ(judge(f, nullptr), Verdict::Restart);
+  EXPECT_EQ(describe(f), "rank 1 (n1): boom");
+  Failure again = f;
+  EXPECT_EQ(judge(again, &f), Verdict::Repeated) << "the same error at the same step";
+  again.last_step = 9;
+  EXPECT_EQ(judge(again, &f), Verdict::Restart) << "progress since: transient";
+  f.errors.push_back(permanent);
+  EXPECT_EQ(judge(f, nullptr), Verdict::Permanent);
+  EXPECT_EQ(describe(f), "rank 0 (n0): bad shard") << "the permanent error is the one named";
+  Failure silent;
+  silent.exit_status = 137;
+  EXPECT_EQ(judge(silent, nullptr), Verdict::NoReason) << "failed before training, no word, every host alive";
+  EXPECT_EQ(describe(silent), "the job exited with status 137 and no rank said why");
+  silent.lost_hosts = {"node1"};
+  EXPECT_EQ(judge(silent, nullptr), Verdict::Restart);
+  EXPECT_EQ(describe(silent), "host(s) lost: node1");
+  Failure killed;
+  killed.trained = true;
+  killed.mpirun_says = "mpirun: process rank 0 exited on signal 9";
+  EXPECT_EQ(judge(killed, nullptr), Verdict::Restart) << "a rank died without a word after training began";
+  EXPECT_EQ(describe(killed), "mpirun: process rank 0 exited on signal 9");
+}
+
+}  // namespace
+}  // namespace ringtrain::runtime::supervisor
