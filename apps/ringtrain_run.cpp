@@ -397,10 +397,14 @@ int supervise(Options o) {
         if (it->first == resume_step) return seconds(it->second, x.last_step_at);
       return seconds(x.first_step_at, x.last_step_at);  // from this launch's first step (an approximation)
     };
-    if (l.ok) {
-      log.write({{"type", "supervisor"}, {"outcome", "finished"}, {"restarts", restarts}, {"exit_status", 0},
+    // The run's last record: how it ended and what the failures cost.
+    const auto final_record = [&](int code, const std::string& outcome, const std::string& why) {
+      log.write({{"type", "supervisor"}, {"outcome", outcome}, {"restarts", restarts}, {"exit_status", code},
                  {"time_lost_s", recovery_total + lost_work_total}, {"recovery_s", recovery_total},
-                 {"lost_work_s", lost_work_total}});
+                 {"lost_work_s", lost_work_total}, {"reason", why}});
+    };
+    if (l.ok) {
+      final_record(0, "finished", "");
       say(detail::str_cat("finished after ", restarts, " restart(s)",
                           restarts ? detail::str_cat("; time lost ", std::lround((recovery_total + lost_work_total) * 10) / 10.0,
                                                      " s (recovery ", std::lround(recovery_total * 10) / 10.0,
@@ -409,9 +413,7 @@ int supervise(Options o) {
       return 0;
     }
     auto give_up = [&](int code, const std::string& outcome, const std::string& why) {
-      log.write({{"type", "supervisor"}, {"outcome", outcome}, {"restarts", restarts}, {"exit_status", code},
-                 {"time_lost_s", recovery_total + lost_work_total}, {"recovery_s", recovery_total},
-                 {"lost_work_s", lost_work_total}, {"reason", why}});
+      final_record(code, outcome, why);
       std::fprintf(stderr, "ringtrain_run: %s\n", why.c_str());
       std::fflush(stderr);
       return code;
