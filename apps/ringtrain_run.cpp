@@ -353,6 +353,7 @@ int supervise(Options o) {
   std::optional<Failure> previous;
   double recovery_total = 0, lost_work_total = 0;
   int restarts = 0;
+  int64_t newest_checkpoint = 0;  // the step of the newest checkpoint any launch resumed or wrote
   // Of the launch that failed last: when it ended and where the run stood.
   Clock::time_point failed_at{}, failed_last_step_at{};
   int64_t failed_last_step = -1;
@@ -457,10 +458,10 @@ int supervise(Options o) {
     for (const auto& h : next)
       if (std::find_if(alive.begin(), alive.end(), [&](const Host& x) { return x.name == h.name; }) == alive.end())
         back.push_back(h.name);
-    // The checkpoint the relaunch will resume: the newest this launch (or an earlier one) wrote.
-    int64_t resume_step = l.resumed_step >= 0 ? l.resumed_step : 0;
-    if (!l.checkpoints.empty()) resume_step = l.checkpoints.back().first;
-    else if (previous && l.resumed_step < 0) resume_step = 0;
+    // The checkpoint the relaunch will resume: the newest any launch resumed or wrote.
+    newest_checkpoint = std::max(newest_checkpoint, l.resumed_step);
+    for (const auto& c : l.checkpoints) newest_checkpoint = std::max(newest_checkpoint, c.first);
+    const int64_t resume_step = newest_checkpoint;
     const double lost_s = work_lost_s(l, resume_step);
     lost_work_total += lost_s;
     ++restarts;
@@ -488,6 +489,9 @@ int supervise(Options o) {
                {"detect_s", l.stepped ? seconds(l.last_step_at, l.end) : 0.0}});
     previous = f;
     if (o.restart_delay > 0) std::this_thread::sleep_for(std::chrono::duration<double>(o.restart_delay));
+    if (g_signal)
+      return give_up(128 + g_signal, "interrupted",
+                     detail::str_cat("stopped by signal ", g_signal.load(), " before the relaunch; not restarting"));
   }
 }
 
