@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
+#include <string>
 
 #include "core/check.h"
 
@@ -208,6 +210,22 @@ std::vector<std::string> CheckpointDir::supersede_after(int64_t step) const {
   return renamed;
 }
 
+namespace {
+
+// Whether process `pid` on this host is still running. A killed writer whose parent has not reaped it yet
+// (a zombie: in a container whose init does not reap, for ever) is not: its file is stale.
+bool running(pid_t pid) {
+  if (::kill(pid, 0) != 0) return false;
+  std::ifstream stat(detail::str_cat("/proc/", pid, "/stat"));
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  const size_t paren = text.rfind(')');  // "pid (comm) S ...": the state follows the command's last ')'
+  if (paren == std::string::npos || paren + 2 >= text.size()) return true;
+  const char state = text[paren + 2];
+  return state != 'Z' && state != 'X';
+}
+
+}  // namespace
+
 std::vector<std::string> CheckpointDir::remove_stale_temp_files() const {
   std::vector<std::string> removed;
   std::error_code ec;
@@ -220,7 +238,7 @@ std::vector<std::string> CheckpointDir::remove_stale_temp_files() const {
     // A writer that is still alive on this host is not interrupted (another job sharing the folder).
     const std::string pid = name.substr(tmp + 5);
     if (!pid.empty() && pid.size() < 10 && pid.find_first_not_of("0123456789") == std::string::npos &&
-        std::stol(pid) != ::getpid() && ::kill(static_cast<pid_t>(std::stol(pid)), 0) == 0)
+        std::stol(pid) != ::getpid() && running(static_cast<pid_t>(std::stol(pid))))
       continue;
     if (fs::remove(entry.path(), ec)) removed.push_back(name);
   }

@@ -307,6 +307,7 @@ class Run {
   Clock::time_point step_begin_, run_start_, interval_start_;
   Clock::time_point last_save_;  // rank 0's clock: --checkpoint-every-min counts from here
   bool save_due_ = false;        // rank 0 asked for a time-based checkpoint at the last check-in
+  int64_t saved_step_ = -1;      // the step of the last checkpoint this run wrote
   Clock::time_point backward_start_, backward_end_;  // of the last micro-batch
   double interval_loss_ = 0, interval_weight_ = 0, last_loss_ = 0;
   std::optional<EvalResult> last_eval_;
@@ -592,7 +593,8 @@ bool Run::run_epoch(int64_t epoch) {
   const bool epoch_complete = !done || micro_ >= micro_limit_;
   if (epoch_complete) last_position_ = data::SamplerState{epoch, micro_limit_};
   if ((epoch + 1) % o_.eval_every == 0 || done || epoch + 1 == epochs_) evaluate_now(epoch);
-  if (o_.checkpoint_every == 0 && epoch_complete && !done) save(step_, last_position_);
+  // (A time-based checkpoint may have been written at this very step already.)
+  if (o_.checkpoint_every == 0 && epoch_complete && !done && saved_step_ != step_) save(step_, last_position_);
   return done;
 }
 
@@ -758,6 +760,7 @@ void Run::save(int64_t at_step, const data::SamplerState& pos) {
   }
   comm::agree_or_throw(world_.comm(), error, "writing the checkpoint");
   last_save_ = Clock::now();
+  saved_step_ = at_step;
   if (root_) comm::supervisor_event(json{{"event", "checkpoint"}, {"step", at_step}, {"path", written}}.dump());
 }
 

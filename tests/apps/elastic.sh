@@ -11,6 +11,7 @@
 #   lost host   a host that does not answer (a launch agent that fails for it, as ssh to a dead machine)
 #               is dropped: 2 ranks become 1 with --accum-steps 2; --min-np 2 refuses, saying so; a global
 #               batch that cannot be kept is refused unless --allow-batch-change
+#   slurm       without --hostfile, the hosts of the Slurm allocation (a stand-in scontrol)
 #   usage       no --checkpoint-dir, -np inside --mpirun-args: refused before anything runs
 set -euo pipefail
 build=$(cd "$1" && pwd); work=$2
@@ -120,6 +121,15 @@ sup --hostfile hosts3 --np 3 --min-np 2 --allow-batch-change --mpirun-args "--ov
   "$build/train_resnet" "${common[@]}" --checkpoint-dir o > o.log 2>&1 || { cat o.log; fail "batch change: exit non-zero"; }
 grep -q "relaunching 2 rank(s) on localhost (2) with --accum-steps 2 (the global batch CHANGES" o.log || { cat o.log; fail "batch change"; }
 echo "lost host: dropped, same global batch on 1 rank; --min-np and an unkeepable global batch refused"
+
+# ---- Slurm: without --hostfile the hosts are the allocation's (a stand-in scontrol names this host)
+mkdir -p bin
+printf '#!/bin/sh\n[ "$1 $2" = "show hostnames" ] && [ "$3" = "fake[1]" ] && echo localhost\n' > bin/scontrol
+chmod +x bin/scontrol
+PATH="$PWD/bin:$PATH" SLURM_JOB_NODELIST='fake[1]' SLURM_NTASKS_PER_NODE=2 sup --np 2 --mpirun-args --oversubscribe -- \
+  "$build/train_resnet" "${common[@]}" --checkpoint-dir s > s.log 2>&1 || { cat s.log; fail "slurm: exit non-zero"; }
+grep -q "launching 2 rank(s) on localhost (2) (from the Slurm allocation (fake\[1\]))" s.log || { cat s.log; fail "slurm hosts"; }
+echo "slurm: the allocation's hosts"
 
 # ---- usage
 if sup --np 2 -- "$build/train_resnet" --synthetic > x.log 2>&1; then fail "usage: no --checkpoint-dir accepted"; fi

@@ -3,6 +3,7 @@
 // TrainState's round trip and its errors naming the file and key, and the sampler position converted
 // across world sizes.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -104,6 +105,25 @@ TEST_F(CheckpointDirTest, RemovesTemporaryFilesOfInterruptedWrites) {
   EXPECT_TRUE(fs::exists(dir_ / live));
   EXPECT_TRUE(fs::exists(dir_ / ".other.tmp-1"));
   EXPECT_TRUE(fs::exists(d.path(2)));
+}
+
+// A writer killed with kill -9 stays a zombie until its parent reaps it (for ever, in a container whose
+// init does not): its file is stale all the same, or the relaunch after the kill would keep it.
+TEST_F(CheckpointDirTest, AZombieWritersFileIsStale) {
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) ::_exit(0);
+  for (int i = 0; i < 200; ++i) {  // until the child has exited (a zombie: not yet waited for)
+    std::ifstream stat("/proc/" + std::to_string(child) + "/stat");
+    std::string line;
+    std::getline(stat, line);
+    if (line.find(") Z") != std::string::npos) break;
+    ::usleep(10000);
+  }
+  const std::string zombie = ".ckpt-step00000007.h5.tmp-" + std::to_string(child);
+  std::ofstream(dir_ / zombie) << "partial";
+  EXPECT_EQ(CheckpointDir(dir_).remove_stale_temp_files(), (std::vector<std::string>{zombie}));
+  ::waitpid(child, nullptr, 0);
 }
 
 TEST_F(CheckpointDirTest, AnUnusableFolderIsAnErrorNamingTheFlag) {
