@@ -395,7 +395,7 @@ int supervise(Options o) {
     const auto work_lost_s = [&](const Launch& x, int64_t resume_step) {
       if (!x.stepped) return 0.0;
       for (auto it = x.checkpoints.rbegin(); it != x.checkpoints.rend(); ++it)
-        if (it->first == resume_step) return seconds(it->second, x.last_step_at);
+        if (it->first == resume_step) return std::max(0.0, seconds(it->second, x.last_step_at));
       return seconds(x.first_step_at, x.last_step_at);  // from this launch's first step (an approximation)
     };
     // The run's last record: how it ended and what the failures cost.
