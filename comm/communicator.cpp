@@ -39,6 +39,42 @@ std::string Communicator::describe() const {
   return detail::str_cat(backend_name(backend()), " over ", size_, " rank(s)");
 }
 
+std::pair<int64_t, int64_t> Communicator::shard(int64_t count) const {
+  return {count * rank_ / size_, count * (rank_ + 1) / size_};
+}
+
+namespace {
+
+// Several operations waited for as one.
+class AllWork final : public Work {
+ public:
+  explicit AllWork(std::vector<WorkPtr> parts) : parts_(std::move(parts)) {}
+  void wait() override {
+    for (auto& w : parts_) w->wait();
+  }
+  bool test() override {
+    return std::all_of(parts_.begin(), parts_.end(), [](const WorkPtr& w) { return w->test(); });
+  }
+
+ private:
+  std::vector<WorkPtr> parts_;
+};
+
+}  // namespace
+
+WorkPtr Communicator::reduce_scatter_shard_async(const Tensor& t, ReduceOp op) { return all_reduce_async(t, op); }
+
+WorkPtr Communicator::all_gather_shard_async(const Tensor& t) {
+  check_collective_tensor("all_gather_shard", t, rank_);
+  const Tensor flat = t.flatten();
+  std::vector<WorkPtr> parts;
+  for (int r = 0; r < size_; ++r) {
+    const int64_t first = flat.numel() * r / size_, last = flat.numel() * (r + 1) / size_;  // shard() of rank r
+    if (last > first) parts.push_back(broadcast_async(flat.slice(first, last), r));
+  }
+  return std::make_shared<AllWork>(std::move(parts));
+}
+
 Communicator::Communicator(MPI_Comm parent) {
   int initialized = 0;
   MPI_CHECK(MPI_Initialized(&initialized));

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/host_collectives.h"
@@ -99,6 +100,20 @@ class Communicator {
   // in (size * out.numel() elements): out = block `rank` of the reduction of every rank's `in`.
   virtual WorkPtr reduce_scatter_async(const Tensor& in, const Tensor& out, ReduceOp op = ReduceOp::Sum) = 0;
   virtual void barrier() = 0;
+
+  // The two halves of all_reduce_async, for a sharded optimizer (ZeRO-1), in place and in this backend's
+  // own segment ownership, so that the two in sequence give all_reduce's bits exactly (each element is
+  // summed in the same order and scaled once, as all_reduce does):
+  //   shard(count): the elements [first, second) this rank owns of a buffer of `count` elements (the
+  //     ranks' shards partition [0, count); some may be empty);
+  //   reduce_scatter_shard_async(t, op): afterwards t's own shard holds the full reduction; the rest of t
+  //     is scratch;
+  //   all_gather_shard_async(t): every rank's own shard of t to every rank.
+  // The ring and hierarchical backends move half an all-reduce's traffic in each; the others reduce
+  // everything in the first half and broadcast each shard from its owner in the second.
+  virtual std::pair<int64_t, int64_t> shard(int64_t count) const;
+  virtual WorkPtr reduce_scatter_shard_async(const Tensor& t, ReduceOp op = ReduceOp::Sum);
+  virtual WorkPtr all_gather_shard_async(const Tensor& t);
 
   // Collective: waits for every operation submitted so far, then releases what the communicator holds
   // (its thread, its MPI and NCCL communicators); later operations are errors naming the communicator as

@@ -328,6 +328,40 @@ WorkPtr HostCommunicator::reduce_scatter_async(const Tensor& in, const Tensor& o
                 });
 }
 
+WorkPtr HostCommunicator::reduce_scatter_shard_async(const Tensor& t, ReduceOp op) {
+  check_collective_tensor("reduce_scatter_shard", t, rank_);
+  RT_CHECK(reducible(t.dtype(), op), "reduce_scatter_shard on rank ", rank_, ": dtype ", t.dtype(), " cannot be ",
+           op == ReduceOp::Sum ? "summed" : "averaged", " (", t.describe(), ")");
+  auto stage = std::make_shared<HostStage>(t, true);
+  return submit(op_text("reduce_scatter_shard", t), [this, stage, op, count = t.numel(), dtype = t.dtype()] {
+    void* data = stage->begin();
+    host_reduce_scatter_shard(data, count, dtype, op);
+    stage->end();
+  });
+}
+
+WorkPtr HostCommunicator::all_gather_shard_async(const Tensor& t) {
+  check_collective_tensor("all_gather_shard", t, rank_);
+  auto stage = std::make_shared<HostStage>(t, true);
+  return submit(op_text("all_gather_shard", t), [this, stage, count = t.numel(), dtype = t.dtype()] {
+    void* data = stage->begin();
+    host_all_gather_shard(data, count, dtype);
+    stage->end();
+  });
+}
+
+void HostCommunicator::host_reduce_scatter_shard(void* data, int64_t count, DType dtype, ReduceOp op) {
+  host_all_reduce(data, count, dtype, op);
+}
+
+void HostCommunicator::host_all_gather_shard(void* data, int64_t count, DType dtype) {
+  const int64_t es = dtype_size(dtype);
+  for (int r = 0; r < size_; ++r) {
+    const int64_t first = count * r / size_, last = count * (r + 1) / size_;  // Communicator::shard of rank r
+    if (last > first) host_broadcast(static_cast<char*>(data) + first * es, (last - first) * es, r);
+  }
+}
+
 void HostCommunicator::barrier() {
   submit("barrier", [this] { MPI_CHECK(MPI_Barrier(comm_)); })->wait();
 }

@@ -47,6 +47,8 @@ class HostCommunicator : public Communicator {
   WorkPtr broadcast_async(const Tensor& t, int root) override;
   WorkPtr all_gather_async(const Tensor& in, const Tensor& out) override;
   WorkPtr reduce_scatter_async(const Tensor& in, const Tensor& out, ReduceOp op) override;
+  WorkPtr reduce_scatter_shard_async(const Tensor& t, ReduceOp op) override;
+  WorkPtr all_gather_shard_async(const Tensor& t) override;
   void barrier() override;
   void close() override;
   bool release_local() noexcept override;
@@ -64,6 +66,10 @@ class HostCommunicator : public Communicator {
   virtual void host_all_gather(const void* in, void* out, int64_t bytes_per_rank) = 0;
   virtual void host_reduce_scatter(const void* in, void* out, int64_t count_per_rank, DType dtype,
                                    ReduceOp op) = 0;
+  // The halves of host_all_reduce over shard(); by default the whole all-reduce, then a broadcast of each
+  // rank's shard from its owner.
+  virtual void host_reduce_scatter_shard(void* data, int64_t count, DType dtype, ReduceOp op);
+  virtual void host_all_gather_shard(void* data, int64_t count, DType dtype);
   // Derived destructors call it first, while their members are still alive: release_local(), and when
   // that cannot stop the thread (the object was destroyed directly, not through make_communicator's
   // deleter), the thread is detached.

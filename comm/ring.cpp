@@ -122,6 +122,22 @@ class RingCommunicator final : public HostCommunicator {
     return detail::str_cat("hierarchical asked, flat ring over ", size_, " rank(s): ", flat_reason_);
   }
 
+  // After ring_reduce with shift 0 rank r owns segment r + 1; hierarchically, its rail's segment
+  // rail_rank + 1 of the node's slice local_rank.
+  std::pair<int64_t, int64_t> shard(int64_t count) const override {
+    if (size_ == 1) return {0, count};
+    if (!hierarchical_) {
+      const auto offs = balanced_segments(count, size_);
+      const int k = world_.wrap(rank_ + 1);
+      return {offs[k], offs[k + 1]};
+    }
+    const auto slices = balanced_segments(count, node_.size);
+    const int64_t first = slices[node_.rank], length = slices[node_.rank + 1] - first;
+    const auto offs = balanced_segments(length, rail_.size);
+    const int k = rail_.wrap(rail_.rank + 1);
+    return {first + offs[k], first + offs[k + 1]};
+  }
+
  protected:
   void host_all_reduce(void* data, int64_t count, DType dtype, ReduceOp op) override {
     if (size_ == 1 || count == 0) return;
@@ -136,6 +152,31 @@ class RingCommunicator final : public HostCommunicator {
     if (length > 0)
       ring_reduce(rail_, d + first * es, balanced_segments(length, rail_.size), dtype, op, size_, 0, true);
     // 3. Inside the node: every local rank's finished slice to every local rank.
+    all_gather_phase(node_, d, slices, es, node_.size - 1);
+  }
+
+  // The first half of host_all_reduce, stopped where every rank owns its final segment.
+  void host_reduce_scatter_shard(void* data, int64_t count, DType dtype, ReduceOp op) override {
+    if (size_ == 1 || count == 0) return;
+    char* d = static_cast<char*>(data);
+    if (!hierarchical_) return ring_reduce(world_, d, balanced_segments(count, size_), dtype, op, size_, 0, false);
+    const int64_t es = dtype_size(dtype);
+    const std::vector<int64_t> slices = balanced_segments(count, node_.size);
+    ring_reduce(node_, d, slices, dtype, ReduceOp::Sum, 1, node_.size - 1, false);
+    const int64_t first = slices[node_.rank], length = slices[node_.rank + 1] - first;
+    if (length > 0)
+      ring_reduce(rail_, d + first * es, balanced_segments(length, rail_.size), dtype, op, size_, 0, false);
+  }
+
+  // The second half: the all-gathers host_all_reduce runs after its reductions.
+  void host_all_gather_shard(void* data, int64_t count, DType dtype) override {
+    if (size_ == 1 || count == 0) return;
+    char* d = static_cast<char*>(data);
+    const int64_t es = dtype_size(dtype);
+    if (!hierarchical_) return all_gather_phase(world_, d, balanced_segments(count, size_), es, 0);
+    const std::vector<int64_t> slices = balanced_segments(count, node_.size);
+    const int64_t first = slices[node_.rank], length = slices[node_.rank + 1] - first;
+    if (length > 0) all_gather_phase(rail_, d + first * es, balanced_segments(length, rail_.size), es, 0);
     all_gather_phase(node_, d, slices, es, node_.size - 1);
   }
 

@@ -4,10 +4,12 @@
 // submission order, and bad arguments are errors naming the tensor and rank.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <chrono>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -132,6 +134,43 @@ TEST_P(Collectives, BroadcastAllGatherReduceScatter) {
     const auto scattered = as_f64(mine);
     for (int64_t i = 0; i < count; ++i)
       ASSERT_EQ(scattered[i], expected_sum(r * count + i, n)) << "reduce_scatter element " << i;
+  }
+}
+
+// ZeRO's halves: the shards partition the buffer, reduce_scatter_shard leaves all_reduce's bits in this
+// rank's shard, and all_gather_shard then restores all_reduce's whole result even when everything
+// outside the shard was overwritten in between (the optimizer writes only its own shard).
+TEST_P(Collectives, ShardHalvesGiveTheAllReducesBits) {
+  const int n = comm->size(), r = comm->rank();
+  for (DType dt : {DType::F32, DType::F64, DType::BF16}) {
+    for (int64_t count : kCounts) {
+      const auto [first, last] = comm->shard(count);
+      ASSERT_LE(0, first);
+      ASSERT_LE(first, last);
+      ASSERT_LE(last, count);
+      // The shards of all ranks cover [0, count) once.
+      const int64_t mine[2] = {first, last};
+      const std::vector<int64_t> all = all_gather(World::init().comm(), std::span<const int64_t>(mine, 2));
+      std::vector<int> covered(static_cast<size_t>(count), 0);
+      for (int k = 0; k < n; ++k)
+        for (int64_t i = all[2 * k]; i < all[2 * k + 1]; ++i) ++covered[static_cast<size_t>(i)];
+      ASSERT_TRUE(std::all_of(covered.begin(), covered.end(), [](int c) { return c == 1; })) << dt << " count " << count;
+      for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Average}) {
+        Tensor a = Tensor::uniform(Shape{count}, -1, 1, 77 + r + static_cast<uint64_t>(count), dt);
+        Tensor b = a.clone();
+        comm->all_reduce(a, op);
+        comm->reduce_scatter_shard_async(b, op)->wait();
+        const int64_t es = dtype_size(dt);
+        ASSERT_EQ(std::memcmp(static_cast<char*>(a.data_ptr()) + first * es, static_cast<char*>(b.data_ptr()) + first * es,
+                              static_cast<size_t>((last - first) * es)), 0)
+            << dt << " count " << count << ": the reduced shard differs from all_reduce's";
+        Tensor c = Tensor::full(Shape{count}, 12345.0, dt);  // what is not this rank's shard: garbage
+        if (last > first) c.slice(first, last).copy_(b.slice(first, last));
+        comm->all_gather_shard_async(c)->wait();
+        ASSERT_EQ(std::memcmp(a.data_ptr(), c.data_ptr(), a.nbytes()), 0) << dt << " count " << count
+                                                                           << ": the gathered buffer differs";
+      }
+    }
   }
 }
 
