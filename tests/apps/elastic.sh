@@ -5,7 +5,8 @@
 #               the newest checkpoint and ends bitwise equal to a run that never failed; one restart logged
 #   checkpoint  kill -9 of the job while rank 0 writes a checkpoint: the previous one is used, the half
 #               written file removed, and the run again ends bitwise equal to the uninterrupted one
-#   corrupt     a corrupt data shard is not retried: non-zero exit at once, naming the file
+#   corrupt     a corrupt data shard is not retried: non-zero exit at once, naming the file; nor are a
+#               checkpoint of another model and a non-finite loss
 #   exhausted   a failure on every launch: --max-restarts 1 gives up naming the last failure; with more
 #               restarts the same error at the same step stops it after the second launch
 #   lost host   a host that does not answer (a launch agent that fails for it, as ssh to a dead machine)
@@ -75,6 +76,18 @@ grep -q "ringtrain_run: not restarting: rank [01] ([^)]*): .*train-00001-of-0000
   { cat c.log; fail "corrupt: no refusal naming the shard"; }
 grep -q "restart 1" c.log && fail "corrupt: it was retried"
 echo "corrupt: not retried, the shard named, $(($(date +%s) - start)) s"
+
+# ---- more errors no restart fixes: a checkpoint of another model, a diverged run
+if sup --np 2 --mpirun-args --oversubscribe -- "$build/train_resnet" "${common[@]}" -a resnet32 --checkpoint-dir u \
+     --resume auto > w.log 2>&1; then fail "wrong model: exit 0"; fi
+grep -q "not restarting: rank 0 ([^)]*): --resume u/ckpt-step00000012.h5: the checkpoint was written with --arch \"resnet20\" but this run has \"resnet32\"" w.log ||
+  { cat w.log; fail "wrong model: no refusal"; }
+if sup --np 2 --mpirun-args --oversubscribe -- "$build/train_resnet" "${common[@]}" --lr 1e30 --checkpoint-dir d > d.log 2>&1; then
+  fail "diverged: exit 0"
+fi
+grep -q "not restarting: rank 0 ([^)]*): non-finite loss" d.log || { cat d.log; fail "diverged: no refusal"; }
+for log in w d; do grep -q "restart 1" $log.log && fail "$log: it was retried"; done
+echo "permanent: a checkpoint of another model and a non-finite loss are not retried"
 
 # ---- exhausted
 if RINGTRAIN_INJECT=throw:1:2 sup --np 2 --max-restarts 1 --mpirun-args "--oversubscribe -x RINGTRAIN_INJECT" -- \
