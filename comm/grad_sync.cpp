@@ -39,6 +39,8 @@ struct Param {
 struct Bucket {
   BucketInfo info;
   Tensor flat, wire;  // wire: compressed copy (undefined without compression)
+  Tensor values;      // ZeRO-1: the parameters' values, flat, for their all-gather
+
   std::vector<int> params;
   int pending = 0;
   WorkPtr work;
@@ -65,6 +67,7 @@ struct GradSync::State {
   double last_wait = 0;
   int launched_early = 0;
   std::vector<GradSync::BucketTiming> timings;
+  std::vector<ShardPiece> pieces;  // ZeRO-1
   std::mutex mutex;  // hooks and finish() may come from different threads
 
   void check_same_model();
@@ -172,8 +175,13 @@ void GradSync::State::plan() {
     b.info.numel += t.numel();
     b.info.bytes += t.nbytes();
   }
+  RT_CHECK(options.zero_stage == 0 || options.zero_stage == 1, "GradSync: zero_stage must be 0 or 1, got ",
+           options.zero_stage);
+  RT_CHECK(options.zero_stage == 0 || options.compression == Compression::None,
+           "GradSync: ZeRO-1 (zero_stage 1) does not combine with gradient compression");
   for (Bucket& b : buckets) {
     b.flat = Tensor::zeros(Shape{b.info.numel}, b.info.dtype, b.info.device);
+    if (options.zero_stage == 1) b.values = Tensor::zeros(Shape{b.info.numel}, b.info.dtype, b.info.device);
     if (options.compression != Compression::None) {
       const DType wire = options.compression == Compression::BF16 ? DType::BF16 : DType::F16;
       RT_CHECK(is_floating(b.info.dtype), "GradSync: compression needs floating gradients; bucket of ",
@@ -192,6 +200,18 @@ void GradSync::State::plan() {
     b.pending = static_cast<int>(b.params.size());
     infos.push_back(b.info);
   }
+  if (options.zero_stage != 1) return;
+  for (int k = 0; k < static_cast<int>(buckets.size()); ++k) {
+    Bucket& b = buckets[k];
+    const auto [lo, hi] = comm->shard(b.info.numel);
+    int64_t offset = 0;
+    for (int i : b.params) {
+      const int64_t n = params[i].tensor.numel(), a = std::max(lo, offset), e = std::min(hi, offset + n);
+      if (a < e)
+        pieces.push_back({params[i].name, i, k, a - offset, e - offset, a, b.flat.slice(a, e)});
+      offset += n;
+    }
+  }
 }
 
 void GradSync::State::ensure_view(Param& p) {
@@ -209,6 +229,8 @@ void GradSync::State::launch(int index) {
   if (b.wire.defined()) {
     b.wire.copy_(b.flat);
     b.work = comm->all_reduce_async(b.wire, ReduceOp::Average);
+  } else if (options.zero_stage == 1) {
+    b.work = comm->reduce_scatter_shard_async(b.flat, ReduceOp::Average);
   } else {
     b.work = comm->all_reduce_async(b.flat, ReduceOp::Average);
   }
@@ -354,6 +376,40 @@ void GradSync::average_buffers() {
     work.push_back(is_floating(t.dtype()) ? s.comm->all_reduce_async(t, ReduceOp::Average)
                                           : s.comm->broadcast_async(t, 0));
   for (auto& w : work) w->wait();
+}
+
+const std::vector<ShardPiece>& GradSync::shard_pieces() const { return state_->pieces; }
+int GradSync::zero_stage() const { return state_->options.zero_stage; }
+
+std::vector<std::pair<std::string, Tensor>> GradSync::parameters() const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (const auto& p : state_->params) out.emplace_back(p.name, p.tensor);
+  return out;
+}
+
+void GradSync::gather_parameters(const std::vector<Tensor>& values) {
+  State& s = *state_;
+  RT_CHECK(s.options.zero_stage == 1, "GradSync::gather_parameters needs zero_stage 1");
+  RT_CHECK(values.size() == s.pieces.size(), "GradSync::gather_parameters: ", values.size(), " values for ",
+           s.pieces.size(), " shard pieces");
+  NoGradGuard no_grad;
+  for (size_t i = 0; i < s.pieces.size(); ++i) {
+    const ShardPiece& p = s.pieces[i];
+    s.buckets[p.bucket].values.slice(p.bucket_offset, p.bucket_offset + (p.end - p.begin)).copy_(values[i].flatten());
+  }
+  std::vector<WorkPtr> work;
+  for (Bucket& b : s.buckets) work.push_back(s.comm->all_gather_shard_async(b.values));
+  for (size_t k = 0; k < s.buckets.size(); ++k) {
+    work[k]->wait();
+    Bucket& b = s.buckets[k];
+    int64_t offset = 0;
+    for (int i : b.params) {
+      Param& p = s.params[i];
+      const int64_t n = p.tensor.numel();
+      p.tensor.detach().copy_(b.values.slice(offset, offset + n).view(p.tensor.shape()));
+      offset += n;
+    }
+  }
 }
 
 const std::vector<BucketInfo>& GradSync::buckets() const { return state_->infos; }

@@ -49,6 +49,21 @@ struct GradSyncOptions {
   Compression compression = Compression::None;
   // Launch buckets during backward. Off: everything is reduced in finish() (for measuring overlap).
   bool overlap = true;
+  // ZeRO stage 1: each bucket's gradients are reduce-scattered (Communicator::reduce_scatter_shard_async)
+  // instead of all-reduced, so after finish() only this rank's shard of each bucket holds the average
+  // (the rest of every .grad is scratch); a sharded optimizer (comm/zero.h) updates that shard and
+  // gather_parameters() all-gathers the result into every parameter. The arithmetic of each element is the
+  // all-reduce's, so training is bitwise the unsharded training. Not with compression.
+  int zero_stage = 0;
+};
+
+// ZeRO-1: a piece of this rank's shard: elements [begin, end) of one parameter (flattened), at
+// bucket_offset in its bucket.
+struct ShardPiece {
+  std::string name;
+  int param = -1, bucket = -1;  // indices in registration order / in buckets()
+  int64_t begin = 0, end = 0, bucket_offset = 0;
+  Tensor grad;                  // 1-D view of the bucket's gradient buffer (valid after finish())
 };
 
 struct BucketInfo {
@@ -92,6 +107,15 @@ class GradSync {
   // Averages the floating buffers (BatchNorm running statistics) over ranks; integer buffers are copied
   // from rank 0. Call before evaluating or saving when BatchNorm is not synchronised.
   void average_buffers();
+
+  // ZeRO-1 (zero_stage 1): this rank's pieces of every bucket, in bucket order; at most one per parameter.
+  const std::vector<ShardPiece>& shard_pieces() const;
+  // ZeRO-1, collective: after the sharded optimizer wrote `values` (one 1-D tensor per shard piece, the
+  // piece's updated elements), every rank's pieces are all-gathered into every parameter.
+  void gather_parameters(const std::vector<Tensor>& values);
+  int zero_stage() const;
+  // The parameters in registration order (what ShardPiece::param indexes).
+  std::vector<std::pair<std::string, Tensor>> parameters() const;
 
   const std::vector<BucketInfo>& buckets() const;
   const Communicator& communicator() const;
