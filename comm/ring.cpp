@@ -141,31 +141,16 @@ class RingCommunicator final : public HostCommunicator {
  protected:
   void host_all_reduce(void* data, int64_t count, DType dtype, ReduceOp op) override {
     if (size_ == 1 || count == 0) return;
-    char* d = static_cast<char*>(data);
-    if (!hierarchical_) return ring_reduce(world_, d, balanced_segments(count, size_), dtype, op, size_, 0, true);
-    // 1. Inside the node: local rank l ends with the node's sum of slice l (shift P-1 makes it slice l).
-    const int64_t es = dtype_size(dtype);
-    const std::vector<int64_t> slices = balanced_segments(count, node_.size);
-    ring_reduce(node_, d, slices, dtype, ReduceOp::Sum, 1, node_.size - 1, false);
-    // 2. Across nodes, on this local rank's rail: slice l's full reduction, averaged once by every rank.
-    const int64_t first = slices[node_.rank], length = slices[node_.rank + 1] - first;
-    if (length > 0)
-      ring_reduce(rail_, d + first * es, balanced_segments(length, rail_.size), dtype, op, size_, 0, true);
+    reduce(static_cast<char*>(data), count, dtype, op, true);
     // 3. Inside the node: every local rank's finished slice to every local rank.
-    all_gather_phase(node_, d, slices, es, node_.size - 1);
+    if (hierarchical_) all_gather_phase(node_, static_cast<char*>(data), balanced_segments(count, node_.size),
+                                        dtype_size(dtype), node_.size - 1);
   }
 
   // The first half of host_all_reduce, stopped where every rank owns its final segment.
   void host_reduce_scatter_shard(void* data, int64_t count, DType dtype, ReduceOp op) override {
     if (size_ == 1 || count == 0) return;
-    char* d = static_cast<char*>(data);
-    if (!hierarchical_) return ring_reduce(world_, d, balanced_segments(count, size_), dtype, op, size_, 0, false);
-    const int64_t es = dtype_size(dtype);
-    const std::vector<int64_t> slices = balanced_segments(count, node_.size);
-    ring_reduce(node_, d, slices, dtype, ReduceOp::Sum, 1, node_.size - 1, false);
-    const int64_t first = slices[node_.rank], length = slices[node_.rank + 1] - first;
-    if (length > 0)
-      ring_reduce(rail_, d + first * es, balanced_segments(length, rail_.size), dtype, op, size_, 0, false);
+    reduce(static_cast<char*>(data), count, dtype, op, false);
   }
 
   // The second half: the all-gathers host_all_reduce runs after its reductions.
@@ -219,6 +204,21 @@ class RingCommunicator final : public HostCommunicator {
     int step;
     int64_t offset, length;  // elements (bytes when the element size is 1)
   };
+
+  // The reductions of an all-reduce: the flat ring's (its all-gather fused in with `gather`), or
+  // hierarchically 1. inside the node (local rank l ends with the node's sum of slice l: shift P-1 makes
+  // it slice l) and 2. across nodes on this local rank's rail (slice l's full reduction, averaged once,
+  // by every rank; with `gather` the rail's all-gather too). Step 3, the all-gather inside the node, is
+  // the caller's.
+  void reduce(char* d, int64_t count, DType dtype, ReduceOp op, bool gather) {
+    if (!hierarchical_) return ring_reduce(world_, d, balanced_segments(count, size_), dtype, op, size_, 0, gather);
+    const int64_t es = dtype_size(dtype);
+    const std::vector<int64_t> slices = balanced_segments(count, node_.size);
+    ring_reduce(node_, d, slices, dtype, ReduceOp::Sum, 1, node_.size - 1, false);
+    const int64_t first = slices[node_.rank], length = slices[node_.rank + 1] - first;
+    if (length > 0)
+      ring_reduce(rail_, d + first * es, balanced_segments(length, rail_.size), dtype, op, size_, 0, gather);
+  }
 
   // Learns the nodes (collective over every rank): a ring with neighbours on other nodes sends messages of
   // CommOptions.net_chunk_bytes. Hierarchical: keeps the node and rail communicators, and stays flat

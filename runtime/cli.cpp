@@ -90,6 +90,8 @@ void add_parallel_flags(CLI::App& app, TrainerOptions& o) {
   add_choice(app, "--compression", "gradients on the wire: none, bf16 or fp16 (half the traffic)", "none",
              {"none", "bf16", "fp16"}, [&o](const std::string& v) { o.compression = comm::parse_compression(v); });
   app.add_flag("--sync-bn", o.sync_bn, "synchronise BatchNorm statistics across ranks");
+  app.add_option("--zero", o.zero, "ZeRO stage: 1 keeps 1/N of the optimizer state on each rank (bitwise the same training)")
+      ->capture_default_str()->check(CLI::Range(0, 1));
 }
 
 void add_output_flags(CLI::App& app, TrainerOptions& o) {

@@ -14,6 +14,7 @@
 
 #include "comm/host_collectives.h"
 #include "comm/sync_batchnorm.h"
+#include "comm/zero.h"
 #include "core/allocator.h"
 #include "core/autocast.h"
 #include "core/autograd.h"
@@ -152,6 +153,11 @@ void validate(const TrainerOptions& o) {
   RT_CHECK(o.checkpoint_every == 0 || !o.checkpoint_dir.empty(),
            "--checkpoint-every ", o.checkpoint_every, " needs --checkpoint-dir (where to write them)");
   RT_CHECK(o.keep_last == 0 || !o.checkpoint_dir.empty(), "--keep-last needs --checkpoint-dir");
+  RT_CHECK(o.zero == 0 || o.zero == 1, "--zero must be 0 or 1, got ", o.zero);
+  RT_CHECK(o.zero == 0 || o.compression == comm::Compression::None, "--zero 1 does not combine with --compression");
+  RT_CHECK(o.zero == 0 || o.precision != Precision::FP16,
+           "--zero 1 does not combine with --precision fp16 yet (the loss scaler's check of the gradients is not "
+           "sharded); use --precision bf16");
   RT_CHECK(o.checkpoint_every_min == 0 || !o.checkpoint_dir.empty(),
            "--checkpoint-every-min ", o.checkpoint_every_min, " needs --checkpoint-dir (where to write them)");
 }
@@ -164,6 +170,7 @@ nlohmann::json agreement(const TrainerOptions& o) {
   j["eval_every"] = o.eval_every;
   j["checkpoint_every"] = o.checkpoint_every;
   j["checkpoint_every_min"] = o.checkpoint_every_min;
+  j["zero"] = o.zero;  // the collectives of a step differ
   j["trace_steps"] = o.trace_steps;
   j["check"] = o.check;
   j["timeout"] = o.timeout;  // a watchdog of its own on some ranks but not others makes a collective differ
@@ -289,6 +296,8 @@ class Run {
   std::unique_ptr<data::DistributedSampler> sampler_;
   std::unique_ptr<LrSchedule> schedule_;
   std::unique_ptr<Optimizer> opt_;
+  comm::ZeroOptimizer::Factory make_rule_;  // the update rule over some parameters (ZeRO: this rank's pieces)
+  std::optional<std::vector<std::pair<std::string, Tensor>>> resumed_optimizer_;  // ZeRO: loaded after connect
   std::optional<GradScaler> scaler_;
   std::vector<Tensor> parameters_;
   // Connection.
@@ -376,10 +385,13 @@ void Run::make_optimizer() {
            lso.warmup_steps, " steps) must end before the run does (", total_steps_, " steps)");
   schedule_ = std::make_unique<LrSchedule>(lso);
   auto named = as_named(model_.named_parameters());
-  if (o_.optimizer == OptimizerKind::Sgd)
-    opt_ = std::make_unique<Sgd>(named, SgdOptions{.momentum = o_.momentum, .nesterov = o_.nesterov, .weight_decay = o_.wd});
-  else
-    opt_ = std::make_unique<AdamW>(named, AdamWOptions{.weight_decay = o_.wd});
+  make_rule_ = [o = o_](std::vector<NamedParameter> params) -> std::unique_ptr<Optimizer> {
+    if (o.optimizer == OptimizerKind::Sgd)
+      return std::make_unique<Sgd>(std::move(params),
+                                   SgdOptions{.momentum = o.momentum, .nesterov = o.nesterov, .weight_decay = o.wd});
+    return std::make_unique<AdamW>(std::move(params), AdamWOptions{.weight_decay = o.wd});
+  };
+  if (o_.zero == 0) opt_ = make_rule_(named);  // ZeRO: made in connect(), over this rank's shard
   for (const auto& p : named) parameters_.push_back(p.tensor);
   if (o_.precision == Precision::FP16) scaler_.emplace();
   if (o_.precision != Precision::FP32) autocast_ = o_.precision == Precision::BF16 ? DType::BF16 : DType::F16;
@@ -431,7 +443,8 @@ void Run::resume() {
   permanent_errors([&] { compare_config(s.config, chosen); });
   try {
     model_.load_state_dict(mine->checkpoint.model);
-    opt_->load_state(mine->checkpoint.optimizer);
+    if (opt_) opt_->load_state(mine->checkpoint.optimizer);
+    else resumed_optimizer_ = mine->checkpoint.optimizer;  // the canonical state, sliced once the shards exist
   } catch (const std::exception& e) {
     RT_THROW_PERMANENT("--resume ", chosen, ": ", e.what());
   }
@@ -490,7 +503,19 @@ void Run::connect() {
     std::fprintf(stderr, "%s: warning: --compression fp16 without --precision fp16 sends unscaled gradients as fp16, "
                          "where values below 6e-8 flush to zero and above 65504 overflow; bf16 keeps fp32's range\n",
                  o_.program.c_str());
+  gso.zero_stage = o_.zero;
   sync_ = std::make_unique<comm::GradSync>(model_, comm_, gso);  // rank 0's (possibly resumed) weights everywhere
+  if (o_.zero == 1) {
+    opt_ = std::make_unique<comm::ZeroOptimizer>(*sync_, make_rule_);
+    if (resumed_optimizer_) {
+      try {
+        opt_->load_state(*resumed_optimizer_);
+      } catch (const std::exception& e) {
+        RT_THROW_PERMANENT("--resume ", resumed_from_, ": ", e.what());
+      }
+      resumed_optimizer_.reset();
+    }
+  }
   plan_ = bucket_plan_hash(sync_->buckets());
   timer_ = StepTimer(sync_->buckets().size());
   gpu_ = std::make_unique<GpuTelemetry>(world_, device_, !o_.log_jsonl.empty());
@@ -737,6 +762,9 @@ void Run::save(int64_t at_step, const data::SamplerState& pos) {
   // averaged first, so a resumed run (which starts every rank from the file) continues exactly.
   if (!o_.sync_bn && world_.size() > 1) sync_->average_buffers();
   std::string error, written;
+  // ZeRO: gathering the sharded state to rank 0 is collective.
+  std::vector<std::pair<std::string, Tensor>> optimizer_state;
+  if (root_ || o_.zero == 1) optimizer_state = opt_->state();
   if (root_) {
     TrainState s;
     s.step = at_step;
@@ -751,7 +779,7 @@ void Run::save(int64_t at_step, const data::SamplerState& pos) {
     s.config["dataset"] = data_.info().signature;
     SaveOptions seam{.before_rename = [&] { inject_.in_checkpoint_write(world_.rank(), at_step); }};
     try {
-      written = ckpt_.save(at_step, Checkpoint{model_.state_dict(), opt_->state(), s.to_json()}, seam).string();
+      written = ckpt_.save(at_step, Checkpoint{model_.state_dict(), std::move(optimizer_state), s.to_json()}, seam).string();
     } catch (const std::exception& e) {
       error = e.what();
     }

@@ -84,6 +84,7 @@ struct TrainerOptions {
   double bucket_mb = 25;
   comm::Compression compression = comm::Compression::None;
   bool sync_bn = false;
+  int zero = 0;             // ZeRO stage: 1 shards the optimizer state across ranks (comm/zero.h)
   // ---- outputs and cadence
   std::string checkpoint_dir;   // empty: no checkpoints
   int64_t checkpoint_every = 0; // optimizer steps between checkpoints (0: end of every epoch)
