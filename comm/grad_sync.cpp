@@ -39,7 +39,6 @@ struct Param {
 struct Bucket {
   BucketInfo info;
   Tensor flat, wire;  // wire: compressed copy (undefined without compression)
-  Tensor values;      // ZeRO-1: the parameters' values, flat, for their all-gather
 
   std::vector<int> params;
   int pending = 0;
@@ -181,7 +180,6 @@ void GradSync::State::plan() {
            "GradSync: ZeRO-1 (zero_stage 1) does not combine with gradient compression");
   for (Bucket& b : buckets) {
     b.flat = Tensor::zeros(Shape{b.info.numel}, b.info.dtype, b.info.device);
-    if (options.zero_stage == 1) b.values = Tensor::zeros(Shape{b.info.numel}, b.info.dtype, b.info.device);
     if (options.compression != Compression::None) {
       const DType wire = options.compression == Compression::BF16 ? DType::BF16 : DType::F16;
       RT_CHECK(is_floating(b.info.dtype), "GradSync: compression needs floating gradients; bucket of ",
@@ -392,13 +390,15 @@ void GradSync::gather_parameters(const std::vector<Tensor>& values) {
   RT_CHECK(s.options.zero_stage == 1, "GradSync::gather_parameters needs zero_stage 1");
   RT_CHECK(values.size() == s.pieces.size(), "GradSync::gather_parameters: ", values.size(), " values for ",
            s.pieces.size(), " shard pieces");
+  // The gradient buckets carry the all-gather: the gradients are spent once the shards are updated, and a
+  // buffer of its own would cost another copy of the model (the optimizer state ZeRO saves is 1-2 copies).
   NoGradGuard no_grad;
   for (size_t i = 0; i < s.pieces.size(); ++i) {
     const ShardPiece& p = s.pieces[i];
-    s.buckets[p.bucket].values.slice(p.bucket_offset, p.bucket_offset + (p.end - p.begin)).copy_(values[i].flatten());
+    s.buckets[p.bucket].flat.slice(p.bucket_offset, p.bucket_offset + (p.end - p.begin)).copy_(values[i].flatten());
   }
   std::vector<WorkPtr> work;
-  for (Bucket& b : s.buckets) work.push_back(s.comm->all_gather_shard_async(b.values));
+  for (Bucket& b : s.buckets) work.push_back(s.comm->all_gather_shard_async(b.flat));
   for (size_t k = 0; k < s.buckets.size(); ++k) {
     work[k]->wait();
     Bucket& b = s.buckets[k];
@@ -406,7 +406,7 @@ void GradSync::gather_parameters(const std::vector<Tensor>& values) {
     for (int i : b.params) {
       Param& p = s.params[i];
       const int64_t n = p.tensor.numel();
-      p.tensor.detach().copy_(b.values.slice(offset, offset + n).view(p.tensor.shape()));
+      p.tensor.detach().copy_(b.flat.slice(offset, offset + n).view(p.tensor.shape()));
       offset += n;
     }
   }

@@ -111,7 +111,8 @@ class GradSync {
   // ZeRO-1 (zero_stage 1): this rank's pieces of every bucket, in bucket order; at most one per parameter.
   const std::vector<ShardPiece>& shard_pieces() const;
   // ZeRO-1, collective: after the sharded optimizer wrote `values` (one 1-D tensor per shard piece, the
-  // piece's updated elements), every rank's pieces are all-gathered into every parameter.
+  // piece's updated elements), every rank's pieces are all-gathered into every parameter. The gradient
+  // buckets carry the all-gather: afterwards the .grad views hold parameter values (zero_grad() next).
   void gather_parameters(const std::vector<Tensor>& values);
   int zero_stage() const;
   // The parameters in registration order (what ShardPiece::param indexes).
