@@ -242,6 +242,12 @@ Launch run_once(const std::vector<std::string>& argv, const std::function<void(L
   std::string pending[2];
   bool open[2] = {true, true};
   bool forwarded = false;
+  const auto forward_signal = [&] {  // a signal to the supervisor goes to mpirun, once
+    if (g_signal && !forwarded) {
+      ::kill(c.pid, g_signal.load());
+      forwarded = true;
+    }
+  };
   auto handle = [&](const std::string& line, bool is_err) {
     if (auto e = parse_event(line)) {
       const std::string kind = (*e)["event"];
@@ -279,10 +285,7 @@ Launch run_once(const std::vector<std::string>& argv, const std::function<void(L
     }
   };
   while (open[0] || open[1]) {
-    if (g_signal && !forwarded) {
-      ::kill(c.pid, g_signal.load());
-      forwarded = true;
-    }
+    forward_signal();
     pollfd fds[2] = {{c.out, POLLIN, 0}, {c.err, POLLIN, 0}};
     if (!open[0]) fds[0].fd = -1;
     if (!open[1]) fds[1].fd = -1;
@@ -306,12 +309,7 @@ Launch run_once(const std::vector<std::string>& argv, const std::function<void(L
   ::close(c.out);
   ::close(c.err);
   int status = 0;
-  while (::waitpid(c.pid, &status, 0) < 0 && errno == EINTR) {
-    if (g_signal && !forwarded) {
-      ::kill(c.pid, g_signal.load());
-      forwarded = true;
-    }
-  }
+  while (::waitpid(c.pid, &status, 0) < 0 && errno == EINTR) forward_signal();
   l.end = Clock::now();
   l.failure.exit_status = exit_status_of(status);
   l.ok = l.failure.exit_status == 0;

@@ -39,9 +39,7 @@ std::string Communicator::describe() const {
   return detail::str_cat(backend_name(backend()), " over ", size_, " rank(s)");
 }
 
-std::pair<int64_t, int64_t> Communicator::shard(int64_t count) const {
-  return {count * rank_ / size_, count * (rank_ + 1) / size_};
-}
+std::pair<int64_t, int64_t> Communicator::shard(int64_t count) const { return even_shard(count, rank_, size_); }
 
 namespace {
 
@@ -69,7 +67,7 @@ WorkPtr Communicator::all_gather_shard_async(const Tensor& t) {
   const Tensor flat = t.flatten();
   std::vector<WorkPtr> parts;
   for (int r = 0; r < size_; ++r) {
-    const int64_t first = flat.numel() * r / size_, last = flat.numel() * (r + 1) / size_;  // shard() of rank r
+    const auto [first, last] = even_shard(flat.numel(), r, size_);
     if (last > first) parts.push_back(broadcast_async(flat.slice(first, last), r));
   }
   return std::make_shared<AllWork>(std::move(parts));

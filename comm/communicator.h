@@ -111,7 +111,7 @@ class Communicator {
   //   all_gather_shard_async(t): every rank's own shard of t to every rank.
   // The ring and hierarchical backends move half an all-reduce's traffic in each; the others reduce
   // everything in the first half and broadcast each shard from its owner in the second.
-  virtual std::pair<int64_t, int64_t> shard(int64_t count) const;
+  virtual std::pair<int64_t, int64_t> shard(int64_t count) const;  // default: even_shard(count, rank, size)
   virtual WorkPtr reduce_scatter_shard_async(const Tensor& t, ReduceOp op = ReduceOp::Sum);
   virtual WorkPtr all_gather_shard_async(const Tensor& t);
 
@@ -141,6 +141,11 @@ class Communicator {
   int rank_ = 0, size_ = 1;
 };
 using CommunicatorPtr = std::shared_ptr<Communicator>;
+
+// Rank r's part of `count` elements cut evenly among `size` ranks: [count*r/size, count*(r+1)/size).
+inline std::pair<int64_t, int64_t> even_shard(int64_t count, int r, int size) {
+  return {count * r / size, count * (r + 1) / size};
+}
 
 // A communicator of the given backend over `parent` (collective over parent: every rank must call it).
 // The last reference going away calls release_local() (never blocks); close() first for a clean end.

@@ -357,7 +357,7 @@ void HostCommunicator::host_reduce_scatter_shard(void* data, int64_t count, DTyp
 void HostCommunicator::host_all_gather_shard(void* data, int64_t count, DType dtype) {
   const int64_t es = dtype_size(dtype);
   for (int r = 0; r < size_; ++r) {
-    const int64_t first = count * r / size_, last = count * (r + 1) / size_;  // Communicator::shard of rank r
+    const auto [first, last] = even_shard(count, r, size_);  // Communicator::shard of rank r
     if (last > first) host_broadcast(static_cast<char*>(data) + first * es, (last - first) * es, r);
   }
 }

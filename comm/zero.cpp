@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <span>
 #include <sstream>
 
 #include "core/autograd.h"
@@ -41,14 +42,14 @@ ZeroOptimizer::~ZeroOptimizer() {
 }
 
 void ZeroOptimizer::step(double lr) {
-  const auto params = sync_.parameters();
   {
-    // The parameters may have been set since the last step (a checkpoint loaded into the model).
+    // The parameters may have been set since the last step (a checkpoint loaded into the model). params_
+    // (the base's) are GradSync's parameters, in its order.
     NoGradGuard no_grad;
     const auto& pieces = sync_.shard_pieces();
     for (size_t i = 0; i < pieces.size(); ++i)
-      values_[i].detach().copy_(params[static_cast<size_t>(pieces[i].param)].second.detach().flatten().slice(
-          pieces[i].begin, pieces[i].end));
+      values_[i].detach().copy_(
+          params_[static_cast<size_t>(pieces[i].param)].tensor.detach().flatten().slice(pieces[i].begin, pieces[i].end));
   }
   inner_->step(lr);
   ++steps_;
@@ -99,12 +100,19 @@ State ZeroOptimizer::state() const {
   State out;
   for (const auto& [key, t] : mine)
     if (key == "step") out.emplace_back(key, t);
-  const auto params = sync_.parameters();
-  for (size_t i = 0; i < params.size(); ++i) {
-    const auto& [name, full] = params[i];
-    const ShardPiece* piece = nullptr;
-    for (const ShardPiece& p : pieces)
-      if (p.param == static_cast<int>(i)) piece = &p;
+  std::vector<const ShardPiece*> piece_of(params_.size(), nullptr);  // at most one piece per parameter
+  for (const ShardPiece& p : pieces) piece_of[static_cast<size_t>(p.param)] = &p;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const std::string& name = params_[i].name;
+    const Tensor& full = params_[i].tensor;
+    const ShardPiece* piece = piece_of[i];
+    // Where this rank's piece lies in the parameter: the same for every slot.
+    const int64_t es = dtype_size(full.dtype());
+    const int count = static_cast<int>(piece ? (piece->end - piece->begin) * es : 0);
+    const int offset = static_cast<int>(piece ? piece->begin * es : 0);
+    std::vector<int> counts(static_cast<size_t>(size)), offsets(static_cast<size_t>(size));
+    MPI_CHECK(MPI_Gather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, 0, comm_));
+    MPI_CHECK(MPI_Gather(&offset, 1, MPI_INT, offsets.data(), 1, MPI_INT, 0, comm_));
     for (const std::string& entry : every) {
       const std::string slot = entry.substr(0, entry.size() - 2);
       const bool scalar = entry.back() == 's';
@@ -118,21 +126,15 @@ State ZeroOptimizer::state() const {
       }
       // A slot is kept when every rank holding a piece of the parameter has it (momentum appears at the
       // first step, on every piece at once).
-      const int64_t missing = all_reduce(comm_, int64_t{piece && !here.defined() ? 1 : 0});
-      const int64_t holders = all_reduce(comm_, int64_t{piece ? 1 : 0});
-      if (missing > 0 || holders == 0) continue;
+      int64_t tally[2] = {piece && !here.defined() ? 1 : 0, piece ? 1 : 0};  // ranks missing it, ranks with a piece
+      all_reduce(comm_, std::span<int64_t>(tally, 2));
+      if (tally[0] > 0 || tally[1] == 0) continue;
       if (scalar) {
         const double value = all_reduce(comm_, here.defined() ? here.item() : -1e300, HostOp::Max);
         if (rank == 0) out.emplace_back(name + "." + slot, Tensor::scalar(value, DType::I64));
         continue;
       }
       // The pieces of a parameter partition it: gather them into place on rank 0.
-      const int64_t es = dtype_size(full.dtype());
-      const int count = static_cast<int>(piece ? (piece->end - piece->begin) * es : 0);
-      const int offset = static_cast<int>(piece ? piece->begin * es : 0);
-      std::vector<int> counts(static_cast<size_t>(size)), offsets(static_cast<size_t>(size));
-      MPI_CHECK(MPI_Gather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, 0, comm_));
-      MPI_CHECK(MPI_Gather(&offset, 1, MPI_INT, offsets.data(), 1, MPI_INT, 0, comm_));
       Tensor whole;
       if (rank == 0) whole = Tensor::zeros(full.shape(), full.dtype());
       Tensor send = here.defined() ? (here.device().is_cpu() ? here : here.to(Device::cpu())) : Tensor();
