@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <mutex>
 #include <sstream>
 
@@ -34,6 +35,7 @@ struct Param {
   int bucket = -1;
   Tensor view;  // the .grad view into the bucket
   bool ready = false;
+  bool used = false;  // ZeRO-1: reached through a layer's use hook since the last gather
 };
 
 struct Bucket {
@@ -44,6 +46,7 @@ struct Bucket {
   int pending = 0;
   WorkPtr work;
   Work::TimePoint launched;
+  WorkPtr gather;          // ZeRO-1: the parameters' all-gather, until finish_gather
 };
 
 std::string structure_line(const std::string& kind, const std::string& name, const Tensor& t) {
@@ -67,6 +70,10 @@ struct GradSync::State {
   int launched_early = 0;
   std::vector<GradSync::BucketTiming> timings;
   std::vector<ShardPiece> pieces;  // ZeRO-1
+  std::vector<std::shared_ptr<const Module::UseHook>> use_hooks;  // ZeRO-1, one per module with parameters
+  bool overlap_allowed = true;  // false for good once a forward reached some parameter without a hook
+  bool gather_overlapped = false;
+  double gather_wait = 0;
   std::mutex mutex;  // hooks and finish() may come from different threads
 
   void check_same_model();
@@ -76,6 +83,9 @@ struct GradSync::State {
   void ensure_view(Param& p);
   void reset_step();
   void wait_all() noexcept;
+  void install_use_hooks(const Module& model, const std::weak_ptr<State>& self);
+  void on_use(const std::vector<int>& bucket_list, const std::vector<int>& param_list);
+  void finish_gather(int b);
 };
 
 // Collective: every rank compares its structure (and, without a broadcast, its values) with rank 0's.
@@ -221,8 +231,61 @@ void GradSync::State::ensure_view(Param& p) {
   p.tensor.set_grad(p.view);
 }
 
+// ZeRO-1: one hook per module with parameters, waiting for the buckets that hold them.
+void GradSync::State::install_use_hooks(const Module& model, const std::weak_ptr<State>& self) {
+  std::map<const TensorImpl*, int> index;
+  for (int i = 0; i < static_cast<int>(params.size()); ++i) index[params[i].tensor.impl()] = i;
+  model.for_each_module([&](const Module& m) {
+    std::vector<int> mine, held;
+    for (const auto& [name, t] : m.own_parameters())
+      if (auto it = index.find(t.impl()); it != index.end()) {
+        mine.push_back(it->second);
+        const int b = params[it->second].bucket;
+        if (std::find(held.begin(), held.end(), b) == held.end()) held.push_back(b);
+      }
+    if (mine.empty()) return;
+    auto hook = std::make_shared<const Module::UseHook>([self, held, mine](const Module&) {
+      if (auto st = self.lock()) st->on_use(held, mine);
+    });
+    m.set_use_hook(hook);
+    use_hooks.push_back(std::move(hook));
+  });
+}
+
+void GradSync::State::on_use(const std::vector<int>& bucket_list, const std::vector<int>& param_list) {
+  std::lock_guard<std::mutex> lock(mutex);
+  for (int i : param_list) params[i].used = true;
+  const auto t0 = std::chrono::steady_clock::now();
+  bool waited = false;
+  for (int b : bucket_list)
+    if (buckets[b].gather) {
+      finish_gather(b);
+      waited = true;
+    }
+  if (waited) gather_wait += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Waits for bucket b's all-gather, copies the parameters out of it and zeroes it for the next gradients.
+void GradSync::State::finish_gather(int index) {
+  Bucket& b = buckets[index];
+  if (!b.gather) return;
+  const WorkPtr work = std::move(b.gather);
+  b.gather.reset();
+  work->wait();
+  NoGradGuard no_grad;
+  int64_t offset = 0;
+  for (int i : b.params) {
+    Param& p = params[i];
+    const int64_t n = p.tensor.numel();
+    p.tensor.detach().copy_(b.flat.slice(offset, offset + n).view(p.tensor.shape()));
+    offset += n;
+  }
+  b.flat.zero_();
+}
+
 void GradSync::State::launch(int index) {
   Bucket& b = buckets[index];
+  finish_gather(index);  // a bucket whose parameters no layer waited for (unused this step)
   b.launched = std::chrono::steady_clock::now();
   if (b.wire.defined()) {
     b.wire.copy_(b.flat);
@@ -237,6 +300,13 @@ void GradSync::State::launch(int index) {
 void GradSync::State::on_ready(int index) {
   std::lock_guard<std::mutex> lock(mutex);
   Param& p = params[index];
+  // With the gather left to the forward, every parameter read must have come through its layer's hook: one
+  // that did not may have been read before its all-gather arrived (its old value), and its bucket may still
+  // be on the wire while this gradient lands in it.
+  if (gather_overlapped && !p.used)
+    RT_THROW("GradSync (ZeRO-1): parameter '", p.name, "' got a gradient but its layer did not call ",
+             "use_parameters() (layers/module.h) in this forward, after earlier forwards did: it may have been read ",
+             "before its all-gather arrived; call use_parameters() in that layer's forward on every path");
   ensure_view(p);
   if (no_sync) return;  // accumulate locally
   if (p.ready)
@@ -269,9 +339,12 @@ void GradSync::State::wait_all() noexcept {
 }
 
 GradSync::GradSync(const Module& model, CommunicatorPtr comm, GradSyncOptions options)
-    : GradSync(model.named_parameters(), model.named_buffers(), std::move(comm), options) {}
+    : GradSync(model.named_parameters(), model.named_buffers(), std::move(comm), options, &model) {}
 
 GradSync::GradSync(Named parameters, Named buffers, CommunicatorPtr comm, GradSyncOptions options)
+    : GradSync(std::move(parameters), std::move(buffers), std::move(comm), options, nullptr) {}
+
+GradSync::GradSync(Named parameters, Named buffers, CommunicatorPtr comm, GradSyncOptions options, const Module* model)
     : state_(std::make_shared<State>()) {
   RT_CHECK(comm, "GradSync: no communicator");
   RT_CHECK(options.first_bucket_mb > 0 && options.bucket_mb > 0, "GradSync: bucket sizes must be positive, got ",
@@ -291,6 +364,7 @@ GradSync::GradSync(Named parameters, Named buffers, CommunicatorPtr comm, GradSy
   s.check_same_model();
   s.plan();
   std::weak_ptr<State> weak = state_;
+  if (model && s.options.zero_stage == 1 && s.options.overlap_gather) s.install_use_hooks(*model, weak);
   for (int i = 0; i < static_cast<int>(s.params.size()); ++i)
     s.params[i].tensor.register_ready_hook([weak, i](Tensor&) {
       if (auto st = weak.lock()) st->on_ready(i);
@@ -351,7 +425,8 @@ void GradSync::finish() {
 void GradSync::zero_grad() {
   State& s = *state_;
   std::lock_guard<std::mutex> lock(s.mutex);
-  for (Bucket& b : s.buckets) b.flat.zero_();
+  for (Bucket& b : s.buckets)
+    if (!b.gather) b.flat.zero_();  // (a bucket still gathering is zeroed when its parameters are out)
   for (Param& p : s.params) s.ensure_view(p);
 }
 
@@ -390,6 +465,16 @@ void GradSync::gather_parameters(const std::vector<Tensor>& values) {
   RT_CHECK(s.options.zero_stage == 1, "GradSync::gather_parameters needs zero_stage 1");
   RT_CHECK(values.size() == s.pieces.size(), "GradSync::gather_parameters: ", values.size(), " values for ",
            s.pieces.size(), " shard pieces");
+  std::lock_guard<std::mutex> lock(s.mutex);
+  for (int k = 0; k < static_cast<int>(s.buckets.size()); ++k) s.finish_gather(k);
+  // Overlap with the next forward only when the last one reached every parameter through a layer's hook.
+  if (s.use_hooks.empty()) s.overlap_allowed = false;
+  for (Param& p : s.params) {
+    if (!p.used) s.overlap_allowed = false;
+    p.used = false;
+  }
+  s.gather_overlapped = s.overlap_allowed;
+  s.gather_wait = 0;
   // The gradient buckets carry the all-gather: the gradients are spent once the shards are updated, and a
   // buffer of its own would cost another copy of the model (the optimizer state ZeRO saves is 1-2 copies).
   NoGradGuard no_grad;
@@ -397,20 +482,22 @@ void GradSync::gather_parameters(const std::vector<Tensor>& values) {
     const ShardPiece& p = s.pieces[i];
     s.buckets[p.bucket].flat.slice(p.bucket_offset, p.bucket_offset + (p.end - p.begin)).copy_(values[i].flatten());
   }
-  std::vector<WorkPtr> work;
-  for (Bucket& b : s.buckets) work.push_back(s.comm->all_gather_shard_async(b.flat));
-  for (size_t k = 0; k < s.buckets.size(); ++k) {
-    work[k]->wait();
-    Bucket& b = s.buckets[k];
-    int64_t offset = 0;
-    for (int i : b.params) {
-      Param& p = s.params[i];
-      const int64_t n = p.tensor.numel();
-      p.tensor.detach().copy_(b.flat.slice(offset, offset + n).view(p.tensor.shape()));
-      offset += n;
-    }
-  }
+  // Buckets hold parameters in reverse registration order: the last bucket holds the first layers, which
+  // the forward needs first. Every rank launches in this same order.
+  for (int k = static_cast<int>(s.buckets.size()) - 1; k >= 0; --k)
+    s.buckets[k].gather = s.comm->all_gather_shard_async(s.buckets[k].flat);
+  if (s.gather_overlapped) return;
+  for (int k = static_cast<int>(s.buckets.size()) - 1; k >= 0; --k) s.finish_gather(k);
 }
+
+void GradSync::wait_parameters() {
+  State& s = *state_;
+  std::lock_guard<std::mutex> lock(s.mutex);
+  for (int k = static_cast<int>(s.buckets.size()) - 1; k >= 0; --k) s.finish_gather(k);
+}
+
+bool GradSync::gather_overlapped() const { return state_->gather_overlapped; }
+double GradSync::gather_wait_seconds() const { return state_->gather_wait; }
 
 const std::vector<BucketInfo>& GradSync::buckets() const { return state_->infos; }
 const Communicator& GradSync::communicator() const { return *state_->comm; }

@@ -55,6 +55,9 @@ struct GradSyncOptions {
   // gather_parameters() all-gathers the result into every parameter. The arithmetic of each element is the
   // all-reduce's, so training is bitwise the unsharded training. Not with compression.
   int zero_stage = 0;
+  // ZeRO-1: overlap the parameters' all-gather with the next forward (see gather_parameters). Off: each
+  // gather_parameters() waits for its gathers.
+  bool overlap_gather = true;
 };
 
 // ZeRO-1: a piece of this rank's shard: elements [begin, end) of one parameter (flattened), at
@@ -112,8 +115,19 @@ class GradSync {
   const std::vector<ShardPiece>& shard_pieces() const;
   // ZeRO-1, collective: after the sharded optimizer wrote `values` (one 1-D tensor per shard piece, the
   // piece's updated elements), every rank's pieces are all-gathered into every parameter. The gradient
-  // buckets carry the all-gather: afterwards the .grad views hold parameter values (zero_grad() next).
+  // buckets carry the all-gather (the gradients are spent by then); each bucket is zeroed once its
+  // parameters are copied out.
+  //
+  // Built from a Module, the gathers overlap the next forward: they are launched bucket by bucket (the
+  // first layers' first) and this returns at once; each layer's use_parameters() (layers/module.h) waits
+  // for the buckets holding its parameters. That starts from the second step, once the first forward has
+  // shown that every parameter is reached through such a hook (otherwise, and built from a list of
+  // tensors, this waits for every bucket before returning). Outside a forward, call wait_parameters()
+  // before reading the parameters (a state dict, a checkpoint): the Trainer does.
   void gather_parameters(const std::vector<Tensor>& values);
+  // ZeRO-1: waits for every all-gather still on the wire, so the parameters hold the last step's values.
+  // A no-op otherwise, and when nothing is pending.
+  void wait_parameters();
   int zero_stage() const;
   // The parameters in registration order (what ShardPiece::param indexes).
   std::vector<std::pair<std::string, Tensor>> parameters() const;
@@ -122,6 +136,10 @@ class GradSync {
   const Communicator& communicator() const;
   // Of the last finish(): seconds spent waiting for communication, and buckets launched before it.
   double last_wait_seconds() const;
+  // ZeRO-1: whether the last gather_parameters() left its gathers to the next forward, and the seconds
+  // the forward's layers spent waiting for them since.
+  bool gather_overlapped() const;
+  double gather_wait_seconds() const;
   int last_buckets_launched_early() const;
   // Of the last finish(), per bucket in launch order: when it was launched and, where the backend can
   // tell, when its all-reduce ran (otherwise begin = launch and end = the moment finish() saw it done).
@@ -134,6 +152,7 @@ class GradSync {
   struct State;
 
  private:
+  GradSync(Named parameters, Named buffers, CommunicatorPtr comm, GradSyncOptions options, const Module* model);
   std::shared_ptr<State> state_;
 };
 

@@ -42,6 +42,7 @@ ZeroOptimizer::~ZeroOptimizer() {
 }
 
 void ZeroOptimizer::step(double lr) {
+  sync_.wait_parameters();  // (a no-op after a forward: its layers waited)
   {
     // The parameters may have been set since the last step (a checkpoint loaded into the model). params_
     // (the base's) are GradSync's parameters, in its order.
@@ -56,11 +57,10 @@ void ZeroOptimizer::step(double lr) {
   sync_.gather_parameters(values_);
 }
 
-int64_t ZeroOptimizer::state_bytes() const {
-  int64_t bytes = 0;
-  for (const auto& [name, t] : inner_->state()) bytes += t.nbytes();
-  return bytes;
-}
+void ZeroOptimizer::max(std::span<uint64_t> values) const { all_reduce(comm_, values, HostOp::Max); }
+void ZeroOptimizer::sum(std::span<uint64_t> values) const { all_reduce(comm_, values, HostOp::Sum); }
+
+int64_t ZeroOptimizer::state_bytes() const { return inner_->state_bytes(); }
 
 namespace {
 

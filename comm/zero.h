@@ -17,11 +17,12 @@
 #include <vector>
 
 #include "comm/grad_sync.h"
+#include "core/optim/clip.h"
 #include "core/optim/optimizer.h"
 
 namespace ringtrain::comm {
 
-class ZeroOptimizer final : public Optimizer {
+class ZeroOptimizer final : public Optimizer, public GradientParts {
  public:
   using Factory = std::function<std::unique_ptr<Optimizer>(std::vector<NamedParameter> pieces)>;
   // Collective (it duplicates the communicator for the state gathers). `sync` needs zero_stage 1 and must
@@ -36,8 +37,17 @@ class ZeroOptimizer final : public Optimizer {
   // Canonical state in (every rank passes the whole of it): each rank takes its pieces' part.
   void load_state(const std::vector<std::pair<std::string, Tensor>>& state) override;
 
-  // Bytes of optimizer state this rank holds.
-  int64_t state_bytes() const;
+  // Bytes of optimizer state this rank holds once every piece has stepped (its shard's).
+  int64_t state_bytes() const override;
+
+  // The leaves this rank updates (1-D, one per shard piece; their gradients are this rank's shard of the
+  // average after GradSync::finish()). What the loss scaler's unscale and clip_grad_norm work on, with this
+  // optimizer as their GradientParts (the other ranks hold the other shards):
+  //   scaler.step(zero, zero.shard_parameters(), lr, &zero);
+  const std::vector<Tensor>& shard_parameters() const { return values_; }
+  // GradientParts, collective over the ranks of the GradSync's communicator.
+  void max(std::span<uint64_t> values) const override;
+  void sum(std::span<uint64_t> values) const override;
 
  private:
   GradSync& sync_;

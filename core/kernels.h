@@ -6,11 +6,12 @@
 //
 // Contract for every kernel: all tensors are contiguous and on the table's device; the dispatcher has
 // already checked shapes and dtypes and allocated outputs; kernels run on the current stream (CUDA) or
-// the CPU thread pool, and are deterministic (no atomics-based reductions).
+// the CPU thread pool, and are deterministic (no atomics-based floating reductions; integer ones are exact).
 #pragma once
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -57,6 +58,23 @@ struct ConvGeometry {
   int64_t p = 0, q = 0;                // output height, width
   int64_t stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0, dilation_h = 1, dilation_w = 1, groups = 1;
 };
+
+// The per-element halves of the exact gradient norm (core/optim/clip.h), shared by both devices: |x| as
+// the bits of an f32 (for x >= 0 the bits order like the values, and a NaN's lie above inf's), and
+// floor(x^2 * scale) as an integer (x^2 is exact in f64 for f32/f16/bf16 x; scale, a power of two chosen from
+// the largest |x|, keeps it below 2^61).
+template <typename S>
+RT_HOST_DEVICE inline uint32_t abs_bits(S x) {
+  const float f = std::fabs(load_as<float>(x));
+  uint32_t u = 0;
+  memcpy(&u, &f, sizeof u);
+  return u;
+}
+template <typename S>
+RT_HOST_DEVICE inline uint64_t fixed_square(S x, double scale) {
+  const double d = load_as<double>(x);
+  return static_cast<uint64_t>(d * d * scale);
+}
 
 // One fused SGD step over many parameters (PyTorch's update rule), each parameter computed in its
 // compute type: g = grad + weight_decay * p; with momentum, buf = (init ? g : momentum * buf +
@@ -225,6 +243,13 @@ struct KernelTable {
   // g *= inv_scale, and found_inf (an f32 scalar on the device, zeroed by the caller) becomes 1 if any
   // unscaled element is inf or NaN. Threads may all store that same 1: the result has no order to it.
   void (*unscale_multi_tensor)(const std::vector<Tensor*>& grads, double inv_scale, Tensor& found_inf) = nullptr;
+  // The two passes of the exact gradient norm (core/optim/clip.h), all tensors on this device with one
+  // floating dtype. abs_max: out (an I32 scalar, zeroed by the caller) becomes the largest abs_bits()
+  // of any element (the sign bit is clear, so as an int32 it orders the same), so NaN beats inf beats every finite value. square_sum: out (I64 (2), zeroed
+  // by the caller) gains the sums of the low and of the high 32 bits of fixed_square(x, scale) over every
+  // element. Both are integer maxima and sums: exact, so threads and atomics may meet in any order.
+  void (*abs_max_multi_tensor)(const std::vector<Tensor*>& grads, Tensor& out) = nullptr;
+  void (*square_sum_multi_tensor)(const std::vector<Tensor*>& grads, double scale, Tensor& out) = nullptr;
   // Called by the dispatcher after every op on this device, naming the op: on CUDA it checks
   // cudaGetLastError once per op and, when RINGTRAIN_CUDA_SYNC=1, synchronizes so that asynchronous
   // faults are reported against the op that caused them. Null on the CPU.

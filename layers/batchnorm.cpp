@@ -19,6 +19,7 @@ BatchNorm2d::BatchNorm2d(int64_t channels, double momentum, double eps, DType dt
 }
 
 Tensor BatchNorm2d::run(const Tensor& x, bool relu, const Tensor& residual) {
+  use_parameters();
   if (x.ndim() != 4 || x.size(3) != channels_)
     RT_THROW("BatchNorm2d(", channels_, ") '", weight_.name(), "': input ", x.describe(), " must be (N, H, W, ",
              channels_, ")");

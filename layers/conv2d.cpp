@@ -35,6 +35,7 @@ void Conv2d::kaiming_normal_fan_out(uint64_t seed, uint64_t stream) {
 }
 
 Tensor Conv2d::forward(const Tensor& x) {
+  use_parameters();
   if (x.ndim() != 4 || x.size(3) != in_)
     RT_THROW("Conv2d(", in_, " -> ", out_, ") '", weight_.name(), "': input ", x.describe(), " must be (N, H, W, ", in_,
              ")");

@@ -43,6 +43,11 @@ void Module::attach_child(std::string name, std::shared_ptr<Module> child) {
   children_.emplace_back(std::move(name), std::move(child));
 }
 
+void Module::for_each_module(const std::function<void(const Module&)>& fn) const {
+  fn(*this);
+  for (auto& [n, c] : children_) c->for_each_module(fn);
+}
+
 void Module::rename_tensors(const std::string& prefix) {
   // Tensor names carry the full dotted path so errors deep in an op can name the parameter.
   for (auto& [n, t] : parameters_) t.set_name(prefix + t.name());

@@ -5,6 +5,7 @@
 // entry and errors name the offending entry.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -53,10 +54,26 @@ class Module {
   // One line per module with its parameter count, indented by depth.
   std::string summary() const;
 
+  // ZeRO-1's seam (comm/grad_sync.h): a layer calls use_parameters() at the top of its forward, before it
+  // reads its own parameters, and the hook set here waits for the all-gather of just those, so the
+  // gather of later layers' weights goes on while earlier layers compute. Held weakly (it ends with its
+  // owner); one per module; covers the module's own parameters, not its children's. A custom layer that
+  // registers parameters should call use_parameters() too; one that does not is noticed (GradSync then
+  // waits for the whole gather before the forward, as if there were no hooks).
+  using UseHook = std::function<void(const Module&)>;
+  void set_use_hook(std::weak_ptr<const UseHook> hook) const { use_hook_ = std::move(hook); }
+  // This module's own parameters (not its children's), and every module of the tree, depth first.
+  const std::vector<std::pair<std::string, Tensor>>& own_parameters() const { return parameters_; }
+  void for_each_module(const std::function<void(const Module&)>& fn) const;
+
  protected:
   // For constructors. Parameters require grad and carry their dotted name once attached to a parent.
   Tensor register_parameter(std::string name, Tensor value);
   Tensor register_buffer(std::string name, Tensor value);
+  // Layers: before reading their own parameters in forward (see set_use_hook).
+  void use_parameters() const {
+    if (auto hook = use_hook_.lock()) (*hook)(*this);
+  }
   template <typename M>
   std::shared_ptr<M> register_module(std::string name, std::shared_ptr<M> child) {
     attach_child(std::move(name), child);
@@ -73,6 +90,7 @@ class Module {
   std::vector<std::pair<std::string, Tensor>> parameters_, buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   bool training_ = true;
+  mutable std::weak_ptr<const UseHook> use_hook_;  // instrumentation, not state: settable on a const model
 };
 
 }  // namespace ringtrain

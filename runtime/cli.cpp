@@ -61,6 +61,9 @@ void add_optimisation_flags(CLI::App& app, TrainerOptions& o) {
              [&o](const std::string& v) { o.lr_scaling = parse_lr_scaling(v); });
   app.add_option("--label-smoothing", o.label_smoothing, "cross-entropy label smoothing")->capture_default_str()
       ->check(finite_number())->check(CLI::Range(0.0, 1.0));
+  app.add_option("--clip-grad-norm", o.clip_grad_norm,
+                 "scale the gradients down to this global L2 norm when it is larger (0: off)")
+      ->capture_default_str()->check(finite_number())->check(CLI::NonNegativeNumber);
   add_choice(app, "--optimizer", "sgd or adamw", name_of(o.optimizer), {"sgd", "adamw"},
              [&o](const std::string& v) { o.optimizer = parse_optimizer(v); });
 }

@@ -30,7 +30,8 @@ json plan_record(const PlanRecord& p) {
   return {{"type", "plan"},          {"world_size", p.world_size},   {"nodes", p.nodes},
           {"arch", p.arch},          {"batch_size", p.batch_size},   {"accum_steps", p.accum_steps},
           {"global_batch", p.global_batch}, {"backend", p.backend},  {"device", p.device},
-          {"threads", p.threads},    {"params", params},             {"buckets", buckets}};
+          {"threads", p.threads},    {"params", params},             {"buckets", buckets},
+          {"zero", p.zero},          {"optimizer_state_bytes", p.optimizer_state_bytes}};
 }
 
 json train_record(const TrainRecord& t) {
@@ -47,6 +48,7 @@ json summary_record(const SummaryRecord& s) {
   json summary{{"type", "summary"},         {"train_loss", s.train_loss},       {"img_per_s", s.img_per_s},
                {"median_step_s", s.median_step_s}, {"peak_mem_bytes", s.peak_mem_bytes},
                {"world_size", s.world_size}, {"steps", s.steps},                {"elapsed_s", s.elapsed_s}};
+  summary["peak_mem_bytes_by_rank"] = s.peak_mem_bytes_by_rank;
   summary["breakdown_s"] = s.breakdown.to_json();
   json by_rank = json::array();
   for (const auto& b : s.breakdown_by_rank) by_rank.push_back(b.to_json());

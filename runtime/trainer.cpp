@@ -20,6 +20,7 @@
 #include "core/autograd.h"
 #include "core/check.h"
 #include "core/ops.h"
+#include "core/optim/clip.h"
 #include "core/optim/grad_scaler.h"
 #include "core/optim/optimizer.h"
 #include "layers/loss.h"
@@ -113,7 +114,7 @@ json TrainerOptions::to_json() const {
          {"label_smoothing", label_smoothing}, {"device", name_of(device)},
          {"precision", name_of(precision)}, {"backend", backend ? comm::backend_name(*backend) : "auto"},
          {"bucket_mb", bucket_mb},    {"compression", compression_name(compression)},
-         {"sync_bn", sync_bn}};
+         {"sync_bn", sync_bn},        {"clip_grad_norm", clip_grad_norm}};
   for (const auto& [key, value] : app_config.items()) j[key] = value;
   return j;
 }
@@ -155,9 +156,8 @@ void validate(const TrainerOptions& o) {
   RT_CHECK(o.keep_last == 0 || !o.checkpoint_dir.empty(), "--keep-last needs --checkpoint-dir");
   RT_CHECK(o.zero == 0 || o.zero == 1, "--zero must be 0 or 1, got ", o.zero);
   RT_CHECK(o.zero == 0 || o.compression == comm::Compression::None, "--zero 1 does not combine with --compression");
-  RT_CHECK(o.zero == 0 || o.precision != Precision::FP16,
-           "--zero 1 does not combine with --precision fp16 yet (the loss scaler's check of the gradients is not "
-           "sharded); use --precision bf16");
+  RT_CHECK(finite(o.clip_grad_norm) && o.clip_grad_norm >= 0, "--clip-grad-norm must be 0 (off) or a positive norm, got ",
+           o.clip_grad_norm);
   RT_CHECK(o.checkpoint_every_min == 0 || !o.checkpoint_dir.empty(),
            "--checkpoint-every-min ", o.checkpoint_every_min, " needs --checkpoint-dir (where to write them)");
 }
@@ -296,6 +296,7 @@ class Run {
   std::unique_ptr<data::DistributedSampler> sampler_;
   std::unique_ptr<LrSchedule> schedule_;
   std::unique_ptr<Optimizer> opt_;
+  comm::ZeroOptimizer* zero_ = nullptr;     // opt_ when --zero 1
   comm::ZeroOptimizer::Factory make_rule_;  // the update rule over some parameters (ZeRO: this rank's pieces)
   std::optional<std::vector<std::pair<std::string, Tensor>>> resumed_optimizer_;  // ZeRO: loaded after connect
   std::optional<GradScaler> scaler_;
@@ -319,6 +320,7 @@ class Run {
   int64_t saved_step_ = -1;      // the step of the last checkpoint this run wrote
   Clock::time_point backward_start_, backward_end_;  // of the last micro-batch
   double interval_loss_ = 0, interval_weight_ = 0, last_loss_ = 0;
+  double grad_norm_ = 0;  // before clipping, of the last step (with --clip-grad-norm)
   std::optional<EvalResult> last_eval_;
 };
 
@@ -479,7 +481,7 @@ void Run::compare_config(const json& written, const std::string& file) const {
     }
   std::string changed;
   for (const char* key : {"steps", "epochs", "lr", "lr_schedule", "warmup_epochs", "lr_step_epochs", "lr_milestones",
-                          "lr_gamma", "lr_scaling", "momentum", "wd", "label_smoothing", "precision"})
+                          "lr_gamma", "lr_scaling", "momentum", "wd", "label_smoothing", "precision", "clip_grad_norm"})
     if (differs(key))
       changed += detail::str_cat(changed.empty() ? "" : ", ", flag_of(key), " ", written[key].dump(), " -> ", now[key].dump());
   if (!changed.empty() && root_)
@@ -506,7 +508,9 @@ void Run::connect() {
   gso.zero_stage = o_.zero;
   sync_ = std::make_unique<comm::GradSync>(model_, comm_, gso);  // rank 0's (possibly resumed) weights everywhere
   if (o_.zero == 1) {
-    opt_ = std::make_unique<comm::ZeroOptimizer>(*sync_, make_rule_);
+    auto zero = std::make_unique<comm::ZeroOptimizer>(*sync_, make_rule_);
+    zero_ = zero.get();
+    opt_ = std::move(zero);
     if (resumed_optimizer_) {
       try {
         opt_->load_state(*resumed_optimizer_);
@@ -544,10 +548,12 @@ void Run::announce() {
                                 {"step", step_}, {"total_steps", total_steps_}, {"resumed_from", resumed_from_},
                                 {"checkpoint_dir", o_.checkpoint_dir}}
                                .dump());
+  const int64_t state_bytes = opt_->state_bytes();
   log_.write(plan_record({.world_size = world_.size(), .nodes = world_.num_nodes(), .threads = threads_,
                           .arch = o_.model_name, .backend = comm::backend_name(backend_), .device = device_.str(),
                           .batch_size = o_.batch, .accum_steps = o_.accum, .global_batch = global_batch_,
-                          .buckets = sync_->buckets()}));
+                          .buckets = sync_->buckets(), .zero = o_.zero,
+                          .optimizer_state_bytes = comm::all_gather(world_.comm(), std::span<const int64_t>(&state_bytes, 1))}));
 }
 
 TrainResult Run::run() {
@@ -570,6 +576,7 @@ TrainResult Run::run() {
   TrainResult result = summarize();
   // The collective teardown, on the success path only: destructors never communicate.
   dog_.phase("closing the communicators (waiting for other ranks)", step_);
+  sync_->wait_parameters();  // the model stays usable after the run
   sync_.reset();
   comm_->close();
   if (bn_comm_) {
@@ -672,16 +679,26 @@ void Run::optimizer_step() {
   sync_->finish();
   const auto t4 = Clock::now();
   dog_.phase("optimizer", step_);
+  // The gradients are averaged already, so every rank takes the same decisions. With ZeRO-1 each rank holds
+  // its shard of them: the finite check and the norm combine over the shards (one small all-reduce each).
+  const std::vector<Tensor>& held = zero_ ? zero_->shard_parameters() : parameters_;
+  const GradientParts* parts = zero_;
+  bool take = !scaler_ || scaler_->unscale(held, parts);
+  if (take && o_.clip_grad_norm > 0) {
+    grad_norm_ = clip_grad_norm(held, o_.clip_grad_norm, parts);
+    if (!std::isfinite(grad_norm_))
+      RT_THROW_PERMANENT("non-finite gradient norm (", grad_norm_, ") at step ", step_,
+                         ": lower --lr, add --warmup-epochs, or check the data");
+  }
+  if (take) opt_->step(schedule_->at(step_));
   if (scaler_) {
-    // Gradients are averaged already, so every rank takes the same decision.
-    if (!scaler_->step(*opt_, parameters_, schedule_->at(step_))) {
+    scaler_->update(!take);
+    if (!take) {
       ++skipped_;
       if (scaler_->scale() < 1e-4)
         RT_THROW_PERMANENT("f16 loss scale fell to ", scaler_->scale(), " at step ", step_,
                            ": the gradients are not finite at any scale (diverged); lower --lr or use --precision bf16");
     }
-  } else {
-    opt_->step(schedule_->at(step_));
   }
   sync_->zero_grad();
   const auto t_opt = Clock::now();
@@ -758,6 +775,7 @@ void Run::evaluate_now(int64_t epoch) {
 void Run::save(int64_t at_step, const data::SamplerState& pos) {
   if (!ckpt_.on()) return;
   dog_.phase("checkpoint", at_step);
+  sync_->wait_parameters();  // ZeRO-1: the last step's all-gather, left to the next forward
   // Rank 0's file must describe every rank: BatchNorm running statistics (per rank without SyncBN) are
   // averaged first, so a resumed run (which starts every rank from the file) continues exactly.
   if (!o_.sync_bn && world_.size() > 1) sync_->average_buffers();
@@ -804,7 +822,9 @@ TrainResult Run::summarize() {
   r.median_step_s = timer_.median_step_s();
   r.skipped_steps = skipped_;
   r.resumed_from = resumed_from_;
-  const double peak = comm::all_reduce(world_.comm(), peak_rss_bytes(), comm::HostOp::Max);
+  const double my_peak = peak_rss_bytes();
+  const std::vector<double> peaks = comm::gather(world_.comm(), std::span<const double>(&my_peak, 1));
+  const double peak = comm::all_reduce(world_.comm(), my_peak, comm::HostOp::Max);
   // On a GPU: the caching allocator's high-water mark of memory obtained from the device (what PyTorch's
   // max_memory_reserved reports), the largest over the ranks.
   const double peak_gpu = comm::all_reduce(
@@ -822,6 +842,7 @@ TrainResult Run::summarize() {
   s.img_per_s = r.img_per_s;
   s.median_step_s = r.median_step_s;
   s.peak_mem_bytes = peak;
+  s.peak_mem_bytes_by_rank = peaks;
   s.elapsed_s = r.elapsed_s;
   s.world_size = world_.size();
   s.steps = step_;

@@ -73,6 +73,7 @@ struct TrainerOptions {
   double lr_gamma = 0.1;
   LrScaling lr_scaling = LrScaling::None;
   double label_smoothing = 0;       // of the default loss
+  double clip_grad_norm = 0;        // > 0: gradients scaled to this global L2 norm when above it
   // ---- device and precision
   DeviceChoice device = DeviceChoice::Auto;  // Auto: cuda when a GPU is usable
   Precision precision = Precision::FP32;     // BF16/FP16 autocast convolutions and GEMMs; FP16 adds loss scaling

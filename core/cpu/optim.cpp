@@ -1,7 +1,8 @@
-// core/cpu/optim.cpp: the CPU fused multi-tensor SGD and AdamW steps and loss-scale unscaling, one pass
-// over each tensor. The per-element updates are core/kernels.h's, shared with the CUDA kernels
-// (core/cuda/optim.cu). Built with -fno-math-errno (core/CMakeLists.txt) so that the AdamW sqrt loop
+// core/cpu/optim.cpp: the CPU fused multi-tensor SGD and AdamW steps, loss-scale unscaling and the exact
+// gradient norm's passes, one pass over each tensor. The per-element updates are core/kernels.h's, shared
+// with the CUDA kernels (core/cuda/optim.cu). Built with -fno-math-errno (core/CMakeLists.txt) so that the AdamW sqrt loop
 // vectorizes.
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -82,12 +83,57 @@ void unscale_multi_tensor(const std::vector<Tensor*>& grads, double inv_scale, T
   if (bad.load()) found_inf.data<float>()[0] = 1.0f;
 }
 
+// the exact gradient norm's two passes (integer maximum and sums: any split of the work gives the same bits)
+
+void abs_max_multi_tensor(const std::vector<Tensor*>& grads, Tensor& out) {
+  std::atomic<int32_t> top{out.data<int32_t>()[0]};
+  for (Tensor* t : grads) {
+    visit_floating(t->dtype(), "grad_norm", [&](auto tag) {
+      using S = typename decltype(tag)::type;
+      const S* g = t->data<S>();
+      parallel_for(t->numel(), kGrain, [&](int64_t lo, int64_t hi) {
+        uint32_t m = 0;
+        for (int64_t i = lo; i < hi; ++i) m = std::max(m, abs_bits(g[i]));
+        int32_t seen = top.load(std::memory_order_relaxed);
+        while (static_cast<int32_t>(m) > seen && !top.compare_exchange_weak(seen, static_cast<int32_t>(m))) {
+        }
+      });
+    });
+  }
+  out.data<int32_t>()[0] = top.load();
+}
+
+void square_sum_multi_tensor(const std::vector<Tensor*>& grads, double scale, Tensor& out) {
+  std::atomic<uint64_t> low{0}, high{0};
+  for (Tensor* t : grads) {
+    visit_floating(t->dtype(), "grad_norm", [&](auto tag) {
+      using S = typename decltype(tag)::type;
+      const S* g = t->data<S>();
+      parallel_for(t->numel(), kGrain, [&](int64_t lo, int64_t hi) {
+        uint64_t l = 0, h = 0;  // each term is below 2^61: 2^32 terms fit either sum
+        for (int64_t i = lo; i < hi; ++i) {
+          const uint64_t v = fixed_square(g[i], scale);
+          l += v & 0xffffffffu;
+          h += v >> 32;
+        }
+        low.fetch_add(l, std::memory_order_relaxed);
+        high.fetch_add(h, std::memory_order_relaxed);
+      });
+    });
+  }
+  auto* o = reinterpret_cast<uint64_t*>(out.data<int64_t>());
+  o[0] += low.load();
+  o[1] += high.load();
+}
+
 }  // namespace
 
 void register_optim_kernels(KernelTable& t) {
   t.sgd_multi_tensor = &sgd_multi_tensor;
   t.adamw_multi_tensor = &adamw_multi_tensor;
   t.unscale_multi_tensor = &unscale_multi_tensor;
+  t.abs_max_multi_tensor = &abs_max_multi_tensor;
+  t.square_sum_multi_tensor = &square_sum_multi_tensor;
 }
 
 }  // namespace ringtrain::cpu

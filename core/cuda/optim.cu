@@ -1,6 +1,6 @@
-// core/cuda/optim.cu: the fused multi-tensor SGD and AdamW steps and loss-scale unscaling. Tensors are
-// processed in lists of up to kMaxTensors per launch (their pointers travel in the kernel's argument
-// block, at most 4 KiB): blockIdx.y picks the tensor, blocks along x stride over its elements.
+// core/cuda/optim.cu: the fused multi-tensor SGD and AdamW steps, loss-scale unscaling and the exact
+// gradient norm's passes. Tensors are processed in lists of up to kMaxTensors per launch (their pointers
+// travel in the kernel's argument block, at most 4 KiB): blockIdx.y picks the tensor, blocks along x stride over its elements.
 // ResNet-50's 161 parameters take 4 launches instead of several element-wise ops each. Same arithmetic,
 // in the same order, as the CPU kernels (core/kernels.h holds the per-element functions both run).
 #include <cuda_runtime.h>
@@ -189,12 +189,73 @@ void unscale_multi_tensor(const std::vector<Tensor*>& grads, double inv_scale, T
   });
 }
 
+// The exact gradient norm's passes: integer maxima and sums (atomics in any order give the same bits).
+// One launch per tensor; each warp combines its threads' values before one atomic.
+
+template <typename S>
+__global__ void abs_max_kernel(const S* g, int64_t n, int* out) {
+  uint32_t m = 0;
+  RT_GRID_STRIDE(i, n) m = max(m, abs_bits(g[i]));
+  for (int offset = 16; offset > 0; offset /= 2) m = max(m, __shfl_down_sync(0xffffffffu, m, offset));
+  if ((threadIdx.x & 31) == 0 && m > 0) atomicMax(out, static_cast<int>(m));
+}
+
+template <typename S>
+__global__ void square_sum_kernel(const S* g, int64_t n, double scale, unsigned long long* out) {
+  unsigned long long low = 0, high = 0;
+  RT_GRID_STRIDE(i, n) {
+    const uint64_t v = fixed_square(g[i], scale);
+    low += v & 0xffffffffu;
+    high += v >> 32;
+  }
+  for (int offset = 16; offset > 0; offset /= 2) {
+    low += __shfl_down_sync(0xffffffffu, low, offset);
+    high += __shfl_down_sync(0xffffffffu, high, offset);
+  }
+  if ((threadIdx.x & 31) == 0) {
+    if (low) atomicAdd(out, low);
+    if (high) atomicAdd(out + 1, high);
+  }
+}
+
+template <typename Launch>
+void per_tensor(const std::vector<Tensor*>& grads, const Tensor& out, const char* op, Launch launch) {
+  if (grads.empty()) return;
+  DeviceScope scope(*grads.front());
+  RT_CHECK(out.device() == grads.front()->device(), op, ": the result must be on ", grads.front()->device().str(),
+           ", got ", out.describe());
+  dispatch_floating(grads.front()->dtype(), op, [&](auto tag) {
+    using S = typename decltype(tag)::type;
+    in_launch_chunks(grads, op, [](const Tensor* t) -> const Tensor& { return *t; }, [&](size_t first, size_t count) {
+      for (size_t j = first; j < first + count; ++j)
+        if (grads[j]->numel() > 0) launch(grads[j]->template data<S>(), grads[j]->numel());
+    });
+  });
+}
+
+void abs_max_multi_tensor(const std::vector<Tensor*>& grads, Tensor& out) {
+  per_tensor(grads, out, "grad_norm", [&](const auto* g, int64_t n) {
+    abs_max_kernel<<<std::clamp(grid_for(n), 1u, 1024u), kThreads, 0, stream_now()>>>(g, n, out.data<int32_t>());
+    CUDA_CHECK(cudaGetLastError());
+  });
+}
+
+void square_sum_multi_tensor(const std::vector<Tensor*>& grads, double scale, Tensor& out) {
+  auto* o = reinterpret_cast<unsigned long long*>(out.data<int64_t>());
+  per_tensor(grads, out, "grad_norm", [&](const auto* g, int64_t n) {
+    square_sum_kernel<<<std::clamp(grid_for(n), 1u, 1024u), kThreads, 0, stream_now()>>>(g, n, scale, o);
+    CUDA_CHECK(cudaGetLastError());
+  });
+}
+
 }  // namespace
 
 void register_optim_kernels(KernelTable& t) {
   t.sgd_multi_tensor = &sgd_multi_tensor;
   t.adamw_multi_tensor = &adamw_multi_tensor;
   t.unscale_multi_tensor = &unscale_multi_tensor;
+  t.abs_max_multi_tensor = &abs_max_multi_tensor;
+  t.square_sum_multi_tensor = &square_sum_multi_tensor;
 }
 
 }  // namespace ringtrain::cuda

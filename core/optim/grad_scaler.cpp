@@ -23,7 +23,7 @@ GradScaler::GradScaler(GradScalerOptions options) : options_(options), scale_(op
 
 Tensor GradScaler::scale_loss(const Tensor& loss) const { return mul(loss, scale_); }
 
-bool GradScaler::unscale(const std::vector<Tensor>& params) const {
+bool GradScaler::unscale(const std::vector<Tensor>& params, const GradientParts* parts) const {
   NoGradGuard no_grad;
   // One fused kernel call per (device, dtype) group divides and checks in the same pass; each device's
   // found-inf flag is read once, after every group has been launched.
@@ -43,6 +43,11 @@ bool GradScaler::unscale(const std::vector<Tensor>& params) const {
   }
   bool finite = true;
   for (const auto& [device, flag] : found_inf) finite = finite && flag.item() == 0.0;
+  if (parts) {
+    uint64_t bad = finite ? 0 : 1;
+    parts->max(std::span<uint64_t>(&bad, 1));
+    finite = bad == 0;
+  }
   return finite;
 }
 
@@ -56,8 +61,8 @@ void GradScaler::update(bool found_inf) {
   }
 }
 
-bool GradScaler::step(Optimizer& optimizer, const std::vector<Tensor>& params, double lr) {
-  const bool finite = unscale(params);
+bool GradScaler::step(Optimizer& optimizer, const std::vector<Tensor>& params, double lr, const GradientParts* parts) {
+  const bool finite = unscale(params, parts);
   if (finite) optimizer.step(lr);
   update(!finite);
   return finite;

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/optim/clip.h"
 #include "core/optim/optimizer.h"
 #include "core/tensor.h"
 
@@ -29,11 +30,12 @@ class GradScaler {
   // loss * scale() (differentiable).
   Tensor scale_loss(const Tensor& loss) const;
   // Divides every defined gradient of `params` by scale() in place; returns true when all are finite.
-  // One host synchronisation for all of them.
-  bool unscale(const std::vector<Tensor>& params) const;
+  // One host synchronisation for all of them. With `parts` (ZeRO-1: `params` hold this rank's shard) the
+  // verdict is over every part: one small collective, so every holder decides the same.
+  bool unscale(const std::vector<Tensor>& params, const GradientParts* parts = nullptr) const;
   // unscale, then the optimizer step at `lr` only when the gradients are finite; updates the scale.
   // Returns whether the step was taken.
-  bool step(Optimizer& optimizer, const std::vector<Tensor>& params, double lr);
+  bool step(Optimizer& optimizer, const std::vector<Tensor>& params, double lr, const GradientParts* parts = nullptr);
   // The scale update alone, for callers that unscale (e.g. to clip) themselves.
   void update(bool found_inf);
 

@@ -102,6 +102,13 @@ Sgd::Sgd(std::vector<NamedParameter> params, SgdOptions options)
   momentum_.resize(params_.size());
 }
 
+int64_t Sgd::state_bytes() const {
+  int64_t bytes = 0;
+  if (options_.momentum > 0)
+    for (const auto& p : params_) bytes += p.tensor.nbytes();
+  return bytes;
+}
+
 void Sgd::step(double lr) {
   NoGradGuard no_grad;
   // One fused kernel call per (device, dtype) group: one pass over each parameter instead of an op per
@@ -166,6 +173,12 @@ AdamW::AdamW(std::vector<NamedParameter> params, AdamWOptions options)
   m_.resize(params_.size());
   v_.resize(params_.size());
   param_steps_.assign(params_.size(), 0);
+}
+
+int64_t AdamW::state_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& p : params_) bytes += 2 * p.tensor.nbytes();
+  return bytes;
 }
 
 void AdamW::step(double lr) {
@@ -280,30 +293,6 @@ double LrSchedule::at(int64_t step) const {
     }
   }
   return o.base_lr;
-}
-
-// ---------------------------------------------------------------------------------------------------
-// Clipping
-
-double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
-  RT_CHECK(max_norm > 0, "clip_grad_norm: max_norm must be > 0, got ", max_norm);
-  NoGradGuard no_grad;
-  double total_sq = 0.0;
-  for (const Tensor& p : params) {
-    Tensor g = p.grad();
-    if (!g.defined()) continue;
-    Tensor g64 = g.to(DType::F64);
-    total_sq += sum(mul(g64, g64)).item();
-  }
-  const double norm = std::sqrt(total_sq);
-  if (norm > max_norm) {
-    const double factor = max_norm / (norm + 1e-6);
-    for (const Tensor& p : params) {
-      Tensor g = p.grad();
-      if (g.defined()) g.mul_(factor);
-    }
-  }
-  return norm;
 }
 
 }  // namespace ringtrain

@@ -1,6 +1,6 @@
 // core/optim/optimizer.h: SGD (momentum, Nesterov, weight decay) and AdamW with PyTorch's update rules,
-// learning-rate schedules (linear warmup, then constant, step, multistep or cosine), and gradient
-// clipping by global norm. Optimizer state (momentum buffers, Adam moments) lives beside each parameter
+// learning-rate schedules (linear warmup, then constant, step, multistep or cosine); gradient clipping by
+// global norm is core/optim/clip.h's. Optimizer state (momentum buffers, Adam moments) lives beside each parameter
 // and is exposed by name for checkpoints.
 #pragma once
 
@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/optim/clip.h"  // clip_grad_norm, with the optimizers since they are used together
 #include "core/tensor.h"
 
 namespace ringtrain {
@@ -38,6 +39,9 @@ class Optimizer {
   // Restores state() output; errors name missing or mismatched entries, and a failed load changes nothing.
   virtual void load_state(const std::vector<std::pair<std::string, Tensor>>& state) = 0;
   int64_t steps() const { return steps_; }
+  // Bytes of state the optimizer holds once every parameter has taken a step (momentum buffers, moments;
+  // the state is made at a parameter's first step): what a run's plan reports before training.
+  virtual int64_t state_bytes() const = 0;
 
  protected:
   explicit Optimizer(std::vector<NamedParameter> params, double weight_decay, DecayPolicy policy);
@@ -62,6 +66,7 @@ class Sgd final : public Optimizer {
   void step(double lr) override;
   std::vector<std::pair<std::string, Tensor>> state() const override;
   void load_state(const std::vector<std::pair<std::string, Tensor>>& state) override;
+  int64_t state_bytes() const override;
 
  private:
   SgdOptions options_;
@@ -80,6 +85,7 @@ class AdamW final : public Optimizer {
   void step(double lr) override;
   std::vector<std::pair<std::string, Tensor>> state() const override;
   void load_state(const std::vector<std::pair<std::string, Tensor>>& state) override;
+  int64_t state_bytes() const override;
 
  private:
   AdamWOptions options_;
@@ -112,9 +118,6 @@ class LrSchedule {
   LrScheduleOptions options_;
 };
 
-// Scales all gradients so their global L2 norm is at most max_norm (PyTorch's clip_grad_norm_:
-// factor max_norm / (norm + 1e-6) when norm > max_norm). Returns the norm before clipping.
-double clip_grad_norm(const std::vector<Tensor>& params, double max_norm);
 
 // Module parameters as NamedParameter (convenience for Module::named_parameters()).
 std::vector<NamedParameter> as_named(const std::vector<std::pair<std::string, Tensor>>& params);

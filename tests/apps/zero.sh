@@ -2,7 +2,8 @@
 # zero.sh BUILD_DIR WORK_DIR: train_resnet --zero 1 (optimizer state sharded, comm/zero.h) is bitwise the
 # unsharded training on 2 and 3 ranks with SGD+Nesterov and AdamW, weight decay and accumulation; a ZeRO
 # checkpoint (canonical, unsharded) resumes exactly without ZeRO, an unsharded one with ZeRO, and a ZeRO
-# checkpoint of 2 ranks on 1 rank with the global batch kept, exactly like the unsharded one does.
+# checkpoint of 2 ranks on 1 rank with the global batch kept, exactly like the unsharded one does; f16 loss
+# scaling with gradient clipping is bitwise too, and the plan record reports the state per rank.
 set -euo pipefail
 build=$(cd "$1" && pwd); work=$2
 rm -rf "$work"; mkdir -p "$work"; cd "$work"
@@ -33,6 +34,27 @@ for np in 2 3; do
     rm -rf p z zp pz one-p one-z
   done
 done
-if timeout 60 "$build/train_resnet" --synthetic --zero 1 --precision fp16 --steps 1 > x.log 2>&1; then fail "fp16 accepted"; fi
-grep -q -- "--zero 1 does not combine with --precision fp16 yet" x.log || fail "fp16: $(cat x.log)"
+# f16 loss scaling and gradient clipping: the finite check and the norm combine over the shards. The plan
+# record reports each rank's optimizer state (AdamW: 2 moments), the summary each rank's peak memory.
+common=(--data data -a resnet20 -b 4 --steps 6 --log-every 100 --threads 1 --checkpoint-every 6 --optimizer adamw
+        --lr 0.001 --precision fp16 --clip-grad-norm 0.2)
+run() { timeout -k 5 300 mpirun -np "$1" --oversubscribe "$build/train_resnet" "${common[@]}" "${@:2}" > run.log 2>&1 ||
+          { cat run.log; fail "np $1 ${*:2}"; }; }
+run 2 --checkpoint-dir p --log-jsonl p.jsonl
+run 2 --zero 1 --checkpoint-dir z --log-jsonl z.jsonl
+same p/ckpt-step00000006.h5 z/ckpt-step00000006.h5 "np 2 fp16 + clipping: --zero 1 against the unsharded run"
+python3 - p.jsonl z.jsonl <<'PY' || fail "the plan and summary records"
+import json, sys
+plain, zero = ([json.loads(l) for l in open(f)] for f in sys.argv[1:])
+plan = lambda log: next(r for r in log if r["type"] == "plan")
+summary = lambda log: next(r for r in log if r["type"] == "summary")
+full, shards = plan(plain)["optimizer_state_bytes"], plan(zero)["optimizer_state_bytes"]
+params = plan(plain)["params"]
+assert plan(zero)["zero"] == 1 and plan(plain)["zero"] == 0
+assert full == [8 * params] * 2, (full, params)
+assert sum(shards) == 8 * params and max(shards) - min(shards) <= 8 * 64, shards
+assert len(summary(zero)["peak_mem_bytes_by_rank"]) == 2, summary(zero)
+print("optimizer state per rank:", full, "->", shards)
+PY
+echo "np 2 fp16 + clipping: ZeRO bitwise the unsharded training"
 echo "zero test: PASS"

@@ -2,6 +2,7 @@
 // Every test skips with the reason when there is no CUDA device.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -11,6 +12,7 @@
 #include "core/check.h"
 #include "core/device.h"
 #include "core/ops.h"
+#include "core/optim/clip.h"
 #include "core/optim/grad_scaler.h"
 #include "core/optim/optimizer.h"
 #include "test_util.h"
@@ -287,6 +289,30 @@ TEST(CudaVsCpuMisc, FusedUnscaleMatchesTheCpuAndFindsOneInfAmongManyTensors) {
       for (size_t i = 0; i < cpu.size(); ++i) EXPECT_TRUE(all_close(gpu[i].grad().to(Device::cpu()), cpu[i].grad(), 0, 0)) << i;
     }
   }
+}
+
+TEST(CudaVsCpuMisc, GradNormIsTheCpusBitsAndClipsTheSame) {
+  RT_REQUIRE_CUDA();
+  // The fixed-point norm is exact on either device: the same bits from the GPU's atomics as from the CPU's
+  // threads, over f32 and f16 gradients of many sizes (several launches), and the same clipped values.
+  std::vector<Tensor> cpu, gpu;
+  for (int i = 0; i < 60; ++i) {
+    const DType dtype = i % 3 == 0 ? DType::F16 : DType::F32;
+    Tensor g = Tensor::normal(Shape{int64_t{1} + i * 977}, 0, std::pow(10.0, i % 9 - 4), 900 + static_cast<uint64_t>(i),
+                              DType::F64).to(dtype);
+    Tensor pc = Tensor::zeros(g.shape(), dtype).set_requires_grad(), pg = Tensor::zeros(g.shape(), dtype, kGpu).set_requires_grad();
+    pc.set_grad(g.clone());
+    pg.set_grad(g.to(kGpu));
+    cpu.push_back(pc);
+    gpu.push_back(pg);
+  }
+  const double norm = grad_norm(cpu);
+  EXPECT_EQ(grad_norm(gpu), norm);
+  EXPECT_EQ(clip_grad_norm(gpu, norm / 3), norm);
+  EXPECT_EQ(clip_grad_norm(cpu, norm / 3), norm);
+  for (size_t i = 0; i < cpu.size(); ++i) EXPECT_TRUE(all_close(gpu[i].grad().to(Device::cpu()), cpu[i].grad(), 0, 0)) << i;
+  gpu[5].grad().slice(3, 4).fill_(std::numeric_limits<double>::quiet_NaN());
+  EXPECT_TRUE(std::isnan(grad_norm(gpu)));
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <numbers>
 #include <tuple>
 
@@ -233,5 +234,60 @@ TEST(Clip, GlobalNormClippingMatchesPyTorchsRule) {
   EXPECT_NEAR(clip_grad_norm({a, b}, 10.0), norm * factor, 1e-9) << "below the limit: unchanged";
 }
 
+
+// A leaf whose gradient holds `values`.
+Tensor with_grad(const std::vector<double>& values, DType dtype = DType::F32) {
+  Tensor p = Tensor::zeros(Shape{static_cast<int64_t>(values.size())}, dtype).set_requires_grad();
+  p.set_grad(Tensor::from_vector(values, Shape{static_cast<int64_t>(values.size())}, dtype));
+  return p;
+}
+
+TEST(Clip, NormIsExactWhateverTheMagnitudes) {
+  // Values over 30 orders of magnitude, many tiny ones: a float sum would lose them; the fixed-point sum is
+  // within 2^-30 of the exact one (a long double reference over the f32 values).
+  std::vector<double> values;
+  for (int i = 0; i < 100000; ++i) values.push_back((i % 7 - 3) * std::pow(10.0, (i % 31) - 20) * (1 + i * 1e-6));
+  values.push_back(3e9);
+  Tensor p = with_grad(values);
+  long double exact = 0;
+  for (double v : p.grad().to_vector()) exact += static_cast<long double>(v) * v;
+  const double norm = grad_norm({p});
+  EXPECT_NEAR(norm, static_cast<double>(std::sqrt(exact)), 1e-9 * norm);
+  // f16 and bf16 gradients, and an empty or all-zero list.
+  for (DType d : {DType::F16, DType::BF16}) {
+    Tensor h = with_grad({3.0, -4.0, 0.5}, d);
+    EXPECT_DOUBLE_EQ(grad_norm({h}), std::sqrt(25.25)) << dtype_name(d);
+  }
+  EXPECT_EQ(grad_norm({}), 0.0);
+  EXPECT_EQ(grad_norm({with_grad({0.0, 0.0})}), 0.0);
+}
+
+TEST(Clip, NormDoesNotDependOnHowTheElementsAreSplit) {
+  // The same elements as one tensor and as slices in another order (split across threads differently):
+  // the same bits, which is what lets each ZeRO-1 rank add its shard's part.
+  std::vector<double> values;
+  for (int i = 0; i < 300001; ++i) values.push_back(std::sin(i * 0.37) * std::exp((i % 13) - 6.0));
+  Tensor whole = with_grad(values);
+  const double norm = grad_norm({whole});
+  const Tensor g = whole.grad();
+  std::vector<Tensor> parts;
+  const int64_t cuts[] = {0, 1, 77777, 200000, 299999, 300001};
+  for (int k = 4; k >= 0; --k) {  // reversed order
+    Tensor p = Tensor::zeros(Shape{cuts[k + 1] - cuts[k]}).set_requires_grad();
+    p.set_grad(g.slice(cuts[k], cuts[k + 1]).clone());
+    parts.push_back(p);
+  }
+  EXPECT_EQ(grad_norm(parts), norm) << "the norm of the same elements split five ways, in reverse";
+}
+
+TEST(Clip, NonFiniteGradientsGiveANonFiniteNormAndAreLeftAlone) {
+  Tensor a = with_grad({1.0, std::numeric_limits<double>::infinity()});
+  Tensor b = with_grad({std::nan(""), 2.0});
+  EXPECT_TRUE(std::isinf(grad_norm({a})));
+  EXPECT_TRUE(std::isnan(grad_norm({a, b}))) << "NaN beats inf";
+  EXPECT_TRUE(std::isnan(clip_grad_norm({a, b}, 1.0)));
+  EXPECT_EQ(b.grad().to_vector()[1], 2.0) << "a non-finite norm scales nothing";
+  EXPECT_THROW(clip_grad_norm({a}, 0.0), Error);
+}
 }  // namespace
 }  // namespace ringtrain

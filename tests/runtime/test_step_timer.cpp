@@ -55,10 +55,12 @@ TEST(RunLog, RecordsHaveTheDocumentedFields) {
   b.bytes = 40;
   b.parameters = {"fc.weight", "fc.bias"};
   const json plan = plan_record({.world_size = 2, .nodes = 1, .threads = 1, .arch = "net", .backend = "ring",
-                                 .device = "cpu", .batch_size = 8, .accum_steps = 2, .global_batch = 32, .buckets = {b, b}});
+                                 .device = "cpu", .batch_size = 8, .accum_steps = 2, .global_batch = 32, .buckets = {b, b},
+                                 .zero = 1, .optimizer_state_bytes = {40, 40}});
   for (const char* key : {"type", "world_size", "nodes", "arch", "batch_size", "accum_steps", "global_batch", "backend",
-                          "device", "threads", "params", "buckets"})
+                          "device", "threads", "params", "buckets", "zero", "optimizer_state_bytes"})
     EXPECT_TRUE(plan.contains(key)) << key;
+  EXPECT_EQ(plan["optimizer_state_bytes"], json::array({40, 40}));
   EXPECT_EQ(plan["params"], 20);
   EXPECT_EQ(plan["buckets"][0]["parameters"], 2);
   const json train = train_record({.step = 3, .epoch = 0, .lr = 0.1, .loss = 1.5, .img_per_s = 9, .time = {}});
@@ -66,9 +68,10 @@ TEST(RunLog, RecordsHaveTheDocumentedFields) {
   EXPECT_EQ(train["time"].size(), 5u);
   SummaryRecord s;
   s.breakdown_by_rank = {PhaseTimes{}, PhaseTimes{}};
+  s.peak_mem_bytes_by_rank = {1e8, 2e8};
   s.eval = EvalResult{0.5, 0.9, 1.0, 10};
   const json summary = summary_record(s);
-  for (const char* key : {"train_loss", "img_per_s", "median_step_s", "peak_mem_bytes", "world_size", "steps",
+  for (const char* key : {"train_loss", "img_per_s", "median_step_s", "peak_mem_bytes", "peak_mem_bytes_by_rank", "world_size", "steps",
                           "elapsed_s", "breakdown_s", "breakdown_by_rank_s", "buckets", "breakdown_steps", "precision",
                           "device", "test_top1", "test_top5"})
     EXPECT_TRUE(summary.contains(key)) << key;
