@@ -47,6 +47,7 @@ struct Bucket {
   WorkPtr work;
   Work::TimePoint launched;
   WorkPtr gather;          // ZeRO-1: the parameters' all-gather, until finish_gather
+  bool zero_after_gather = false;  // zero_grad() came while it was on the wire
 };
 
 std::string structure_line(const std::string& kind, const std::string& name, const Tensor& t) {
@@ -265,7 +266,8 @@ void GradSync::State::on_use(const std::vector<int>& bucket_list, const std::vec
   if (waited) gather_wait += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// Waits for bucket b's all-gather, copies the parameters out of it and zeroes it for the next gradients.
+// Waits for bucket b's all-gather and copies the parameters out of it (then zeroes it, when zero_grad() came
+// in the meantime).
 void GradSync::State::finish_gather(int index) {
   Bucket& b = buckets[index];
   if (!b.gather) return;
@@ -280,7 +282,8 @@ void GradSync::State::finish_gather(int index) {
     p.tensor.detach().copy_(b.flat.slice(offset, offset + n).view(p.tensor.shape()));
     offset += n;
   }
-  b.flat.zero_();
+  if (b.zero_after_gather) b.flat.zero_();
+  b.zero_after_gather = false;
 }
 
 void GradSync::State::launch(int index) {
@@ -425,8 +428,10 @@ void GradSync::finish() {
 void GradSync::zero_grad() {
   State& s = *state_;
   std::lock_guard<std::mutex> lock(s.mutex);
-  for (Bucket& b : s.buckets)
-    if (!b.gather) b.flat.zero_();  // (a bucket still gathering is zeroed when its parameters are out)
+  for (Bucket& b : s.buckets) {
+    if (b.gather) b.zero_after_gather = true;  // zeroed once its parameters are out
+    else b.flat.zero_();
+  }
   for (Param& p : s.params) s.ensure_view(p);
 }
 

@@ -115,8 +115,8 @@ class GradSync {
   const std::vector<ShardPiece>& shard_pieces() const;
   // ZeRO-1, collective: after the sharded optimizer wrote `values` (one 1-D tensor per shard piece, the
   // piece's updated elements), every rank's pieces are all-gathered into every parameter. The gradient
-  // buckets carry the all-gather (the gradients are spent by then); each bucket is zeroed once its
-  // parameters are copied out.
+  // buckets carry the all-gather (the gradients are spent by then): zero_grad() next, as after any step
+  // (a bucket still on the wire is zeroed once its parameters are copied out).
   //
   // Built from a Module, the gathers overlap the next forward: they are launched bucket by bucket (the
   // first layers' first) and this returns at once; each layer's use_parameters() (layers/module.h) waits

@@ -35,8 +35,10 @@ json plan_record(const PlanRecord& p) {
 }
 
 json train_record(const TrainRecord& t) {
-  return {{"type", "train"}, {"step", t.step}, {"epoch", t.epoch}, {"lr", t.lr}, {"loss", t.loss},
-          {"img_per_s", t.img_per_s}, {"time", t.time.to_json()}};
+  json record{{"type", "train"}, {"step", t.step}, {"epoch", t.epoch}, {"lr", t.lr}, {"loss", t.loss},
+              {"img_per_s", t.img_per_s}, {"time", t.time.to_json()}};
+  if (t.grad_norm) record["grad_norm"] = *t.grad_norm;
+  return record;
 }
 
 json eval_record(int64_t step, int64_t epoch, const EvalResult& e) {

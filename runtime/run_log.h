@@ -3,7 +3,8 @@
 // "train_resnet"; scripts/scaling.py and scaling_model.py read them):
 //   plan     world_size, nodes, arch, batch_size, accum_steps, global_batch, backend, device, threads,
 //            params, buckets [{bytes, numel, parameters}], zero, optimizer_state_bytes (per rank)
-//   train    step, epoch, lr, loss, img_per_s, time {data_wait, forward, backward, exposed_comm, optimizer}
+//   train    step, epoch, lr, loss, img_per_s, time {data_wait, forward, backward, exposed_comm, optimizer},
+//            grad_norm (with --clip-grad-norm)
 //   eval     step, epoch, test_top1, test_top5, test_loss, images
 //   gpu      step, samples [{rank, util_pct, mem_used_bytes, mem_total_bytes, temperature_c, power_w}]
 //   summary  train_loss, img_per_s, median_step_s, peak_mem_bytes (the largest rank's),
@@ -55,6 +56,7 @@ struct TrainRecord {
   int64_t step = 0, epoch = 0;
   double lr = 0, loss = 0, img_per_s = 0;
   PhaseTimes time;  // per step, over the logged interval
+  std::optional<double> grad_norm;  // with --clip-grad-norm: the last step's norm before clipping
 };
 nlohmann::json train_record(const TrainRecord& t);
 

@@ -745,7 +745,8 @@ void Run::report(int64_t epoch, bool finishing) {
                       .eta_s = static_cast<double>(total_steps_ - step_) * seconds / n};
     print_progress(bar_, line);
     log_.write(train_record({.step = step_, .epoch = epoch, .lr = line.lr, .loss = mean_loss, .img_per_s = img_s,
-                             .time = timer_.interval_mean()}));
+                             .time = timer_.interval_mean(),
+                             .grad_norm = o_.clip_grad_norm > 0 ? std::optional<double>(grad_norm_) : std::nullopt}));
   }
   if (auto record = gpu_->sample(step_)) log_.write(*record);
   timer_.reset_interval();

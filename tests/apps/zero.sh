@@ -54,6 +54,9 @@ assert plan(zero)["zero"] == 1 and plan(plain)["zero"] == 0
 assert full == [8 * params] * 2, (full, params)
 assert sum(shards) == 8 * params and max(shards) - min(shards) <= 8 * 64, shards
 assert len(summary(zero)["peak_mem_bytes_by_rank"]) == 2, summary(zero)
+norms = lambda log: [r["grad_norm"] for r in log if r["type"] == "train"]
+assert norms(plain) and norms(plain) == norms(zero), (norms(plain), norms(zero))
+assert norms(plain)[-1] > 0.2, "the test must clip"
 print("optimizer state per rank:", full, "->", shards)
 PY
 echo "np 2 fp16 + clipping: ZeRO bitwise the unsharded training"

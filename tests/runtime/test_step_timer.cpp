@@ -63,9 +63,11 @@ TEST(RunLog, RecordsHaveTheDocumentedFields) {
   EXPECT_EQ(plan["optimizer_state_bytes"], json::array({40, 40}));
   EXPECT_EQ(plan["params"], 20);
   EXPECT_EQ(plan["buckets"][0]["parameters"], 2);
-  const json train = train_record({.step = 3, .epoch = 0, .lr = 0.1, .loss = 1.5, .img_per_s = 9, .time = {}});
+  const json train = train_record({.step = 3, .epoch = 0, .lr = 0.1, .loss = 1.5, .img_per_s = 9, .time = {}, .grad_norm = {}});
   EXPECT_EQ(train["type"], "train");
   EXPECT_EQ(train["time"].size(), 5u);
+  EXPECT_FALSE(train.contains("grad_norm")) << "only with clipping";
+  EXPECT_EQ(train_record({.step = 3, .epoch = 0, .lr = 0.1, .loss = 1.5, .img_per_s = 9, .time = {}, .grad_norm = 2.5})["grad_norm"], 2.5);
   SummaryRecord s;
   s.breakdown_by_rank = {PhaseTimes{}, PhaseTimes{}};
   s.peak_mem_bytes_by_rank = {1e8, 2e8};
