@@ -21,9 +21,10 @@ ZeroOptimizer::ZeroOptimizer(GradSync& sync, const Factory& make)
   std::vector<NamedParameter> pieces;
   NoGradGuard no_grad;
   for (const ShardPiece& p : sync.shard_pieces()) {
+    // A view of the piece, so the update lands in the parameter itself: no copy of the shard to keep (on
+    // one rank it would be a second model), and weights loaded into the model are what the next step sees.
     const Tensor& full = params[static_cast<size_t>(p.param)].second;
-    Tensor v = Tensor::empty(Shape{p.end - p.begin}, full.dtype(), full.device());
-    v.copy_(full.detach().flatten().slice(p.begin, p.end));
+    Tensor v = full.detach().flatten().slice(p.begin, p.end);
     v.set_requires_grad(true);
     v.set_grad(p.grad);
     values_.push_back(v);
@@ -42,16 +43,7 @@ ZeroOptimizer::~ZeroOptimizer() {
 }
 
 void ZeroOptimizer::step(double lr) {
-  sync_.wait_parameters();  // (a no-op after a forward: its layers waited)
-  {
-    // The parameters may have been set since the last step (a checkpoint loaded into the model). params_
-    // (the base's) are GradSync's parameters, in its order.
-    NoGradGuard no_grad;
-    const auto& pieces = sync_.shard_pieces();
-    for (size_t i = 0; i < pieces.size(); ++i)
-      values_[i].detach().copy_(
-          params_[static_cast<size_t>(pieces[i].param)].tensor.detach().flatten().slice(pieces[i].begin, pieces[i].end));
-  }
+  sync_.wait_parameters();  // the pieces are views of the parameters (a no-op after a forward: its layers waited)
   inner_->step(lr);
   ++steps_;
   sync_.gather_parameters(values_);

@@ -5,7 +5,8 @@
 //   ... backward; sync.finish(); opt.step(lr);   // updates this rank's shard, then all-gathers the weights
 //
 // Each rank keeps the optimizer state of its shard only (1/N of it), built by `make` over this rank's
-// pieces of the parameters (1-D tensors of their own, their gradients views into GradSync's buckets).
+// pieces of the parameters (1-D views of the parameters' elements, their gradients views into GradSync's
+// buckets; so move the model to its device before, as for GradSync).
 // The arithmetic of every element is the unsharded optimizer's, so the parameters after a step are
 // bitwise those of GradSync without ZeRO and the same optimizer. state() and load_state() speak the
 // unsharded, canonical format ("<parameter>.<slot>" with the parameter's shape): a checkpoint written
@@ -51,7 +52,7 @@ class ZeroOptimizer final : public Optimizer, public GradientParts {
 
  private:
   GradSync& sync_;
-  std::vector<Tensor> values_;  // one leaf per shard piece
+  std::vector<Tensor> values_;  // one leaf per shard piece: a view of its elements of the parameter
   std::unique_ptr<Optimizer> inner_;
   MPI_Comm comm_ = MPI_COMM_NULL;
 };

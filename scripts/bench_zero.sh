@@ -5,7 +5,8 @@
 #            state per rank (the plan record's optimizer_state_bytes) against the goal state/N + the
 #            largest bucket, and each rank's peak RSS (the summary's peak_mem_bytes_by_rank)
 #   step     the median step time on 2 ranks of this machine, ZeRO off vs on, ROUNDS interleaved rounds
-#            (ResNet-50, 64x64 synthetic images, batch 8 per rank, AdamW, 1 thread per rank)
+#            (ResNet-50, 64x64 synthetic images, batch 8 per rank, AdamW, 1 thread per rank, 30 steps), with
+#            the summary's mean breakdown (forward includes waiting for the overlapped all-gather)
 #   cluster  the same on the emulated 2-node cluster (scripts/cluster.sh, root; link RATE), 1 rank a node
 #   scripts/bench_zero.sh [ROUNDS=3]       (BUILD_DIR: default build; RATE: default 1gbit)
 # Results: markdown tables on stdout and in bench-zero/summary.md; every run's log in bench-zero/.
@@ -21,7 +22,7 @@ cluster=$src/scripts/cluster.sh
 out=$src/bench-zero
 work=$(mktemp -d)
 rm -rf "$out"; mkdir -p "$out"
-trap '[[ $parts == *cluster* ]] && "$cluster" down > /dev/null 2>&1; rm -rf "$work"' EXIT
+trap '[[ $parts == *cluster* ]] && "$cluster" down > /dev/null 2>&1; cp "$work"/*.jsonl "$out"/ 2> /dev/null; rm -rf "$work"' EXIT
 trap 'exit 130' INT TERM
 
 # run NAME NP [train_resnet flags...]: one job; its JSONL log at $work/NAME.jsonl.
@@ -73,18 +74,20 @@ step_rounds() {
   /usr/bin/python3 - "$work" "$prefix" "$rounds" "$label" << 'PY'
 import json, statistics as st, sys
 work, prefix, rounds, label = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-def step(name):
+def summary(name):
     recs = [json.loads(l) for l in open(f"{work}/{name}.jsonl")]
-    return next(r for r in recs if r["type"] == "summary")["median_step_s"]
-off = [step(f"{prefix}-r{r}-zero0") for r in range(1, rounds + 1)]
-on = [step(f"{prefix}-r{r}-zero1") for r in range(1, rounds + 1)]
-ratios = [b / a for a, b in zip(off, on)]
-print(f"| {label} | {st.median(off):.3f} | {st.median(on):.3f} | {st.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f}) |")
+    return next(r for r in recs if r["type"] == "summary")
+off = [summary(f"{prefix}-r{r}-zero0") for r in range(1, rounds + 1)]
+on = [summary(f"{prefix}-r{r}-zero1") for r in range(1, rounds + 1)]
+ratios = [b["median_step_s"] / a["median_step_s"] for a, b in zip(off, on)]
+med = lambda runs, key: st.median(r["median_step_s"] if key is None else r["breakdown_s"][key] for r in runs)
+phases = " | ".join(f"{med(off, k):.3f} -> {med(on, k):.3f}" for k in ["forward", "backward", "exposed_comm", "optimizer"])
+print(f"| {label} | {med(off, None):.3f} | {med(on, None):.3f} | {st.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f}) | {phases} |")
 PY
 }
-step_flags=(-a resnet50 --image-size 64 -b 8 --steps 12 --optimizer adamw --lr 0.001 --threads 1)
+step_flags=(-a resnet50 --image-size 64 -b 8 --steps 30 --optimizer adamw --lr 0.001 --threads 1)
 if [[ $parts == *step* || $parts == *cluster* ]]; then
-  printf '| where | step s, ZeRO off | step s, ZeRO on | on / off (range over rounds) |\n|---|---|---|---|\n' >> "$out/summary.md"
+  printf '| where | step s, ZeRO off | step s, ZeRO on | on / off, median of rounds (range) | forward s off -> on | backward s | exposed comm s | optimizer s |\n|---|---|---|---|---|---|---|---|\n' >> "$out/summary.md"
 fi
 if [[ $parts == *step* ]]; then
   local_run() { run "$1" 2 "${step_flags[@]}" --zero "$2"; }
@@ -102,4 +105,4 @@ if [[ $parts == *cluster* ]]; then
   "$cluster" down > /dev/null
 fi
 cat "$out/summary.md"
-echo "(medians of $rounds interleaved rounds of 12 steps; lscpu: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores)"
+echo "(medians of $rounds interleaved rounds of 30 steps; lscpu: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores)"
