@@ -105,4 +105,5 @@ if [[ $parts == *cluster* ]]; then
   "$cluster" down > /dev/null
 fi
 cat "$out/summary.md"
-echo "(medians of $rounds interleaved rounds of 30 steps; lscpu: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores)"
+echo "(lscpu: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; memory: 3 steps of 2 images at 32x32, 4 ranks"
+echo " oversubscribing; step times: medians of $rounds interleaved rounds of 30 steps)"
