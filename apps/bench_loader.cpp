@@ -2,7 +2,7 @@
 // given number of worker threads. Prints one line per configuration (median of --repeats epochs) so
 // the figure can be compared with the rate a training step consumes images.
 //   bench_loader --data DIR [--split train] [--batch-size 128] [--threads 1,2] [--batches 100]
-//                [--pad-crop 4] [--resized-crop 0] [--hflip] [--repeats 3]
+//                [--pad-crop 4] [--resized-crop 0] [--hflip] [--repeats 3] [--hdf5-reads]
 #include <CLI/CLI.hpp>
 #include <new>
 #include <algorithm>
@@ -21,7 +21,7 @@ int main(int argc, char** argv) {
   std::string data_dir, split = "train", threads_text = "1,2";
   int64_t batch = 128, batches = 100, pad_crop = 0, resized_crop = 0;
   int repeats = 3;
-  bool hflip = false;
+  bool hflip = false, hdf5_reads = false;
   app.add_option("--data", data_dir, "shard dataset folder (made by make_shards)")->required();
   app.add_option("--split", split, "split to read")->capture_default_str();
   app.add_option("-b,--batch-size", batch, "records per batch")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
@@ -32,10 +32,13 @@ int main(int argc, char** argv) {
   app.add_option("--resized-crop", resized_crop, "random-resized crop to this size (0 = off)")->capture_default_str()
       ->check(CLI::Range(int64_t{0}, int64_t{8192}));
   app.add_flag("--hflip", hflip, "random horizontal flip");
+  app.add_flag("--hdf5-reads", hdf5_reads, "read decoded images through HDF5 (its lock) instead of pread, to compare");
   app.add_option("--repeats", repeats, "runs per configuration (median reported)")->capture_default_str()->check(CLI::Range(1, 1000));
   CLI11_PARSE(app, argc, argv);
   try {
-    ShardDataset ds = ShardDataset::open(data_dir, split);
+    ShardDataset::OpenOptions oo;
+    oo.direct_reads = !hdf5_reads;
+    ShardDataset ds = ShardDataset::open(data_dir, split, oo);
     std::vector<int> thread_counts;
     std::stringstream ss(threads_text);
     for (std::string item; std::getline(ss, item, ',');) {
@@ -52,9 +55,10 @@ int main(int argc, char** argv) {
     const int64_t runs = std::min(batches, sampler.batches_per_epoch());
     if (runs == 0) RT_THROW("split '", split, "' has fewer records (", ds.size(), ") than one batch (", batch, ")");
     const auto& info = ds.info();
-    std::printf("split '%s': %lld records of %lldx%lldx%lld, batch %lld, %lld batches per run\n", split.c_str(),
+    std::printf("split '%s': %lld records of %lldx%lldx%lld, batch %lld, %lld batches per run, %s reads\n", split.c_str(),
                 static_cast<long long>(ds.size()), static_cast<long long>(info.height), static_cast<long long>(info.width),
-                static_cast<long long>(info.channels), static_cast<long long>(batch), static_cast<long long>(runs));
+                static_cast<long long>(info.channels), static_cast<long long>(batch), static_cast<long long>(runs),
+                ds.direct_shards() > 0 ? "pread" : "HDF5");
     for (int threads : thread_counts) {
       std::vector<double> rates;
       for (int r = 0; r < repeats; ++r) {

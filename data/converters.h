@@ -46,7 +46,7 @@ ConvertResult convert_idx(const std::filesystem::path& src, const std::filesyste
 ConvertResult convert_cifar(const std::filesystem::path& src, const std::filesystem::path& out, int num_classes,
                             const ConvertOptions& options);
 
-// How imagefolder stores images: decoded pixels (/images) or re-encoded as JPEG (/jpeg).
+// How imagefolder stores images: decoded pixels (/images) or re-encoded as JPEG (/encoded + /offsets).
 enum class ImageStorage { kPixels, kJpeg };
 
 struct ImageFolderOptions {

@@ -1,5 +1,5 @@
-// data/loader.h: the threaded batch loader. Worker threads read a batch's records (HDF5 under the one
-// lock), decode and augment them in parallel outside the lock, and collate NHWC batches into a bounded
+// data/loader.h: the threaded batch loader. Worker threads read a batch's records (decoded images with
+// pread and no lock; encoded ones through HDF5 under its lock), decode and augment them in parallel, and collate NHWC batches into a bounded
 // queue of prefetched batches delivered in order. Each sample's augmentation depends only on
 // (seed, epoch, sample index) — never on which thread did it. stop() (and the destructor) joins every
 // thread, also mid-epoch; a worker's error is rethrown by next() with the batch and record named.

@@ -170,9 +170,11 @@ json load_manifest_json(const fs::path& dir) {
   if (j.value("format", std::string()) != kFormatName)
     RT_THROW("manifest '", path.string(), "' has format '", j.value("format", std::string("?")), "', expected '",
              kFormatName, "'");
-  if (j.value("format_version", 0) != kFormatVersion)
-    RT_THROW("manifest '", path.string(), "' has format_version ", j.value("format_version", 0),
-             "; this ringtrain reads version ", kFormatVersion);
+  const int version = j.value("format_version", 0);
+  if (version < kOldestReadableFormatVersion || version > kFormatVersion)
+    RT_THROW("manifest '", path.string(), "' has format_version ", version, "; this ringtrain reads versions ",
+             kOldestReadableFormatVersion, " to ", kFormatVersion,
+             version > kFormatVersion ? " (written by a newer ringtrain: update, or rewrite the dataset with make_shards)" : "");
   return j;
 }
 

@@ -1,9 +1,17 @@
 // data/shard_dataset.cpp: ShardDataset — every shard validated against the manifest on open (checksum,
-// attributes, dtypes, shapes, counts, labels), then records read by global index under the HDF5 lock.
+// attributes, dtypes, shapes, counts, labels), then records read by global index. Decoded images are read
+// with pread at byte offsets HDF5 gave at open (its chunk index), so reading takes no library lock and
+// threads scale; encoded records go through HDF5, under its lock.
+#include <fcntl.h>
 #include <hdf5.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <list>
+#include <memory>
+#include <mutex>
 #include <set>
 
 #include "core/check.h"
@@ -16,8 +24,44 @@ using json = nlohmann::json;
 
 using format::check;
 
+namespace {
+
+// Where a dataset's bytes lie in its file: chunk k holds rows [k * rows, (k + 1) * rows) of its first
+// dimension at addr[k], unfiltered, row-major, so row r of a chunk starts at addr[k] + r * row_bytes.
+// (/images: a row is a record; /encoded: a row is a byte.)
+struct DirectLayout {
+  bool usable = false;  // false: read through HDF5 (a layout pread cannot serve)
+  int64_t rows = 0;
+  std::vector<uint64_t> addr;
+};
+
+// What open learned about a shard's image data.
+struct ShardLayout {
+  int version = kFormatVersion;
+  const char* object = "/images";  // "/images", "/encoded" (v2) or "/jpeg" (v1)
+  DirectLayout direct;
+  std::vector<int64_t> offsets;    // v2 encoded: record i is bytes [offsets[i], offsets[i + 1]) of /encoded
+};
+
+// A read-only descriptor, closed when the last reader lets go of it.
+struct FileFd {
+  int fd = -1;
+  ~FileFd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+}  // namespace
+
 struct ShardDataset::Impl {
   fs::path dir;
+  bool direct_reads = true;
+  std::vector<ShardLayout> layout;  // per shard
+  // Descriptors for pread, opened on first use, at most kMaxOpen at once (least recently used dropped;
+  // a reader still using a dropped one keeps it alive). fd_mutex guards the table only, never a read.
+  std::mutex fd_mutex;
+  std::vector<std::shared_ptr<FileFd>> fds;
+  std::list<int> fd_lru;
   std::vector<int64_t> begin;  // global index of each shard's first record (size shards + 1)
   int64_t chunk = 1;
   std::vector<int32_t> labels;  // every label of the split, read once at open (4 bytes per record)
@@ -53,7 +97,7 @@ struct ShardDataset::Impl {
       close(open[static_cast<size_t>(victim)]);
     }
     const fs::path path = dir / info.shards[static_cast<size_t>(shard)].file;
-    const char* name = info.encoded ? "/jpeg" : "/images";
+    const char* name = layout[static_cast<size_t>(shard)].object;
     // Opened into locals and stored only when both succeed, so a failure leaks no handle.
     h5::Id file(check(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), path, "", "cannot open"), H5Fclose);
     const hid_t images = H5Dopen2(file, name, H5P_DEFAULT);
@@ -65,14 +109,122 @@ struct ShardDataset::Impl {
     o.images = images;
     return o.images;
   }
+
+  std::shared_ptr<FileFd> fd_of(int shard, const SplitInfo& info) {
+    std::lock_guard<std::mutex> lock(fd_mutex);
+    auto& slot = fds[static_cast<size_t>(shard)];
+    fd_lru.remove(shard);
+    fd_lru.push_front(shard);
+    if (slot) return slot;
+    if (fd_lru.size() > kMaxOpen) {
+      fds[static_cast<size_t>(fd_lru.back())].reset();
+      fd_lru.pop_back();
+    }
+    const fs::path path = dir / info.shards[static_cast<size_t>(shard)].file;
+    auto f = std::make_shared<FileFd>();
+    f->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (f->fd < 0) {
+      fd_lru.remove(shard);
+      RT_THROW("shard '", path.string(), "': cannot open for reading: ", std::strerror(errno));
+    }
+    slot = f;
+    return slot;
+  }
+
+  bool direct(int shard) const { return direct_reads && layout[static_cast<size_t>(shard)].direct.usable; }
+
+  // Rows [local, local + count) of a shard's image dataset with a usable direct layout, into out; errors
+  // name `record` (-1: the row is the record).
+  void read_direct(int shard, int64_t local, int64_t count, int64_t row_bytes, const SplitInfo& info, uint8_t* out,
+                   int64_t record = -1) {
+    const ShardLayout& sl = layout[static_cast<size_t>(shard)];
+    const DirectLayout& d = sl.direct;
+    const std::shared_ptr<FileFd> f = fd_of(shard, info);
+    while (count > 0) {
+      const int64_t k = local / d.rows, r = local % d.rows, n = std::min(count, d.rows - r);
+      uint64_t at = d.addr[static_cast<size_t>(k)] + static_cast<uint64_t>(r * row_bytes);
+      size_t left = static_cast<size_t>(n * row_bytes);
+      while (left > 0) {
+        const ssize_t got = ::pread(f->fd, out, left, static_cast<off_t>(at));
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0)
+          RT_THROW("shard '", (dir / info.shards[static_cast<size_t>(shard)].file).string(), "': '", sl.object, "' record ",
+                   record >= 0 ? record : local, ": ", got < 0 ? std::strerror(errno) : "the file ends before the record (truncated)");
+        out += got;
+        at += static_cast<uint64_t>(got);
+        left -= static_cast<size_t>(got);
+      }
+      local += n;
+      count -= n;
+    }
+  }
 };
 
 namespace {
 
+// The byte ranges of /images in its file, from HDF5's own index, checked against the file's size: a record
+// said to lie past the end is an error naming the file and the record, before any read. A layout that
+// pread cannot serve (filtered chunks, unallocated chunks, a compact dataset) is read through HDF5 instead.
+// rows: the dataset's first dimension; row_bytes and inner: one row's bytes and its other dimensions.
+DirectLayout resolve_direct(const fs::path& path, hid_t file, hid_t images, const std::string& object, int64_t records,
+                            int64_t rb, const std::vector<hsize_t>& inner) {
+  DirectLayout d;
+  if (records == 0) return d;
+  const int rank = 1 + static_cast<int>(inner.size());
+  h5::Id fcpl(check(H5Fget_create_plist(file), path, "", "cannot read the creation properties"), H5Pclose);
+  hsize_t userblock = 0;
+  check(H5Pget_userblock(fcpl, &userblock), path, "", "cannot read the user block size");
+  h5::Id dcpl(check(H5Dget_create_plist(images), path, object, "cannot read the creation properties"), H5Pclose);
+  if (H5Pget_nfilters(dcpl) != 0) return d;
+  const H5D_layout_t layout = H5Pget_layout(dcpl);
+  if (layout == H5D_CONTIGUOUS) {
+    const haddr_t a = H5Dget_offset(images);
+    if (a == HADDR_UNDEF) return d;
+    d.rows = records;
+    d.addr = {userblock + a};
+  } else if (layout == H5D_CHUNKED) {
+    hsize_t cdims[4] = {};
+    if (rank > 4 || H5Pget_chunk(dcpl, rank, cdims) != rank || cdims[0] == 0 ||
+        !std::equal(inner.begin(), inner.end(), cdims + 1))
+      return d;
+    d.rows = static_cast<int64_t>(cdims[0]);
+    const int64_t chunks = (records + d.rows - 1) / d.rows;
+    h5::Id space(check(H5Dget_space(images), path, object, "no dataspace"), H5Sclose);
+    hsize_t n = 0;
+    check(H5Dget_num_chunks(images, space, &n), path, object, "cannot count the chunks");
+    if (static_cast<int64_t>(n) != chunks) return d;  // some never written: HDF5 fills them
+    d.addr.assign(static_cast<size_t>(chunks), HADDR_UNDEF);
+    for (hsize_t i = 0; i < n; ++i) {
+      hsize_t coord[4] = {};
+      unsigned mask = 0;
+      haddr_t addr = HADDR_UNDEF;
+      hsize_t size = 0;
+      check(H5Dget_chunk_info(images, space, i, coord, &mask, &addr, &size), path, object, "cannot read the chunk index");
+      const int64_t k = static_cast<int64_t>(coord[0]) / d.rows;
+      if (mask != 0 || addr == HADDR_UNDEF || static_cast<int64_t>(size) != d.rows * rb || k >= chunks) return DirectLayout{};
+      d.addr[static_cast<size_t>(k)] = userblock + addr;
+    }
+  } else {
+    return d;
+  }
+  std::error_code ec;
+  const uint64_t file_bytes = fs::file_size(path, ec);
+  if (ec) RT_THROW("shard '", path.string(), "': cannot read its size: ", ec.message());
+  for (size_t k = 0; k < d.addr.size(); ++k) {
+    const int64_t first = static_cast<int64_t>(k) * d.rows, rows = std::min(d.rows, records - first);
+    if (d.addr[k] + static_cast<uint64_t>(rows * rb) > file_bytes)
+      RT_THROW("shard '", path.string(), "': '", object, "' ", rb == 1 ? "bytes " : "records ", first, "-",
+               first + rows - 1, " lie at file bytes ", d.addr[k], "-", d.addr[k] + static_cast<uint64_t>(rows * rb),
+               " but the file has ", file_bytes, " bytes: the shard is truncated");
+  }
+  d.usable = true;
+  return d;
+}
+
 // Validates one shard file against the manifest entry; throws naming file and object. Appends the shard's
-// labels to `all_labels`.
-void validate_shard(const fs::path& path, const SplitInfo& info, size_t index, bool check_labels,
-                    std::vector<int32_t>& all_labels) {
+// labels to `all_labels`; returns where its image data lies.
+ShardLayout validate_shard(const fs::path& path, const SplitInfo& info, size_t index, bool check_labels,
+                           std::vector<int32_t>& all_labels) {
   const ShardInfo& shard = info.shards[index];
   detail::h5_silence_errors();
   if (H5Fis_hdf5(path.c_str()) <= 0)
@@ -83,8 +235,12 @@ void validate_shard(const fs::path& path, const SplitInfo& info, size_t index, b
   const std::string format = h5::read_string_attribute(file, "format", at);
   if (format != kFormatName) RT_THROW("shard '", path.string(), "': attribute 'format' is '", format, "', expected '", kFormatName, "'");
   const auto version = h5::read_int_attribute(file, "format_version", at);
-  if (version.size() != 1 || version[0] != kFormatVersion)
-    RT_THROW("shard '", path.string(), "': format_version ", version.empty() ? -1 : version[0], ", expected ", kFormatVersion);
+  if (version.size() != 1 || version[0] < kOldestReadableFormatVersion || version[0] > kFormatVersion)
+    RT_THROW("shard '", path.string(), "': format_version ", version.empty() ? -1 : version[0], ", expected ",
+             kOldestReadableFormatVersion, " to ", kFormatVersion);
+  ShardLayout layout;
+  layout.version = static_cast<int>(version[0]);
+  layout.object = !info.encoded ? "/images" : layout.version == 1 ? "/jpeg" : "/encoded";
   const auto classes = h5::read_int_attribute(file, "num_classes", at);
   if (classes.size() != 1 || classes[0] != info.num_classes)
     RT_THROW("shard '", path.string(), "': num_classes ", classes.empty() ? -1 : classes[0],
@@ -103,8 +259,8 @@ void validate_shard(const fs::path& path, const SplitInfo& info, size_t index, b
              num_shards.empty() ? -1 : num_shards[0], " but the manifest lists it as shard ", index, " of ",
              info.shards.size());
 
-  const char* image_name = info.encoded ? "jpeg" : "images";
-  const std::string image_object = std::string("/") + image_name;
+  const char* image_name = layout.object + 1;
+  const std::string image_object = layout.object;
   if (!h5::link_exists(file, image_name, at)) RT_THROW("shard '", path.string(), "': missing dataset '", image_object, "'");
   if (!h5::link_exists(file, "labels", at)) RT_THROW("shard '", path.string(), "': missing dataset '/labels'");
   const h5::Where iat = at.at(image_object);
@@ -121,12 +277,38 @@ void validate_shard(const fs::path& path, const SplitInfo& info, size_t index, b
         static_cast<int64_t>(idims[3]) != info.channels)
       RT_THROW("shard '", path.string(), "': dataset '/images' holds ", idims[1], "x", idims[2], "x", idims[3],
                " images but the split's images are ", info.height, "x", info.width, "x", info.channels);
-  } else {
+  } else if (layout.version == 1) {
     if (iclass != H5T_VLEN) RT_THROW("shard '", path.string(), "': dataset '/jpeg' must be variable-length uint8");
     if (idims.size() != 1) RT_THROW("shard '", path.string(), "': dataset '/jpeg' has rank ", idims.size(), ", expected 1");
+  } else {
+    if (iclass != H5T_INTEGER || H5Tget_size(itype) != 1 || H5Tget_sign(itype) != H5T_SGN_NONE || idims.size() != 1)
+      RT_THROW("shard '", path.string(), "': dataset '/encoded' must be 1-D uint8");
+    // Where each record's bytes are: checked whole, so a bad offset is an error naming the record before any read.
+    if (!h5::link_exists(file, "offsets", at)) RT_THROW("shard '", path.string(), "': missing dataset '/offsets'");
+    h5::Id offs(check(H5Dopen2(file, "offsets", H5P_DEFAULT), path, "/offsets", "cannot open dataset"), H5Dclose);
+    h5::Id otype(check(H5Dget_type(offs), path, "/offsets", "cannot read the type"), H5Tclose);
+    const std::vector<hsize_t> odims = h5::dims(offs, at.at("/offsets"));
+    if (H5Tget_class(otype) != H5T_INTEGER || H5Tget_size(otype) != 8 || odims.size() != 1)
+      RT_THROW("shard '", path.string(), "': dataset '/offsets' must be 1-D int64");
+    if (static_cast<int64_t>(odims[0]) != shard.records + 1)
+      RT_THROW("shard '", path.string(), "': dataset '/offsets' has ", odims[0], " entries, expected ", shard.records + 1,
+               " (one per record of the manifest, then the end)");
+    layout.offsets.resize(odims[0]);
+    check(H5Dread(offs, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, layout.offsets.data()), path, "/offsets",
+          "truncated or corrupt data, cannot read");
+    const auto& o = layout.offsets;
+    if (o[0] != 0) RT_THROW("shard '", path.string(), "': '/offsets' starts at ", o[0], ", expected 0");
+    for (int64_t r = 0; r < shard.records; ++r)
+      if (o[static_cast<size_t>(r) + 1] <= o[static_cast<size_t>(r)] || o[static_cast<size_t>(r) + 1] > static_cast<int64_t>(idims[0]))
+        RT_THROW("shard '", path.string(), "': '/encoded' record ", r, " would be bytes [", o[static_cast<size_t>(r)], ", ",
+                 o[static_cast<size_t>(r) + 1], ") of the ", idims[0], " bytes of '/encoded' (a corrupt '/offsets')");
+    if (o.back() != static_cast<int64_t>(idims[0]))
+      RT_THROW("shard '", path.string(), "': '/offsets' ends at byte ", o.back(), " but '/encoded' holds ", idims[0]);
   }
-  if (static_cast<int64_t>(idims[0]) != shard.records)
-    RT_THROW("shard '", path.string(), "': dataset '", image_object, "' has ", idims[0], " records, the manifest says ",
+  const int64_t records_here = layout.version >= 2 && info.encoded ? static_cast<int64_t>(layout.offsets.size()) - 1
+                                                                    : static_cast<int64_t>(idims[0]);
+  if (records_here != shard.records)
+    RT_THROW("shard '", path.string(), "': dataset '", image_object, "' has ", records_here, " records, the manifest says ",
              shard.records);
 
   const h5::Where lat = at.at("/labels");
@@ -137,8 +319,8 @@ void validate_shard(const fs::path& path, const SplitInfo& info, size_t index, b
     RT_THROW("shard '", path.string(), "': dataset '/labels' must be int32");
   const std::vector<hsize_t> ldims = h5::dims(labels, lat);
   if (ldims.size() != 1) RT_THROW("shard '", path.string(), "': dataset '/labels' has rank ", ldims.size(), ", expected 1");
-  if (ldims[0] != idims[0])
-    RT_THROW("shard '", path.string(), "': ", idims[0], " images but ", ldims[0], " labels in dataset '/labels'");
+  if (static_cast<int64_t>(ldims[0]) != records_here)
+    RT_THROW("shard '", path.string(), "': ", records_here, " images but ", ldims[0], " labels in dataset '/labels'");
   std::vector<int32_t> values(ldims[0]);
   if (ldims[0] > 0)
     check(H5Dread(labels, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()), path, "/labels",
@@ -150,6 +332,13 @@ void validate_shard(const fs::path& path, const SplitInfo& info, size_t index, b
                  info.num_classes, ")");
   }
   all_labels.insert(all_labels.end(), values.begin(), values.end());
+  if (!info.encoded)
+    layout.direct = resolve_direct(path, file, images, "/images", shard.records, info.record_bytes(),
+                                   {static_cast<hsize_t>(info.height), static_cast<hsize_t>(info.width),
+                                    static_cast<hsize_t>(info.channels)});
+  else if (layout.version >= 2)
+    layout.direct = resolve_direct(path, file, images, "/encoded", static_cast<int64_t>(idims[0]), 1, {});
+  return layout;
 }
 
 }  // namespace
@@ -174,6 +363,7 @@ ShardDataset ShardDataset::open(const fs::path& dir, const std::string& split, O
   int64_t total = 0;
   std::set<std::string> listed;
   std::vector<int32_t> labels;
+  std::vector<ShardLayout> layouts;
   for (size_t i = 0; i < info.shards.size(); ++i) {
     const ShardInfo& shard = info.shards[i];
     listed.insert(shard.file);
@@ -185,7 +375,7 @@ ShardDataset ShardDataset::open(const fs::path& dir, const std::string& split, O
         RT_THROW("shard '", path.string(), "' is corrupt: CRC-32 ", format::hex32(crc), " but the manifest says ",
                  format::hex32(shard.crc32));
     }
-    validate_shard(path, info, i, options.check_labels, labels);
+    layouts.push_back(validate_shard(path, info, i, options.check_labels, labels));
     total += shard.records;
   }
   if (total != info.records)
@@ -202,6 +392,9 @@ ShardDataset ShardDataset::open(const fs::path& dir, const std::string& split, O
   ds.impl_->begin.push_back(0);
   for (const auto& shard : info.shards) ds.impl_->begin.push_back(ds.impl_->begin.back() + shard.records);
   ds.impl_->open.assign(info.shards.size(), Impl::Open{});
+  ds.impl_->direct_reads = options.direct_reads;
+  ds.impl_->layout = std::move(layouts);
+  ds.impl_->fds.resize(info.shards.size());
   ds.impl_->labels = std::move(labels);
   ds.impl_->chunk = chunk_records_for(info.record_bytes());
   return ds;
@@ -217,6 +410,12 @@ ShardDataset::~ShardDataset() { delete impl_; }
 
 int64_t ShardDataset::chunk_records() const { return impl_->chunk; }
 
+int ShardDataset::direct_shards() const {
+  if (!impl_->direct_reads) return 0;
+  return static_cast<int>(std::count_if(impl_->layout.begin(), impl_->layout.end(),
+                                        [](const ShardLayout& l) { return l.direct.usable; }));
+}
+
 std::pair<int, int64_t> ShardDataset::locate(int64_t index) const {
   if (index < 0 || index >= info_.records)
     RT_THROW("record ", index, " is out of range for split '", info_.split, "' of ", info_.records, " records");
@@ -229,6 +428,25 @@ std::vector<uint8_t> ShardDataset::read_encoded(int64_t index, int32_t* label) c
   RT_CHECK(info_.encoded, "read_encoded on split '", info_.split, "' which stores decoded images");
   auto [shard, local] = locate(index);
   if (label) *label = impl_->labels[static_cast<size_t>(index)];
+  const ShardLayout& layout = impl_->layout[static_cast<size_t>(shard)];
+  if (layout.version >= 2) {
+    const int64_t a = layout.offsets[static_cast<size_t>(local)], b = layout.offsets[static_cast<size_t>(local) + 1];
+    std::vector<uint8_t> bytes(static_cast<size_t>(b - a));
+    if (impl_->direct(shard)) {
+      impl_->read_direct(shard, a, b - a, 1, info_, bytes.data(), local);
+      return bytes;
+    }
+    std::lock_guard<std::recursive_mutex> lock(h5::lock());
+    const fs::path path = impl_->dir / info_.shards[static_cast<size_t>(shard)].file;
+    hid_t ds = impl_->images(shard, info_);
+    hsize_t start[1] = {static_cast<hsize_t>(a)}, count[1] = {static_cast<hsize_t>(b - a)};
+    h5::Id fspace(check(H5Dget_space(ds), path, "/encoded", "no dataspace"), H5Sclose);
+    check(H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start, nullptr, count, nullptr), path, "/encoded", "select record");
+    h5::Id mspace(check(H5Screate_simple(1, count, nullptr), path, "/encoded", "create dataspace"), H5Sclose);
+    check(H5Dread(ds, H5T_NATIVE_UINT8, mspace, fspace, H5P_DEFAULT, bytes.data()), path, "/encoded",
+          detail::str_cat("truncated or corrupt data, cannot read record ", local));
+    return bytes;
+  }
   std::lock_guard<std::recursive_mutex> lock(h5::lock());
   const fs::path path = impl_->dir / info_.shards[static_cast<size_t>(shard)].file;
   hid_t ds = impl_->images(shard, info_);
@@ -259,8 +477,8 @@ void ShardDataset::read_range(int64_t begin, int64_t count, uint8_t* images, int
         img = decode_image(bytes.data(), bytes.size());
       } catch (const Error& e) {
         auto [shard, local] = locate(begin + i);
-        RT_THROW("shard '", (impl_->dir / info_.shards[static_cast<size_t>(shard)].file).string(), "', '/jpeg' record ",
-                 local, ": ", e.what());
+        RT_THROW("shard '", (impl_->dir / info_.shards[static_cast<size_t>(shard)].file).string(), "', '",
+                 impl_->layout[static_cast<size_t>(shard)].object, "' record ", local, ": ", e.what());
       }
       if (img.height != info_.height || img.width != info_.width || img.channels != info_.channels)
         RT_THROW("split '", info_.split, "' record ", begin + i, " decodes to ", img.height, "x", img.width, "x",
@@ -271,11 +489,16 @@ void ShardDataset::read_range(int64_t begin, int64_t count, uint8_t* images, int
     return;
   }
   if (labels) std::copy_n(impl_->labels.data() + begin, count, labels);
-  std::lock_guard<std::recursive_mutex> lock(h5::lock());
   int64_t done = 0;
   while (done < count) {
     auto [shard, local] = locate(begin + done);
     const int64_t in_shard = std::min(count - done, info_.shards[static_cast<size_t>(shard)].records - local);
+    if (impl_->direct(shard)) {
+      impl_->read_direct(shard, local, in_shard, record_bytes, info_, images + done * record_bytes);
+      done += in_shard;
+      continue;
+    }
+    std::lock_guard<std::recursive_mutex> lock(h5::lock());
     const fs::path path = impl_->dir / info_.shards[static_cast<size_t>(shard)].file;
     hid_t ds = impl_->images(shard, info_);
     hsize_t start[4] = {static_cast<hsize_t>(local), 0, 0, 0};

@@ -15,6 +15,8 @@ namespace fs = std::filesystem;
 
 using format::check;
 
+constexpr hsize_t kEncodedChunkBytes = 1 << 20;
+
 struct ShardWriter::Impl {
   WriterOptions options;
   int64_t record_bytes = 0, chunk = 0;
@@ -25,6 +27,8 @@ struct ShardWriter::Impl {
   int64_t pending_first = 0;         // local index of pending's first record
   std::vector<int32_t> labels;       // current shard's labels
   std::vector<int32_t> shapes;       // current shard's decoded shapes (encoded splits)
+  std::vector<int64_t> offsets;      // encoded: where each record of the current shard starts in /encoded, then the end
+  int64_t encoded_written = 0;       // encoded: bytes of /encoded already in the file
   std::vector<double> sums, squares; // per channel, over all records
   std::vector<ShardInfo> shards;
   std::vector<fs::path> temp_files;
@@ -55,11 +59,14 @@ struct ShardWriter::Impl {
                                 "/images", "create dataset"),
                     H5Dclose);
     } else {
-      hsize_t dims[1] = {static_cast<hsize_t>(n)};
-      h5::Id space(check(H5Screate_simple(1, dims, nullptr), path, "/jpeg", "create dataspace"), H5Sclose);
-      h5::Id vlen(check(H5Tvlen_create(H5T_STD_U8LE), path, "/jpeg", "create type"), H5Tclose);
-      images = h5::Id(check(H5Dcreate2(file, "jpeg", vlen, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), path,
-                                "/jpeg", "create dataset"),
+      // Every record's bytes back to back (chunks of 1 MiB, unfiltered: byte ranges of the file a reader
+      // can pread), with /offsets written at the end.
+      hsize_t dims[1] = {0}, max_dims[1] = {H5S_UNLIMITED}, chunk_dims[1] = {kEncodedChunkBytes};
+      h5::Id space(check(H5Screate_simple(1, dims, max_dims), path, "/encoded", "create dataspace"), H5Sclose);
+      h5::Id plist(check(H5Pcreate(H5P_DATASET_CREATE), path, "/encoded", "create property list"), H5Pclose);
+      check(H5Pset_chunk(plist, 1, chunk_dims), path, "/encoded", "set chunking");
+      images = h5::Id(check(H5Dcreate2(file, "encoded", H5T_STD_U8LE, space, H5P_DEFAULT, plist, H5P_DEFAULT), path,
+                                "/encoded", "create dataset"),
                     H5Dclose);
     }
     current = i;
@@ -67,6 +74,23 @@ struct ShardWriter::Impl {
     pending_first = 0;
     labels.clear();
     shapes.clear();
+    offsets.assign(1, 0);
+    encoded_written = 0;
+  }
+
+  void flush_encoded() {
+    if (pending.empty() || !options.encoded) return;
+    std::lock_guard<std::recursive_mutex> lock(h5::lock());
+    const fs::path path = temp_path(current);
+    hsize_t start[1] = {static_cast<hsize_t>(encoded_written)}, count[1] = {pending.size()},
+            size[1] = {static_cast<hsize_t>(encoded_written) + pending.size()};
+    check(H5Dset_extent(images, size), path, "/encoded", "extend");
+    h5::Id fspace(check(H5Dget_space(images), path, "/encoded", "no dataspace"), H5Sclose);
+    check(H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start, nullptr, count, nullptr), path, "/encoded", "select bytes");
+    h5::Id mspace(check(H5Screate_simple(1, count, nullptr), path, "/encoded", "create dataspace"), H5Sclose);
+    check(H5Dwrite(images, H5T_NATIVE_UINT8, mspace, fspace, H5P_DEFAULT, pending.data()), path, "/encoded", "write records");
+    encoded_written += static_cast<int64_t>(pending.size());
+    pending.clear();
   }
 
   void flush_pending() {
@@ -89,6 +113,7 @@ struct ShardWriter::Impl {
   void close_shard() {
     if (current < 0) return;
     flush_pending();
+    flush_encoded();
     std::lock_guard<std::recursive_mutex> lock(h5::lock());
     const fs::path path = temp_path(current);
     hsize_t dims[1] = {labels.size()};
@@ -108,6 +133,13 @@ struct ShardWriter::Impl {
       if (!shapes.empty())
         check(H5Dwrite(sds, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, shapes.data()), path, "/shapes",
                     "write shapes");
+      hsize_t odims[1] = {offsets.size()};
+      h5::Id ospace(check(H5Screate_simple(1, odims, nullptr), path, "/offsets", "create dataspace"), H5Sclose);
+      h5::Id ods(check(H5Dcreate2(file, "offsets", H5T_STD_I64LE, ospace, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+                           path, "/offsets", "create dataset"),
+               H5Dclose);
+      check(H5Dwrite(ods, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, offsets.data()), path, "/offsets",
+            "write offsets");
     }
     ShardInfo info;
     info.file = shard_file_name(options.split, current, options.num_shards);
@@ -226,20 +258,11 @@ void ShardWriter::add_encoded(const std::vector<uint8_t>& bytes, const int64_t d
   RT_CHECK(static_cast<int64_t>(channel_sums.size()) == m.options.channels &&
                static_cast<int64_t>(channel_squares.size()) == m.options.channels,
            "ShardWriter::add_encoded: channel sums must have one entry per channel");
+  RT_CHECK(!bytes.empty(), "ShardWriter: record ", written_, " of split '", m.options.split, "' has no encoded bytes");
   m.start_record(written_);
-  {
-    std::lock_guard<std::recursive_mutex> lock(h5::lock());
-    const int64_t local = static_cast<int64_t>(m.labels.size());
-    hvl_t value{bytes.size(), const_cast<uint8_t*>(bytes.data())};
-    hsize_t start[1] = {static_cast<hsize_t>(local)}, count[1] = {1};
-    const fs::path path = m.temp_path(m.current);
-    h5::Id fspace(check(H5Dget_space(m.images), path, "/jpeg", "no dataspace"), H5Sclose);
-    check(H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start, nullptr, count, nullptr), path, "/jpeg", "select record");
-    h5::Id mspace(check(H5Screate_simple(1, count, nullptr), path, "/jpeg", "create dataspace"), H5Sclose);
-    h5::Id vlen(check(H5Tvlen_create(H5T_NATIVE_UINT8), path, "/jpeg", "create type"), H5Tclose);
-    check(H5Dwrite(m.images, vlen, mspace, fspace, H5P_DEFAULT, &value), m.temp_path(m.current), "/jpeg",
-                "write record");
-  }
+  m.pending.insert(m.pending.end(), bytes.begin(), bytes.end());
+  m.offsets.push_back(m.offsets.back() + static_cast<int64_t>(bytes.size()));
+  if (m.pending.size() >= 4 * kEncodedChunkBytes) m.flush_encoded();
   m.labels.push_back(label);
   for (int k = 0; k < 3; ++k) m.shapes.push_back(static_cast<int32_t>(decoded_hwc[k]));
   for (size_t c = 0; c < channel_sums.size(); ++c) {

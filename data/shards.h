@@ -1,7 +1,8 @@
 // data/shards.h: the HDF5 shard format (docs/DATA_FORMAT.md): ShardWriter writes a split as shard
 // files plus manifest.json and validates what it wrote; ShardDataset opens a split, validates every
 // shard against the manifest, and reads records by global index. All HDF5 calls in the process go
-// through one lock (hdf5_mutex()): the serial HDF5 library is not thread-safe. Sources: manifest.cpp
+// through one lock (hdf5_mutex()): the serial HDF5 library is not thread-safe. Decoded images are read
+// without it: their byte offsets come from HDF5's chunk index once, at open, and reads are pread calls. Sources: manifest.cpp
 // (names, checksums, manifest.json), shard_writer.cpp and shard_dataset.cpp; HDF5 helpers: core/hdf5.h.
 #pragma once
 
@@ -14,7 +15,11 @@
 namespace ringtrain::data {
 
 inline constexpr const char* kFormatName = "ringtrain-shards";
-inline constexpr int kFormatVersion = 1;
+// Version 2 stores encoded images as /encoded (every record's bytes back to back) + /offsets; version 1
+// stored them as a variable-length /jpeg, which is still read (through HDF5, under its lock). Decoded
+// (/images) shards are the same in both.
+inline constexpr int kFormatVersion = 2;
+inline constexpr int kOldestReadableFormatVersion = 1;
 
 // The lock every HDF5 call in ringtrain takes (the same one as ringtrain::detail::hdf5_mutex()).
 std::recursive_mutex& hdf5_mutex();
@@ -32,7 +37,7 @@ struct SplitInfo {
   std::string split;
   int64_t records = 0;
   int64_t height = 0, width = 0, channels = 0;  // decoded image shape (all records)
-  bool encoded = false;                         // /jpeg instead of /images
+  bool encoded = false;                         // /encoded + /offsets (v1: /jpeg) instead of /images
   int num_classes = 0;
   std::vector<std::string> classes;             // optional class names
   std::vector<float> mean, std;                 // per channel, of pixel / 255
@@ -79,13 +84,17 @@ class ShardWriter {
   int64_t written_ = 0;
 };
 
-// One split of a dataset, validated on open. Reads are thread-safe (they take hdf5_mutex()).
+// One split of a dataset, validated on open. Reads are thread-safe: decoded images without any lock
+// (pread at offsets resolved at open), encoded records under hdf5_mutex().
 class ShardDataset {
  public:
   struct OpenOptions {
     bool verify_checksums = true;
     bool check_labels = true;  // read every label and check the range
     bool allow_empty = false;  // a split of 0 records is an error unless allowed
+    // Decoded images are read with pread at the byte offsets HDF5's chunk index gives at open (no library
+    // lock, so threads scale); off, or for a layout pread cannot serve, through HDF5 under its lock.
+    bool direct_reads = true;
   };
   static ShardDataset open(const std::filesystem::path& dir, const std::string& split, OpenOptions options);
   static ShardDataset open(const std::filesystem::path& dir, const std::string& split) {
@@ -98,7 +107,8 @@ class ShardDataset {
   const SplitInfo& info() const { return info_; }
   int64_t size() const { return info_.records; }
   // Records [begin, begin + count) by global index: images (count x H x W x C bytes, decoded if the split
-  // is encoded) and labels. Ranges may cross shard boundaries.
+  // is encoded) and labels. Ranges may cross shard boundaries. A file that changed since open (shorter
+  // than its records) is an error naming the file and the record.
   void read_range(int64_t begin, int64_t count, uint8_t* images, int32_t* labels) const;
   // Arbitrary records; sorted contiguous runs are read together.
   void read_indices(const std::vector<int64_t>& indices, uint8_t* images, int32_t* labels) const;
@@ -108,6 +118,8 @@ class ShardDataset {
   std::pair<int, int64_t> locate(int64_t index) const;
   // Records per HDF5 chunk of /images (the unit a sampler should keep together for I/O locality).
   int64_t chunk_records() const;
+  // Shards whose decoded images are read with pread (the rest go through HDF5).
+  int direct_shards() const;
 
  private:
   ShardDataset() = default;

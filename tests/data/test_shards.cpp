@@ -7,6 +7,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
+#include "core/hdf5.h"
+#include "data/codec.h"
 #include "data/shards.h"
 #include "test_util.h"
 
@@ -160,6 +162,193 @@ TEST_F(Shards, MissingManifestFileAndSplit) {
   EXPECT_NE(e.find("missing"), std::string::npos) << e;
   fs::remove(dir_ / "manifest.json");
   EXPECT_NE(open_error().find("no manifest.json"), std::string::npos);
+}
+
+// 300 records of 64x64x3 in 2 shards: 85 records a chunk, so each shard has a full chunk and a partial one.
+SplitInfo write_big(const fs::path& dir) {
+  WriterOptions o;
+  o.dir = dir;
+  o.num_shards = 2;
+  o.total_records = 300;
+  o.height = 64;
+  o.width = 64;
+  o.channels = 3;
+  o.num_classes = 5;
+  o.source = "test";
+  ShardWriter w(o);
+  std::vector<uint8_t> image(64 * 64 * 3);
+  for (int64_t r = 0; r < 300; ++r) {
+    for (size_t i = 0; i < image.size(); ++i) image[i] = static_cast<uint8_t>((r * 131 + static_cast<int64_t>(i) * 7) % 251);
+    w.add(image.data(), static_cast<int32_t>(r % 5));
+  }
+  return w.finish();
+}
+
+// Every record of the split through pread and through HDF5, in order and in a scattered order.
+void expect_direct_equals_hdf5(const fs::path& dir, int direct_shards) {
+  ShardDataset direct = ShardDataset::open(dir, "train");
+  ShardDataset::OpenOptions off;
+  off.direct_reads = false;
+  ShardDataset hdf5 = ShardDataset::open(dir, "train", off);
+  EXPECT_EQ(direct.direct_shards(), direct_shards);
+  EXPECT_EQ(hdf5.direct_shards(), 0);
+  const int64_t n = direct.size(), rb = direct.info().record_bytes();
+  std::vector<uint8_t> a(static_cast<size_t>(n * rb)), b(a.size());
+  std::vector<int32_t> la(static_cast<size_t>(n)), lb(la.size());
+  direct.read_range(0, n, a.data(), la.data());
+  hdf5.read_range(0, n, b.data(), lb.data());
+  EXPECT_TRUE(a == b) << "read_range";
+  EXPECT_TRUE(la == lb);
+  EXPECT_EQ(a[static_cast<size_t>(rb * 299 + 5)], static_cast<uint8_t>((299 * 131 + 5 * 7) % 251));
+  std::vector<int64_t> order;
+  for (int64_t i = 0; i < n; ++i) order.push_back((i * 97 + 13) % n);  // 97 is prime to 300: a permutation
+  std::fill(a.begin(), a.end(), 0);
+  std::fill(b.begin(), b.end(), 1);
+  direct.read_indices(order, a.data(), la.data());
+  hdf5.read_indices(order, b.data(), lb.data());
+  EXPECT_TRUE(a == b) << "read_indices";
+}
+
+TEST_F(Shards, DirectReadsAreByteIdenticalToHdf5ReadsForEveryLayout) {
+  write_big(dir_);
+  expect_direct_equals_hdf5(dir_, 2);  // chunked, as make_shards writes
+  // A contiguous /images (another writer's choice) is read directly too; a compressed one through HDF5.
+  auto rewrite = [&](const std::string& file, bool deflate) {
+    tamper(file, [&](hid_t f) {
+      hid_t old = H5Dopen2(f, "images", H5P_DEFAULT);
+      hid_t space = H5Dget_space(old);
+      hsize_t dims[4];
+      H5Sget_simple_extent_dims(space, dims, nullptr);
+      std::vector<uint8_t> data(dims[0] * dims[1] * dims[2] * dims[3]);
+      H5Dread(old, H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data());
+      H5Dclose(old);
+      H5Ldelete(f, "images", H5P_DEFAULT);
+      hid_t plist = H5Pcreate(H5P_DATASET_CREATE);
+      if (deflate) {
+        hsize_t chunk[4] = {16, dims[1], dims[2], dims[3]};
+        H5Pset_chunk(plist, 4, chunk);
+        H5Pset_deflate(plist, 1);
+      }
+      hid_t ds = H5Dcreate2(f, "images", H5T_STD_U8LE, space, H5P_DEFAULT, plist, H5P_DEFAULT);
+      H5Dwrite(ds, H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data());
+      H5Dclose(ds);
+      H5Pclose(plist);
+      H5Sclose(space);
+    });
+  };
+  rewrite("train-00000-of-00002.h5", false);
+  expect_direct_equals_hdf5(dir_, 2);
+  rewrite("train-00001-of-00002.h5", true);
+  expect_direct_equals_hdf5(dir_, 1);
+}
+
+TEST_F(Shards, AShardCutShortAfterOpeningIsAnErrorNamingFileAndRecord) {
+  write_big(dir_);
+  ShardDataset ds = ShardDataset::open(dir_, "train");
+  const fs::path shard = dir_ / "train-00001-of-00002.h5";
+  fs::resize_file(shard, fs::file_size(shard) / 2);
+  std::vector<uint8_t> out(static_cast<size_t>(ds.info().record_bytes() * 150));
+  try {
+    ds.read_range(150, 150, out.data(), nullptr);
+    FAIL() << "read past the end of a truncated shard";
+  } catch (const Error& e) {
+    const std::string w = e.what();
+    EXPECT_NE(w.find("train-00001-of-00002.h5"), std::string::npos) << w;
+    EXPECT_NE(w.find("record"), std::string::npos) << w;
+    EXPECT_NE(w.find("truncated"), std::string::npos) << w;
+  }
+}
+
+// 20 PNGs of 256x256x3 noise (~190 KB each) in 2 shards: each shard's /encoded spans 3 chunks of 1 MiB,
+// and some records straddle a chunk boundary. Returns every record's bytes.
+std::vector<std::vector<uint8_t>> write_encoded(const fs::path& dir) {
+  WriterOptions o;
+  o.dir = dir;
+  o.num_shards = 2;
+  o.total_records = 20;
+  o.height = o.width = 256;
+  o.channels = 3;
+  o.num_classes = 4;
+  o.encoded = true;
+  o.source = "test";
+  ShardWriter w(o);
+  std::vector<std::vector<uint8_t>> all;
+  uint32_t x = 12345;
+  std::vector<uint8_t> pixels(256 * 256 * 3);
+  for (int r = 0; r < 20; ++r) {
+    for (auto& p : pixels) p = static_cast<uint8_t>((x = x * 1664525u + 1013904223u) >> 24);
+    all.push_back(encode_png(pixels.data(), 256, 256, 3));
+    const int64_t hwc[3] = {256, 256, 3};
+    w.add_encoded(all.back(), hwc, r % 4, {1, 1, 1}, {1, 1, 1});
+  }
+  w.finish();
+  return all;
+}
+
+TEST_F(Shards, EncodedRecordsReadWithPreadAreTheBytesWritten) {
+  const auto written = write_encoded(dir_);
+  ShardDataset direct = ShardDataset::open(dir_, "train");
+  ShardDataset::OpenOptions off;
+  off.direct_reads = false;
+  ShardDataset hdf5 = ShardDataset::open(dir_, "train", off);
+  EXPECT_EQ(direct.direct_shards(), 2);
+  for (int64_t i = 0; i < 20; ++i) {
+    int32_t la = -1, lb = -1;
+    EXPECT_TRUE(direct.read_encoded(i, &la) == written[static_cast<size_t>(i)]) << "record " << i;
+    EXPECT_TRUE(hdf5.read_encoded(i, &lb) == written[static_cast<size_t>(i)]) << "record " << i;
+    EXPECT_EQ(la, i % 4);
+    EXPECT_EQ(lb, la);
+  }
+  std::vector<uint8_t> a(static_cast<size_t>(20 * 256 * 256 * 3)), b(a.size());
+  direct.read_range(0, 20, a.data(), nullptr);
+  const DecodedImage first = decode_image(written[0].data(), written[0].size());
+  EXPECT_TRUE(std::equal(first.pixels.begin(), first.pixels.end(), a.begin())) << "decoded through read_range";
+}
+
+TEST_F(Shards, AVersion1EncodedShardIsStillRead) {
+  const auto written = write_encoded(dir_);
+  // Shard 0 back to the version 1 layout: one variable-length /jpeg dataset.
+  tamper("train-00000-of-00002.h5", [&](hid_t f) {
+    H5Ldelete(f, "encoded", H5P_DEFAULT);
+    H5Ldelete(f, "offsets", H5P_DEFAULT);
+    hsize_t dims[1] = {10};
+    hid_t space = H5Screate_simple(1, dims, nullptr);
+    hid_t vlen = H5Tvlen_create(H5T_STD_U8LE);
+    hid_t ds = H5Dcreate2(f, "jpeg", vlen, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    std::vector<hvl_t> values;
+    for (int i = 0; i < 10; ++i) values.push_back({written[static_cast<size_t>(i)].size(), const_cast<uint8_t*>(written[static_cast<size_t>(i)].data())});
+    H5Dwrite(ds, vlen, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data());
+    H5Dclose(ds);
+    H5Tclose(vlen);
+    H5Sclose(space);
+    H5Adelete(f, "format_version");
+    h5::write_int_attribute(f, "format_version", {1}, h5::Where{"shard", "train-00000-of-00002.h5", ""});
+  });
+  ShardDataset ds = ShardDataset::open(dir_, "train");
+  EXPECT_EQ(ds.direct_shards(), 1) << "the version 1 shard goes through HDF5";
+  for (int64_t i = 0; i < 20; ++i) EXPECT_TRUE(ds.read_encoded(i, nullptr) == written[static_cast<size_t>(i)]) << i;
+}
+
+TEST_F(Shards, CorruptEncodedOffsetsAreRefusedNamingFileAndRecord) {
+  write_encoded(dir_);
+  auto set_offset = [&](size_t at, int64_t value) {
+    tamper("train-00001-of-00002.h5", [&](hid_t f) {
+      hid_t ds = H5Dopen2(f, "offsets", H5P_DEFAULT);
+      std::vector<int64_t> o(11);
+      H5Dread(ds, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, o.data());
+      o[at] = value < 0 ? o[at - 1] : value;
+      H5Dwrite(ds, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, o.data());
+      H5Dclose(ds);
+    });
+  };
+  set_offset(3, -1);  // record 2 empty
+  std::string e = open_error();
+  EXPECT_NE(e.find("train-00001-of-00002.h5"), std::string::npos) << e;
+  EXPECT_NE(e.find("'/encoded' record 2 would be bytes"), std::string::npos) << e;
+  write_encoded(dir_);
+  set_offset(10, int64_t{1} << 40);  // the last record past the end of /encoded
+  e = open_error();
+  EXPECT_NE(e.find("'/encoded' record 9 would be bytes"), std::string::npos) << e;
 }
 
 TEST_F(Shards, CorruptAndTruncatedFiles) {
