@@ -2,6 +2,9 @@
 // counts, transforms do what they say, errors surface, and stopping mid-epoch joins cleanly.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
+
 #include <unistd.h>
 
 #include <cmath>
@@ -136,6 +139,49 @@ TEST_F(LoaderTest, TransformsFlipCropAndNormalise) {
     float v = bf16_to_f32(BFloat16{bits});
     EXPECT_GE(v, 0.0f);
     EXPECT_LE(v, 1.0f);
+  }
+}
+
+// The resized crop, evaluated (the centre square) so the window is known: bilinear at pixel centres with
+// the four taps blended per pixel, exactly (the loader resizes rows once and blends them; same arithmetic).
+TEST(Transform, ResizedCropIsBilinearAtPixelCentresBitwise) {
+  for (const auto& [h, w, size] : {std::array<int64_t, 3>{20, 17, 24}, {37, 29, 16}, {9, 30, 9}}) {
+    SplitInfo info;
+    info.height = h;
+    info.width = w;
+    info.channels = 3;
+    info.mean = {0.4f, 0.5f, 0.6f};
+    info.std = {0.2f, 0.25f, 0.3f};
+    std::vector<uint8_t> image(static_cast<size_t>(h * w * 3));
+    uint32_t x = 99;
+    for (auto& p : image) p = static_cast<uint8_t>((x = x * 1664525u + 1013904223u) >> 24);
+    Transform t;
+    t.train = false;
+    t.resized_crop = size;
+    std::vector<float> out(static_cast<size_t>(size * size * 3));
+    apply_transform(info, t, image.data(), 1, 0, 0, out.data());
+    const double side = static_cast<double>(std::min(h, w)), y0c = std::floor((h - side) / 2), x0c = std::floor((w - side) / 2);
+    const double step = side / static_cast<double>(size);
+    for (int64_t oy = 0; oy < size; ++oy) {
+      const double fy = std::clamp(y0c + (oy + 0.5) * step - 0.5, 0.0, static_cast<double>(h - 1));
+      const int64_t r0 = static_cast<int64_t>(fy), r1 = std::min(r0 + 1, h - 1);
+      const float wy = static_cast<float>(fy - static_cast<double>(r0));
+      for (int64_t ox = 0; ox < size; ++ox) {
+        const double fx = std::clamp(x0c + (ox + 0.5) * step - 0.5, 0.0, static_cast<double>(w - 1));
+        const int64_t c0 = static_cast<int64_t>(fx), c1 = std::min(c0 + 1, w - 1);
+        const float wx = static_cast<float>(fx - std::floor(fx));
+        for (int64_t c = 0; c < 3; ++c) {
+          auto px = [&](int64_t y, int64_t xx) { return image[static_cast<size_t>((y * w + xx) * 3 + c)]; };
+          const float top = px(r0, c0) + (px(r0, c1) - px(r0, c0)) * wx;
+          const float bottom = px(r1, c0) + (px(r1, c1) - px(r1, c0)) * wx;
+          const float scale = static_cast<float>(1.0 / (255.0 * info.std[static_cast<size_t>(c)]));
+          const float shift = static_cast<float>(-info.mean[static_cast<size_t>(c)] / info.std[static_cast<size_t>(c)]);
+          const float want = (top + (bottom - top) * wy) * scale + shift;
+          ASSERT_EQ(out[static_cast<size_t>((oy * size + ox) * 3 + c)], want)
+              << h << "x" << w << " -> " << size << " at " << oy << "," << ox << "," << c;
+        }
+      }
+    }
   }
 }
 
