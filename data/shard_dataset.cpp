@@ -1,7 +1,7 @@
 // data/shard_dataset.cpp: ShardDataset — every shard validated against the manifest on open (checksum,
-// attributes, dtypes, shapes, counts, labels), then records read by global index. Decoded images are read
-// with pread at byte offsets HDF5 gave at open (its chunk index), so reading takes no library lock and
-// threads scale; encoded records go through HDF5, under its lock.
+// attributes, dtypes, shapes, counts, labels), then records read by global index. Decoded images and
+// version 2 encoded records are read with pread at byte offsets HDF5 gave at open (its chunk index), so
+// reading takes no library lock and threads scale; version 1 encoded records go through HDF5, under its lock.
 #include <fcntl.h>
 #include <hdf5.h>
 #include <unistd.h>
