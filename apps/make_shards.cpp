@@ -100,8 +100,11 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t{1}, int64_t{8192}));
   imagefolder->add_option("--channels", image_options.channels, "1 (grayscale) or 3 (RGB); other images are converted")
       ->check(CLI::IsMember({1, 3}));
-  imagefolder->add_flag("--keep-encoded", keep_encoded, "Store the resized images as JPEG instead of raw pixels");
-  imagefolder->add_option("--quality", image_options.jpeg_quality, "JPEG quality for --keep-encoded")
+  std::string encode = "raw";
+  imagefolder->add_option("--encode", encode, "raw (decoded pixels) or jpeg (the resized images re-encoded)")
+      ->capture_default_str()->check(CLI::IsMember({"raw", "jpeg"}));
+  imagefolder->add_flag("--keep-encoded", keep_encoded, "The same as --encode jpeg");
+  imagefolder->add_option("--quality", image_options.jpeg_quality, "JPEG quality for --encode jpeg")
       ->check(CLI::Range(1, 100));
   add_common_options(imagefolder, common);
 
@@ -115,6 +118,11 @@ int main(int argc, char** argv) {
       ->check(CLI::Validator([&shape](std::string& text) { return parse_shape(text, shape); }, "HxWxC"));
   synthetic->add_option("--count", spec.count, "Train records")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   synthetic->add_option("--classes", spec.num_classes, "Number of classes")->check(CLI::Range(1, 1 << 20));
+  std::string synthetic_encode = "raw";
+  synthetic->add_option("--encode", synthetic_encode, "raw (pixels) or jpeg (each record JPEG-encoded; 1 or 3 channels)")
+      ->capture_default_str()->check(CLI::IsMember({"raw", "jpeg"}));
+  synthetic->add_option("--quality", spec.jpeg_quality, "JPEG quality for --encode jpeg")->capture_default_str()
+      ->check(CLI::Range(1, 100));
   add_common_options(synthetic, common);
 
   CLI11_PARSE(app, argc, argv);
@@ -130,11 +138,12 @@ int main(int argc, char** argv) {
     if (*cifar10) result = convert_cifar(src, out, 10, options);
     if (*cifar100) result = convert_cifar(src, out, 100, options);
     if (*imagefolder) {
-      image_options.storage = keep_encoded ? ImageStorage::kJpeg : ImageStorage::kPixels;
+      image_options.storage = keep_encoded || encode == "jpeg" ? ImageStorage::kJpeg : ImageStorage::kPixels;
       result = convert_imagefolder(src, out, image_options, options);
     }
     if (*synthetic) {
       spec.height = shape[0], spec.width = shape[1], spec.channels = shape[2];
+      spec.storage = synthetic_encode == "jpeg" ? ImageStorage::kJpeg : ImageStorage::kPixels;
       result = convert_synthetic(out, spec, options);
     }
     print_summary(result, out);

@@ -443,6 +443,11 @@ ConvertResult convert_synthetic(const fs::path& out, const SyntheticSpec& spec, 
     RT_THROW("synthetic image shape must be positive, got ", spec.height, "x", spec.width, "x", spec.channels);
   if (spec.count < 1) RT_THROW("synthetic record count must be at least 1, got ", spec.count);
   if (spec.num_classes < 1) RT_THROW("synthetic class count must be at least 1, got ", spec.num_classes);
+  const bool jpeg = spec.storage == ImageStorage::kJpeg;
+  if (jpeg && spec.channels != 1 && spec.channels != 3)
+    RT_THROW("synthetic --encode jpeg needs 1 or 3 channels, got ", spec.channels);
+  if (jpeg && (spec.jpeg_quality < 1 || spec.jpeg_quality > 100))
+    RT_THROW("synthetic JPEG quality must be from 1 to 100, got ", spec.jpeg_quality);
   check_shard_count(options, spec.count, "train");
   const int64_t record_bytes = spec.height * spec.width * spec.channels;
   std::vector<uint8_t> templates(static_cast<size_t>(spec.num_classes * record_bytes));
@@ -455,9 +460,11 @@ ConvertResult convert_synthetic(const fs::path& out, const SyntheticSpec& spec, 
   const char* names[2] = {"train", "test"};
   std::vector<uint8_t> image(static_cast<size_t>(record_bytes));
   for (int s = 0; s < 2; ++s) {
-    ShardWriter writer(writer_options(out, names[s], shards_for_split(options.num_shards, counts[s], spec.count),
+    WriterOptions wo = writer_options(out, names[s], shards_for_split(options.num_shards, counts[s], spec.count),
                                       counts[s], spec.height, spec.width, spec.channels, spec.num_classes, {}, source,
-                                      options.show_progress));
+                                      options.show_progress);
+    wo.encoded = jpeg;
+    ShardWriter writer(wo);
     for (int64_t r = 0; r < counts[s]; ++r) {
       const Philox4 label_bits = philox4x32_10(options.seed, static_cast<uint64_t>(r), kLabelStream[s]);
       const auto label = static_cast<int32_t>(label_bits.v[0] % static_cast<uint32_t>(spec.num_classes));
@@ -465,7 +472,19 @@ ConvertResult convert_synthetic(const fs::path& out, const SyntheticSpec& spec, 
       const uint8_t* t = templates.data() + label * record_bytes;
       for (int64_t i = 0; i < record_bytes; ++i)
         image[static_cast<size_t>(i)] = static_cast<uint8_t>((image[static_cast<size_t>(i)] + t[i] + 1) / 2);
-      writer.add(image.data(), label);
+      if (!jpeg) {
+        writer.add(image.data(), label);
+        continue;
+      }
+      std::vector<double> sums(static_cast<size_t>(spec.channels), 0.0), squares(sums.size(), 0.0);
+      for (int64_t i = 0; i < record_bytes; ++i) {
+        const double v = image[static_cast<size_t>(i)] / 255.0;
+        sums[static_cast<size_t>(i % spec.channels)] += v;
+        squares[static_cast<size_t>(i % spec.channels)] += v * v;
+      }
+      const int64_t hwc[3] = {spec.height, spec.width, spec.channels};
+      writer.add_encoded(encode_jpeg(image.data(), spec.height, spec.width, spec.channels, spec.jpeg_quality), hwc, label,
+                         sums, squares);
     }
     result.splits.push_back(writer.finish());
   }

@@ -67,10 +67,13 @@ struct SyntheticSpec {
   int64_t height = 32, width = 32, channels = 3;
   int64_t count = 1000;  // train records; "test" gets max(1, count / 5)
   int num_classes = 10;
+  ImageStorage storage = ImageStorage::kPixels;  // kJpeg: each record JPEG-encoded (1 or 3 channels)
+  int jpeg_quality = 90;
 };
 
 // Each class has a fixed random template; a record is the mean of its class's template and uniform
-// noise, with a random label, so a model can learn it. All from philox(options.seed).
+// noise, with a random label, so a model can learn it. All from philox(options.seed). Encoded as JPEG,
+// the mean/std are those of the pixels before encoding (as for imagefolder).
 ConvertResult convert_synthetic(const std::filesystem::path& out, const SyntheticSpec& spec,
                                 const ConvertOptions& options);
 

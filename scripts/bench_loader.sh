@@ -30,7 +30,7 @@ for i in range(2000):
     os.makedirs(d, exist_ok=True)
     Image.fromarray(np.clip(a, 0, 255).astype(np.uint8)).save(os.path.join(d, f"{i:05d}.jpg"), quality=90)
 PY
-  "$build"/make_shards imagefolder "$work/jpg-src" "$work/jpg" --size 224 --keep-encoded --shards 2 > /dev/null 2>&1
+  "$build"/make_shards imagefolder "$work/jpg-src" "$work/jpg" --size 224 --encode jpeg --shards 2 > /dev/null 2>&1
 fi
 
 echo "== loader: Fashion-MNIST, pad-crop 2 + flip, batch 128"

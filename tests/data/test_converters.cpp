@@ -747,6 +747,41 @@ TEST_F(ConverterSynthetic, WritesLearnableDeterministicSplits) {
   EXPECT_NE(read_all(ShardDataset::open(dir_ / "c", "train")).images, tr.images);
 }
 
+TEST_F(ConverterSynthetic, EncodesJpegRecordsNearTheRawOnes) {
+  SyntheticSpec spec;
+  spec.height = 32;
+  spec.width = 24;
+  spec.channels = 1;  // grayscale: no chroma subsampling, so JPEG keeps most of the noise
+  spec.count = 30;
+  spec.num_classes = 3;
+  ConvertOptions options;
+  options.num_shards = 2;
+  options.seed = 5;
+  convert_synthetic(dir_ / "raw", spec, options);
+  spec.storage = ImageStorage::kJpeg;
+  spec.jpeg_quality = 95;
+  convert_synthetic(dir_ / "jpg", spec, options);
+  ShardDataset raw = ShardDataset::open(dir_ / "raw", "train"), jpg = ShardDataset::open(dir_ / "jpg", "train");
+  EXPECT_FALSE(raw.info().encoded);
+  EXPECT_TRUE(jpg.info().encoded);
+  EXPECT_EQ(jpg.direct_shards(), 2) << "version 2 encoded shards are read with pread";
+  EXPECT_NEAR(jpg.info().mean[0], raw.info().mean[0], 1e-6) << "statistics of the pixels before encoding";
+  ReadBack a = read_all(raw), b = read_all(jpg);
+  EXPECT_EQ(a.labels, b.labels);
+  ASSERT_EQ(a.images.size(), b.images.size());
+  // Each record stays far nearer its own source than another record's.
+  const size_t record = 32 * 24;
+  double own = 0, other = 0;
+  for (size_t i = 0; i + record < a.images.size(); ++i) {
+    own += std::abs(double(a.images[i]) - double(b.images[i]));
+    other += std::abs(double(a.images[i + record]) - double(b.images[i]));
+  }
+  EXPECT_LT(own, 0.3 * other) << "mean error " << own / double(a.images.size() - record) << " against "
+                              << other / double(a.images.size() - record) << " for another record";
+  spec.channels = 2;
+  EXPECT_THROW(convert_synthetic(dir_ / "two", spec, options), Error);
+}
+
 TEST(ConverterShards, SmallerSplitsGetProportionallyFewerShards) {
   EXPECT_EQ(shards_for_split(4, 60000, 60000), 4);
   EXPECT_EQ(shards_for_split(4, 10000, 60000), 1);
