@@ -72,9 +72,8 @@ struct GradSync::State {
   std::vector<GradSync::BucketTiming> timings;
   std::vector<ShardPiece> pieces;  // ZeRO-1
   std::vector<std::shared_ptr<const Module::UseHook>> use_hooks;  // ZeRO-1, one per module with parameters
-  bool overlap_allowed = true;  // false for good once a forward reached some parameter without a hook
+  bool overlap_allowed = false;  // hooks installed, and no forward has reached a parameter without one yet
   bool gather_overlapped = false;
-  double gather_wait = 0;
   std::mutex mutex;  // hooks and finish() may come from different threads
 
   void check_same_model();
@@ -87,6 +86,7 @@ struct GradSync::State {
   void install_use_hooks(const Module& model, const std::weak_ptr<State>& self);
   void on_use(const std::vector<int>& bucket_list, const std::vector<int>& param_list);
   void finish_gather(int b);
+  void finish_gathers();
 };
 
 // Collective: every rank compares its structure (and, without a broadcast, its values) with rank 0's.
@@ -251,19 +251,13 @@ void GradSync::State::install_use_hooks(const Module& model, const std::weak_ptr
     m.set_use_hook(hook);
     use_hooks.push_back(std::move(hook));
   });
+  overlap_allowed = !use_hooks.empty();
 }
 
 void GradSync::State::on_use(const std::vector<int>& bucket_list, const std::vector<int>& param_list) {
   std::lock_guard<std::mutex> lock(mutex);
   for (int i : param_list) params[i].used = true;
-  const auto t0 = std::chrono::steady_clock::now();
-  bool waited = false;
-  for (int b : bucket_list)
-    if (buckets[b].gather) {
-      finish_gather(b);
-      waited = true;
-    }
-  if (waited) gather_wait += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (int b : bucket_list) finish_gather(b);
 }
 
 // Waits for bucket b's all-gather and copies the parameters out of it (then zeroes it, when zero_grad() came
@@ -284,6 +278,11 @@ void GradSync::State::finish_gather(int index) {
   }
   if (b.zero_after_gather) b.flat.zero_();
   b.zero_after_gather = false;
+}
+
+// Every bucket's, in the order they were launched (the last bucket first).
+void GradSync::State::finish_gathers() {
+  for (int k = static_cast<int>(buckets.size()) - 1; k >= 0; --k) finish_gather(k);
 }
 
 void GradSync::State::launch(int index) {
@@ -471,15 +470,13 @@ void GradSync::gather_parameters(const std::vector<Tensor>& values) {
   RT_CHECK(values.size() == s.pieces.size(), "GradSync::gather_parameters: ", values.size(), " values for ",
            s.pieces.size(), " shard pieces");
   std::lock_guard<std::mutex> lock(s.mutex);
-  for (int k = 0; k < static_cast<int>(s.buckets.size()); ++k) s.finish_gather(k);
+  s.finish_gathers();
   // Overlap with the next forward only when the last one reached every parameter through a layer's hook.
-  if (s.use_hooks.empty()) s.overlap_allowed = false;
   for (Param& p : s.params) {
     if (!p.used) s.overlap_allowed = false;
     p.used = false;
   }
   s.gather_overlapped = s.overlap_allowed;
-  s.gather_wait = 0;
   // The gradient buckets carry the all-gather: the gradients are spent once the shards are updated, and a
   // buffer of its own would cost another copy of the model (the optimizer state ZeRO saves is 1-2 copies).
   NoGradGuard no_grad;
@@ -491,18 +488,16 @@ void GradSync::gather_parameters(const std::vector<Tensor>& values) {
   // the forward needs first. Every rank launches in this same order.
   for (int k = static_cast<int>(s.buckets.size()) - 1; k >= 0; --k)
     s.buckets[k].gather = s.comm->all_gather_shard_async(s.buckets[k].flat);
-  if (s.gather_overlapped) return;
-  for (int k = static_cast<int>(s.buckets.size()) - 1; k >= 0; --k) s.finish_gather(k);
+  if (!s.gather_overlapped) s.finish_gathers();
 }
 
 void GradSync::wait_parameters() {
   State& s = *state_;
   std::lock_guard<std::mutex> lock(s.mutex);
-  for (int k = static_cast<int>(s.buckets.size()) - 1; k >= 0; --k) s.finish_gather(k);
+  s.finish_gathers();
 }
 
 bool GradSync::gather_overlapped() const { return state_->gather_overlapped; }
-double GradSync::gather_wait_seconds() const { return state_->gather_wait; }
 
 const std::vector<BucketInfo>& GradSync::buckets() const { return state_->infos; }
 const Communicator& GradSync::communicator() const { return *state_->comm; }

@@ -136,10 +136,8 @@ class GradSync {
   const Communicator& communicator() const;
   // Of the last finish(): seconds spent waiting for communication, and buckets launched before it.
   double last_wait_seconds() const;
-  // ZeRO-1: whether the last gather_parameters() left its gathers to the next forward, and the seconds
-  // the forward's layers spent waiting for them since.
+  // ZeRO-1: whether the last gather_parameters() left its gathers to the next forward.
   bool gather_overlapped() const;
-  double gather_wait_seconds() const;
   int last_buckets_launched_early() const;
   // Of the last finish(), per bucket in launch order: when it was launched and, where the backend can
   // tell, when its all-reduce ran (otherwise begin = launch and end = the moment finish() saw it done).

@@ -14,6 +14,7 @@
 #include "core/philox.h"
 #include "data/codec.h"
 #include "data/idx.h"
+#include "data/shard_format.h"
 
 namespace ringtrain::data {
 namespace fs = std::filesystem;
@@ -219,15 +220,11 @@ PreparedImage prepare_image(const fs::path& path, const ImageFolderOptions& opti
     prepared.data =
         resize_shorter_side_center_crop(image.pixels.data(), image.height, image.width, image.channels, options.size);
     if (options.storage == ImageStorage::kJpeg) {
-      const int64_t c = options.channels, n = options.size * options.size;
+      const int64_t c = options.channels;
       prepared.sums.assign(static_cast<size_t>(c), 0.0);
       prepared.squares.assign(static_cast<size_t>(c), 0.0);
-      for (int64_t i = 0; i < n; ++i)
-        for (int64_t ch = 0; ch < c; ++ch) {
-          const double v = prepared.data[static_cast<size_t>(i * c + ch)] / 255.0;
-          prepared.sums[static_cast<size_t>(ch)] += v;
-          prepared.squares[static_cast<size_t>(ch)] += v * v;
-        }
+      format::add_channel_sums(prepared.data.data(), static_cast<int64_t>(prepared.data.size()), c, prepared.sums,
+                               prepared.squares);
       prepared.data = encode_jpeg(prepared.data.data(), options.size, options.size, c, options.jpeg_quality);
     }
     return prepared;
@@ -477,11 +474,7 @@ ConvertResult convert_synthetic(const fs::path& out, const SyntheticSpec& spec, 
         continue;
       }
       std::vector<double> sums(static_cast<size_t>(spec.channels), 0.0), squares(sums.size(), 0.0);
-      for (int64_t i = 0; i < record_bytes; ++i) {
-        const double v = image[static_cast<size_t>(i)] / 255.0;
-        sums[static_cast<size_t>(i % spec.channels)] += v;
-        squares[static_cast<size_t>(i % spec.channels)] += v * v;
-      }
+      format::add_channel_sums(image.data(), record_bytes, spec.channels, sums, squares);
       const int64_t hwc[3] = {spec.height, spec.width, spec.channels};
       writer.add_encoded(encode_jpeg(image.data(), spec.height, spec.width, spec.channels, spec.jpeg_quality), hwc, label,
                          sums, squares);

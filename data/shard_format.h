@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "core/hdf5.h"
 #include "data/shards.h"
@@ -23,6 +24,17 @@ inline h5::Where shard_at(const std::filesystem::path& file, std::string object 
 template <typename T>
 T check(T result, const std::filesystem::path& file, const std::string& object, const std::string& what) {
   return h5::check(result, shard_at(file, object), what);
+}
+
+// Adds each byte of an HWC image (as pixel / 255) to its channel's sum and sum of squares: the statistics
+// the writer turns into the split's mean/std (converters that store JPEGs compute them from the pixels).
+inline void add_channel_sums(const uint8_t* pixels, int64_t bytes, int64_t channels, std::vector<double>& sums,
+                             std::vector<double>& squares) {
+  for (int64_t i = 0; i < bytes; ++i) {
+    const double v = pixels[i] / 255.0;
+    sums[static_cast<size_t>(i % channels)] += v;
+    squares[static_cast<size_t>(i % channels)] += v * v;
+  }
 }
 
 // manifest.json: read and checked (format, version); a split to and from its JSON entry; errors name the

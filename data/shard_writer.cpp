@@ -232,12 +232,7 @@ void ShardWriter::add(const uint8_t* image, int32_t label) {
   m.start_record(written_);
   m.pending.insert(m.pending.end(), image, image + m.record_bytes);
   m.labels.push_back(label);
-  const int64_t c = m.options.channels;
-  for (int64_t i = 0; i < m.record_bytes; ++i) {
-    const double v = image[i] / 255.0;
-    m.sums[static_cast<size_t>(i % c)] += v;
-    m.squares[static_cast<size_t>(i % c)] += v * v;
-  }
+  format::add_channel_sums(image, m.record_bytes, m.options.channels, m.sums, m.squares);
   if (static_cast<int64_t>(m.pending.size()) >= m.chunk * m.record_bytes) m.flush_pending();
   ++written_;
   if (m.options.show_progress) m.progress(written_);

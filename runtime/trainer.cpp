@@ -824,8 +824,7 @@ TrainResult Run::summarize() {
   r.skipped_steps = skipped_;
   r.resumed_from = resumed_from_;
   const double my_peak = peak_rss_bytes();
-  const std::vector<double> peaks = comm::gather(world_.comm(), std::span<const double>(&my_peak, 1));
-  const double peak = comm::all_reduce(world_.comm(), my_peak, comm::HostOp::Max);
+  const std::vector<double> peaks = comm::gather(world_.comm(), std::span<const double>(&my_peak, 1));  // rank 0's
   // On a GPU: the caching allocator's high-water mark of memory obtained from the device (what PyTorch's
   // max_memory_reserved reports), the largest over the ranks.
   const double peak_gpu = comm::all_reduce(
@@ -842,7 +841,7 @@ TrainResult Run::summarize() {
   s.train_loss = last_loss_;
   s.img_per_s = r.img_per_s;
   s.median_step_s = r.median_step_s;
-  s.peak_mem_bytes = peak;
+  s.peak_mem_bytes = *std::max_element(peaks.begin(), peaks.end());
   s.peak_mem_bytes_by_rank = peaks;
   s.elapsed_s = r.elapsed_s;
   s.world_size = world_.size();

@@ -16,6 +16,20 @@ namespace ringtrain::data {
 namespace {
 namespace fs = std::filesystem;
 
+// A "train" split of `records` HxWxC images in `shards` files, `classes` classes, source "test".
+WriterOptions split_options(const fs::path& dir, int shards, int64_t records, int64_t h, int64_t w, int64_t c, int classes) {
+  WriterOptions o;
+  o.dir = dir;
+  o.num_shards = shards;
+  o.total_records = records;
+  o.height = h;
+  o.width = w;
+  o.channels = c;
+  o.num_classes = classes;
+  o.source = "test";
+  return o;
+}
+
 class Shards : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -27,16 +41,8 @@ class Shards : public ::testing::Test {
 
   // 10 records of 4x3x2 with pixel value (record * 7 + byte) % 256 and label record % 3.
   SplitInfo write(const std::string& split = "train", int shards = 3, int64_t records = 10) {
-    WriterOptions o;
-    o.dir = dir_;
+    WriterOptions o = split_options(dir_, shards, records, 4, 3, 2, 3);
     o.split = split;
-    o.num_shards = shards;
-    o.total_records = records;
-    o.height = 4;
-    o.width = 3;
-    o.channels = 2;
-    o.num_classes = 3;
-    o.source = "test";
     ShardWriter w(o);
     std::vector<uint8_t> image(24);
     for (int64_t r = 0; r < records; ++r) {
@@ -166,16 +172,7 @@ TEST_F(Shards, MissingManifestFileAndSplit) {
 
 // 300 records of 64x64x3 in 2 shards: 85 records a chunk, so each shard has a full chunk and a partial one.
 SplitInfo write_big(const fs::path& dir) {
-  WriterOptions o;
-  o.dir = dir;
-  o.num_shards = 2;
-  o.total_records = 300;
-  o.height = 64;
-  o.width = 64;
-  o.channels = 3;
-  o.num_classes = 5;
-  o.source = "test";
-  ShardWriter w(o);
+  ShardWriter w(split_options(dir, 2, 300, 64, 64, 3, 5));
   std::vector<uint8_t> image(64 * 64 * 3);
   for (int64_t r = 0; r < 300; ++r) {
     for (size_t i = 0; i < image.size(); ++i) image[i] = static_cast<uint8_t>((r * 131 + static_cast<int64_t>(i) * 7) % 251);
@@ -262,15 +259,8 @@ TEST_F(Shards, AShardCutShortAfterOpeningIsAnErrorNamingFileAndRecord) {
 // 20 PNGs of 256x256x3 noise (~190 KB each) in 2 shards: each shard's /encoded spans 3 chunks of 1 MiB,
 // and some records straddle a chunk boundary. Returns every record's bytes.
 std::vector<std::vector<uint8_t>> write_encoded(const fs::path& dir) {
-  WriterOptions o;
-  o.dir = dir;
-  o.num_shards = 2;
-  o.total_records = 20;
-  o.height = o.width = 256;
-  o.channels = 3;
-  o.num_classes = 4;
+  WriterOptions o = split_options(dir, 2, 20, 256, 256, 3, 4);
   o.encoded = true;
-  o.source = "test";
   ShardWriter w(o);
   std::vector<std::vector<uint8_t>> all;
   uint32_t x = 12345;
