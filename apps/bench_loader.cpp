@@ -2,7 +2,7 @@
 // given number of worker threads. Prints one line per configuration (median of --repeats epochs) so
 // the figure can be compared with the rate a training step consumes images.
 //   bench_loader --data DIR [--split train] [--batch-size 128] [--threads 1,2] [--batches 100]
-//                [--pad-crop 4] [--resized-crop 0] [--hflip] [--repeats 3] [--hdf5-reads]
+//                [--pad-crop 4] [--resized-crop 0] [--hflip] [--repeats 3] [--hdf5-reads] [--full-decode]
 #include <CLI/CLI.hpp>
 #include <new>
 #include <algorithm>
@@ -21,7 +21,7 @@ int main(int argc, char** argv) {
   std::string data_dir, split = "train", threads_text = "1,2";
   int64_t batch = 128, batches = 100, pad_crop = 0, resized_crop = 0;
   int repeats = 3;
-  bool hflip = false, hdf5_reads = false;
+  bool hflip = false, hdf5_reads = false, full_decode = false, no_dct_scale = false;
   app.add_option("--data", data_dir, "shard dataset folder (made by make_shards)")->required();
   app.add_option("--split", split, "split to read")->capture_default_str();
   app.add_option("-b,--batch-size", batch, "records per batch")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
@@ -33,6 +33,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t{0}, int64_t{8192}));
   app.add_flag("--hflip", hflip, "random horizontal flip");
   app.add_flag("--hdf5-reads", hdf5_reads, "read decoded images through HDF5 (its lock) instead of pread, to compare");
+  app.add_flag("--full-decode", full_decode, "decode JPEGs whole at full size (no DCT scaling, no region), to compare");
+  app.add_flag("--no-dct-scale", no_dct_scale, "decode only the crop's region of a JPEG but at full size, to compare");
   app.add_option("--repeats", repeats, "runs per configuration (median reported)")->capture_default_str()->check(CLI::Range(1, 1000));
   CLI11_PARSE(app, argc, argv);
   try {
@@ -55,18 +57,25 @@ int main(int argc, char** argv) {
     const int64_t runs = std::min(batches, sampler.batches_per_epoch());
     if (runs == 0) RT_THROW("split '", split, "' has fewer records (", ds.size(), ") than one batch (", batch, ")");
     const auto& info = ds.info();
-    std::printf("split '%s': %lld records of %lldx%lldx%lld, batch %lld, %lld batches per run, %s reads\n", split.c_str(),
-                static_cast<long long>(ds.size()), static_cast<long long>(info.height), static_cast<long long>(info.width),
-                static_cast<long long>(info.channels), static_cast<long long>(batch), static_cast<long long>(runs),
-                ds.direct_shards() > 0 ? "pread" : "HDF5");
-    for (int threads : thread_counts) {
-      std::vector<double> rates;
-      for (int r = 0; r < repeats; ++r) {
+    std::printf("split '%s': %lld records of %s, batch %lld, %lld batches per run, %s reads%s\n", split.c_str(),
+                static_cast<long long>(ds.size()), info.shape_text().c_str(), static_cast<long long>(batch),
+                static_cast<long long>(runs), ds.direct_shards() > 0 ? "pread" : "HDF5",
+                !info.encoded ? ""
+                : full_decode ? ", whole full-size decode"
+                : no_dct_scale ? ", region decode at full size"
+                               : ", DCT-scaled region decode");
+    // Rounds interleave the thread counts (1, 2, 1, 2, ...) so that a slow spell of a shared machine
+    // hits every count alike; the scaling is the median over rounds of the ratio within a round.
+    std::vector<std::vector<double>> rates(thread_counts.size());
+    for (int r = 0; r < repeats; ++r) {
+      for (size_t c = 0; c < thread_counts.size(); ++c) {
         LoaderOptions lo;
-        lo.threads = threads;
+        lo.threads = thread_counts[c];
         lo.transform.pad_crop = pad_crop;
         lo.transform.resized_crop = resized_crop;
         lo.transform.hflip = hflip;
+        lo.transform.dct_scaling = !full_decode && !no_dct_scale;
+        lo.transform.region_decode = !full_decode;
         Loader loader(ds, lo);
         std::vector<std::vector<int64_t>> list;
         for (int64_t t = 0; t < runs; ++t) list.push_back(sampler.rank_batch(r, t));
@@ -75,11 +84,23 @@ int main(int argc, char** argv) {
         int64_t images = 0;
         while (auto b = loader.next()) images += b->valid;
         const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        rates.push_back(static_cast<double>(images) / s);
+        rates[c].push_back(static_cast<double>(images) / s);
       }
-      std::sort(rates.begin(), rates.end());
-      std::printf("threads=%d img_per_s=%.0f (min %.0f, max %.0f over %d runs)\n", threads, rates[rates.size() / 2],
-                  rates.front(), rates.back(), repeats);
+    }
+    auto median = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
+    };
+    for (size_t c = 0; c < thread_counts.size(); ++c) {
+      const auto [lo, hi] = std::minmax_element(rates[c].begin(), rates[c].end());
+      std::printf("threads=%d img_per_s=%.0f (min %.0f, max %.0f over %d runs)", thread_counts[c], median(rates[c]), *lo,
+                  *hi, repeats);
+      if (c > 0) {
+        std::vector<double> ratios;
+        for (int r = 0; r < repeats; ++r) ratios.push_back(rates[c][static_cast<size_t>(r)] / rates[0][static_cast<size_t>(r)]);
+        std::printf(" scaling=%.2fx vs threads=%d", median(ratios), thread_counts[0]);
+      }
+      std::printf("\n");
     }
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr, "bench_loader: error: out of memory (lower --batch-size or --threads)\n");

@@ -56,10 +56,9 @@ std::string floats_text(const std::vector<float>& values) {
 void print_summary(const ConvertResult& result, const std::string& out) {
   for (const std::string& note : result.notes) std::fprintf(stderr, "make_shards: note: %s\n", note.c_str());
   for (const SplitInfo& split : result.splits) {
-    std::printf("%s: %" PRId64 " records in %zu shard%s, %" PRId64 "x%" PRId64 "x%" PRId64
-                " %s, %d classes, mean %s std %s\n",
-                split.split.c_str(), split.records, split.shards.size(), split.shards.size() == 1 ? "" : "s",
-                split.height, split.width, split.channels, split.encoded ? "JPEG-encoded" : "pixels", split.num_classes,
+    std::printf("%s: %" PRId64 " records in %zu shard%s, %s %s, %d classes, mean %s std %s\n", split.split.c_str(),
+                split.records, split.shards.size(), split.shards.size() == 1 ? "" : "s", split.shape_text().c_str(),
+                split.encoded ? "encoded" : "pixels", split.num_classes,
                 floats_text(split.mean).c_str(), floats_text(split.std).c_str());
   }
   std::printf("wrote and validated %s/manifest.json\n", out.c_str());
@@ -94,10 +93,12 @@ int main(int argc, char** argv) {
   imagefolder->add_option("SRC", src, "Source folder")->required()->check(CLI::ExistingDirectory);
   imagefolder->add_option("OUT", out, "Output dataset folder (created if missing)")->required();
   imagefolder
-      ->add_option("--size", image_options.size, "Output side: shorter side resized to S, then center-cropped to SxS")
+      ->add_option("--size", image_options.size,
+                   "Output side: shorter side resized to S, then center-cropped to SxS; 0 (with --encode jpeg): every "
+                   "image kept as it is, at its own size (for random-resized crops when training, as for ImageNet)")
       ->required()
       ->default_str("")  // required: a default in --help would mislead
-      ->check(CLI::Range(int64_t{1}, int64_t{8192}));
+      ->check(CLI::Range(int64_t{0}, int64_t{8192}));
   imagefolder->add_option("--channels", image_options.channels, "1 (grayscale) or 3 (RGB); other images are converted")
       ->check(CLI::IsMember({1, 3}));
   std::string encode = "raw";

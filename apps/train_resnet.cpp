@@ -35,14 +35,14 @@ bool is_cifar(const std::string& arch) {
 // CIFAR-sized images (up to 64 px) get random crops with 4-pixel padding; larger ones random-resized crops
 // to --image-size (default 224). Both flip horizontally unless --no-hflip.
 data::Transform transform_for(const data::SplitInfo& split, const ResNetFlags& f) {
-  const bool small = split.height <= 64;
+  const bool small = !split.varied_size() && split.height <= 64;
   data::Transform t;
   t.train = true;
   t.pad_crop = f.pad_crop >= 0 ? f.pad_crop : (small ? 4 : 0);
   t.resized_crop = small ? 0 : (f.image_size > 0 ? f.image_size : 224);
   t.hflip = f.hflip;
-  RT_CHECK(t.pad_crop <= std::min(split.height, split.width), "--pad-crop ", t.pad_crop, " is larger than the ",
-           split.height, "x", split.width, " images of the dataset");
+  RT_CHECK(t.pad_crop == 0 || t.pad_crop <= std::min(split.height, split.width), "--pad-crop ", t.pad_crop,
+           " is larger than the ", split.shape_text(), " images of the dataset");
   return t;
 }
 

@@ -71,11 +71,16 @@ void install_jpeg_errors(JpegErrorManager* manager, jpeg_error_mgr** slot) {
 struct JpegDecodeState {
   bool adobe_cmyk = false;  // CMYK stored inverted (Photoshop's Adobe marker)
   char message[kMessageBytes] = {};
+  // Filled in by decode_jpeg_raw: where the decoded rows and columns lie in the scaled image.
+  int64_t scale = 1, y0 = 0, x0 = 0, scaled_height = 0, scaled_width = 0;
 };
 
-// Decodes into out->pixels; 4 channels means CMYK, converted by the caller. Returns false with
-// state->message set on a libjpeg error.
-bool decode_jpeg_raw(const uint8_t* bytes, size_t size, DecodedImage* out, JpegDecodeState* state) {
+// Decodes into out->pixels; 4 channels means CMYK, converted by the caller. `choose` (may be null: the
+// whole image at scale 1) picks the scale and window once the header is read. Returns false with
+// state->message set on a libjpeg error; an exception from `choose` or the size check propagates after
+// the decompressor is destroyed.
+bool decode_jpeg_raw(const uint8_t* bytes, size_t size, const std::function<RegionRequest(const ImageHeader&)>* choose,
+                     DecodedImage* out, JpegDecodeState* state) {
   jpeg_decompress_struct cinfo;
   std::memset(&cinfo, 0, sizeof cinfo);  // jpeg_destroy on a struct never created is then a no-op
   JpegErrorManager errors;
@@ -96,31 +101,67 @@ bool decode_jpeg_raw(const uint8_t* bytes, size_t size, DecodedImage* out, JpegD
   } else {
     cinfo.out_color_space = JCS_RGB;
   }
-  jpeg_start_decompress(&cinfo);
+  RegionRequest want;
   try {
-    out->height = cinfo.output_height;
-    out->width = cinfo.output_width;
-    out->channels = cinfo.output_components;
-    check_decoded_size(out->height, out->width, out->channels, "JPEG");
+    const int64_t components = cinfo.out_color_space == JCS_GRAYSCALE ? 1 : cinfo.out_color_space == JCS_CMYK ? 4 : 3;
+    check_decoded_size(cinfo.image_height, cinfo.image_width, components, "JPEG");
+    if (choose) {
+      want = (*choose)(ImageHeader{ImageFormat::kJpeg, cinfo.image_height, cinfo.image_width,
+                                   cinfo.out_color_space == JCS_GRAYSCALE ? 1 : 3});
+      if (want.scale != 1 && want.scale != 2 && want.scale != 4 && want.scale != 8)
+        RT_THROW("JPEG decode scale must be 1, 2, 4 or 8, got ", want.scale);
+    }
+  } catch (...) {
+    jpeg_destroy_decompress(&cinfo);
+    throw;
+  }
+  state->scale = want.scale;
+  cinfo.scale_num = 1;
+  cinfo.scale_denom = static_cast<unsigned>(want.scale);
+  jpeg_start_decompress(&cinfo);
+  state->scaled_height = cinfo.output_height;
+  state->scaled_width = cinfo.output_width;
+  // The window, clamped to the scaled image and at least one pixel.
+  if (choose) {
+    state->y0 = std::clamp<int64_t>(want.y0, 0, state->scaled_height - 1);
+    state->x0 = std::clamp<int64_t>(want.x0, 0, state->scaled_width - 1);
+    out->height = std::clamp<int64_t>(want.y0 + want.h, state->y0 + 1, state->scaled_height) - state->y0;
+    out->width = std::clamp<int64_t>(want.x0 + want.w, state->x0 + 1, state->scaled_width) - state->x0;
+  } else {
+    out->height = state->scaled_height;
+    out->width = state->scaled_width;
+  }
+  if (out->width < state->scaled_width) {
+    JDIMENSION x = static_cast<JDIMENSION>(state->x0), w = static_cast<JDIMENSION>(out->width);
+    jpeg_crop_scanline(&cinfo, &x, &w);  // moves x left to an iMCU boundary, widens w to match
+    state->x0 = x;
+    out->width = w;
+  }
+  if (state->y0 > 0) jpeg_skip_scanlines(&cinfo, static_cast<JDIMENSION>(state->y0));
+  out->channels = cinfo.output_components;
+  try {
     out->pixels.resize(static_cast<size_t>(out->height * out->width * out->channels));
   } catch (...) {
     jpeg_destroy_decompress(&cinfo);
     throw;
   }
   const size_t stride = static_cast<size_t>(out->width * out->channels);
-  while (cinfo.output_scanline < cinfo.output_height) {
-    JSAMPROW row = out->pixels.data() + cinfo.output_scanline * stride;
+  const JDIMENSION end = static_cast<JDIMENSION>(state->y0 + out->height);
+  while (cinfo.output_scanline < end) {
+    JSAMPROW row = out->pixels.data() + (cinfo.output_scanline - state->y0) * stride;
     jpeg_read_scanlines(&cinfo, &row, 1);
   }
-  jpeg_finish_decompress(&cinfo);
+  // Rows below the window are never decoded: abort instead of finishing (which would decode them).
+  if (cinfo.output_scanline < cinfo.output_height)
+    jpeg_abort_decompress(&cinfo);
+  else
+    jpeg_finish_decompress(&cinfo);
   jpeg_destroy_decompress(&cinfo);
   return true;
 }
 
-DecodedImage decode_jpeg(const uint8_t* bytes, size_t size) {
-  DecodedImage image;
-  JpegDecodeState state;
-  if (!decode_jpeg_raw(bytes, size, &image, &state)) RT_THROW("corrupt JPEG data: ", state.message);
+// CMYK (4 channels) to RGB in place; other channel counts than 1 and 3 are errors.
+void finish_jpeg_channels(DecodedImage& image, const JpegDecodeState& state) {
   if (image.channels == 4) {
     // CMYK -> RGB: R = (1 - C)(1 - K); Adobe files store 1 - C and 1 - K.
     const int64_t n = image.height * image.width;
@@ -137,6 +178,13 @@ DecodedImage decode_jpeg(const uint8_t* bytes, size_t size) {
   } else if (image.channels != 1 && image.channels != 3) {
     RT_THROW("JPEG with ", image.channels, " output channels is not supported");
   }
+}
+
+DecodedImage decode_jpeg(const uint8_t* bytes, size_t size) {
+  DecodedImage image;
+  JpegDecodeState state;
+  if (!decode_jpeg_raw(bytes, size, nullptr, &image, &state)) RT_THROW("corrupt JPEG data: ", state.message);
+  finish_jpeg_channels(image, state);
   return image;
 }
 
@@ -345,6 +393,34 @@ DecodedImage decode_image(const uint8_t* bytes, size_t size) {
     head += hex;  // not `" " + std::string(hex)`: GCC 12 flags that with a false -Wrestrict
   }
   RT_THROW("not a JPEG or PNG image (", size, " bytes, starting ", size ? head : "<empty>", ")");
+}
+
+DecodedRegion decode_image_region(const uint8_t* bytes, size_t size,
+                                  const std::function<RegionRequest(const ImageHeader&)>& choose) {
+  DecodedRegion region;
+  if (detect_image_format(bytes, size) == ImageFormat::kJpeg) {
+    JpegDecodeState state;
+    if (!decode_jpeg_raw(bytes, size, &choose, &region.image, &state)) RT_THROW("corrupt JPEG data: ", state.message);
+    finish_jpeg_channels(region.image, state);
+    region.scale = state.scale;
+    region.y0 = state.y0;
+    region.x0 = state.x0;
+    region.scaled_height = state.scaled_height;
+    region.scaled_width = state.scaled_width;
+    return region;
+  }
+  region.image = decode_image(bytes, size);
+  choose(ImageHeader{ImageFormat::kPng, region.image.height, region.image.width, region.image.channels});
+  region.scaled_height = region.image.height;
+  region.scaled_width = region.image.width;
+  return region;
+}
+
+int64_t dct_scale_for(double crop_h, double crop_w, int64_t out_h, int64_t out_w) {
+  int64_t scale = 1;
+  while (scale < 8 && crop_h >= 2.0 * scale * static_cast<double>(out_h) && crop_w >= 2.0 * scale * static_cast<double>(out_w))
+    scale *= 2;
+  return scale;
 }
 
 std::vector<uint8_t> encode_jpeg(const uint8_t* pixels, int64_t height, int64_t width, int64_t channels, int quality) {

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 namespace ringtrain::data {
@@ -25,6 +26,39 @@ ImageFormat detect_image_format(const uint8_t* bytes, size_t size);
 // is dropped, palettes expanded, 16-bit samples scaled to 8 bits, CMYK JPEGs converted to RGB.
 // Throws for an unknown format, corrupt or truncated data, or an image over 1 GiB decoded.
 DecodedImage decode_image(const uint8_t* bytes, size_t size);
+
+// An image's size as its header gives it: channels as decode_image gives them (1 or 3).
+struct ImageHeader {
+  ImageFormat format = ImageFormat::kUnknown;
+  int64_t height = 0, width = 0, channels = 0;
+};
+
+// Which part of an image to decode, in the coordinates of the image shrunk by `scale`: rows
+// [y0, y0 + h) and columns [x0, x0 + w), clamped to the image (an empty window is widened to one pixel).
+struct RegionRequest {
+  int64_t scale = 1;  // 1, 2, 4 or 8
+  int64_t y0 = 0, x0 = 0, h = 0, w = 0;
+};
+
+struct DecodedRegion {
+  DecodedImage image;                           // the region's pixels
+  int64_t scale = 1;                            // the scale it was decoded at
+  int64_t y0 = 0, x0 = 0;                       // where the region starts in the scaled image
+  int64_t scaled_height = 0, scaled_width = 0;  // the whole scaled image
+};
+
+// Decodes the part of an image that `choose` asks for once it has seen the header (it is called once).
+// A JPEG is decoded by libjpeg-turbo at 1/scale with its DCT scaling (the smaller inverse DCT produces the
+// shrunk image directly, so it costs less than a full decode and averages instead of aliasing); the rows
+// above the window are skipped, decoding stops after its last row, and only the iMCU columns that hold it
+// are decoded (the region may start left of x0, at an iMCU boundary, and be wider). A PNG is decoded whole
+// at scale 1 whatever was asked. CMYK is converted to RGB as decode_image does.
+DecodedRegion decode_image_region(const uint8_t* bytes, size_t size,
+                                  const std::function<RegionRequest(const ImageHeader&)>& choose);
+
+// The largest JPEG DCT scale (1, 2, 4 or 8) at which a crop of crop_h x crop_w source pixels still has
+// at least out_h x out_w pixels (so what remains is a shrink by less than 2x, or an enlargement).
+int64_t dct_scale_for(double crop_h, double crop_w, int64_t out_h, int64_t out_w);
 
 // pixels: (height, width, channels) with channels 1 or 3. quality: 1..100.
 std::vector<uint8_t> encode_jpeg(const uint8_t* pixels, int64_t height, int64_t width, int64_t channels, int quality);

@@ -206,21 +206,37 @@ void collect_images(FolderSplit& split, const std::vector<std::string>& classes,
                                     " files that are not .jpg/.jpeg/.png (first: ", first_skipped.string(), ")"));
 }
 
-// One image ready for the writer: decoded+resized pixels, or JPEG bytes plus their statistics.
+// One image ready for the writer: decoded+resized pixels, or encoded bytes plus their decoded shape and
+// statistics.
 struct PreparedImage {
   std::vector<uint8_t> data;
+  int64_t hwc[3] = {0, 0, 0};
   std::vector<double> sums, squares;
 };
 
 PreparedImage prepare_image(const fs::path& path, const ImageFolderOptions& options) {
   try {
-    const std::vector<uint8_t> bytes = read_file(path);
-    DecodedImage image = convert_channels(decode_image(bytes.data(), bytes.size()), options.channels);
+    std::vector<uint8_t> bytes = read_file(path);
+    const DecodedImage decoded = decode_image(bytes.data(), bytes.size());
+    const bool same_channels = decoded.channels == options.channels;
+    DecodedImage image = convert_channels(decoded, options.channels);
     PreparedImage prepared;
+    const int64_t c = options.channels;
+    if (options.size == 0) {
+      // The image as it is: its own bytes (re-encoded only when its channels must change), its own size.
+      prepared.hwc[0] = image.height, prepared.hwc[1] = image.width, prepared.hwc[2] = c;
+      prepared.sums.assign(static_cast<size_t>(c), 0.0);
+      prepared.squares.assign(static_cast<size_t>(c), 0.0);
+      format::add_channel_sums(image.pixels.data(), static_cast<int64_t>(image.pixels.size()), c, prepared.sums,
+                               prepared.squares);
+      prepared.data = same_channels ? std::move(bytes)
+                                    : encode_jpeg(image.pixels.data(), image.height, image.width, c, options.jpeg_quality);
+      return prepared;
+    }
     prepared.data =
         resize_shorter_side_center_crop(image.pixels.data(), image.height, image.width, image.channels, options.size);
+    prepared.hwc[0] = prepared.hwc[1] = options.size, prepared.hwc[2] = c;
     if (options.storage == ImageStorage::kJpeg) {
-      const int64_t c = options.channels;
       prepared.sums.assign(static_cast<size_t>(c), 0.0);
       prepared.squares.assign(static_cast<size_t>(c), 0.0);
       format::add_channel_sums(prepared.data.data(), static_cast<int64_t>(prepared.data.size()), c, prepared.sums,
@@ -243,7 +259,6 @@ SplitInfo write_image_split(const FolderSplit& split, const fs::path& out, int s
   ShardWriter writer(std::move(w));
   const std::vector<int64_t> order = shuffled_order(static_cast<int64_t>(split.records.size()), options.seed, stream);
   const int64_t batch = 32 * static_cast<int64_t>(num_threads());
-  const int64_t hwc[3] = {image_options.size, image_options.size, image_options.channels};
   for (int64_t begin = 0; begin < static_cast<int64_t>(order.size()); begin += batch) {
     const int64_t count = std::min<int64_t>(batch, static_cast<int64_t>(order.size()) - begin);
     // Decoding dominates; the pool decodes a batch, then records go to the writer in order.
@@ -257,7 +272,7 @@ SplitInfo write_image_split(const FolderSplit& split, const fs::path& out, int s
       const ImageRecord& record = split.records[static_cast<size_t>(order[static_cast<size_t>(begin + i)])];
       PreparedImage& p = prepared[static_cast<size_t>(i)];
       if (image_options.storage == ImageStorage::kJpeg)
-        writer.add_encoded(p.data, hwc, record.label, p.sums, p.squares);
+        writer.add_encoded(p.data, p.hwc, record.label, p.sums, p.squares);
       else
         writer.add(p.data.data(), record.label);
     }
@@ -401,7 +416,9 @@ ConvertResult convert_cifar(const fs::path& src, const fs::path& out, int num_cl
 ConvertResult convert_imagefolder(const fs::path& src, const fs::path& out, const ImageFolderOptions& image_options,
                                   const ConvertOptions& options) {
   require_directory(src, "image folder source");
-  if (image_options.size < 1) RT_THROW("image size must be at least 1, got ", image_options.size);
+  if (image_options.size < 0) RT_THROW("image size must be at least 1 (or 0: each image's own size), got ", image_options.size);
+  if (image_options.size == 0 && image_options.storage != ImageStorage::kJpeg)
+    RT_THROW("image size 0 (each image's own size) needs encoded storage (--encode jpeg): decoded pixels need one shape");
   if (image_options.channels != 1 && image_options.channels != 3)
     RT_THROW("image channels must be 1 or 3, got ", image_options.channels);
   if (image_options.jpeg_quality < 1 || image_options.jpeg_quality > 100)

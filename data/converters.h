@@ -50,7 +50,10 @@ ConvertResult convert_cifar(const std::filesystem::path& src, const std::filesys
 enum class ImageStorage { kPixels, kJpeg };
 
 struct ImageFolderOptions {
-  int64_t size = 224;    // output is size x size (shorter side resized to size, then center-cropped)
+  // Output is size x size (shorter side resized to size, then center-cropped). 0, with kJpeg: every image
+  // keeps its own size and its own bytes (re-encoded only if its channel count must change), a split of
+  // varied sizes (SplitInfo::varied_size()) for random-resized crops at training time.
+  int64_t size = 224;
   int64_t channels = 3;  // 1 or 3; images with the other count are converted (gray replicated, RGB to luma)
   ImageStorage storage = ImageStorage::kPixels;
   int jpeg_quality = 95;  // for ImageStorage::kJpeg

@@ -29,6 +29,11 @@ struct Transform {
   bool hflip = false;          // random horizontal flip
   bool normalize = true;       // (x/255 - mean) / std with the split's mean/std; else x/255
   DType dtype = DType::F32;    // F32 or BF16
+  // Encoded (JPEG) records under a random-resized crop are decoded at the smallest DCT scale (1/2, 1/4,
+  // 1/8) that still leaves the crop at least resized_crop pixels on each side (false: full size), and only
+  // in the rows and iMCU columns the crop needs (false: the whole image).
+  bool dct_scaling = true;
+  bool region_decode = true;
 };
 
 // Output geometry of a transform on a split: (H, W, C) of one sample.
@@ -38,6 +43,13 @@ std::array<int64_t, 3> transformed_shape(const SplitInfo& info, const Transform&
 // t.dtype). `stream` selects the random draws: (seed, epoch, sample index).
 void apply_transform(const SplitInfo& info, const Transform& t, const uint8_t* image, uint64_t seed, int64_t epoch,
                      int64_t sample_index, void* out);
+
+// Decodes one encoded record (JPEG or PNG bytes) whose decoded shape must be `expected` and applies the
+// transform to it. With a random-resized crop only the part of the image the crop needs is decoded, at
+// the DCT scale t.dct_scaling allows; otherwise the whole image, then apply_transform.
+void decode_transform(const SplitInfo& info, const Transform& t, const uint8_t* bytes, size_t size,
+                      const std::array<int64_t, 3>& expected, uint64_t seed, int64_t epoch, int64_t sample_index,
+                      void* out);
 
 struct LoaderOptions {
   int threads = 0;        // 0: this rank's cores minus one, at least one

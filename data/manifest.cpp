@@ -56,6 +56,14 @@ std::string hex32(uint32_t v) {
   return buffer;
 }
 
+}  // namespace format
+
+std::string SplitInfo::shape_text() const {
+  return varied_size() ? detail::str_cat("varied x ", channels) : detail::str_cat(height, "x", width, "x", channels);
+}
+
+namespace format {
+
 json split_to_json(const SplitInfo& s) {
   json shards = json::array();
   for (const auto& sh : s.shards) shards.push_back({{"file", sh.file}, {"records", sh.records}, {"crc32", hex32(sh.crc32)}});
@@ -112,11 +120,13 @@ SplitInfo split_from_json(const std::string& name, const json& j, const fs::path
     s.records = e.integer("records", 0, kMaxRecords);
     const json& shape = e.at("image_shape");
     if (!shape.is_array() || shape.size() != 3) RT_THROW("key 'image_shape' must be [H, W, C], got ", shape.dump());
-    s.height = e.checked(shape[0], "image_shape[0]", 1, 1 << 16);
-    s.width = e.checked(shape[1], "image_shape[1]", 1, 1 << 16);
+    s.encoded = j.value("encoded", false);
+    // [0, 0, C]: encoded images of varied sizes.
+    const bool varied = s.encoded && shape[0] == 0 && shape[1] == 0;
+    s.height = varied ? 0 : e.checked(shape[0], "image_shape[0]", 1, 1 << 16);
+    s.width = varied ? 0 : e.checked(shape[1], "image_shape[1]", 1, 1 << 16);
     s.channels = e.checked(shape[2], "image_shape[2]", 1, 4096);
     if (s.record_bytes() > (int64_t{1} << 30)) RT_THROW("key 'image_shape' ", shape.dump(), " is over 1 GiB per image");
-    s.encoded = j.value("encoded", false);
     s.num_classes = static_cast<int>(e.integer("num_classes", 1, 1 << 24));
     s.classes = j.value("classes", std::vector<std::string>{});
     if (!s.classes.empty() && static_cast<int>(s.classes.size()) != s.num_classes)
@@ -190,9 +200,15 @@ void write_manifest_split(const fs::path& dir, const std::string& source, const 
   }
   if (!manifest.is_object()) manifest = json::object();
   manifest["format"] = kFormatName;
-  manifest["format_version"] = kFormatVersion;
   manifest["source"] = source;
   manifest["splits"][split.split] = split_to_json(split);
+  // The oldest version that can read every split in it: 3 only if one has images of varied sizes.
+  int version = 2;
+  for (auto& [name, entry] : manifest["splits"].items()) {
+    const json& shape = entry.value("image_shape", json::array());
+    if (shape.is_array() && !shape.empty() && shape[0] == 0) version = 3;
+  }
+  manifest["format_version"] = version;
   const fs::path tmp_manifest = dir / "manifest.json.partial";
   {
     std::ofstream out(tmp_manifest);

@@ -41,6 +41,7 @@ struct ShardLayout {
   const char* object = "/images";  // "/images", "/encoded" (v2) or "/jpeg" (v1)
   DirectLayout direct;
   std::vector<int64_t> offsets;    // v2 encoded: record i is bytes [offsets[i], offsets[i + 1]) of /encoded
+  std::vector<int32_t> shapes;     // varied-size splits: H, W, C of each record (from /shapes)
 };
 
 // A read-only descriptor, closed when the last reader lets go of it.
@@ -332,6 +333,30 @@ ShardLayout validate_shard(const fs::path& path, const SplitInfo& info, size_t i
                  info.num_classes, ")");
   }
   all_labels.insert(all_labels.end(), values.begin(), values.end());
+  if (info.varied_size()) {
+    // Each record's own size, checked whole at open like /offsets.
+    if (layout.version < 3)
+      RT_THROW("shard '", path.string(), "': format_version ", layout.version, " but the manifest says split '", info.split,
+               "' holds images of varied sizes (a version 3 layout)");
+    if (!h5::link_exists(file, "shapes", at)) RT_THROW("shard '", path.string(), "': missing dataset '/shapes'");
+    h5::Id shapes(check(H5Dopen2(file, "shapes", H5P_DEFAULT), path, "/shapes", "cannot open dataset"), H5Dclose);
+    h5::Id stype(check(H5Dget_type(shapes), path, "/shapes", "cannot read the type"), H5Tclose);
+    const std::vector<hsize_t> sdims = h5::dims(shapes, at.at("/shapes"));
+    if (H5Tget_class(stype) != H5T_INTEGER || H5Tget_size(stype) != 4 || sdims.size() != 2 || sdims[1] != 3)
+      RT_THROW("shard '", path.string(), "': dataset '/shapes' must be N x 3 int32");
+    if (static_cast<int64_t>(sdims[0]) != shard.records)
+      RT_THROW("shard '", path.string(), "': dataset '/shapes' has ", sdims[0], " rows for ", shard.records, " records");
+    layout.shapes.resize(static_cast<size_t>(3 * shard.records));
+    if (shard.records > 0)
+      check(H5Dread(shapes, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, layout.shapes.data()), path, "/shapes",
+            "truncated or corrupt data, cannot read");
+    for (int64_t r = 0; r < shard.records; ++r) {
+      const int32_t* hwc = layout.shapes.data() + 3 * r;
+      if (hwc[0] < 1 || hwc[0] > 65535 || hwc[1] < 1 || hwc[1] > 65535 || hwc[2] != info.channels)
+        RT_THROW("shard '", path.string(), "': dataset '/shapes' record ", r, " is ", hwc[0], "x", hwc[1], "x", hwc[2],
+                 ", expected 1 to 65535 pixels a side and ", info.channels, " channels");
+    }
+  }
   if (!info.encoded)
     layout.direct = resolve_direct(path, file, images, "/images", shard.records, info.record_bytes(),
                                    {static_cast<hsize_t>(info.height), static_cast<hsize_t>(info.width),
@@ -396,7 +421,8 @@ ShardDataset ShardDataset::open(const fs::path& dir, const std::string& split, O
   ds.impl_->layout = std::move(layouts);
   ds.impl_->fds.resize(info.shards.size());
   ds.impl_->labels = std::move(labels);
-  ds.impl_->chunk = chunk_records_for(info.record_bytes());
+  // Records of varied sizes have no common chunk size to keep together: each is its own unit.
+  ds.impl_->chunk = info.varied_size() ? 1 : chunk_records_for(info.record_bytes());
   return ds;
 }
 
@@ -422,6 +448,19 @@ std::pair<int, int64_t> ShardDataset::locate(int64_t index) const {
   const auto& b = impl_->begin;
   const int shard = static_cast<int>(std::upper_bound(b.begin(), b.end(), index) - b.begin()) - 1;
   return {shard, index - b[static_cast<size_t>(shard)]};
+}
+
+std::array<int64_t, 3> ShardDataset::record_shape(int64_t index) const {
+  if (!info_.varied_size()) return {info_.height, info_.width, info_.channels};
+  auto [shard, local] = locate(index);
+  const int32_t* hwc = impl_->layout[static_cast<size_t>(shard)].shapes.data() + 3 * local;
+  return {hwc[0], hwc[1], hwc[2]};
+}
+
+std::string ShardDataset::record_name(int64_t index) const {
+  auto [shard, local] = locate(index);
+  return detail::str_cat("shard '", (impl_->dir / info_.shards[static_cast<size_t>(shard)].file).string(), "', '",
+                         impl_->layout[static_cast<size_t>(shard)].object, "' record ", local);
 }
 
 std::vector<uint8_t> ShardDataset::read_encoded(int64_t index, int32_t* label) const {
@@ -467,6 +506,9 @@ void ShardDataset::read_range(int64_t begin, int64_t count, uint8_t* images, int
   if (begin < 0 || begin + count > info_.records)
     RT_THROW("records [", begin, ", ", begin + count, ") are out of range for split '", info_.split, "' of ",
              info_.records, " records");
+  if (info_.varied_size())
+    RT_THROW("split '", info_.split, "' holds encoded images of varied sizes, which have no common shape to read them ",
+             "into: read_encoded() and decode them one by one (the loader does, under a random-resized crop)");
   const int64_t record_bytes = info_.record_bytes();
   if (info_.encoded) {
     for (int64_t i = 0; i < count; ++i) {
@@ -476,9 +518,7 @@ void ShardDataset::read_range(int64_t begin, int64_t count, uint8_t* images, int
       try {
         img = decode_image(bytes.data(), bytes.size());
       } catch (const Error& e) {
-        auto [shard, local] = locate(begin + i);
-        RT_THROW("shard '", (impl_->dir / info_.shards[static_cast<size_t>(shard)].file).string(), "', '",
-                 impl_->layout[static_cast<size_t>(shard)].object, "' record ", local, ": ", e.what());
+        RT_THROW(record_name(begin + i), ": ", e.what());
       }
       if (img.height != info_.height || img.width != info_.width || img.channels != info_.channels)
         RT_THROW("split '", info_.split, "' record ", begin + i, " decodes to ", img.height, "x", img.width, "x",

@@ -30,6 +30,7 @@ struct ShardWriter::Impl {
   std::vector<int64_t> offsets;      // encoded: where each record of the current shard starts in /encoded, then the end
   int64_t encoded_written = 0;       // encoded: bytes of /encoded already in the file
   std::vector<double> sums, squares; // per channel, over all records
+  double pixels = 0;                 // encoded: pixels per channel the sums cover
   std::vector<ShardInfo> shards;
   std::vector<fs::path> temp_files;
   bool finished = false;
@@ -189,8 +190,9 @@ ShardWriter::ShardWriter(WriterOptions options) : impl_(nullptr) {
   RT_CHECK(o.num_shards >= 1 && o.num_shards <= 99999, "ShardWriter: --shards must be from 1 to 99999 (five digits in ",
            "the file names), got ", o.num_shards);
   RT_CHECK(o.total_records >= 0, "ShardWriter: negative record count ", o.total_records);
-  RT_CHECK(o.height > 0 && o.width > 0 && o.channels > 0, "ShardWriter: bad image shape ", o.height, "x", o.width,
-           "x", o.channels);
+  const bool varied = o.encoded && o.height == 0 && o.width == 0;
+  RT_CHECK((varied || (o.height > 0 && o.width > 0)) && o.channels > 0, "ShardWriter: bad image shape ", o.height, "x",
+           o.width, "x", o.channels, o.encoded ? " (0x0xC: encoded images of varied sizes)" : "");
   RT_CHECK(o.num_classes >= 1, "ShardWriter: num_classes must be >= 1, got ", o.num_classes);
   RT_CHECK(o.classes.empty() || static_cast<int>(o.classes.size()) == o.num_classes, "ShardWriter: ",
            o.classes.size(), " class names for ", o.num_classes, " classes");
@@ -247,9 +249,15 @@ void ShardWriter::add_encoded(const std::vector<uint8_t>& bytes, const int64_t d
              "'");
   if (label < 0 || label >= m.options.num_classes)
     RT_THROW("ShardWriter: record ", written_, " has label ", label, " outside [0, ", m.options.num_classes, ")");
-  if (decoded_hwc[0] != m.options.height || decoded_hwc[1] != m.options.width || decoded_hwc[2] != m.options.channels)
+  const bool varied = m.options.height == 0;
+  if (varied ? decoded_hwc[0] < 1 || decoded_hwc[0] > 65535 || decoded_hwc[1] < 1 || decoded_hwc[1] > 65535 ||
+                   decoded_hwc[2] != m.options.channels
+             : decoded_hwc[0] != m.options.height || decoded_hwc[1] != m.options.width ||
+                   decoded_hwc[2] != m.options.channels)
     RT_THROW("ShardWriter: record ", written_, " decodes to ", decoded_hwc[0], "x", decoded_hwc[1], "x", decoded_hwc[2],
-             ", the split's images are ", m.options.height, "x", m.options.width, "x", m.options.channels);
+             ", the split's images are ",
+             varied ? detail::str_cat("of varied sizes (1 to 65535 pixels a side) with ", m.options.channels, " channels")
+                    : detail::str_cat(m.options.height, "x", m.options.width, "x", m.options.channels));
   RT_CHECK(static_cast<int64_t>(channel_sums.size()) == m.options.channels &&
                static_cast<int64_t>(channel_squares.size()) == m.options.channels,
            "ShardWriter::add_encoded: channel sums must have one entry per channel");
@@ -260,6 +268,7 @@ void ShardWriter::add_encoded(const std::vector<uint8_t>& bytes, const int64_t d
   if (m.pending.size() >= 4 * kEncodedChunkBytes) m.flush_encoded();
   m.labels.push_back(label);
   for (int k = 0; k < 3; ++k) m.shapes.push_back(static_cast<int32_t>(decoded_hwc[k]));
+  m.pixels += static_cast<double>(decoded_hwc[0]) * static_cast<double>(decoded_hwc[1]);
   for (size_t c = 0; c < channel_sums.size(); ++c) {
     m.sums[c] += channel_sums[c];
     m.squares[c] += channel_squares[c];
@@ -288,7 +297,8 @@ SplitInfo ShardWriter::finish() {
   info.num_classes = o.num_classes;
   info.classes = o.classes;
   info.source = o.source;
-  const double pixels = static_cast<double>(std::max<int64_t>(1, o.total_records)) * o.height * o.width;
+  const double pixels =
+      o.encoded ? std::max(1.0, m.pixels) : static_cast<double>(std::max<int64_t>(1, o.total_records)) * o.height * o.width;
   for (int64_t c = 0; c < o.channels; ++c) {
     const double mean = m.sums[static_cast<size_t>(c)] / pixels;
     const double var = std::max(0.0, m.squares[static_cast<size_t>(c)] / pixels - mean * mean);
@@ -303,7 +313,7 @@ SplitInfo ShardWriter::finish() {
       h5::Id file(check(H5Fopen(tmp.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), tmp, "", "reopen"), H5Fclose);
       const h5::Where at = format::shard_at(tmp);
       h5::write_string_attribute(file, "format", kFormatName, at);
-      h5::write_int_attribute(file, "format_version", {kFormatVersion}, at);
+      h5::write_int_attribute(file, "format_version", {info.format_version()}, at);
       h5::write_string_attribute(file, "split", o.split, at);
       h5::write_int_attribute(file, "num_classes", {o.num_classes}, at);
       h5::write_float_attribute(file, "mean", info.mean, at);

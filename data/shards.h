@@ -6,6 +6,7 @@
 // (names, checksums, manifest.json), shard_writer.cpp and shard_dataset.cpp; HDF5 helpers: core/hdf5.h.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <filesystem>
 #include <mutex>
@@ -17,8 +18,10 @@ namespace ringtrain::data {
 inline constexpr const char* kFormatName = "ringtrain-shards";
 // Version 2 stores encoded images as /encoded (every record's bytes back to back) + /offsets; version 1
 // stored them as a variable-length /jpeg, which is still read (through HDF5, under its lock). Decoded
-// (/images) shards are the same in both.
-inline constexpr int kFormatVersion = 2;
+// (/images) shards are the same in both. Version 3 is version 2 plus splits whose encoded images keep
+// their own sizes (image_shape [0, 0, C]; each record's shape in /shapes): only such splits are written
+// as version 3, so every other dataset stays readable by a version 2 reader.
+inline constexpr int kFormatVersion = 3;
 inline constexpr int kOldestReadableFormatVersion = 1;
 
 // The lock every HDF5 call in ringtrain takes (the same one as ringtrain::detail::hdf5_mutex()).
@@ -36,7 +39,7 @@ struct ShardInfo {
 struct SplitInfo {
   std::string split;
   int64_t records = 0;
-  int64_t height = 0, width = 0, channels = 0;  // decoded image shape (all records)
+  int64_t height = 0, width = 0, channels = 0;  // decoded image shape (all records); 0 x 0: varied_size()
   bool encoded = false;                         // /encoded + /offsets (v1: /jpeg) instead of /images
   int num_classes = 0;
   std::vector<std::string> classes;             // optional class names
@@ -44,6 +47,13 @@ struct SplitInfo {
   std::string source;
   std::vector<ShardInfo> shards;
   int64_t record_bytes() const { return height * width * channels; }
+  // Encoded records of their own sizes (make_shards imagefolder --size 0): they have one shape only after
+  // a random-resized crop. Each record's decoded shape is ShardDataset::record_shape().
+  bool varied_size() const { return height == 0; }
+  // "224x224x3", or "varied x 3" for varied_size()
+  std::string shape_text() const;
+  // The format version this split's shards and manifest are written as (3 if varied_size(), else 2).
+  int format_version() const { return varied_size() ? 3 : 2; }
 };
 
 struct WriterOptions {
@@ -51,7 +61,7 @@ struct WriterOptions {
   std::string split = "train";
   int num_shards = 1;
   int64_t total_records = 0;  // must be known up front (records go to shards in contiguous blocks)
-  int64_t height = 0, width = 0, channels = 0;
+  int64_t height = 0, width = 0, channels = 0;  // height = width = 0: encoded records of varied sizes
   bool encoded = false;       // add_encoded() instead of add()
   int num_classes = 0;
   std::vector<std::string> classes;
@@ -71,7 +81,8 @@ class ShardWriter {
 
   // image: height*width*channels bytes, HWC.
   void add(const uint8_t* image, int32_t label);
-  // bytes: an encoded JPEG/PNG; decoded_hwc: its decoded shape (must equal the split's shape);
+  // bytes: an encoded JPEG/PNG; decoded_hwc: its decoded shape (must equal the split's shape, or have its
+  // channels for a split of varied sizes);
   // channel_sums: sum and sum of squares of pixel/255 per channel of the decoded image, for mean/std.
   void add_encoded(const std::vector<uint8_t>& bytes, const int64_t decoded_hwc[3], int32_t label,
                    const std::vector<double>& channel_sums, const std::vector<double>& channel_squares);
@@ -108,7 +119,8 @@ class ShardDataset {
   int64_t size() const { return info_.records; }
   // Records [begin, begin + count) by global index: images (count x H x W x C bytes, decoded if the split
   // is encoded) and labels. Ranges may cross shard boundaries. A file that changed since open (shorter
-  // than its records) is an error naming the file and the record.
+  // than its records) is an error naming the file and the record. Not for varied_size() splits, whose
+  // records have no common shape: read_encoded() and decode them one by one.
   void read_range(int64_t begin, int64_t count, uint8_t* images, int32_t* labels) const;
   // Arbitrary records; sorted contiguous runs are read together.
   void read_indices(const std::vector<int64_t>& indices, uint8_t* images, int32_t* labels) const;
@@ -116,6 +128,10 @@ class ShardDataset {
   std::vector<uint8_t> read_encoded(int64_t index, int32_t* label) const;
   // Global index -> (shard, index within shard).
   std::pair<int, int64_t> locate(int64_t index) const;
+  // The decoded (H, W, C) of a record: the split's shape, or for varied_size() splits the record's own.
+  std::array<int64_t, 3> record_shape(int64_t index) const;
+  // "shard '/data/train-00001-of-00004.h5', '/encoded' record 17": where a record lives, for errors.
+  std::string record_name(int64_t index) const;
   // Records per HDF5 chunk of /images (the unit a sampler should keep together for I/O locality).
   int64_t chunk_records() const;
   // Shards whose decoded images are read with pread (the rest go through HDF5).

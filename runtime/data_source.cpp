@@ -35,7 +35,7 @@ class ShardSource final : public DataSource {
     std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(content.value()));
     info_ = {shape[0], shape[1], shape[2], split.num_classes, train_->size(), test_ ? test_->size() : 0,
              train_->chunk_records(),
-             detail::str_cat(split.records, " records of ", split.height, "x", split.width, "x", split.channels, ", ",
+             detail::str_cat(split.records, " records of ", split.shape_text(), ", ",
                              split.num_classes, " classes, content ", hex)};
     data::LoaderOptions lo;
     lo.threads = o.loader_threads;
@@ -80,9 +80,9 @@ class ShardSource final : public DataSource {
     const auto a = data::transformed_shape(train, transform);
     transform.train = false;
     const auto b = data::transformed_shape(test, transform);
-    RT_CHECK(a == b, "--data '", dir, "': the test split's images are ", test.height, "x", test.width, "x",
-             test.channels, " (", b[0], "x", b[1], "x", b[2], " after the transforms) but the train split's are ",
-             train.height, "x", train.width, "x", train.channels, " (", a[0], "x", a[1], "x", a[2], ")");
+    RT_CHECK(a == b, "--data '", dir, "': the test split's images are ", test.shape_text(), " (", b[0], "x", b[1], "x",
+             b[2], " after the transforms) but the train split's are ", train.shape_text(), " (", a[0], "x", a[1], "x",
+             a[2], ")");
   }
 };
 

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <functional>
 #include <initializer_list>
+#include <map>
 #include <numeric>
 #include <set>
 #include <string>
@@ -358,6 +359,133 @@ TEST_F(ConverterCodec, JpegRoundTripIsClose) {
   EXPECT_LT(mean_abs_diff(g.pixels, gray), 2.0);
 }
 
+// A photo-like RGB test image: smooth colour fields, a few sharp edges and mild noise.
+std::vector<uint8_t> textured(int64_t height, int64_t width) {
+  std::vector<uint8_t> out(static_cast<size_t>(height * width * 3));
+  uint32_t state = 12345;
+  for (int64_t y = 0; y < height; ++y)
+    for (int64_t x = 0; x < width; ++x)
+      for (int64_t c = 0; c < 3; ++c) {
+        double v = 128 + 60 * std::sin(0.031 * x + 0.7 * c) * std::cos(0.023 * y - 0.3 * c);
+        if ((x / 37 + y / 29) % 5 == 0) v += 50;  // blocks with sharp edges
+        state = state * 1664525u + 1013904223u;
+        v += static_cast<double>(state >> 28) - 8;
+        out[static_cast<size_t>((y * width + x) * 3 + c)] = static_cast<uint8_t>(std::clamp(v, 0.0, 255.0));
+      }
+  return out;
+}
+
+TEST_F(ConverterCodec, RegionDecodeIsTheSameWindowOfAFullDecode) {
+  const int64_t H = 203, W = 301;
+  const std::vector<uint8_t> rgb = textured(H, W);
+  const std::vector<uint8_t> bytes = encode_jpeg(rgb.data(), H, W, 3, 90);  // 4:2:0 (libjpeg's default)
+  const DecodedImage full = decode_image(bytes.data(), bytes.size());
+  struct Window {
+    int64_t y0, x0, h, w;
+  };
+  for (const Window& want : {Window{0, 0, H, W}, Window{17, 33, 50, 90}, Window{150, 250, 53, 51}, Window{-5, -9, 20, 30},
+                             Window{100, 5, 400, 400}, Window{60, 140, 1, 1}}) {
+    int calls = 0;
+    const DecodedRegion r = decode_image_region(bytes.data(), bytes.size(), [&](const ImageHeader& h) {
+      ++calls;
+      EXPECT_EQ(h.format, ImageFormat::kJpeg);
+      EXPECT_EQ(h.height, H);
+      EXPECT_EQ(h.width, W);
+      EXPECT_EQ(h.channels, 3);
+      return RegionRequest{1, want.y0, want.x0, want.h, want.w};
+    });
+    EXPECT_EQ(calls, 1);
+    EXPECT_EQ(r.scale, 1);
+    EXPECT_EQ(r.scaled_height, H);
+    EXPECT_EQ(r.scaled_width, W);
+    // The region covers the window clamped to the image; rows exactly, columns from an iMCU boundary on.
+    const int64_t y0 = std::clamp<int64_t>(want.y0, 0, H - 1), x0 = std::clamp<int64_t>(want.x0, 0, W - 1);
+    const int64_t y1 = std::clamp<int64_t>(want.y0 + want.h, y0 + 1, H), x1 = std::clamp<int64_t>(want.x0 + want.w, x0 + 1, W);
+    EXPECT_EQ(r.y0, y0);
+    EXPECT_EQ(r.image.height, y1 - y0);
+    EXPECT_LE(r.x0, x0);
+    EXPECT_GE(r.x0 + r.image.width, x1);
+    EXPECT_EQ(r.x0 % 16, 0) << "an iMCU of 4:2:0 is 16 pixels wide";
+    // Every pixel is the full decode's, except a region edge column inside the image (its chroma is
+    // upsampled from a clamped neighbour).
+    int64_t differ = 0;
+    for (int64_t y = 0; y < r.image.height; ++y)
+      for (int64_t x = 0; x < r.image.width; ++x) {
+        const bool inner_edge = (x == 0 && r.x0 > 0) || (x == r.image.width - 1 && r.x0 + r.image.width < W);
+        for (int64_t c = 0; c < 3; ++c) {
+          const uint8_t a = r.image.pixels[static_cast<size_t>((y * r.image.width + x) * 3 + c)];
+          const uint8_t b = full.pixels[static_cast<size_t>(((y + r.y0) * W + x + r.x0) * 3 + c)];
+          if (inner_edge) {
+            EXPECT_LE(std::abs(int{a} - int{b}), 24);
+          } else if (a != b) {
+            ++differ;
+          }
+        }
+      }
+    EXPECT_EQ(differ, 0) << "window " << want.y0 << "," << want.x0 << " " << want.h << "x" << want.w;
+  }
+}
+
+TEST_F(ConverterCodec, DctScaledDecodeIsTheShrunkImage) {
+  const int64_t H = 203, W = 301;
+  const std::vector<uint8_t> rgb = textured(H, W);
+  const std::vector<uint8_t> bytes = encode_jpeg(rgb.data(), H, W, 3, 95);
+  const DecodedImage full = decode_image(bytes.data(), bytes.size());
+  for (int64_t s : {2, 4, 8}) {
+    const DecodedRegion r = decode_image_region(bytes.data(), bytes.size(), [&](const ImageHeader&) {
+      return RegionRequest{s, 0, 0, H, W};
+    });
+    EXPECT_EQ(r.scale, s);
+    EXPECT_EQ(r.scaled_height, (H + s - 1) / s);
+    EXPECT_EQ(r.scaled_width, (W + s - 1) / s);
+    EXPECT_EQ(r.image.height, r.scaled_height);
+    EXPECT_EQ(r.image.width, r.scaled_width);
+    // Each scaled pixel is about the mean of the s x s block of the full decode it stands for.
+    double total = 0;
+    int64_t count = 0;
+    for (int64_t y = 0; y + 1 < r.image.height; ++y)
+      for (int64_t x = 0; x + 1 < r.image.width; ++x)
+        for (int64_t c = 0; c < 3; ++c) {
+          double mean = 0;
+          for (int64_t dy = 0; dy < s; ++dy)
+            for (int64_t dx = 0; dx < s; ++dx) mean += full.pixels[static_cast<size_t>(((y * s + dy) * W + x * s + dx) * 3 + c)];
+          mean /= static_cast<double>(s * s);
+          total += std::abs(mean - r.image.pixels[static_cast<size_t>((y * r.image.width + x) * 3 + c)]);
+          ++count;
+        }
+    EXPECT_LT(total / static_cast<double>(count), 4.0) << "scale 1/" << s;
+  }
+  // PNG has no DCT: whole, at scale 1, whatever was asked.
+  const std::vector<uint8_t> png = encode_png(rgb.data(), H, W, 3);
+  const DecodedRegion p = decode_image_region(png.data(), png.size(), [](const ImageHeader& h) {
+    EXPECT_EQ(h.format, ImageFormat::kPng);
+    return RegionRequest{4, 10, 10, 5, 5};
+  });
+  EXPECT_EQ(p.scale, 1);
+  EXPECT_EQ(p.image.height, H);
+  EXPECT_EQ(p.image.width, W);
+  EXPECT_TRUE(p.image.pixels == rgb);
+  // The largest scale that leaves at least the output size.
+  EXPECT_EQ(dct_scale_for(300, 300, 224, 224), 1);
+  EXPECT_EQ(dct_scale_for(448, 460, 224, 224), 2);
+  EXPECT_EQ(dct_scale_for(460, 447, 224, 224), 1);
+  EXPECT_EQ(dct_scale_for(1000, 1000, 224, 224), 4);
+  EXPECT_EQ(dct_scale_for(4000, 4000, 224, 224), 8);
+}
+
+TEST_F(ConverterCodec, RegionDecodeErrorsAreClear) {
+  const std::vector<uint8_t> rgb = textured(64, 64);
+  std::vector<uint8_t> bytes = encode_jpeg(rgb.data(), 64, 64, 3, 90);
+  expect_error([&] { decode_image_region(bytes.data(), bytes.size(), [](const ImageHeader&) { return RegionRequest{3, 0, 0, 8, 8}; }); },
+               {"scale must be 1, 2, 4 or 8, got 3"});
+  expect_error([&] {
+    decode_image_region(bytes.data(), bytes.size(), [](const ImageHeader&) -> RegionRequest { RT_THROW("chooser says no"); });
+  }, {"chooser says no"});
+  bytes.resize(bytes.size() / 2);  // cut inside the scan: the rows the window needs are missing
+  expect_error([&] { decode_image_region(bytes.data(), bytes.size(), [](const ImageHeader&) { return RegionRequest{1, 40, 0, 20, 64}; }); },
+               {"corrupt JPEG data"});
+}
+
 TEST_F(ConverterCodec, CorruptJpegThrowsInsteadOfExiting) {
   const std::vector<uint8_t> rgb = gradient(64, 64);
   std::vector<uint8_t> bytes = encode_jpeg(rgb.data(), 64, 64, 3, 90);
@@ -606,6 +734,47 @@ TEST_F(ConverterImageFolder, KeepEncodedRoundTripsThroughReader) {
   ASSERT_EQ(train.info().mean.size(), 3u);
   EXPECT_NEAR(train.info().mean[0], (60.0 + 200.0) / 2 / 255, 0.02);
   EXPECT_NEAR(train.info().mean[1], (60.0 + 20.0) / 2 / 255, 0.02);
+}
+
+TEST_F(ConverterImageFolder, SizeZeroKeepsEveryImageAsItIs) {
+  make_tree(dir_ / "src");
+  ImageFolderOptions image_options;
+  image_options.size = 0;
+  image_options.storage = ImageStorage::kJpeg;
+  convert_imagefolder(dir_ / "src", dir_ / "out", image_options, {});
+  ShardDataset train = ShardDataset::open(dir_ / "out", "train");
+  ASSERT_TRUE(train.info().varied_size());
+  EXPECT_EQ(train.info().channels, 3);
+  // Each record keeps its own size; an RGB file keeps its own bytes, the gray PNG (1 channel in a
+  // 3-channel split) is re-encoded as an RGB JPEG.
+  std::map<std::pair<int64_t, int64_t>, fs::path> by_size = {{{20, 30}, "train/cat/a.png"},
+                                                             {{40, 24}, "train/cat/sub/b.PNG"},
+                                                             {{24, 24}, "train/dog/c.jpg"},
+                                                             {{16, 32}, "train/dog/d.png"}};
+  for (int64_t i = 0; i < train.size(); ++i) {
+    const auto shape = train.record_shape(i);
+    EXPECT_EQ(shape[2], 3);
+    auto found = by_size.find({shape[0], shape[1]});
+    ASSERT_NE(found, by_size.end()) << shape[0] << "x" << shape[1];
+    const std::vector<uint8_t> bytes = train.read_encoded(i, nullptr);
+    const DecodedImage image = decode_image(bytes.data(), bytes.size());
+    EXPECT_EQ(image.height, shape[0]);
+    EXPECT_EQ(image.width, shape[1]);
+    EXPECT_EQ(image.channels, 3);
+    if (found->second.filename() == "a.png")
+      EXPECT_EQ(detect_image_format(bytes.data(), bytes.size()), ImageFormat::kJpeg);
+    else
+      EXPECT_TRUE(bytes == read_bytes(dir_ / "src" / found->second)) << found->second;
+    by_size.erase(found);
+  }
+  // The mean weighs every pixel once: cat pixels (60) 600 + 960, dog pixels (200, 20, 20) 576 + 512.
+  const double cat = 600 + 960, dog = 576 + 512;
+  EXPECT_NEAR(train.info().mean[0], (60 * cat + 200 * dog) / (cat + dog) / 255, 0.01);
+  expect_error([&] {
+    ImageFolderOptions raw;
+    raw.size = 0;
+    convert_imagefolder(dir_ / "src", dir_ / "raw", raw, {});
+  }, {"image size 0", "--encode jpeg"});
 }
 
 TEST_F(ConverterImageFolder, SingleSplitLayoutAndGrayscaleOutput) {

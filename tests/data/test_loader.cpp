@@ -10,7 +10,10 @@
 #include <cmath>
 #include <filesystem>
 
+#include <hdf5.h>
+
 #include "core/check.h"
+#include "data/codec.h"
 #include "data/loader.h"
 
 namespace ringtrain::data {
@@ -183,6 +186,244 @@ TEST(Transform, ResizedCropIsBilinearAtPixelCentresBitwise) {
       }
     }
   }
+}
+
+// ------------------------------------------------------------------------------ encoded records (JPEG)
+
+// A smooth RGB image with one bright square on a dark background (its centre marks where the crop is).
+std::vector<uint8_t> square_on_gradient(int64_t h, int64_t w, int64_t sy, int64_t sx, int64_t side) {
+  std::vector<uint8_t> out(static_cast<size_t>(h * w * 3));
+  for (int64_t y = 0; y < h; ++y)
+    for (int64_t x = 0; x < w; ++x)
+      for (int64_t c = 0; c < 3; ++c) {
+        const bool in = y >= sy && y < sy + side && x >= sx && x < sx + side;
+        out[static_cast<size_t>((y * w + x) * 3 + c)] =
+            static_cast<uint8_t>(in ? 230 : 20 + (x * 40 / w) + (y * 30 / h) + 10 * c);
+      }
+  return out;
+}
+
+SplitInfo rgb_info() {
+  SplitInfo info;
+  info.split = "train";
+  info.channels = 3;
+  info.mean = {0.4f, 0.5f, 0.6f};
+  info.std = {0.2f, 0.25f, 0.3f};
+  return info;
+}
+
+// The centroid (y, x) of the pixels whose channel 0 is above the midpoint between square and background,
+// and their count; a count of 0 when the square is absent or cut by the crop (then blur on its one inner
+// edge would move the centroid).
+std::array<double, 3> bright_centroid(const std::vector<float>& img, int64_t size) {
+  double sy = 0, sx = 0, n = 0;
+  for (int64_t y = 0; y < size; ++y)
+    for (int64_t x = 0; x < size; ++x)
+      if (img[static_cast<size_t>((y * size + x) * 3)] > 0.55f) {
+        if (y == 0 || x == 0 || y == size - 1 || x == size - 1) return {-1, -1, 0};
+        sy += static_cast<double>(y), sx += static_cast<double>(x), ++n;
+      }
+  return n > 0 ? std::array<double, 3>{sy / n, sx / n, n} : std::array<double, 3>{-1, -1, 0};
+}
+
+TEST(Transform, DctScaledDecodeKeepsTheCropGeometry) {
+  // 1200x1600: every random crop (at least 8% of the area, so 339+ pixels a side) is at least twice the
+  // 112-pixel output, so every one is decoded at 1/2, 1/4 or 1/8.
+  const int64_t H = 1200, W = 1600, size = 112;
+  const std::vector<uint8_t> pixels = square_on_gradient(H, W, 400, 600, 300);
+  const std::vector<uint8_t> bytes = encode_jpeg(pixels.data(), H, W, 3, 95);
+  const SplitInfo info = rgb_info();
+  Transform t;
+  t.resized_crop = size;
+  t.hflip = true;
+  t.normalize = false;
+  Transform full = t;
+  full.dct_scaling = false;
+  full.region_decode = false;
+  double worst_mean = 0, worst_shift = 0, mean_shift[2] = {0, 0};
+  int with_square = 0;
+  for (int64_t sample = 0; sample < 48; ++sample) {
+    std::vector<float> a(static_cast<size_t>(size * size * 3)), b(a.size());
+    decode_transform(info, t, bytes.data(), bytes.size(), {H, W, 3}, 7, 0, sample, a.data());
+    decode_transform(info, full, bytes.data(), bytes.size(), {H, W, 3}, 7, 0, sample, b.data());
+    double total = 0;
+    for (size_t i = 0; i < a.size(); ++i) total += std::abs(a[i] - b[i]);
+    worst_mean = std::max(worst_mean, total / static_cast<double>(a.size()));
+    const auto ca = bright_centroid(a, size), cb = bright_centroid(b, size);
+    if (cb[2] >= 50 && ca[2] > 0) {
+      ++with_square;
+      worst_shift = std::max({worst_shift, std::abs(ca[0] - cb[0]), std::abs(ca[1] - cb[1])});
+      mean_shift[0] += ca[0] - cb[0];
+      mean_shift[1] += ca[1] - cb[1];
+    }
+  }
+  // Resampling differs (the DCT averages, bilinear does not), the geometry must not: a crop window mapped
+  EXPECT_LT(worst_mean, 0.02) << "mean |difference| of pixel/255 against the full-size decode";
+  // wrongly by half a scaled pixel moves the square's centroid the same way in every crop.
+  ASSERT_GE(with_square, 10) << "too few crops saw the whole square to check the geometry";
+  EXPECT_LT(worst_shift, 0.4) << "the square's centroid moved (output pixels)";
+  EXPECT_LT(std::abs(mean_shift[0]) / with_square, 0.05) << "a systematic vertical shift (output pixels)";
+  EXPECT_LT(std::abs(mean_shift[1]) / with_square, 0.05) << "a systematic horizontal shift (output pixels)";
+}
+
+TEST(Transform, RegionDecodeAtFullSizeMatchesTheWholeDecode) {
+  const int64_t H = 333, W = 517, size = 96;
+  const std::vector<uint8_t> pixels = square_on_gradient(H, W, 100, 200, 90);
+  const std::vector<uint8_t> bytes = encode_jpeg(pixels.data(), H, W, 3, 90);
+  const SplitInfo info = rgb_info();
+  Transform region;
+  region.resized_crop = size;
+  region.hflip = true;
+  region.dct_scaling = false;
+  Transform whole = region;
+  whole.region_decode = false;
+  for (int64_t sample = 0; sample < 16; ++sample) {
+    std::vector<float> a(static_cast<size_t>(size * size * 3)), b(a.size());
+    decode_transform(info, region, bytes.data(), bytes.size(), {H, W, 3}, 3, 1, sample, a.data());
+    decode_transform(info, whole, bytes.data(), bytes.size(), {H, W, 3}, 3, 1, sample, b.data());
+    float worst = 0;
+    for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]));
+    // The same pixels and taps; only the crop's origin is subtracted in another order.
+    EXPECT_LT(worst, 1e-4f) << "sample " << sample;
+  }
+  // Evaluation (train = false) is the central square at full size too.
+  region.train = whole.train = false;
+  std::vector<float> a(static_cast<size_t>(size * size * 3)), b(a.size());
+  decode_transform(info, region, bytes.data(), bytes.size(), {H, W, 3}, 3, 1, 0, a.data());
+  decode_transform(info, whole, bytes.data(), bytes.size(), {H, W, 3}, 3, 1, 0, b.data());
+  for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], 1e-4f) << i;
+}
+
+TEST(Transform, AnEncodedRecordOfTheWrongShapeIsAnError) {
+  const std::vector<uint8_t> pixels = square_on_gradient(40, 50, 5, 5, 10);
+  const std::vector<uint8_t> bytes = encode_jpeg(pixels.data(), 40, 50, 3, 90);
+  const SplitInfo info = rgb_info();
+  Transform t;
+  t.resized_crop = 16;
+  std::vector<float> out(16 * 16 * 3);
+  for (bool crop : {true, false}) {
+    if (!crop) t.resized_crop = 0;
+    try {
+      decode_transform(info, t, bytes.data(), bytes.size(), {41, 50, 3}, 0, 0, 0, out.data());
+      ADD_FAILURE() << "a 40x50 image where 41x50 was expected";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("decodes to 40x50x3, expected 41x50x3"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// A split of JPEGs of their own sizes: record r is (60 + 13 r % 50) x (70 + 29 r % 60).
+class VariedLoaderTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fs::path(::testing::TempDir()) / ("rt_loader_varied_" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    WriterOptions o;
+    o.dir = dir_;
+    o.split = "train";
+    o.num_shards = 2;
+    o.total_records = 32;
+    o.channels = 3;
+    o.num_classes = 4;
+    o.encoded = true;
+    ShardWriter w(o);
+    for (int r = 0; r < 32; ++r) {
+      const int64_t h = 60 + (13 * r) % 50, wd = 70 + (29 * r) % 60;
+      const std::vector<uint8_t> pixels = square_on_gradient(h, wd, r % 20, r % 30, 25);
+      const int64_t hwc[3] = {h, wd, 3};
+      std::vector<double> sums(3, 0.0), squares(3, 0.0);
+      for (size_t i = 0; i < pixels.size(); ++i) sums[i % 3] += pixels[i] / 255.0, squares[i % 3] += pixels[i] * pixels[i] / 65025.0;
+      w.add_encoded(encode_jpeg(pixels.data(), h, wd, 3, 90), hwc, r % 4, sums, squares);
+    }
+    w.finish();
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir_); }
+  static SamplerOptions sampler() {
+    SamplerOptions so;
+    so.dataset_size = 32;
+    so.global_batch = 8;
+    so.seed = 2;
+    return so;
+  }
+  static fs::path dir_;
+};
+fs::path VariedLoaderTest::dir_;
+
+TEST_F(VariedLoaderTest, RandomResizedCropsAreIdenticalForAnyThreadCount) {
+  ShardDataset ds = ShardDataset::open(dir_, "train");
+  ASSERT_TRUE(ds.info().varied_size());
+  LoaderOptions lo;
+  lo.transform.resized_crop = 32;
+  lo.transform.hflip = true;
+  lo.seed = 4;
+  lo.threads = 1;
+  std::vector<int64_t> labels;
+  auto one = run_epoch(ds, lo, sampler(), 0, &labels);
+  ASSERT_EQ(one.size(), 4u);
+  ASSERT_EQ(one[0].size(), 8u * 32 * 32 * 3);
+  DistributedSampler s(sampler());
+  const auto order = s.epoch_order(0);
+  for (size_t i = 0; i < labels.size(); ++i) EXPECT_EQ(labels[i], order[i] % 4);
+  lo.threads = 3;
+  lo.prefetch = 1;
+  EXPECT_EQ(run_epoch(ds, lo, sampler(), 0), one);
+  EXPECT_NE(run_epoch(ds, lo, sampler(), 1), one) << "another epoch draws other crops";
+  // Evaluation: the deterministic central crop, the same in every epoch.
+  lo.transform.train = false;
+  auto central = [&](int64_t epoch) {
+    Loader loader(ds, lo);
+    loader.start({{0, 1, 2, 3, 4, 5, 6, 7}}, epoch);
+    return loader.next()->images.to_vector();
+  };
+  EXPECT_EQ(central(0), central(3));
+}
+
+TEST_F(VariedLoaderTest, WithoutAResizedCropThereIsNoShapeToLoadInto) {
+  ShardDataset ds = ShardDataset::open(dir_, "train");
+  LoaderOptions lo;
+  try {
+    Loader loader(ds, lo);
+    ADD_FAILURE() << "a loader without a random-resized crop on a split of varied sizes";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("holds images of varied sizes"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--image-size"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(VariedLoaderTest, ARecordThatDisagreesWithItsShapeNamesShardAndRecord) {
+  // Copy the dataset and swap record 1's bytes for record 0's (another size) in shard 0's /encoded is
+  // too intricate; instead point record 1's /shapes row at another size.
+  const fs::path copy = dir_.string() + "_bad";
+  fs::remove_all(copy);
+  fs::copy(dir_, copy);
+  {
+    std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
+    hid_t f = H5Fopen((copy / "train-00000-of-00002.h5").c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    ASSERT_GE(f, 0);
+    hid_t d = H5Dopen2(f, "shapes", H5P_DEFAULT);
+    std::vector<int32_t> shapes(16 * 3);
+    H5Dread(d, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, shapes.data());
+    shapes[3] += 1;  // record 1: one row taller than its JPEG
+    H5Dwrite(d, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, shapes.data());
+    H5Dclose(d);
+    H5Fclose(f);
+  }
+  ShardDataset::OpenOptions no_crc;
+  no_crc.verify_checksums = false;
+  ShardDataset ds = ShardDataset::open(copy, "train", no_crc);
+  LoaderOptions lo;
+  lo.transform.resized_crop = 16;
+  Loader loader(ds, lo);
+  loader.start({{0, 1}}, 0);
+  try {
+    while (loader.next()) {
+    }
+    ADD_FAILURE() << "record 1 decodes to another size than /shapes says";
+  } catch (const Error& e) {
+    const std::string w = e.what();
+    EXPECT_NE(w.find("train-00000-of-00002.h5', '/encoded' record 1: decodes to"), std::string::npos) << w;
+  }
+  fs::remove_all(copy);
 }
 
 TEST_F(LoaderTest, ResumedEpochKeepsBatchNumbersAndAugmentation) {

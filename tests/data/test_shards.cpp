@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <hdf5.h>
 
+#include <array>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -339,6 +340,111 @@ TEST_F(Shards, CorruptEncodedOffsetsAreRefusedNamingFileAndRecord) {
   set_offset(10, int64_t{1} << 40);  // the last record past the end of /encoded
   e = open_error();
   EXPECT_NE(e.find("'/encoded' record 9 would be bytes"), std::string::npos) << e;
+}
+
+// A "train" split of JPEGs that keep their own sizes: record r is (30 + 7r) x (40 + 5r) x 3, 2 shards.
+std::vector<std::vector<uint8_t>> write_varied(const fs::path& dir, int64_t records = 8) {
+  WriterOptions o = split_options(dir, 2, records, 0, 0, 3, 4);
+  o.encoded = true;
+  ShardWriter w(o);
+  std::vector<std::vector<uint8_t>> all;
+  for (int64_t r = 0; r < records; ++r) {
+    const int64_t hwc[3] = {30 + 7 * r, 40 + 5 * r, 3};
+    std::vector<uint8_t> pixels(static_cast<size_t>(hwc[0] * hwc[1] * 3), static_cast<uint8_t>(50 + r));
+    all.push_back(encode_jpeg(pixels.data(), hwc[0], hwc[1], 3, 90));
+    const double n = static_cast<double>(hwc[0] * hwc[1]);
+    w.add_encoded(all.back(), hwc, static_cast<int32_t>(r % 4), {n * 0.5, n * 0.5, n * 0.5}, {n * 0.25, n * 0.25, n * 0.25});
+  }
+  w.finish();
+  return all;
+}
+
+TEST_F(Shards, ASplitOfVariedSizesKeepsEachRecordsShapeAsVersion3) {
+  const auto written = write_varied(dir_);
+  ShardDataset ds = ShardDataset::open(dir_, "train");
+  EXPECT_TRUE(ds.info().varied_size());
+  EXPECT_EQ(ds.info().shape_text(), "varied x 3");
+  EXPECT_EQ(ds.chunk_records(), 1);
+  for (int64_t r = 0; r < 8; ++r) {
+    EXPECT_EQ(ds.record_shape(r), (std::array<int64_t, 3>{30 + 7 * r, 40 + 5 * r, 3})) << r;
+    EXPECT_TRUE(ds.read_encoded(r, nullptr) == written[static_cast<size_t>(r)]) << r;
+  }
+  EXPECT_NE(ds.record_name(5).find("train-00001-of-00002.h5', '/encoded' record 1"), std::string::npos)
+      << ds.record_name(5);
+  // Mean from pixel-weighted sums (every record 0.5): records of different sizes weigh by their pixels.
+  EXPECT_NEAR(ds.info().mean[0], 0.5, 1e-6);
+  const nlohmann::json m = nlohmann::json::parse(std::ifstream(dir_ / "manifest.json"));
+  EXPECT_EQ(m["format_version"], 3);
+  EXPECT_EQ(m["splits"]["train"]["image_shape"], nlohmann::json::array({0, 0, 3}));
+  {
+    std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
+    hid_t f = H5Fopen((dir_ / "train-00000-of-00002.h5").c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+    ASSERT_GE(f, 0);
+    EXPECT_EQ(h5::read_int_attribute(f, "format_version", h5::Where{"shard", "x", ""}), std::vector<int>{3});
+    H5Fclose(f);
+  }
+  // No common shape to read into.
+  std::vector<uint8_t> buffer(1 << 16);
+  try {
+    ds.read_range(0, 1, buffer.data(), nullptr);
+    ADD_FAILURE() << "read_range on a split of varied sizes";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("varied sizes"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(Shards, FixedSizeSplitsAreStillWrittenAsVersion2) {
+  write_encoded(dir_);
+  const nlohmann::json m = nlohmann::json::parse(std::ifstream(dir_ / "manifest.json"));
+  EXPECT_EQ(m["format_version"], 2) << "a version 2 reader must keep reading datasets without varied sizes";
+  std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
+  hid_t f = H5Fopen((dir_ / "train-00000-of-00002.h5").c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  ASSERT_GE(f, 0);
+  EXPECT_EQ(h5::read_int_attribute(f, "format_version", h5::Where{"shard", "x", ""}), std::vector<int>{2});
+  H5Fclose(f);
+}
+
+TEST_F(Shards, BadShapesOfAVariedSplitAreRefusedNamingFileAndRecord) {
+  write_varied(dir_);
+  tamper("train-00001-of-00002.h5", [&](hid_t f) {
+    hid_t ds = H5Dopen2(f, "shapes", H5P_DEFAULT);
+    std::vector<int32_t> s(12);
+    H5Dread(ds, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, s.data());
+    s[3 * 2 + 1] = 0;  // record 2: width 0
+    H5Dwrite(ds, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, s.data());
+    H5Dclose(ds);
+  });
+  std::string e = open_error();
+  EXPECT_NE(e.find("train-00001-of-00002.h5"), std::string::npos) << e;
+  EXPECT_NE(e.find("'/shapes' record 2 is"), std::string::npos) << e;
+  write_varied(dir_);
+  tamper("train-00000-of-00002.h5", [&](hid_t f) { H5Ldelete(f, "shapes", H5P_DEFAULT); });
+  e = open_error();
+  EXPECT_NE(e.find("missing dataset '/shapes'"), std::string::npos) << e;
+  write_varied(dir_);
+  tamper("train-00000-of-00002.h5", [&](hid_t f) {
+    H5Adelete(f, "format_version");
+    h5::write_int_attribute(f, "format_version", {2}, h5::Where{"shard", "x", ""});
+  });
+  e = open_error();
+  EXPECT_NE(e.find("format_version 2 but the manifest says split 'train' holds images of varied sizes"),
+            std::string::npos) << e;
+}
+
+TEST_F(Shards, WriterRefusesRecordsOfTheWrongChannelsInAVariedSplit) {
+  WriterOptions o = split_options(dir_, 1, 1, 0, 0, 3, 2);
+  o.encoded = true;
+  ShardWriter w(o);
+  const int64_t gray[3] = {10, 12, 1};
+  try {
+    w.add_encoded({1, 2, 3}, gray, 0, {0, 0, 0}, {0, 0, 0});
+    ADD_FAILURE() << "a 1-channel record in a 3-channel split";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("decodes to 10x12x1, the split's images are of varied sizes"), std::string::npos)
+        << e.what();
+  }
+  WriterOptions raw = split_options(dir_ / "raw", 1, 1, 0, 0, 3, 2);
+  EXPECT_THROW(ShardWriter{raw}, Error) << "0x0 is only for encoded splits";
 }
 
 TEST_F(Shards, CorruptAndTruncatedFiles) {
