@@ -52,6 +52,7 @@ std::unique_ptr<runtime::DataSource> open_data(const comm::World& world, const r
   if (!f.synthetic)
     return runtime::open_shards(dir, {.choose_transform = [&f](const data::SplitInfo& s) { return transform_for(s, f); },
                                       .loader_threads = o.loader_threads,
+                                      .loader_nice = o.loader_nice,
                                       .seed = o.seed,
                                       .device = trainer.device()});
   const int64_t side = f.image_size > 0 ? f.image_size : (is_cifar(f.arch) ? 32 : 224);

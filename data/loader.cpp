@@ -1,14 +1,18 @@
 // data/loader.cpp: transforms (pad-crop, random-resized crop, flip, normalise) and the worker pool.
 #include "data/loader.h"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <cmath>
 #include <memory>
+#include <type_traits>
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
-#include <type_traits>
 
 #include "core/check.h"
 #include "core/parallel.h"
@@ -340,7 +344,13 @@ Loader::Loader(const ShardDataset& dataset, LoaderOptions options) : dataset_(da
            " is larger than the ", info.height, "x", info.width, " images of split '", info.split, "'");
   RT_CHECK(t.resized_crop <= 8192, "loader: resized_crop (--image-size) ", t.resized_crop, " is over 8192 pixels");
   RT_CHECK(options_.prefetch >= 1, "loader: prefetch must be >= 1, got ", options_.prefetch);
+  RT_CHECK(options_.nice >= 0 && options_.nice <= 19, "loader: nice (--loader-nice) must be from 0 to 19, got ",
+           options_.nice);
   threads_ = options_.threads > 0 ? options_.threads : std::max(1, num_threads() - 1);
+  errno = 0;
+  const int nice_now = ::getpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()));
+  caller_nice_ = errno == 0 ? nice_now : 0;
+  worker_nice_ = caller_nice_;
   if (options_.device.is_cuda()) copy_stream_ = Stream::create(options_.device);
 }
 
@@ -453,6 +463,12 @@ Batch Loader::build(int64_t t) {
 }
 
 void Loader::worker() {
+  // Linux gives every thread its own nice value; a failure (a sandbox refusing it) only leaves the worker
+  // at the caller's priority.
+  if (options_.nice > 0) {
+    const int target = std::min(19, caller_nice_ + options_.nice);
+    if (::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), target) == 0) worker_nice_ = target;
+  }
   for (;;) {
     int64_t t;
     {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
@@ -54,6 +55,11 @@ void decode_transform(const SplitInfo& info, const Transform& t, const uint8_t* 
 struct LoaderOptions {
   int threads = 0;        // 0: this rank's cores minus one, at least one
   int prefetch = 4;       // batches ready ahead of the consumer
+  // Worker threads run at this much lower priority (Linux: their own nice value raised, 0..19) than the
+  // thread that made the loader: when a CPU training step keeps every core busy, its compute threads win
+  // them and the loader uses what they leave (waits, all-reduce, the optimizer); when the compute threads
+  // idle (a GPU rank, or a step waiting for data) the loader has the cores to itself. 0: the same priority.
+  int nice = 10;
   Transform transform;
   uint64_t seed = 0;
   // cuda:i: batches are collated into pinned host memory and copied on a copy stream; the stream that
@@ -88,6 +94,8 @@ class Loader {
   // Joins every worker (safe mid-epoch, idempotent).
   void stop();
   int threads() const { return threads_; }
+  // The nice value the workers run at (the caller's when lowering it failed or nice is 0).
+  int worker_nice() const { return worker_nice_.load(); }
 
  private:
   void worker();
@@ -103,6 +111,8 @@ class Loader {
   const ShardDataset& dataset_;
   LoaderOptions options_;
   int threads_ = 1;
+  int caller_nice_ = 0;
+  std::atomic<int> worker_nice_{0};
   std::vector<std::vector<int64_t>> batches_;
   int64_t epoch_ = 0;
   int64_t first_batch_ = 0;  // index in the epoch of batches_[0]

@@ -77,6 +77,10 @@ void add_device_flags(CLI::App& app, TrainerOptions& o) {
       ->check(CLI::Range(0, 4096));
   app.add_option("--loader-threads", o.loader_threads, "loader threads per rank (0: automatic)")->capture_default_str()
       ->check(CLI::Range(0, 4096));
+  app.add_option("--loader-nice", o.loader_nice,
+                 "loader threads run this much lower in priority than the compute threads, so a busy step keeps its "
+                 "cores (0: the same priority)")
+      ->capture_default_str()->check(CLI::Range(0, 19));
   app.add_flag("--allow-shared-gpu", o.allow_shared_gpu, "allow more ranks per node than GPUs (ranks share GPUs)");
 }
 

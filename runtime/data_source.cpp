@@ -39,6 +39,7 @@ class ShardSource final : public DataSource {
                              split.num_classes, " classes, content ", hex)};
     data::LoaderOptions lo;
     lo.threads = o.loader_threads;
+    lo.nice = o.loader_nice;
     lo.seed = o.seed;
     lo.device = o.device;
     lo.transform = transform;

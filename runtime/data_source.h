@@ -53,6 +53,7 @@ struct ShardSourceOptions {
   // When set, chooses the training transform from the train split (e.g. by image size) instead.
   std::function<data::Transform(const data::SplitInfo& train)> choose_transform = {};
   int loader_threads = 0;           // 0: automatic
+  int loader_nice = 10;             // loader threads' priority below the compute threads (data::LoaderOptions::nice)
   uint64_t seed = 0;                // augmentation draws
   Device device = Device::cpu();    // batches are delivered here
 };

@@ -1,51 +1,80 @@
 #!/usr/bin/env bash
-# scripts/bench_loader.sh: loader throughput against the rate a training step consumes images, in one
-# run (BUILD_DIR: default build). Converts Fashion-MNIST (Debian's dataset-fashion-mnist) and a synthetic 224x224x3 split into
-# shards under $WORK (default /tmp/ringtrain-bench), runs build/bench_loader on both with augmentation
-# for 1 and 2 threads (the 224x224x3 split read with pread and, to compare, through HDF5's lock), and the PyTorch peer (../shared/peers/torch_resnet_step.py) for the consumer rate:
-# ResNet-20 at batch 128 on 28x28x1 (Fashion-MNIST). Prints the ratio loader / consumer.
+# scripts/bench_loader.sh: the loader's throughput, in one run (BUILD_DIR: default build; WORK: default
+# /tmp/ringtrain-bench, where the data is made once and kept):
+#  1. Fashion-MNIST (Debian's dataset-fashion-mnist) against the rate a CPU training step consumes it
+#     (the PyTorch peer ../shared/peers/torch_resnet_step.py, ResNet-20 batch 128 on 28x28x1);
+#  2. a synthetic 224x224x3 raw split, read with pread and through HDF5's lock, 1 and 2 threads;
+#  3. 3,000 real photographs (scripts/make_photo_folder.py: crops of scikit-image's sample photos, about
+#     400x350, JPEG q90) kept as they are (make_shards imagefolder --size 0 --encode jpeg), with
+#     random-resized crops to 224: DCT-scaled region decode against full-size decode, and the torchvision
+#     peer (scripts/torch_loader_peer.py: ImageFolder + DataLoader, PIL) on the same files;
+#  4. 600 larger photographs (--scale 2.5, about 1000x875), where reduced-scale decoding applies;
+#  5. the loader during a real CPU training step (train_resnet on the photographs, 2 loader threads on
+#     this machine's cores): step time with the workers at the compute threads' priority and below it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 work=${WORK:-/tmp/ringtrain-bench}
 build=${BUILD_DIR:-build}
 peer=${PEER:-../shared/peers/torch_resnet_step.py}
 mkdir -p "$work"
+if ! /usr/bin/python3 -c "import skimage, torchvision" 2> /dev/null; then
+  echo "bench_loader.sh: needs scikit-image (its sample photographs) and torchvision (the peer): apt-get install python3-skimage python3-torchvision" >&2
+  exit 1
+fi
+echo "== CPU: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores"
 [[ -f "$work/fm/manifest.json" ]] || "$build"/make_shards fashion-mnist /usr/share/datasets/fashion-mnist "$work/fm" --shards 4 >/dev/null 2>&1
 [[ -f "$work/syn/manifest.json" ]] || "$build"/make_shards synthetic "$work/syn" --shape 224x224x3 --count 2000 --classes 10 --shards 2 >/dev/null 2>&1
-
-# JPEG shards: 2000 photo-like JPEGs of 300-500 x 260-440 (smooth random fields with edges and noise,
-# quality 90) in 10 class folders, resized to 224 and kept encoded by make_shards imagefolder.
-if [[ ! -f "$work/jpg/manifest.json" ]]; then
-  /usr/bin/python3 - "$work/jpg-src" << 'PY'
-import os, sys, numpy as np
-from PIL import Image
-rng = np.random.default_rng(7)
-for i in range(2000):
-    h, w = int(rng.integers(260, 441)), int(rng.integers(300, 501))
-    small = rng.random((h // 16 + 2, w // 16 + 2, 3)) * 255
-    img = Image.fromarray(small.astype(np.uint8)).resize((w, h), Image.BICUBIC)
-    a = np.asarray(img, dtype=np.float32) + rng.normal(0, 6, (h, w, 3))
-    a[:, int(rng.integers(0, w)):] *= 0.6  # an edge
-    d = os.path.join(sys.argv[1], f"class{i % 10}")
-    os.makedirs(d, exist_ok=True)
-    Image.fromarray(np.clip(a, 0, 255).astype(np.uint8)).save(os.path.join(d, f"{i:05d}.jpg"), quality=90)
-PY
-  "$build"/make_shards imagefolder "$work/jpg-src" "$work/jpg" --size 224 --encode jpeg --shards 2 > /dev/null 2>&1
+if [[ ! -f "$work/photos-orig/manifest.json" ]]; then
+  /usr/bin/python3 scripts/make_photo_folder.py "$work/photos" --count 3000
+  "$build"/make_shards imagefolder "$work/photos" "$work/photos-orig" --size 0 --encode jpeg --shards 2 >/dev/null 2>&1
+fi
+if [[ ! -f "$work/photos-large-orig/manifest.json" ]]; then
+  /usr/bin/python3 scripts/make_photo_folder.py "$work/photos-large" --count 600 --scale 2.5 --seed 8
+  "$build"/make_shards imagefolder "$work/photos-large" "$work/photos-large-orig" --size 0 --encode jpeg --shards 2 >/dev/null 2>&1
 fi
 
 echo "== loader: Fashion-MNIST, pad-crop 2 + flip, batch 128"
 fm=$("$build"/bench_loader --data "$work/fm" --threads 1,2 --pad-crop 2 --hflip --batches 200)
 echo "$fm"
 for reads in "" --hdf5-reads; do  # pread (no lock), then through HDF5 (its lock), for the thread scaling
-  echo "== loader: synthetic 224x224x3, random-resized crop 224 + flip, batch 64 ${reads}"
-  "$build"/bench_loader --data "$work/syn" --threads 1,2 --resized-crop 224 --hflip --batches 31 --repeats 5 -b 64 $reads
-  echo "== loader: synthetic 224x224x3, no augmentation, batch 64 ${reads}"
-  "$build"/bench_loader --data "$work/syn" --threads 1,2 --batches 31 --repeats 5 -b 64 $reads
+  echo "== loader: synthetic 224x224x3 raw, random-resized crop 224 + flip, batch 32 ${reads}"
+  "$build"/bench_loader --data "$work/syn" --threads 1,2 --resized-crop 224 --hflip --batches 62 --repeats 7 -b 32 $reads
+  echo "== loader: synthetic 224x224x3 raw, no augmentation, batch 32 ${reads}"
+  "$build"/bench_loader --data "$work/syn" --threads 1,2 --batches 62 --repeats 7 -b 32 $reads
 done
-for reads in "" --hdf5-reads; do
-  echo "== loader: JPEG 224x224x3 (kept encoded), random-resized crop 224 + flip, batch 64 ${reads}"
-  "$build"/bench_loader --data "$work/jpg" --threads 1,2 --resized-crop 224 --hflip --batches 31 --repeats 5 -b 64 $reads
+for decode in "" --no-dct-scale --full-decode; do
+  echo "== loader: 3,000 photographs (JPEG, own sizes), random-resized crop 224 + flip, batch 32 ${decode}"
+  "$build"/bench_loader --data "$work/photos-orig" --threads 1,2 --resized-crop 224 --hflip --batches 46 --repeats 5 -b 32 $decode
 done
+echo "== peer: torchvision ImageFolder + DataLoader on the same 3,000 JPEGs (RandomResizedCrop 224, flip, ToTensor, Normalize)"
+timeout 900 /usr/bin/python3 scripts/torch_loader_peer.py "$work/photos" --workers 1,2 --batch-size 32 --batches 46 --repeats 3
+for decode in "" --full-decode; do
+  echo "== loader: 600 large photographs (about 1000x875), random-resized crop 224 + flip, batch 32 ${decode}"
+  "$build"/bench_loader --data "$work/photos-large-orig" --threads 1,2 --resized-crop 224 --hflip --batches 18 --repeats 5 -b 32 $decode
+done
+echo "== peer: torchvision on the same 600 large JPEGs"
+timeout 900 /usr/bin/python3 scripts/torch_loader_peer.py "$work/photos-large" --workers 1,2 --batch-size 32 --batches 18 --repeats 3
+
+echo "== a CPU training step with the loader: ResNet-18, 64x64 crops of the photographs, batch 64, 2 loader threads"
+for round in 1 2 3; do
+  for nice in 0 10; do
+    timeout 900 "$build"/train_resnet --data "$work/photos-orig" --arch resnet18 --steps 15 --image-size 64 --batch-size 64 \
+      --loader-threads 2 --loader-nice "$nice" --log-jsonl "$work/step-nice$nice-$round.jsonl" > /dev/null
+  done
+done
+/usr/bin/python3 - "$work" << 'PY'
+import json, statistics, sys
+for nice in (0, 10):
+    steps, waits = [], []
+    for r in (1, 2, 3):
+        summary = [json.loads(l) for l in open(f"{sys.argv[1]}/step-nice{nice}-{r}.jsonl") if '"breakdown_s"' in l][0]
+        b = summary["breakdown_s"]
+        steps.append(sum(b.values()))
+        waits.append(b["data_wait"])
+    print(f"loader nice {nice:2d}: step {statistics.median(steps):.3f} s (rounds {', '.join(f'{s:.3f}' for s in steps)}), "
+          f"data wait {statistics.median(waits) * 1000:.1f} ms")
+PY
+
 echo "== consumer: PyTorch ResNet-20, batch 128, 28x28x1, 1 thread"
 torch_line=$(/usr/bin/python3 "$peer" 20 128 1 5 28 1)
 echo "$torch_line"

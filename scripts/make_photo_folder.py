@@ -5,7 +5,9 @@ of scikit-image's sample photographs (Debian's python3-skimage), randomly flippe
 resized with Lanczos. One class folder per photograph; the grayscale photographs make one class of
 grayscale JPEGs (as ImageNet has a few). Deterministic for a seed.
 
-  make_photo_folder.py OUT [--count 3000] [--seed 7]
+  make_photo_folder.py OUT [--count 3000] [--seed 7] [--scale 1.0]
+
+--scale multiplies every side (2.5: 750-1250 x 650-1100, for the sizes of Open Images or of phone photos).
 """
 import argparse
 import os
@@ -31,6 +33,7 @@ def main():
     p.add_argument("out")
     p.add_argument("--count", type=int, default=3000)
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--scale", type=float, default=1.0)
     args = p.parse_args()
     rng = np.random.default_rng(args.seed)
     sources = [(n, load(n)) for n in COLOUR] + [("gray", None)]
@@ -39,7 +42,7 @@ def main():
         name, src = sources[i % len(sources)]
         if src is None:
             src = grays[int(rng.integers(0, len(grays)))]
-        w, h = int(rng.integers(300, 501)), int(rng.integers(260, 441))
+        w, h = int(rng.integers(300, 501) * args.scale), int(rng.integers(260, 441) * args.scale)
         # A crop of the source with the output's aspect ratio, 35-100% of the largest one that fits.
         sw, sh = src.size
         fit = min(sw / w, sh / h)

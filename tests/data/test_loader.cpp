@@ -11,6 +11,11 @@
 #include <filesystem>
 
 #include <hdf5.h>
+#include <sys/resource.h>
+
+#include <cerrno>
+#include <fstream>
+#include <sstream>
 
 #include "core/check.h"
 #include "data/codec.h"
@@ -186,6 +191,50 @@ TEST(Transform, ResizedCropIsBilinearAtPixelCentresBitwise) {
       }
     }
   }
+}
+
+// Nice values of this process's threads, from /proc/self/task/*/stat (field 19).
+std::vector<int> thread_nice_values() {
+  std::vector<int> out;
+  for (const auto& task : fs::directory_iterator("/proc/self/task")) {
+    std::ifstream in(task.path() / "stat");
+    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t close = stat.rfind(')');  // the name may hold spaces; fields after it are plain
+    if (close == std::string::npos) continue;
+    std::istringstream fields(stat.substr(close + 2));
+    std::string f;
+    for (int i = 3; i <= 19 && fields >> f; ++i)
+      if (i == 19) out.push_back(std::stoi(f));
+  }
+  return out;
+}
+
+TEST_F(LoaderTest, WorkersRunAtALowerPriorityThanTheCaller) {
+  ShardDataset ds = ShardDataset::open(dir_, "train");
+  errno = 0;
+  const int caller = ::getpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()));
+  ASSERT_EQ(errno, 0);
+  LoaderOptions lo;
+  lo.threads = 2;
+  lo.nice = 7;
+  lo.prefetch = 1;
+  Loader loader(ds, lo);
+  std::vector<std::vector<int64_t>> batches(20, std::vector<int64_t>{0, 1});
+  loader.start(batches, 0);
+  ASSERT_TRUE(loader.next());  // the workers are running, and wait for the consumer (prefetch 1)
+  const int target = std::min(19, caller + 7);
+  EXPECT_EQ(loader.worker_nice(), target);
+  const std::vector<int> nice = thread_nice_values();
+  EXPECT_GE(std::count(nice.begin(), nice.end(), target), 2) << "both workers at nice " << target;
+  EXPECT_EQ(::getpriority(PRIO_PROCESS, static_cast<id_t>(::gettid())), caller) << "the caller keeps its priority";
+  loader.stop();
+  lo.nice = 0;
+  Loader same(ds, lo);
+  same.start({{0, 1}}, 0);
+  ASSERT_TRUE(same.next());
+  EXPECT_EQ(same.worker_nice(), caller);
+  lo.nice = 20;
+  EXPECT_THROW(Loader(ds, lo), Error);
 }
 
 // ------------------------------------------------------------------------------ encoded records (JPEG)
