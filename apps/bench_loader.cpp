@@ -2,7 +2,8 @@
 // given number of worker threads. Prints one line per configuration (median of --repeats epochs) so
 // the figure can be compared with the rate a training step consumes images.
 //   bench_loader --data DIR [--split train] [--batch-size 128] [--threads 1,2] [--batches 100]
-//                [--pad-crop 4] [--resized-crop 0] [--hflip] [--repeats 3] [--hdf5-reads] [--full-decode]
+//                [--pad-crop 4] [--resized-crop 0] [--hflip] [--repeats 3] [--hdf5-reads]
+//                [--decode scaled,region,whole]
 #include <CLI/CLI.hpp>
 #include <new>
 #include <algorithm>
@@ -21,7 +22,8 @@ int main(int argc, char** argv) {
   std::string data_dir, split = "train", threads_text = "1,2";
   int64_t batch = 128, batches = 100, pad_crop = 0, resized_crop = 0;
   int repeats = 3;
-  bool hflip = false, hdf5_reads = false, full_decode = false, no_dct_scale = false;
+  std::string decode_text = "scaled";
+  bool hflip = false, hdf5_reads = false;
   app.add_option("--data", data_dir, "shard dataset folder (made by make_shards)")->required();
   app.add_option("--split", split, "split to read")->capture_default_str();
   app.add_option("-b,--batch-size", batch, "records per batch")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
@@ -33,22 +35,34 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t{0}, int64_t{8192}));
   app.add_flag("--hflip", hflip, "random horizontal flip");
   app.add_flag("--hdf5-reads", hdf5_reads, "read decoded images through HDF5 (its lock) instead of pread, to compare");
-  app.add_flag("--full-decode", full_decode, "decode JPEGs whole at full size (no DCT scaling, no region), to compare");
-  app.add_flag("--no-dct-scale", no_dct_scale, "decode only the crop's region of a JPEG but at full size, to compare");
+  app.add_option("--decode", decode_text,
+                 "comma-separated JPEG decode modes to measure, interleaved: scaled (the crop's region at the "
+                 "smallest DCT scale covering it), region (the region at full size), whole (all of it at full size)")
+      ->capture_default_str();
   app.add_option("--repeats", repeats, "runs per configuration (median reported)")->capture_default_str()->check(CLI::Range(1, 1000));
   CLI11_PARSE(app, argc, argv);
   try {
     ShardDataset::OpenOptions oo;
     oo.direct_reads = !hdf5_reads;
     ShardDataset ds = ShardDataset::open(data_dir, split, oo);
+    auto items = [](const std::string& text) {
+      std::vector<std::string> out;
+      std::stringstream ss(text);
+      for (std::string item; std::getline(ss, item, ',');) out.push_back(item);
+      return out;
+    };
     std::vector<int> thread_counts;
-    std::stringstream ss(threads_text);
-    for (std::string item; std::getline(ss, item, ',');) {
+    for (const std::string& item : items(threads_text)) {
       const bool digits = !item.empty() && item.size() <= 4 && item.find_first_not_of("0123456789") == std::string::npos;
       const int t = digits ? std::stoi(item) : 0;
       if (t <= 0 || t > 1024) RT_THROW("--threads: '", item, "' is not a thread count from 1 to 1024");
       thread_counts.push_back(t);
     }
+    if (thread_counts.empty()) RT_THROW("--threads: no thread count in '", threads_text, "'");
+    const std::vector<std::string> decodes = items(decode_text);
+    for (const std::string& d : decodes)
+      if (d != "scaled" && d != "region" && d != "whole") RT_THROW("--decode: '", d, "' is not scaled, region or whole");
+    if (decodes.empty()) RT_THROW("--decode: no mode in '", decode_text, "'");
     SamplerOptions so;
     so.dataset_size = ds.size();
     so.global_batch = batch;
@@ -57,25 +71,23 @@ int main(int argc, char** argv) {
     const int64_t runs = std::min(batches, sampler.batches_per_epoch());
     if (runs == 0) RT_THROW("split '", split, "' has fewer records (", ds.size(), ") than one batch (", batch, ")");
     const auto& info = ds.info();
-    std::printf("split '%s': %lld records of %s, batch %lld, %lld batches per run, %s reads%s\n", split.c_str(),
+    std::printf("split '%s': %lld records of %s, batch %lld, %lld batches per run, %s reads\n", split.c_str(),
                 static_cast<long long>(ds.size()), info.shape_text().c_str(), static_cast<long long>(batch),
-                static_cast<long long>(runs), ds.direct_shards() > 0 ? "pread" : "HDF5",
-                !info.encoded ? ""
-                : full_decode ? ", whole full-size decode"
-                : no_dct_scale ? ", region decode at full size"
-                               : ", DCT-scaled region decode");
-    // Rounds interleave the thread counts (1, 2, 1, 2, ...) so that a slow spell of a shared machine
-    // hits every count alike; the scaling is the median over rounds of the ratio within a round.
-    std::vector<std::vector<double>> rates(thread_counts.size());
+                static_cast<long long>(runs), ds.direct_shards() > 0 ? "pread" : "HDF5");
+    // Rounds interleave every configuration (decode mode x thread count) so that a slow spell of a shared
+    // machine hits them alike; ratios are medians over rounds of the ratio within a round.
+    const size_t configs = decodes.size() * thread_counts.size();
+    std::vector<std::vector<double>> rates(configs);
     for (int r = 0; r < repeats; ++r) {
-      for (size_t c = 0; c < thread_counts.size(); ++c) {
+      for (size_t c = 0; c < configs; ++c) {
+        const std::string& decode = decodes[c / thread_counts.size()];
         LoaderOptions lo;
-        lo.threads = thread_counts[c];
+        lo.threads = thread_counts[c % thread_counts.size()];
         lo.transform.pad_crop = pad_crop;
         lo.transform.resized_crop = resized_crop;
         lo.transform.hflip = hflip;
-        lo.transform.dct_scaling = !full_decode && !no_dct_scale;
-        lo.transform.region_decode = !full_decode;
+        lo.transform.dct_scaling = decode == "scaled";
+        lo.transform.region_decode = decode != "whole";
         Loader loader(ds, lo);
         std::vector<std::vector<int64_t>> list;
         for (int64_t t = 0; t < runs; ++t) list.push_back(sampler.rank_batch(r, t));
@@ -91,15 +103,19 @@ int main(int argc, char** argv) {
       std::sort(v.begin(), v.end());
       return v[v.size() / 2];
     };
-    for (size_t c = 0; c < thread_counts.size(); ++c) {
+    auto ratio = [&](size_t a, size_t b) {
+      std::vector<double> r;
+      for (int k = 0; k < repeats; ++k) r.push_back(rates[a][static_cast<size_t>(k)] / rates[b][static_cast<size_t>(k)]);
+      return median(r);
+    };
+    for (size_t c = 0; c < configs; ++c) {
+      const size_t d = c / thread_counts.size(), t = c % thread_counts.size();
       const auto [lo, hi] = std::minmax_element(rates[c].begin(), rates[c].end());
-      std::printf("threads=%d img_per_s=%.0f (min %.0f, max %.0f over %d runs)", thread_counts[c], median(rates[c]), *lo,
+      if (info.encoded) std::printf("decode=%s ", decodes[d].c_str());
+      std::printf("threads=%d img_per_s=%.0f (min %.0f, max %.0f over %d runs)", thread_counts[t], median(rates[c]), *lo,
                   *hi, repeats);
-      if (c > 0) {
-        std::vector<double> ratios;
-        for (int r = 0; r < repeats; ++r) ratios.push_back(rates[c][static_cast<size_t>(r)] / rates[0][static_cast<size_t>(r)]);
-        std::printf(" scaling=%.2fx vs threads=%d", median(ratios), thread_counts[0]);
-      }
+      if (t > 0) std::printf(" scaling=%.2fx vs threads=%d", ratio(c, c - t), thread_counts[0]);
+      if (d > 0) std::printf(" %.2fx vs decode=%s", ratio(c, t), decodes[0].c_str());
       std::printf("\n");
     }
   } catch (const std::bad_alloc&) {

@@ -42,16 +42,14 @@ for reads in "" --hdf5-reads; do  # pread (no lock), then through HDF5 (its lock
   echo "== loader: synthetic 224x224x3 raw, no augmentation, batch 32 ${reads}"
   "$build"/bench_loader --data "$work/syn" --threads 1,2 --batches 62 --repeats 7 -b 32 $reads
 done
-for decode in "" --no-dct-scale --full-decode; do
-  echo "== loader: 3,000 photographs (JPEG, own sizes), random-resized crop 224 + flip, batch 32 ${decode}"
-  "$build"/bench_loader --data "$work/photos-orig" --threads 1,2 --resized-crop 224 --hflip --batches 46 --repeats 5 -b 32 $decode
-done
+echo "== loader: 3,000 photographs (JPEG, own sizes), random-resized crop 224 + flip, batch 32; decode modes interleaved"
+"$build"/bench_loader --data "$work/photos-orig" --threads 1,2 --resized-crop 224 --hflip --batches 46 --repeats 5 -b 32 \
+  --decode scaled,region,whole
 echo "== peer: torchvision ImageFolder + DataLoader on the same 3,000 JPEGs (RandomResizedCrop 224, flip, ToTensor, Normalize)"
 timeout 900 /usr/bin/python3 scripts/torch_loader_peer.py "$work/photos" --workers 1,2 --batch-size 32 --batches 46 --repeats 3
-for decode in "" --full-decode; do
-  echo "== loader: 600 large photographs (about 1000x875), random-resized crop 224 + flip, batch 32 ${decode}"
-  "$build"/bench_loader --data "$work/photos-large-orig" --threads 1,2 --resized-crop 224 --hflip --batches 18 --repeats 5 -b 32 $decode
-done
+echo "== loader: 600 large photographs (about 1000x875), random-resized crop 224 + flip, batch 32; decode modes interleaved"
+"$build"/bench_loader --data "$work/photos-large-orig" --threads 1,2 --resized-crop 224 --hflip --batches 18 --repeats 5 -b 32 \
+  --decode scaled,region,whole
 echo "== peer: torchvision on the same 600 large JPEGs"
 timeout 900 /usr/bin/python3 scripts/torch_loader_peer.py "$work/photos-large" --workers 1,2 --batch-size 32 --batches 18 --repeats 3
 
