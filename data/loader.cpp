@@ -176,7 +176,7 @@ void resized_crop_into(const uint8_t* image, int64_t H, int64_t W, int64_t C, co
     held_y[k] = y;
     const uint8_t* row = image + y * W * C;
 #if defined(__x86_64__)
-    if (avx2 && y + 1 < H) {  // the gathers' 3 extra bytes fall inside the next row
+    if (avx2 && (H - 1 - y) * W * C >= 3) {  // the gathers' 3 extra bytes fall inside the rows below
       horizontal_avx2(row, i0.data(), i1.data(), wx.data(), n, held[k]);
       return held[k];
     }

@@ -475,6 +475,31 @@ TEST_F(VariedLoaderTest, ARecordThatDisagreesWithItsShapeNamesShardAndRecord) {
   fs::remove_all(copy);
 }
 
+TEST(Transform, ResizedCropsOfTinyImagesStayInsideThem) {
+  // The AVX2 pass reads 4 bytes per tap and must only do so where rows follow (ASan checks the reads).
+  for (const auto& [h, w, c] : {std::array<int64_t, 3>{2, 1, 1}, {1, 5, 1}, {3, 1, 1}, {1, 1, 3}, {4, 1, 2}, {2, 2, 1}}) {
+    SplitInfo info;
+    info.height = h;
+    info.width = w;
+    info.channels = c;
+    std::vector<uint8_t> image(static_cast<size_t>(h * w * c));
+    for (size_t i = 0; i < image.size(); ++i) image[i] = static_cast<uint8_t>(40 + 30 * i);
+    Transform t;
+    t.resized_crop = 8;
+    t.normalize = false;
+    t.hflip = true;
+    const auto [lo, hi] = std::minmax_element(image.begin(), image.end());
+    for (int64_t sample = 0; sample < 8; ++sample) {
+      std::vector<float> out(static_cast<size_t>(8 * 8 * c));
+      apply_transform(info, t, image.data(), 1, 0, sample, out.data());
+      for (float v : out) {
+        ASSERT_GE(v, *lo / 255.0f - 1e-6f) << h << "x" << w << "x" << c;
+        ASSERT_LE(v, *hi / 255.0f + 1e-6f) << h << "x" << w << "x" << c;
+      }
+    }
+  }
+}
+
 TEST_F(LoaderTest, ResumedEpochKeepsBatchNumbersAndAugmentation) {
   ShardDataset ds = ShardDataset::open(dir_, "train");
   LoaderOptions lo;
