@@ -1,6 +1,6 @@
 // core/cpu/norm_pool.cpp: batch norm (with optional fused ReLU) and max/average pooling on NHWC
 // tensors. Per-channel statistics are summed in fixed row blocks combined in order, so results do
-// not depend on the thread count.
+// not depend on the thread count; the f32 loops are compiled per ISA with the portable loops' bits.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -30,25 +30,91 @@ void visit_float(DType t, const char* op, Fn&& fn) {
 template <typename S>
 using acc_t = std::conditional_t<std::is_same_v<S, double>, double, float>;
 
-// Per-channel sums of f(row, c) over rows of an (M, C) view, blocked and combined in order (double).
+// Per-channel sums over the rows of an (M, C) view, `count` of them per channel: add(r0, r1, acc) adds rows
+// [r0, r1) into acc (count x C, f64). Rows go in blocks of kRowBlock, each summed from zero, and the
+// blocks are combined in order, so the result does not depend on the thread count. Returns count x C.
+template <typename Add>
+std::vector<double> blocked_sums(int64_t rows, int64_t channels, int64_t count, Add&& add) {
+  const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock, width = count * channels;
+  std::vector<double> partial(static_cast<size_t>(std::max<int64_t>(blocks, 1) * width), 0.0);
+  parallel_for(blocks, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t b = lo; b < hi; ++b) add(b * kRowBlock, std::min(rows, (b + 1) * kRowBlock), partial.data() + b * width);
+  });
+  std::vector<double> total(static_cast<size_t>(width), 0.0);
+  for (int64_t b = 0; b < blocks; ++b)
+    for (int64_t i = 0; i < width; ++i) total[static_cast<size_t>(i)] += partial[static_cast<size_t>(b * width + i)];
+  return total;
+}
+
+// One sum per channel of f(row, c).
 template <typename F>
 std::vector<double> channel_sums(int64_t rows, int64_t channels, F&& f) {
-  const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock;
-  std::vector<double> partial(static_cast<size_t>(std::max<int64_t>(blocks, 1) * channels), 0.0);
-  parallel_for(blocks, 1, [&](int64_t lo, int64_t hi) {
-    std::vector<double> acc(static_cast<size_t>(channels));
-    for (int64_t b = lo; b < hi; ++b) {
-      std::fill(acc.begin(), acc.end(), 0.0);
-      const int64_t r_end = std::min(rows, (b + 1) * kRowBlock);
-      for (int64_t r = b * kRowBlock; r < r_end; ++r)
-        for (int64_t c = 0; c < channels; ++c) acc[static_cast<size_t>(c)] += f(r, c);
-      std::copy(acc.begin(), acc.end(), partial.begin() + b * channels);
-    }
+  return blocked_sums(rows, channels, 1, [&](int64_t r0, int64_t r1, double* acc) {
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t c = 0; c < channels; ++c) acc[c] += f(r, c);
   });
-  std::vector<double> total(static_cast<size_t>(channels), 0.0);
-  for (int64_t b = 0; b < blocks; ++b)
-    for (int64_t c = 0; c < channels; ++c) total[static_cast<size_t>(c)] += partial[static_cast<size_t>(b * channels + c)];
-  return total;
+}
+
+// The f32 inner loops of the statistics and of the element-wise passes, compiled per ISA (RT_MULTIVERSION)
+// so that they run 8 or 16 channels at a time. Each channel's operations are the portable loop's, in the
+// same order (this file is built with -ffp-contract=off: no FMA fusion), so the bits do not depend on the
+// CPU; vectorising across channels never reorders a channel's own additions.
+RT_MULTIVERSION void f32_rows_sum(const float* x, int64_t r0, int64_t r1, int64_t C, double* acc) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* row = x + r * C;
+    for (int64_t c = 0; c < C; ++c) acc[c] += static_cast<double>(row[c]);
+  }
+}
+
+RT_MULTIVERSION void f32_rows_m2(const float* x, int64_t r0, int64_t r1, int64_t C, const double* mean, double* acc) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* row = x + r * C;
+    for (int64_t c = 0; c < C; ++c) {
+      const double d = static_cast<double>(row[c]) - mean[c];
+      acc[c] += d * d;
+    }
+  }
+}
+
+// acc[c] += dy and acc[C + c] += dy * xhat, xhat = (x - mean) * invstd in f64: both sums in one pass.
+RT_MULTIVERSION void f32_rows_backward_sums(const float* x, const float* dy, int64_t r0, int64_t r1, int64_t C,
+                                            const float* mean, const float* invstd, double* acc) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const float *xr = x + r * C, *dr = dy + r * C;
+    for (int64_t c = 0; c < C; ++c) {
+      const double g = static_cast<double>(dr[c]);
+      const double xhat = (static_cast<double>(xr[c]) - static_cast<double>(mean[c])) * static_cast<double>(invstd[c]);
+      acc[c] += g;
+      acc[C + c] += g * xhat;
+    }
+  }
+}
+
+RT_MULTIVERSION void f32_rows_apply(const float* x, const float* residual, float* y, int64_t r0, int64_t r1, int64_t C,
+                                    const float* scale, const float* shift, bool relu) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* xr = x + r * C;
+    const float* rr = residual ? residual + r * C : nullptr;
+    float* yr = y + r * C;
+    for (int64_t c = 0; c < C; ++c) {
+      float v = xr[c] * scale[c] + shift[c];
+      if (rr) v += rr[c];
+      if (relu && v < 0.0f) v = 0.0f;
+      yr[c] = v;
+    }
+  }
+}
+
+RT_MULTIVERSION void f32_rows_dx(const float* x, const float* dy, float* dx, int64_t r0, int64_t r1, int64_t C,
+                                 const float* mean, const float* invstd, const float* k1, const float* k2, const float* k3) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const float *xr = x + r * C, *dr = dy + r * C;
+    float* out = dx + r * C;
+    for (int64_t c = 0; c < C; ++c) {
+      const float xhat = (xr[c] - mean[c]) * invstd[c];
+      out[c] = dr[c] * k1[c] - k2[c] - xhat * k3[c];
+    }
+  }
 }
 
 // y = x * scale + shift per channel (+ residual, ReLU), scale = gamma * invstd, shift = beta - mean * scale.
@@ -66,6 +132,10 @@ void apply_batch_norm(const Tensor& x, const P* pg, const P* pb, const P* pm, co
   }
   const S* pres = residual ? residual->data<S>() : nullptr;
   parallel_for(M, std::max<int64_t>(1, 16384 / std::max<int64_t>(C, 1)), [&](int64_t lo, int64_t hi) {
+    if constexpr (std::is_same_v<S, float>) {
+      f32_rows_apply(px, pres, py, lo, hi, C, scale.data(), shift.data(), relu);
+      return;
+    }
     for (int64_t r = lo; r < hi; ++r)
       for (int64_t c = 0; c < C; ++c) {
         A v = load_as<A>(px[r * C + c]) * scale[static_cast<size_t>(c)] + shift[static_cast<size_t>(c)];
@@ -81,12 +151,20 @@ void apply_batch_norm(const Tensor& x, const P* pg, const P* pb, const P* pm, co
 template <typename S>
 void mean_and_m2(const S* px, int64_t M, int64_t C, std::vector<double>& mean, std::vector<double>& m2) {
   using A = acc_t<S>;
-  mean = channel_sums(M, C, [&](int64_t r, int64_t c) { return static_cast<double>(load_as<A>(px[r * C + c])); });
+  if constexpr (std::is_same_v<S, float>) {
+    mean = blocked_sums(M, C, 1, [&](int64_t r0, int64_t r1, double* acc) { f32_rows_sum(px, r0, r1, C, acc); });
+  } else {
+    mean = channel_sums(M, C, [&](int64_t r, int64_t c) { return static_cast<double>(load_as<A>(px[r * C + c])); });
+  }
   for (double& v : mean) v = M > 0 ? v / static_cast<double>(M) : 0.0;
-  m2 = channel_sums(M, C, [&](int64_t r, int64_t c) {
-    const double d = static_cast<double>(load_as<A>(px[r * C + c])) - mean[static_cast<size_t>(c)];
-    return d * d;
-  });
+  if constexpr (std::is_same_v<S, float>) {
+    m2 = blocked_sums(M, C, 1, [&](int64_t r0, int64_t r1, double* acc) { f32_rows_m2(px, r0, r1, C, mean.data(), acc); });
+  } else {
+    m2 = channel_sums(M, C, [&](int64_t r, int64_t c) {
+      const double d = static_cast<double>(load_as<A>(px[r * C + c])) - mean[static_cast<size_t>(c)];
+      return d * d;
+    });
+  }
 }
 
 void batch_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
@@ -129,11 +207,22 @@ template <typename S, typename P>
 void backward_sums(const S* px, const S* pdy, const P* pm, const P* pi, int64_t M, int64_t C, std::vector<double>& sum_dy,
                    std::vector<double>& sum_dy_xhat) {
   using A = acc_t<S>;
-  sum_dy = channel_sums(M, C, [&](int64_t r, int64_t c) { return static_cast<double>(load_as<A>(pdy[r * C + c])); });
-  sum_dy_xhat = channel_sums(M, C, [&](int64_t r, int64_t c) {
-    const double xhat = (static_cast<double>(load_as<A>(px[r * C + c])) - pm[c]) * pi[c];
-    return static_cast<double>(load_as<A>(pdy[r * C + c])) * xhat;
+  // Both sums in one pass over x and dy (each channel's additions in the same order as two passes).
+  const std::vector<double> both = blocked_sums(M, C, 2, [&](int64_t r0, int64_t r1, double* acc) {
+    if constexpr (std::is_same_v<S, float> && std::is_same_v<P, float>) {
+      f32_rows_backward_sums(px, pdy, r0, r1, C, pm, pi, acc);
+    } else {
+      for (int64_t r = r0; r < r1; ++r)
+        for (int64_t c = 0; c < C; ++c) {
+          const double g = static_cast<double>(load_as<A>(pdy[r * C + c]));
+          const double xhat = (static_cast<double>(load_as<A>(px[r * C + c])) - pm[c]) * pi[c];
+          acc[c] += g;
+          acc[C + c] += g * xhat;
+        }
+    }
   });
+  sum_dy.assign(both.begin(), both.begin() + C);
+  sum_dy_xhat.assign(both.begin() + C, both.end());
 }
 
 // dx = g * invstd * (dy - sum_dy / count - xhat * sum_dy_xhat / count), or g * invstd * dy without the
@@ -151,6 +240,10 @@ void backward_dx(const S* px, const S* pdy, const P* pg, const P* pm, const P* p
     k3[i] = static_cast<A>(sum_dy_xhat ? gi * sum_dy_xhat[c] / count : 0.0);
   }
   parallel_for(M, std::max<int64_t>(1, 16384 / std::max<int64_t>(C, 1)), [&](int64_t lo, int64_t hi) {
+    if constexpr (std::is_same_v<S, float> && std::is_same_v<P, float>) {
+      f32_rows_dx(px, pdy, pdx, lo, hi, C, pm, pi, k1.data(), k2.data(), k3.data());
+      return;
+    }
     for (int64_t r = lo; r < hi; ++r)
       for (int64_t c = 0; c < C; ++c) {
         const size_t i = static_cast<size_t>(c);
