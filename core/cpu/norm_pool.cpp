@@ -77,13 +77,14 @@ RT_MULTIVERSION void f32_rows_m2(const float* x, int64_t r0, int64_t r1, int64_t
 }
 
 // acc[c] += dy and acc[C + c] += dy * xhat, xhat = (x - mean) * invstd in f64: both sums in one pass.
+// mean and invstd are the f32 statistics widened to f64 once (exactly) by the caller.
 RT_MULTIVERSION void f32_rows_backward_sums(const float* x, const float* dy, int64_t r0, int64_t r1, int64_t C,
-                                            const float* mean, const float* invstd, double* acc) {
+                                            const double* mean, const double* invstd, double* acc) {
   for (int64_t r = r0; r < r1; ++r) {
     const float *xr = x + r * C, *dr = dy + r * C;
     for (int64_t c = 0; c < C; ++c) {
       const double g = static_cast<double>(dr[c]);
-      const double xhat = (static_cast<double>(xr[c]) - static_cast<double>(mean[c])) * static_cast<double>(invstd[c]);
+      const double xhat = (static_cast<double>(xr[c]) - mean[c]) * invstd[c];
       acc[c] += g;
       acc[C + c] += g * xhat;
     }
@@ -208,9 +209,10 @@ void backward_sums(const S* px, const S* pdy, const P* pm, const P* pi, int64_t 
                    std::vector<double>& sum_dy_xhat) {
   using A = acc_t<S>;
   // Both sums in one pass over x and dy (each channel's additions in the same order as two passes).
+  const std::vector<double> mean_d(pm, pm + C), invstd_d(pi, pi + C);
   const std::vector<double> both = blocked_sums(M, C, 2, [&](int64_t r0, int64_t r1, double* acc) {
     if constexpr (std::is_same_v<S, float> && std::is_same_v<P, float>) {
-      f32_rows_backward_sums(px, pdy, r0, r1, C, pm, pi, acc);
+      f32_rows_backward_sums(px, pdy, r0, r1, C, mean_d.data(), invstd_d.data(), acc);
     } else {
       for (int64_t r = r0; r < r1; ++r)
         for (int64_t c = 0; c < C; ++c) {

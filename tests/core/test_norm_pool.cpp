@@ -1,6 +1,11 @@
 // Batch norm (training, eval, fused ReLU, running statistics) and pooling against PyTorch dumps.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
 #include "core/check.h"
 #include "core/ops.h"
 #include "test_util.h"
@@ -29,6 +34,74 @@ TEST(BatchNorm, TrainingMatchesPyTorchIncludingRunningStatistics) {
     EXPECT_TRUE(all_close(x.grad(), g.at("bn_grad_x"), tol, tol)) << dtype_name(dtype);
     EXPECT_TRUE(all_close(w.grad(), g.at("bn_grad_weight"), tol, tol));
     EXPECT_TRUE(all_close(b.grad(), g.at("bn_grad_bias"), tol, tol));
+  }
+}
+
+// The f32 kernels run per-ISA clones (AVX-512, AVX2, baseline); each must give the bits of the scalar
+// formula written out here: statistics in f64 over blocks of 256 rows combined in order, then f32.
+TEST(BatchNorm, F32KernelsGiveTheBitsOfTheScalarFormulaOnEveryCpu) {
+  const int64_t M = 600, C = 20;  // rows cross the 256-row blocks; 20 channels leave vector tails
+  const double eps = 1e-5;
+  std::vector<float> xv(static_cast<size_t>(M * C)), dyv(xv.size()), gv(static_cast<size_t>(C)), bv(gv.size());
+  uint32_t state = 7;
+  auto next = [&] { return static_cast<float>((state = state * 1664525u + 1013904223u) >> 8) / 16777216.0f; };
+  for (auto& v : xv) v = 3.0f * next() - 1.0f;
+  for (auto& v : dyv) v = next() - 0.5f;
+  for (auto& v : gv) v = 0.5f + next();
+  for (auto& v : bv) v = next() - 0.5f;
+  auto f32 = [](const std::vector<float>& v, Shape shape) {  // exact: every float is a double
+    return Tensor::from_vector(std::vector<double>(v.begin(), v.end()), shape);
+  };
+  Tensor x = f32(xv, Shape{M, C}).set_requires_grad();
+  Tensor w = f32(gv, Shape{C}).set_requires_grad();
+  Tensor b = f32(bv, Shape{C}).set_requires_grad();
+  Tensor rm = Tensor::zeros(Shape{C}), rv = Tensor::ones(Shape{C});
+  Tensor y = batch_norm(x, w, b, rm, rv, /*training=*/true, 0.1, eps);
+  y.backward(f32(dyv, Shape{M, C}));
+
+  auto blocked = [&](auto&& term) {  // per channel: sum over 256-row blocks, each from zero, in order
+    std::vector<double> total(static_cast<size_t>(C), 0.0);
+    for (int64_t b0 = 0; b0 < M; b0 += 256) {
+      std::vector<double> acc(static_cast<size_t>(C), 0.0);
+      for (int64_t r = b0; r < std::min(M, b0 + 256); ++r)
+        for (int64_t c = 0; c < C; ++c) acc[static_cast<size_t>(c)] += term(r, c);
+      for (int64_t c = 0; c < C; ++c) total[static_cast<size_t>(c)] += acc[static_cast<size_t>(c)];
+    }
+    return total;
+  };
+  auto at = [&](const std::vector<float>& v, int64_t r, int64_t c) { return v[static_cast<size_t>(r * C + c)]; };
+  std::vector<double> mean = blocked([&](int64_t r, int64_t c) { return static_cast<double>(at(xv, r, c)); });
+  for (double& m : mean) m /= static_cast<double>(M);
+  const std::vector<double> m2 = blocked([&](int64_t r, int64_t c) {
+    const double d = static_cast<double>(at(xv, r, c)) - mean[static_cast<size_t>(c)];
+    return d * d;
+  });
+  std::vector<float> mf(static_cast<size_t>(C)), inv(static_cast<size_t>(C));
+  for (size_t c = 0; c < mf.size(); ++c) {
+    mf[c] = static_cast<float>(mean[c]);
+    inv[c] = static_cast<float>(1.0 / std::sqrt(m2[c] / static_cast<double>(M) + eps));
+  }
+  const std::vector<double> sum_dy = blocked([&](int64_t r, int64_t c) { return static_cast<double>(at(dyv, r, c)); });
+  const std::vector<double> sum_dy_xhat = blocked([&](int64_t r, int64_t c) {
+    const size_t k = static_cast<size_t>(c);
+    return static_cast<double>(at(dyv, r, c)) *
+           ((static_cast<double>(at(xv, r, c)) - static_cast<double>(mf[k])) * static_cast<double>(inv[k]));
+  });
+  const std::vector<double> yo = y.to_vector(), dx = x.grad().to_vector(), dw = w.grad().to_vector(), db = b.grad().to_vector();
+  for (int64_t c = 0; c < C; ++c) {
+    const size_t k = static_cast<size_t>(c);
+    const float scale = gv[k] * inv[k], shift = bv[k] - mf[k] * gv[k] * inv[k];
+    const double gi = static_cast<double>(gv[k]) * inv[k];
+    const float k1 = static_cast<float>(gi), k2 = static_cast<float>(gi * sum_dy[k] / static_cast<double>(M)),
+                k3 = static_cast<float>(gi * sum_dy_xhat[k] / static_cast<double>(M));
+    ASSERT_EQ(static_cast<float>(dw[k]), static_cast<float>(sum_dy_xhat[k])) << "dgamma, channel " << c;
+    ASSERT_EQ(static_cast<float>(db[k]), static_cast<float>(sum_dy[k])) << "dbeta, channel " << c;
+    for (int64_t r = 0; r < M; ++r) {
+      const size_t i = static_cast<size_t>(r * C + c);
+      ASSERT_EQ(static_cast<float>(yo[i]), at(xv, r, c) * scale + shift) << "y at " << r << "," << c;
+      const float xhat = (at(xv, r, c) - mf[k]) * inv[k];
+      ASSERT_EQ(static_cast<float>(dx[i]), at(dyv, r, c) * k1 - k2 - xhat * k3) << "dx at " << r << "," << c;
+    }
   }
 }
 
