@@ -42,9 +42,6 @@ int main(int argc, char** argv) {
   app.add_option("--repeats", repeats, "runs per configuration (median reported)")->capture_default_str()->check(CLI::Range(1, 1000));
   CLI11_PARSE(app, argc, argv);
   try {
-    ShardDataset::OpenOptions oo;
-    oo.direct_reads = !hdf5_reads;
-    ShardDataset ds = ShardDataset::open(data_dir, split, oo);
     auto items = [](const std::string& text) {
       std::vector<std::string> out;
       std::stringstream ss(text);
@@ -63,6 +60,10 @@ int main(int argc, char** argv) {
     for (const std::string& d : decodes)
       if (d != "scaled" && d != "region" && d != "whole") RT_THROW("--decode: '", d, "' is not scaled, region or whole");
     if (decodes.empty()) RT_THROW("--decode: no mode in '", decode_text, "'");
+    // Flags first: opening checksums every shard, which is slow for a large split.
+    ShardDataset::OpenOptions oo;
+    oo.direct_reads = !hdf5_reads;
+    ShardDataset ds = ShardDataset::open(data_dir, split, oo);
     SamplerOptions so;
     so.dataset_size = ds.size();
     so.global_batch = batch;

@@ -217,18 +217,21 @@ struct PreparedImage {
 PreparedImage prepare_image(const fs::path& path, const ImageFolderOptions& options) {
   try {
     std::vector<uint8_t> bytes = read_file(path);
-    const DecodedImage decoded = decode_image(bytes.data(), bytes.size());
+    DecodedImage decoded = decode_image(bytes.data(), bytes.size());
     const bool same_channels = decoded.channels == options.channels;
-    DecodedImage image = convert_channels(decoded, options.channels);
+    const DecodedImage image = convert_channels(std::move(decoded), options.channels);
     PreparedImage prepared;
     const int64_t c = options.channels;
+    // The statistics of the pixels stored (before any JPEG encoding): the writer turns them into mean/std.
+    auto add_statistics = [&](const std::vector<uint8_t>& pixels) {
+      prepared.sums.assign(static_cast<size_t>(c), 0.0);
+      prepared.squares.assign(static_cast<size_t>(c), 0.0);
+      format::add_channel_sums(pixels.data(), static_cast<int64_t>(pixels.size()), c, prepared.sums, prepared.squares);
+    };
     if (options.size == 0) {
       // The image as it is: its own bytes (re-encoded only when its channels must change), its own size.
       prepared.hwc[0] = image.height, prepared.hwc[1] = image.width, prepared.hwc[2] = c;
-      prepared.sums.assign(static_cast<size_t>(c), 0.0);
-      prepared.squares.assign(static_cast<size_t>(c), 0.0);
-      format::add_channel_sums(image.pixels.data(), static_cast<int64_t>(image.pixels.size()), c, prepared.sums,
-                               prepared.squares);
+      add_statistics(image.pixels);
       prepared.data = same_channels ? std::move(bytes)
                                     : encode_jpeg(image.pixels.data(), image.height, image.width, c, options.jpeg_quality);
       return prepared;
@@ -237,10 +240,7 @@ PreparedImage prepare_image(const fs::path& path, const ImageFolderOptions& opti
         resize_shorter_side_center_crop(image.pixels.data(), image.height, image.width, image.channels, options.size);
     prepared.hwc[0] = prepared.hwc[1] = options.size, prepared.hwc[2] = c;
     if (options.storage == ImageStorage::kJpeg) {
-      prepared.sums.assign(static_cast<size_t>(c), 0.0);
-      prepared.squares.assign(static_cast<size_t>(c), 0.0);
-      format::add_channel_sums(prepared.data.data(), static_cast<int64_t>(prepared.data.size()), c, prepared.sums,
-                               prepared.squares);
+      add_statistics(prepared.data);
       prepared.data = encode_jpeg(prepared.data.data(), options.size, options.size, c, options.jpeg_quality);
     }
     return prepared;

@@ -64,8 +64,16 @@ std::array<int64_t, 3> transformed_shape(const SplitInfo& info, const Transform&
 
 namespace {
 
-bool flip_of(const Transform& t, uint64_t seed, int64_t epoch, int64_t sample) {
-  return t.hflip && t.train && (draws(seed, epoch, sample, 0).v[0] & 1u);
+// r: the sample's draws of group 0 (its flip, then the pad-crop offsets).
+bool flip_of(const Transform& t, const Philox4& r) { return t.hflip && t.train && (r.v[0] & 1u); }
+
+// Calls fn with `out` as the transform's output element type (f32 or bf16).
+template <typename Fn>
+void with_output(DType dtype, void* out, Fn&& fn) {
+  if (dtype == DType::BF16)
+    fn(static_cast<BFloat16*>(out));
+  else
+    fn(static_cast<float*>(out));
 }
 
 template <typename Out>
@@ -210,7 +218,7 @@ void transform_into(const SplitInfo& info, const Transform& t, const uint8_t* im
   const auto [OH, OW, OC] = transformed_shape(info, t);
   (void)OC;
   const Philox4 r = draws(seed, epoch, sample_index, 0);
-  const bool flip = flip_of(t, seed, epoch, sample_index);
+  const bool flip = flip_of(t, r);
   if (t.resized_crop > 0) {
     const Crop crop = resized_crop_window(H, W, t.train, seed, epoch, sample_index);
     resized_crop_into(image, H, W, C, crop, OH, OW, flip, out, scale, shift);
@@ -276,10 +284,9 @@ std::string shape_text(const std::array<int64_t, 3>& s) { return detail::str_cat
 void apply_transform(const SplitInfo& info, const Transform& t, const uint8_t* image, uint64_t seed, int64_t epoch,
                      int64_t sample_index, void* out) {
   const Normalisation n = normalisation_of(info, t);
-  if (t.dtype == DType::BF16)
-    transform_into(info, t, image, seed, epoch, sample_index, static_cast<BFloat16*>(out), n.scale.data(), n.shift.data());
-  else
-    transform_into(info, t, image, seed, epoch, sample_index, static_cast<float*>(out), n.scale.data(), n.shift.data());
+  with_output(t.dtype, out, [&](auto* o) {
+    transform_into(info, t, image, seed, epoch, sample_index, o, n.scale.data(), n.shift.data());
+  });
 }
 
 void decode_transform(const SplitInfo& info, const Transform& t, const uint8_t* bytes, size_t size,
@@ -302,12 +309,12 @@ void decode_transform(const SplitInfo& info, const Transform& t, const uint8_t* 
     crop = resized_crop_window(h.height, h.width, t.train, seed, epoch, sample_index);
     RegionRequest r;
     r.scale = t.dct_scaling ? dct_scale_for(crop.h, crop.w, OH, OW) : 1;
-    // The window on the scaled image with two pixels to spare on every side: the bilinear taps reach one
-    // pixel past the crop, and a region's outermost column may be upsampled from clamped chroma.
     if (!t.region_decode) {
       r.h = h.height, r.w = h.width;
       return r;
     }
+    // The window on the scaled image with two pixels to spare on every side: the bilinear taps reach one
+    // pixel past the crop, and a region's outermost column may be upsampled from clamped chroma.
     const double s = static_cast<double>(r.scale);
     r.y0 = static_cast<int64_t>(std::floor(crop.y0 / s)) - 2;
     r.x0 = static_cast<int64_t>(std::floor(crop.x0 / s)) - 2;
@@ -316,18 +323,18 @@ void decode_transform(const SplitInfo& info, const Transform& t, const uint8_t* 
     return r;
   });
   const DecodedImage& image = region.image;
-  if (image.channels != expected[2]) check_shape(expected[0], expected[1], image.channels);
+  // The header said how many channels the decode gives; a decoder that disagreed would mislabel them.
+  if (image.channels != expected[2])
+    RT_THROW("decodes to ", image.channels, " channels, expected ", expected[2]);
   const double s = static_cast<double>(region.scale);
   const Crop local{crop.y0 / s - static_cast<double>(region.y0), crop.x0 / s - static_cast<double>(region.x0), crop.h / s,
                    crop.w / s};
-  const bool flip = flip_of(t, seed, epoch, sample_index);
+  const bool flip = flip_of(t, draws(seed, epoch, sample_index, 0));
   const Normalisation n = normalisation_of(info, t);
-  if (t.dtype == DType::BF16)
-    resized_crop_into(image.pixels.data(), image.height, image.width, image.channels, local, OH, OW, flip,
-                      static_cast<BFloat16*>(out), n.scale.data(), n.shift.data());
-  else
-    resized_crop_into(image.pixels.data(), image.height, image.width, image.channels, local, OH, OW, flip,
-                      static_cast<float*>(out), n.scale.data(), n.shift.data());
+  with_output(t.dtype, out, [&](auto* o) {
+    resized_crop_into(image.pixels.data(), image.height, image.width, image.channels, local, OH, OW, flip, o,
+                      n.scale.data(), n.shift.data());
+  });
 }
 
 Loader::Loader(const ShardDataset& dataset, LoaderOptions options) : dataset_(dataset), options_(options) {

@@ -352,9 +352,10 @@ ShardLayout validate_shard(const fs::path& path, const SplitInfo& info, size_t i
             "truncated or corrupt data, cannot read");
     for (int64_t r = 0; r < shard.records; ++r) {
       const int32_t* hwc = layout.shapes.data() + 3 * r;
-      if (hwc[0] < 1 || hwc[0] > 65535 || hwc[1] < 1 || hwc[1] > 65535 || hwc[2] != info.channels)
+      if (hwc[0] < 1 || hwc[0] > format::kMaxVariedSide || hwc[1] < 1 || hwc[1] > format::kMaxVariedSide ||
+          hwc[2] != info.channels)
         RT_THROW("shard '", path.string(), "': dataset '/shapes' record ", r, " is ", hwc[0], "x", hwc[1], "x", hwc[2],
-                 ", expected 1 to 65535 pixels a side and ", info.channels, " channels");
+                 ", expected 1 to ", format::kMaxVariedSide, " pixels a side and ", info.channels, " channels");
     }
   }
   if (!info.encoded)

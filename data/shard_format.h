@@ -26,6 +26,9 @@ T check(T result, const std::filesystem::path& file, const std::string& object, 
   return h5::check(result, shard_at(file, object), what);
 }
 
+// The largest side of a record in a split of varied sizes (its /shapes rows), for the writer and the reader.
+inline constexpr int64_t kMaxVariedSide = 65535;
+
 // Adds each byte of an HWC image (as pixel / 255) to its channel's sum and sum of squares: the statistics
 // the writer turns into the split's mean/std (converters that store JPEGs compute them from the pixels).
 inline void add_channel_sums(const uint8_t* pixels, int64_t bytes, int64_t channels, std::vector<double>& sums,

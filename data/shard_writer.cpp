@@ -30,7 +30,7 @@ struct ShardWriter::Impl {
   std::vector<int64_t> offsets;      // encoded: where each record of the current shard starts in /encoded, then the end
   int64_t encoded_written = 0;       // encoded: bytes of /encoded already in the file
   std::vector<double> sums, squares; // per channel, over all records
-  double pixels = 0;                 // encoded: pixels per channel the sums cover
+  double pixels = 0;                 // pixels per channel the sums cover
   std::vector<ShardInfo> shards;
   std::vector<fs::path> temp_files;
   bool finished = false;
@@ -235,6 +235,7 @@ void ShardWriter::add(const uint8_t* image, int32_t label) {
   m.pending.insert(m.pending.end(), image, image + m.record_bytes);
   m.labels.push_back(label);
   format::add_channel_sums(image, m.record_bytes, m.options.channels, m.sums, m.squares);
+  m.pixels += static_cast<double>(m.options.height * m.options.width);
   if (static_cast<int64_t>(m.pending.size()) >= m.chunk * m.record_bytes) m.flush_pending();
   ++written_;
   if (m.options.show_progress) m.progress(written_);
@@ -250,13 +251,15 @@ void ShardWriter::add_encoded(const std::vector<uint8_t>& bytes, const int64_t d
   if (label < 0 || label >= m.options.num_classes)
     RT_THROW("ShardWriter: record ", written_, " has label ", label, " outside [0, ", m.options.num_classes, ")");
   const bool varied = m.options.height == 0;
-  if (varied ? decoded_hwc[0] < 1 || decoded_hwc[0] > 65535 || decoded_hwc[1] < 1 || decoded_hwc[1] > 65535 ||
+  const int64_t max_side = format::kMaxVariedSide;
+  if (varied ? decoded_hwc[0] < 1 || decoded_hwc[0] > max_side || decoded_hwc[1] < 1 || decoded_hwc[1] > max_side ||
                    decoded_hwc[2] != m.options.channels
              : decoded_hwc[0] != m.options.height || decoded_hwc[1] != m.options.width ||
                    decoded_hwc[2] != m.options.channels)
     RT_THROW("ShardWriter: record ", written_, " decodes to ", decoded_hwc[0], "x", decoded_hwc[1], "x", decoded_hwc[2],
              ", the split's images are ",
-             varied ? detail::str_cat("of varied sizes (1 to 65535 pixels a side) with ", m.options.channels, " channels")
+             varied ? detail::str_cat("of varied sizes (1 to ", max_side, " pixels a side) with ", m.options.channels,
+                                      " channels")
                     : detail::str_cat(m.options.height, "x", m.options.width, "x", m.options.channels));
   RT_CHECK(static_cast<int64_t>(channel_sums.size()) == m.options.channels &&
                static_cast<int64_t>(channel_squares.size()) == m.options.channels,
@@ -297,8 +300,7 @@ SplitInfo ShardWriter::finish() {
   info.num_classes = o.num_classes;
   info.classes = o.classes;
   info.source = o.source;
-  const double pixels =
-      o.encoded ? std::max(1.0, m.pixels) : static_cast<double>(std::max<int64_t>(1, o.total_records)) * o.height * o.width;
+  const double pixels = std::max(1.0, m.pixels);
   for (int64_t c = 0; c < o.channels; ++c) {
     const double mean = m.sums[static_cast<size_t>(c)] / pixels;
     const double var = std::max(0.0, m.squares[static_cast<size_t>(c)] / pixels - mean * mean);

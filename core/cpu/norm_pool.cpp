@@ -77,7 +77,7 @@ RT_MULTIVERSION void f32_rows_m2(const float* x, int64_t r0, int64_t r1, int64_t
 }
 
 // acc[c] += dy and acc[C + c] += dy * xhat, xhat = (x - mean) * invstd in f64: both sums in one pass.
-// mean and invstd are the f32 statistics widened to f64 once (exactly) by the caller.
+// mean and invstd are the statistics widened to f64 once (exactly) by the caller.
 RT_MULTIVERSION void f32_rows_backward_sums(const float* x, const float* dy, int64_t r0, int64_t r1, int64_t C,
                                             const double* mean, const double* invstd, double* acc) {
   for (int64_t r = r0; r < r1; ++r) {
@@ -208,7 +208,8 @@ template <typename S, typename P>
 void backward_sums(const S* px, const S* pdy, const P* pm, const P* pi, int64_t M, int64_t C, std::vector<double>& sum_dy,
                    std::vector<double>& sum_dy_xhat) {
   using A = acc_t<S>;
-  // Both sums in one pass over x and dy (each channel's additions in the same order as two passes).
+  // Both sums in one pass over x and dy (each channel's additions in the same order as two passes); the
+  // statistics widened to f64 once, exactly, as every product used them.
   const std::vector<double> mean_d(pm, pm + C), invstd_d(pi, pi + C);
   const std::vector<double> both = blocked_sums(M, C, 2, [&](int64_t r0, int64_t r1, double* acc) {
     if constexpr (std::is_same_v<S, float> && std::is_same_v<P, float>) {
@@ -217,7 +218,8 @@ void backward_sums(const S* px, const S* pdy, const P* pm, const P* pi, int64_t 
       for (int64_t r = r0; r < r1; ++r)
         for (int64_t c = 0; c < C; ++c) {
           const double g = static_cast<double>(load_as<A>(pdy[r * C + c]));
-          const double xhat = (static_cast<double>(load_as<A>(px[r * C + c])) - pm[c]) * pi[c];
+          const double xhat = (static_cast<double>(load_as<A>(px[r * C + c])) - mean_d[static_cast<size_t>(c)]) *
+                              invstd_d[static_cast<size_t>(c)];
           acc[c] += g;
           acc[C + c] += g * xhat;
         }
