@@ -1,8 +1,11 @@
 // apps/bench_step: synthetic data: median training-step time, img/s and peak memory of a ResNet
 // (forward, softmax cross-entropy, backward, SGD with momentum and weight decay).
 //   bench_step -a resnet20 -b 128 --threads 1 [--hw 32] [--in-ch 3] [--steps 10] [--warmup 2]
-//              [--device cpu] [--precision fp32] [--backend ring] [--bucket-mb 25]
+//              [--device cpu] [--precision fp32] [--backend ring] [--bucket-mb 25] [--cpu-conv auto]
 // Prints one line: "ringtrain resnet20 b128 32x32x3 threads=1 median_step_s=... img_per_s=... peak_rss_mb=..."
+// --cpu-conv compare alternates the CPU convolution choice step by step (direct, auto, direct, ...) and
+// adds both medians and the median of each pair's auto/direct ratio: a comparison that holds while the
+// machine's speed drifts (median_step_s is then auto's).
 // Under mpirun it is data-parallel (GradSync over --backend, default ring; -b is per rank): the step
 // time is the slowest rank's median, img/s counts every rank's images, and the line adds ranks=N and
 // comm_wait_s (median time finish() waited for gradients after backward: the communication not hidden).
@@ -27,7 +30,7 @@ using namespace ringtrain;
 
 int main(int argc, char** argv) {
   CLI::App app{"Times ResNet training steps on synthetic data"};
-  std::string arch = "resnet20", device_text = "cpu", precision = "fp32", backend = "ring";
+  std::string arch = "resnet20", device_text = "cpu", precision = "fp32", backend = "ring", cpu_conv = "auto";
   int64_t batch = 128, hw = 32, in_ch = 3, classes = 10;
   int threads = 0, steps = 10, warmup = 2;
   double bucket_mb = 25;
@@ -50,7 +53,12 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"ring", "hierarchical", "mpi", "nccl", "none"}));
   app.add_option("--bucket-mb", bucket_mb, "gradient bucket size under mpirun")->capture_default_str()
       ->check(CLI::Range(1e-6, 1e6));
+  app.add_option("--cpu-conv", cpu_conv,
+                 "CPU convolutions: auto (Winograd where faster), direct, or compare (alternate the two step by step)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "direct", "compare"}));
   CLI11_PARSE(app, argc, argv);
+  const bool compare = cpu_conv == "compare";
   return comm::run_main(argc, argv, [&](comm::World& world) {
     const Device device = world.bind(parse_device(device_text), threads).device;
     manual_seed(0);
@@ -66,8 +74,11 @@ int main(int argc, char** argv) {
     std::vector<double> ys(static_cast<size_t>(batch));
     for (int64_t i = 0; i < batch; ++i) ys[static_cast<size_t>(i)] = static_cast<double>(i % classes);
     Tensor y = Tensor::from_vector(ys, Shape{batch}, DType::I64, device);
-    std::vector<double> times, waits;
-    for (int s = 0; s < warmup + steps; ++s) {
+    std::vector<double> times, waits, direct_times, ratios;
+    if (!compare) set_cpu_convolution(cpu_conv == "direct" ? CpuConvolution::Direct : CpuConvolution::Auto);
+    for (int s = 0; s < (compare ? 2 : 1) * (warmup + steps); ++s) {
+      const bool direct_turn = compare && s % 2 == 0;
+      if (compare) set_cpu_convolution(direct_turn ? CpuConvolution::Direct : CpuConvolution::Auto);
       auto t0 = std::chrono::steady_clock::now();
       if (sync) sync->zero_grad();
       else opt.zero_grad();
@@ -80,10 +91,20 @@ int main(int argc, char** argv) {
       opt.step(0.1);
       synchronize(device);
       const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (s >= warmup) times.push_back(dt);
+      if (compare) {
+        if (s / 2 < warmup) continue;
+        if (direct_turn) {
+          direct_times.push_back(dt);
+          continue;
+        }
+        ratios.push_back(dt / direct_times.back());
+      }
+      if (s / (compare ? 2 : 1) >= warmup) times.push_back(dt);
     }
     std::sort(times.begin(), times.end());
     std::sort(waits.begin(), waits.end());
+    std::sort(direct_times.begin(), direct_times.end());
+    std::sort(ratios.begin(), ratios.end());
     double median = times[times.size() / 2], wait = waits.empty() ? 0.0 : waits[waits.size() / 2];
     double worst[3] = {median, wait, peak_rss_bytes() / (1024.0 * 1024.0)};  // the slowest / largest rank's
     comm::all_reduce(world.comm(), std::span<double>(worst, 3), comm::HostOp::Max);
@@ -96,6 +117,9 @@ int main(int argc, char** argv) {
                 static_cast<long long>(in_ch), num_threads(), median,
                 static_cast<double>(batch) * world.size() / median, rss_mb);
     if (world.size() > 1) std::printf(" ranks=%d backend=%s comm_wait_s=%.4f", world.size(), backend.c_str(), wait);
+    if (compare)
+      std::printf(" direct_median_step_s=%.4f auto_over_direct=%.3f", direct_times[direct_times.size() / 2],
+                  ratios[ratios.size() / 2]);
     std::printf("\n");
     return 0;
   });

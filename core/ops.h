@@ -75,6 +75,15 @@ struct Conv2dParams {
 // x: (N, H, W, C), weight: (K, R, S, C / groups), bias: (K) or undefined -> (N, P, Q, K).
 // CPU: oneDNN for f32 (16-bit through f32), a direct reference loop for f64.
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dParams& params);
+// How f32 convolutions run on the CPU. Auto: Winograd F(4x4, 3x3) for 3x3 stride-1 layers with at least
+// 32 input and output channels (multiples of 16) and outputs of at least 8x8, where oneDNN has it
+// (AVX-512), direct kernels otherwise;
+// Direct: oneDNN's direct kernels only (the rounding of releases before Winograd). The default is read
+// once from RINGTRAIN_CPU_CONV (auto or direct; anything else is an error), else Auto. Winograd rounds
+// differently from direct convolution, at the float-noise level.
+enum class CpuConvolution { Auto, Direct };
+void set_cpu_convolution(CpuConvolution choice);
+CpuConvolution cpu_convolution();
 
 // ---- normalisation and pooling (NHWC)
 // Batch norm over every dim but the last (channels). weight, bias, running_mean, running_var: (C), f32

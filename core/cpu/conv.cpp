@@ -1,13 +1,23 @@
 // core/cpu/conv.cpp: 2-D convolution on the CPU. f32 runs on oneDNN with NHWC activations and KRSC
-// ("ohwi", grouped "gohwi") filters, the layouts ringtrain keeps everywhere, so no reorders; f16/bf16
-// convert to f32 around it; f64 (gradient checks, references) runs direct loops.
+// ("ohwi", grouped "gohwi") filters, the layouts ringtrain keeps everywhere (reordered only around the
+// Winograd layers and for oneDNN's filter layouts); f16/bf16 convert to f32 around it; f64 (gradient
+// checks, references) runs direct loops.
 #include <omp.h>
 
+#include <array>
+#include <atomic>
+#include <cstdlib>
 #include <dnnl.hpp>
+#include <map>
+#include <memory>
 #include <mutex>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
 
 #include "core/check.h"
 #include "core/cpu/cpu_kernels.h"
+#include "core/ops.h"
 #include "core/parallel.h"
 
 namespace ringtrain::cpu {
@@ -51,46 +61,236 @@ ConvDescs make_descs(const ConvGeometry& g, bool with_bias) {
   return d;
 }
 
-dnnl::convolution_forward::primitive_desc forward_pd(const ConvDescs& d) {
-  if (d.bias.get_size() > 0) {
-    return {dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
-                                            d.src, d.weights_any, d.bias, d.dst, d.strides, d.dilates, d.pad_l,
-                                            d.pad_r),
-            engine()};
+// ---- Plans: the oneDNN primitives of one geometry, built once
+//
+// Building a primitive descriptor walks oneDNN's implementation list (about 8 us a call here, 0.5% of a
+// ResNet-20 batch-32 step), so each (geometry, pass, thread count, choice) keeps its primitive and the
+// reorders around it. Under CpuConvolution::Auto, 3x3 stride-1 layers of at least 32 input and output
+// channels (multiples of 16) and 8x8 outputs run Winograd F(4x4, 3x3) where oneDNN has it (AVX-512), on
+// nChw16c copies of the NHWC activations (docs/PERFORMANCE.md has the measurements).
+
+enum class Pass { Forward, BackwardData, BackwardWeights };
+
+constexpr int64_t kWinogradMinChannels = 32;  // input and output channels
+// Output height and width: below 8x8 the 4x4 tiles are mostly padding, and Winograd's coarser rounding
+// (its error grows with input perturbations more than direct convolution's) buys nothing.
+constexpr int64_t kWinogradMinSide = 8;
+
+// One argument of a primitive: ringtrain's layout and the one the primitive takes, with the reorder
+// between them (user -> used for inputs, used -> user for outputs; none when they are the same). NHWC
+// activations <-> nChw16c go through blocks16 (below), everything else (filters) through oneDNN.
+struct Operand {
+  int arg = 0;
+  bool output = false;
+  memory::desc user, used;
+  dnnl::primitive convert;
+  int64_t blocked_n = 0, blocked_hw = 0, blocked_c = 0;  // set: NHWC <-> nChw16c of this shape
+};
+
+// NHWC <-> nChw16c for C a multiple of 16: every pixel's channels move as whole 16-float blocks, a copy
+// bound by memory (oneDNN's generic reorder took twice as long on these shapes). Exact.
+RT_MULTIVERSION void blocks16_range(const float* nhwc, float* blocked, int64_t i0, int64_t i1, int64_t hw, int64_t c,
+                                    bool to_blocked) {
+  const int64_t cb = c / 16;
+  for (int64_t i = i0; i < i1; ++i) {  // i = image * cb + block
+    const int64_t image = i / cb, block = i % cb;
+    const float* a = nhwc + image * hw * c + block * 16;
+    float* b = blocked + i * hw * 16;
+    if (to_blocked) {
+      for (int64_t p = 0; p < hw; ++p)
+        for (int64_t l = 0; l < 16; ++l) b[p * 16 + l] = a[p * c + l];
+    } else {
+      float* out = const_cast<float*>(a);
+      for (int64_t p = 0; p < hw; ++p)
+        for (int64_t l = 0; l < 16; ++l) out[p * c + l] = b[p * 16 + l];
+    }
   }
-  return {dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
-                                          d.src, d.weights_any, d.dst, d.strides, d.dilates, d.pad_l, d.pad_r),
-          engine()};
+}
+
+void blocks16(const Operand& o, float* nhwc, float* blocked, bool to_blocked) {
+  const int64_t items = o.blocked_n * (o.blocked_c / 16);
+  parallel_for(items, std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(1, o.blocked_hw * 16)),
+               [&](int64_t lo, int64_t hi) { blocks16_range(nhwc, blocked, lo, hi, o.blocked_hw, o.blocked_c, to_blocked); });
+}
+
+struct PassPlan {
+  dnnl::primitive prim;
+  std::vector<Operand> operands;
+  bool winograd = false;
+};
+
+std::atomic<int>& convolution_choice() {
+  static std::atomic<int> choice = [] {
+    const char* env = std::getenv("RINGTRAIN_CPU_CONV");
+    const std::string_view v = env ? env : "";
+    if (v.empty() || v == "auto") return static_cast<int>(CpuConvolution::Auto);
+    if (v == "direct") return static_cast<int>(CpuConvolution::Direct);
+    RT_THROW("RINGTRAIN_CPU_CONV='", v, "' is not a CPU convolution choice: use auto (Winograd where it is faster) or direct");
+  }();
+  return choice;
+}
+
+// The shapes where oneDNN's Winograd beat its direct kernels with the reorders to nChw16c and back
+// included (ResNet-20's 3x3 layers at batch 32 and 128: it lost at 16 channels, won at 32 and 64).
+bool winograd_candidate(const ConvGeometry& g, CpuConvolution choice) {
+  return choice == CpuConvolution::Auto && g.groups == 1 && g.r == 3 && g.s == 3 && g.stride_h == 1 &&
+         g.stride_w == 1 && g.dilation_h == 1 && g.dilation_w == 1 && g.pad_h <= 1 && g.pad_w <= 1 &&
+         g.c % 16 == 0 && g.k % 16 == 0 && g.c >= kWinogradMinChannels && g.k >= kWinogradMinChannels &&
+         g.p == g.h + 2 * g.pad_h - 2 && g.q == g.w + 2 * g.pad_w - 2 && g.p >= kWinogradMinSide &&
+         g.q >= kWinogradMinSide;
+}
+
+dnnl::primitive reorder_between(const memory::desc& from, const memory::desc& to) {
+  return dnnl::reorder(dnnl::reorder::primitive_desc(engine(), from, engine(), to));
+}
+
+Operand operand(int arg, bool output, const memory::desc& user, const memory::desc& used) {
+  Operand o{arg, output, user, used, {}};
+  if (user == used) return o;
+  const memory::dims dims = user.dims();
+  if (dims.size() == 4 && dims[1] % 16 == 0 && user == memory::desc(dims, dt::f32, tag::nhwc) &&
+      used == memory::desc(dims, dt::f32, tag::nChw16c)) {
+    o.blocked_n = dims[0], o.blocked_c = dims[1], o.blocked_hw = dims[2] * dims[3];
+    return o;
+  }
+  o.convert = output ? reorder_between(used, user) : reorder_between(user, used);
+  return o;
+}
+
+// The three passes' primitive descriptors for one algorithm and activation layout (src, dst); throws
+// dnnl::error when oneDNN has no implementation.
+struct PassDescs {
+  dnnl::convolution_forward::primitive_desc fwd;
+  dnnl::convolution_backward_data::primitive_desc bwd_data;
+  dnnl::convolution_backward_weights::primitive_desc bwd_weights;
+};
+
+PassDescs pass_descs(const ConvDescs& d, dnnl::algorithm alg, const memory::desc& src, const memory::desc& dst,
+                     Pass pass) {
+  const bool bias = d.bias.get_size() > 0;
+  PassDescs p;
+  p.fwd = bias ? dnnl::convolution_forward::primitive_desc(
+                     dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, src, d.weights_any, d.bias,
+                                                     dst, d.strides, d.dilates, d.pad_l, d.pad_r),
+                     engine())
+               : dnnl::convolution_forward::primitive_desc(
+                     dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, src, d.weights_any, dst,
+                                                     d.strides, d.dilates, d.pad_l, d.pad_r),
+                     engine());
+  if (pass == Pass::BackwardData) {
+    p.bwd_data = dnnl::convolution_backward_data::primitive_desc(
+        dnnl::convolution_backward_data::desc(alg, src, d.weights_any, dst, d.strides, d.dilates, d.pad_l, d.pad_r),
+        engine(), p.fwd);
+  }
+  if (pass == Pass::BackwardWeights) {
+    p.bwd_weights = dnnl::convolution_backward_weights::primitive_desc(
+        bias ? dnnl::convolution_backward_weights::desc(alg, src, d.weights_any, d.bias, dst, d.strides, d.dilates,
+                                                        d.pad_l, d.pad_r)
+             : dnnl::convolution_backward_weights::desc(alg, src, d.weights_any, dst, d.strides, d.dilates, d.pad_l,
+                                                        d.pad_r),
+        engine(), p.fwd);
+  }
+  return p;
+}
+
+PassPlan build_plan(const ConvGeometry& g, bool bias, Pass pass, CpuConvolution choice) {
+  const ConvDescs d = make_descs(g, bias);
+  PassDescs p;
+  memory::desc src = d.src, dst = d.dst;
+  bool winograd = false;
+  if (winograd_candidate(g, choice)) {
+    const memory::desc bsrc({g.n, g.c, g.h, g.w}, dt::f32, tag::nChw16c), bdst({g.n, g.k, g.p, g.q}, dt::f32, tag::nChw16c);
+    try {
+      p = pass_descs(d, dnnl::algorithm::convolution_winograd, bsrc, bdst, pass);
+      src = bsrc, dst = bdst, winograd = true;
+    } catch (const dnnl::error&) {  // no Winograd on this CPU (oneDNN has it for AVX-512 only): direct
+    }
+  }
+  if (!winograd) p = pass_descs(d, dnnl::algorithm::convolution_direct, src, dst, pass);
+  PassPlan plan;
+  plan.winograd = winograd;
+  switch (pass) {
+    case Pass::Forward:
+      plan.prim = dnnl::convolution_forward(p.fwd);
+      plan.operands = {operand(DNNL_ARG_SRC, false, d.src, src), operand(DNNL_ARG_WEIGHTS, false, d.weights, p.fwd.weights_desc()),
+                       operand(DNNL_ARG_DST, true, d.dst, dst)};
+      if (bias) plan.operands.push_back(operand(DNNL_ARG_BIAS, false, d.bias, p.fwd.bias_desc()));
+      break;
+    case Pass::BackwardData:
+      plan.prim = dnnl::convolution_backward_data(p.bwd_data);
+      plan.operands = {operand(DNNL_ARG_DIFF_DST, false, d.dst, dst),
+                       operand(DNNL_ARG_WEIGHTS, false, d.weights, p.bwd_data.weights_desc()),
+                       operand(DNNL_ARG_DIFF_SRC, true, d.src, src)};
+      break;
+    case Pass::BackwardWeights:
+      plan.prim = dnnl::convolution_backward_weights(p.bwd_weights);
+      plan.operands = {operand(DNNL_ARG_SRC, false, d.src, src), operand(DNNL_ARG_DIFF_DST, false, d.dst, dst),
+                       operand(DNNL_ARG_DIFF_WEIGHTS, true, d.weights, p.bwd_weights.diff_weights_desc())};
+      if (bias) plan.operands.push_back(operand(DNNL_ARG_DIFF_BIAS, true, d.bias, p.bwd_weights.diff_bias_desc()));
+      break;
+  }
+  return plan;
+}
+
+// Plans by (geometry, bias, pass, oneDNN thread count: a primitive is built for the threads it will
+// run on). A model has a few dozen; a run whose shapes keep changing is capped by starting over.
+std::shared_ptr<const PassPlan> plan_for(const ConvGeometry& g, bool bias, Pass pass) {
+  using Key = std::array<int64_t, 20>;
+  const CpuConvolution choice = cpu_convolution();
+  static std::mutex mutex;
+  static std::map<Key, std::shared_ptr<const PassPlan>> plans;
+  const Key key{g.n, g.h, g.w, g.c, g.k, g.r, g.s, g.p, g.q, g.stride_h, g.stride_w, g.pad_h, g.pad_w,
+                g.dilation_h, g.dilation_w, g.groups, bias, static_cast<int64_t>(pass), omp_get_max_threads(),
+                static_cast<int64_t>(choice)};
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = plans.find(key);
+  if (it != plans.end()) return it->second;
+  if (plans.size() >= 1024) plans.clear();  // plans in use live on in their callers' shared_ptr
+  return plans.emplace(key, std::make_shared<const PassPlan>(build_plan(g, bias, pass, choice))).first->second;
+}
+
+// Runs a plan on ringtrain-layout buffers (one per operand, in the plan's order), reordering through
+// scratch tensors where the primitive takes another layout.
+void execute(const PassPlan& plan, const std::vector<void*>& buffers) {
+  thread_local dnnl::stream stream(engine());  // one per calling thread (a stream is not shared across threads)
+  std::unordered_map<int, memory> args;
+  std::vector<Tensor> scratch;
+  std::vector<std::pair<const Operand*, memory>> outputs;
+  for (size_t i = 0; i < plan.operands.size(); ++i) {
+    const Operand& o = plan.operands[i];
+    memory user(o.user, engine(), buffers[i]);
+    if (!o.convert && o.blocked_n == 0) {
+      args.emplace(o.arg, user);
+      continue;
+    }
+    scratch.push_back(Tensor::empty(Shape{static_cast<int64_t>((o.used.get_size() + 3) / 4)}));
+    memory used(o.used, engine(), scratch.back().data_ptr());
+    if (o.output) {
+      outputs.emplace_back(&o, user);
+    } else if (o.blocked_n > 0) {
+      blocks16(o, static_cast<float*>(buffers[i]), static_cast<float*>(used.get_data_handle()), true);
+    } else {
+      o.convert.execute(stream, {{DNNL_ARG_FROM, user}, {DNNL_ARG_TO, used}});
+    }
+    args.emplace(o.arg, used);
+  }
+  plan.prim.execute(stream, args);
+  stream.wait();
+  for (auto& [o, user] : outputs) {
+    memory& used = args.at(o->arg);
+    if (o->blocked_n > 0) {
+      blocks16(*o, static_cast<float*>(user.get_data_handle()), static_cast<float*>(used.get_data_handle()), false);
+    } else {
+      o->convert.execute(stream, {{DNNL_ARG_FROM, used}, {DNNL_ARG_TO, user}});
+    }
+  }
+  stream.wait();
 }
 
 void* ptr(const Tensor& t) { return t.data_ptr(); }
 
 // 16-bit tensors go through f32 copies; f32 tensors are used in place.
 Tensor as_f32(const Tensor& t) { return t.dtype() == DType::F32 ? t : t.detach().to(DType::F32); }
-
-void run(dnnl::primitive prim, const std::unordered_map<int, memory>& args) {
-  dnnl::stream stream(engine());
-  prim.execute(stream, args);
-  stream.wait();
-}
-
-// `user` (ringtrain layout) as memory in layout `wanted`, reordering into a new buffer if they differ.
-memory in_layout(const memory& user, const memory::desc& wanted) {
-  if (user.get_desc() == wanted) return user;
-  memory converted(wanted, engine());
-  dnnl::stream stream(engine());
-  dnnl::reorder(user, converted).execute(stream, const_cast<memory&>(user), converted);
-  stream.wait();
-  return converted;
-}
-
-// Copies `produced` (oneDNN's layout) into `user` (ringtrain layout) if they are different buffers.
-void back_to_user(const memory& produced, memory& user) {
-  if (produced.get_data_handle() == user.get_data_handle()) return;
-  dnnl::stream stream(engine());
-  dnnl::reorder(produced, user).execute(stream, const_cast<memory&>(produced), user);
-  stream.wait();
-}
 
 // ---- f64 reference: direct loops (small shapes: gradient checks and oneDNN cross-checks)
 
@@ -184,58 +384,33 @@ void check_dtype(const Tensor& t, const char* op) {
 void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor* bias, const ConvGeometry& g, Tensor& y) {
   check_dtype(x, "conv2d");
   if (x.dtype() == DType::F64) return reference_forward(x, w, bias, g, y);
-  ConvDescs d = make_descs(g, bias != nullptr);
-  auto pd = forward_pd(d);
+  const auto plan = plan_for(g, bias != nullptr, Pass::Forward);
   Tensor x32 = as_f32(x), w32 = as_f32(w), y32 = y.dtype() == DType::F32 ? y : Tensor::empty(y.shape());
   Tensor b32 = bias ? as_f32(*bias) : Tensor();
-  std::unordered_map<int, memory> args{
-      {DNNL_ARG_SRC, memory(d.src, engine(), ptr(x32))},
-      {DNNL_ARG_WEIGHTS, in_layout(memory(d.weights, engine(), ptr(w32)), pd.weights_desc())},
-      {DNNL_ARG_DST, memory(d.dst, engine(), ptr(y32))}};
-  if (bias) args.emplace(DNNL_ARG_BIAS, memory(d.bias, engine(), ptr(b32)));
-  run(dnnl::convolution_forward(pd), args);
+  std::vector<void*> buffers{ptr(x32), ptr(w32), ptr(y32)};
+  if (bias) buffers.push_back(ptr(b32));
+  execute(*plan, buffers);
   if (y32.data_ptr() != y.data_ptr()) y.copy_(y32);
 }
 
 void conv2d_backward_data(const Tensor& dy, const Tensor& w, const ConvGeometry& g, Tensor& dx) {
   check_dtype(dy, "conv2d_backward");
   if (dy.dtype() == DType::F64) return reference_backward_data(dy, w, g, dx);
-  ConvDescs d = make_descs(g, false);
-  auto hint = forward_pd(d);
-  dnnl::convolution_backward_data::primitive_desc pd(
-      dnnl::convolution_backward_data::desc(dnnl::algorithm::convolution_direct, d.src, d.weights_any, d.dst,
-                                            d.strides, d.dilates, d.pad_l, d.pad_r),
-      engine(), hint);
+  const auto plan = plan_for(g, false, Pass::BackwardData);
   Tensor dy32 = as_f32(dy), w32 = as_f32(w), dx32 = dx.dtype() == DType::F32 ? dx : Tensor::empty(dx.shape());
-  run(dnnl::convolution_backward_data(pd), {{DNNL_ARG_DIFF_DST, memory(d.dst, engine(), ptr(dy32))},
-                                            {DNNL_ARG_WEIGHTS, in_layout(memory(d.weights, engine(), ptr(w32)),
-                                                                         pd.weights_desc())},
-                                            {DNNL_ARG_DIFF_SRC, memory(d.src, engine(), ptr(dx32))}});
+  execute(*plan, {ptr(dy32), ptr(w32), ptr(dx32)});
   if (dx32.data_ptr() != dx.data_ptr()) dx.copy_(dx32);
 }
 
 void conv2d_backward_weights(const Tensor& x, const Tensor& dy, const ConvGeometry& g, Tensor& dw, Tensor* dbias) {
   check_dtype(x, "conv2d_backward");
   if (x.dtype() == DType::F64) return reference_backward_weights(x, dy, g, dw, dbias);
-  ConvDescs d = make_descs(g, dbias != nullptr);
-  auto hint = forward_pd(d);
-  auto desc = dbias ? dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, d.src,
-                                                               d.weights_any, d.bias, d.dst, d.strides, d.dilates,
-                                                               d.pad_l, d.pad_r)
-                    : dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, d.src,
-                                                               d.weights_any, d.dst, d.strides, d.dilates, d.pad_l,
-                                                               d.pad_r);
-  dnnl::convolution_backward_weights::primitive_desc pd(desc, engine(), hint);
+  const auto plan = plan_for(g, dbias != nullptr, Pass::BackwardWeights);
   Tensor x32 = as_f32(x), dy32 = as_f32(dy), dw32 = dw.dtype() == DType::F32 ? dw : Tensor::empty(dw.shape());
   Tensor db32 = dbias ? (dbias->dtype() == DType::F32 ? *dbias : Tensor::empty(dbias->shape())) : Tensor();
-  memory user_dw(d.weights, engine(), ptr(dw32));
-  memory produced_dw = pd.diff_weights_desc() == d.weights ? user_dw : memory(pd.diff_weights_desc(), engine());
-  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, memory(d.src, engine(), ptr(x32))},
-                                       {DNNL_ARG_DIFF_DST, memory(d.dst, engine(), ptr(dy32))},
-                                       {DNNL_ARG_DIFF_WEIGHTS, produced_dw}};
-  if (dbias) args.emplace(DNNL_ARG_DIFF_BIAS, memory(d.bias, engine(), ptr(db32)));
-  run(dnnl::convolution_backward_weights(pd), args);
-  back_to_user(produced_dw, user_dw);
+  std::vector<void*> buffers{ptr(x32), ptr(dy32), ptr(dw32)};
+  if (dbias) buffers.push_back(ptr(db32));
+  execute(*plan, buffers);
   if (dw32.data_ptr() != dw.data_ptr()) dw.copy_(dw32);
   if (dbias && db32.data_ptr() != dbias->data_ptr()) dbias->copy_(db32);
 }
@@ -243,6 +418,17 @@ void conv2d_backward_weights(const Tensor& x, const Tensor& dy, const ConvGeomet
 }  // namespace
 
 void set_onednn_threads(int n) { omp_set_num_threads(n); }
+
+}  // namespace ringtrain::cpu
+
+namespace ringtrain {
+
+void set_cpu_convolution(CpuConvolution choice) { cpu::convolution_choice().store(static_cast<int>(choice)); }
+CpuConvolution cpu_convolution() { return static_cast<CpuConvolution>(cpu::convolution_choice().load()); }
+
+}  // namespace ringtrain
+
+namespace ringtrain::cpu {
 
 void register_conv_kernels(KernelTable& t) {
   t.conv2d_forward = &conv2d_forward;

@@ -1,5 +1,5 @@
 // Convolution: PyTorch goldens (NHWC/KRSC dumps) in f64 and f32, oneDNN (f32) against the f64
-// reference loops over many geometries, 16-bit inputs, and argument errors.
+// reference loops over many geometries (direct and Winograd), 16-bit inputs, and argument errors.
 #include <gtest/gtest.h>
 
 #include "core/check.h"
@@ -44,10 +44,18 @@ struct Geometry {
   bool bias;
 };
 
-class ConvOneDnnVsReference : public ::testing::TestWithParam<Geometry> {};
+// Sets the CPU convolution choice for a scope.
+struct ConvChoice {
+  CpuConvolution before = cpu_convolution();
+  explicit ConvChoice(CpuConvolution c) { set_cpu_convolution(c); }
+  ~ConvChoice() { set_cpu_convolution(before); }
+};
+
+class ConvOneDnnVsReference : public ::testing::TestWithParam<std::tuple<Geometry, CpuConvolution>> {};
 
 TEST_P(ConvOneDnnVsReference, ForwardAndBackwardAgree) {
-  const Geometry& geo = GetParam();
+  const Geometry& geo = std::get<0>(GetParam());
+  ConvChoice choice(std::get<1>(GetParam()));
   Tensor x = testing::random_f64(Shape{geo.n, geo.h, geo.w, geo.c}, 1);
   Tensor w = testing::random_f64(Shape{geo.k, geo.r, geo.s, geo.c / geo.p.groups}, 2);
   Tensor b = geo.bias ? testing::random_f64(Shape{geo.k}, 3) : Tensor();
@@ -69,12 +77,44 @@ TEST_P(ConvOneDnnVsReference, ForwardAndBackwardAgree) {
 
 INSTANTIATE_TEST_SUITE_P(
     Geometries, ConvOneDnnVsReference,
-    ::testing::Values(Geometry{2, 8, 8, 16, 16, 3, 3, {.pad_h = 1, .pad_w = 1}, false},
+    ::testing::Combine(::testing::Values(Geometry{2, 8, 8, 16, 16, 3, 3, {.pad_h = 1, .pad_w = 1}, false},
                       Geometry{3, 9, 7, 5, 8, 3, 3, {.stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1}, true},
                       Geometry{2, 8, 8, 8, 4, 1, 1, {.stride_h = 2, .stride_w = 2}, false},
                       Geometry{1, 10, 10, 6, 6, 3, 3, {.pad_h = 2, .pad_w = 2, .dilation_h = 2, .dilation_w = 2, .groups = 3}, true},
                       Geometry{2, 7, 7, 3, 4, 7, 7, {.stride_h = 2, .stride_w = 2, .pad_h = 3, .pad_w = 3}, false},
-                      Geometry{2, 5, 6, 4, 4, 3, 2, {.pad_h = 1, .pad_w = 0, .groups = 4}, true}));
+                      Geometry{2, 5, 6, 4, 4, 3, 2, {.pad_h = 1, .pad_w = 0, .groups = 4}, true},
+                      // Winograd's shapes (3x3, stride 1, >= 32 channels in multiples of 16, outputs of
+                      // at least 8x8), with and without padding, odd sizes (partial 4x4 tiles), a bias
+                      Geometry{2, 8, 8, 32, 32, 3, 3, {.pad_h = 1, .pad_w = 1}, true},
+                      Geometry{3, 9, 11, 64, 48, 3, 3, {.pad_h = 1, .pad_w = 1}, false},
+                      Geometry{2, 10, 12, 32, 64, 3, 3, {}, false},
+                      Geometry{2, 4, 4, 32, 32, 3, 3, {.pad_h = 1, .pad_w = 1}, false}),  // too small: direct
+                       ::testing::Values(CpuConvolution::Auto, CpuConvolution::Direct)));
+
+// On a CPU where oneDNN has Winograd (AVX-512), Auto really takes it on its shapes: the rounding differs
+// from direct convolution's (else the tests above would not cover the nChw16c reorders). Both stay within
+// float noise of each other over a few steps of gradients.
+TEST(Conv, AutoRunsWinogradWhereOneDnnHasIt) {
+  if (!__builtin_cpu_supports("avx512f")) GTEST_SKIP() << "no AVX-512: oneDNN has no Winograd convolution here";
+  Tensor x = Tensor::uniform(Shape{4, 12, 12, 32}, -1, 1, 11), w = Tensor::uniform(Shape{32, 3, 3, 32}, -1, 1, 12);
+  Tensor up = Tensor::uniform(Shape{4, 12, 12, 32}, -1, 1, 13);
+  auto run = [&](CpuConvolution c, std::vector<Tensor>& grads) {
+    ConvChoice choice(c);
+    Tensor xi = x.detach().set_requires_grad(), wi = w.detach().set_requires_grad();
+    Tensor y = conv2d(xi, wi, Tensor(), {.pad_h = 1, .pad_w = 1});
+    y.backward(up);
+    grads = {xi.grad(), wi.grad()};
+    return y;
+  };
+  std::vector<Tensor> g_auto, g_direct;
+  Tensor y_auto = run(CpuConvolution::Auto, g_auto), y_direct = run(CpuConvolution::Direct, g_direct);
+  EXPECT_FALSE(all_close(y_auto, y_direct, 0, 0)) << "Auto gave direct convolution's bits";
+  EXPECT_TRUE(all_close(y_auto, y_direct, 1e-4, 1e-4));
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_FALSE(all_close(g_auto[i], g_direct[i], 0, 0)) << i;
+    EXPECT_TRUE(all_close(g_auto[i], g_direct[i], 1e-4, 1e-3)) << i;
+  }
+}
 
 TEST(Conv, SixteenBitInputsGoThroughF32) {
   Tensor x = Tensor::uniform(Shape{1, 5, 5, 4}, -1, 1, 7), w = Tensor::uniform(Shape{3, 3, 3, 4}, -1, 1, 8);
