@@ -211,6 +211,13 @@ struct KernelTable {
   void (*batch_norm_backward)(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& save_mean,
                               const Tensor& save_invstd, bool training, Tensor& dx, Tensor& dgamma,
                               Tensor& dbeta) = nullptr;
+  // The same for y = relu(bn(x)) without a residual, dy being y's gradient (not masked): the ReLU's mask
+  // is recomputed from x, beta and the statistics with the forward's own arithmetic (so it is the forward's
+  // bit for bit and the masking costs no pass of its own). f32/f64 x only. Optional: when null, ops.cpp
+  // masks dy with y first and calls batch_norm_backward.
+  void (*batch_norm_relu_backward)(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& beta,
+                                   const Tensor& save_mean, const Tensor& save_invstd, bool training, Tensor& dx,
+                                   Tensor& dgamma, Tensor& dbeta) = nullptr;
   // Training statistics (both here and in batch_norm_forward): two passes in f64, the second taking the
   // deviations from the f64 mean.
   // SyncBatchNorm, exact (ops.h sync_batch_norm): this rank's per-channel count, mean and

@@ -2,6 +2,7 @@
 // tensors. Per-channel statistics are summed in fixed row blocks combined in order, so results do
 // not depend on the thread count; the f32 loops are compiled per ISA with the portable loops' bits.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <type_traits>
@@ -76,19 +77,40 @@ RT_MULTIVERSION void f32_rows_m2(const float* x, int64_t r0, int64_t r1, int64_t
   }
 }
 
-// acc[c] += dy and acc[C + c] += dy * xhat, xhat = (x - mean) * invstd in f64: both sums in one pass.
-// mean and invstd are the statistics widened to f64 once (exactly) by the caller.
-RT_MULTIVERSION void f32_rows_backward_sums(const float* x, const float* dy, int64_t r0, int64_t r1, int64_t C,
-                                            const double* mean, const double* invstd, double* acc) {
+// The output gradient of row element c, through the fused ReLU when scale is set: the forward's own
+// x * scale + shift (same operations, no contraction) > 0 decides, so the mask is the forward's bit for bit.
+template <bool Relu>
+[[gnu::always_inline]] inline float masked_dy(const float* xr, const float* dr, int64_t c, const float* scale,
+                                              const float* shift) {
+  if constexpr (!Relu) return dr[c];
+  // dy where the forward's y > 0, else +0: as an AND of the bits (a select here stayed a branch, unvectorised).
+  const uint32_t keep = 0u - static_cast<uint32_t>(xr[c] * scale[c] + shift[c] > 0.0f);
+  return std::bit_cast<float>(std::bit_cast<uint32_t>(dr[c]) & keep);
+}
+
+template <bool Relu>
+[[gnu::always_inline]] inline void rows_backward_sums(const float* x, const float* dy, int64_t r0, int64_t r1, int64_t C,
+                                                      const double* mean, const double* invstd, const float* scale,
+                                                      const float* shift, double* acc) {
   for (int64_t r = r0; r < r1; ++r) {
     const float *xr = x + r * C, *dr = dy + r * C;
     for (int64_t c = 0; c < C; ++c) {
-      const double g = static_cast<double>(dr[c]);
+      const double g = static_cast<double>(masked_dy<Relu>(xr, dr, c, scale, shift));
       const double xhat = (static_cast<double>(xr[c]) - mean[c]) * invstd[c];
       acc[c] += g;
       acc[C + c] += g * xhat;
     }
   }
+}
+
+// acc[c] += dy and acc[C + c] += dy * xhat, xhat = (x - mean) * invstd in f64: both sums in one pass.
+// mean and invstd are the statistics widened to f64 once (exactly) by the caller. scale, shift (the
+// forward's, or null): dy is the gradient of a fused ReLU's output, masked here.
+RT_MULTIVERSION void f32_rows_backward_sums(const float* x, const float* dy, int64_t r0, int64_t r1, int64_t C,
+                                            const double* mean, const double* invstd, const float* scale,
+                                            const float* shift, double* acc) {
+  if (scale) rows_backward_sums<true>(x, dy, r0, r1, C, mean, invstd, scale, shift, acc);
+  else rows_backward_sums<false>(x, dy, r0, r1, C, mean, invstd, scale, shift, acc);
 }
 
 RT_MULTIVERSION void f32_rows_apply(const float* x, const float* residual, float* y, int64_t r0, int64_t r1, int64_t C,
@@ -106,15 +128,37 @@ RT_MULTIVERSION void f32_rows_apply(const float* x, const float* residual, float
   }
 }
 
-RT_MULTIVERSION void f32_rows_dx(const float* x, const float* dy, float* dx, int64_t r0, int64_t r1, int64_t C,
-                                 const float* mean, const float* invstd, const float* k1, const float* k2, const float* k3) {
+template <bool Relu>
+[[gnu::always_inline]] inline void rows_dx(const float* x, const float* dy, float* dx, int64_t r0, int64_t r1, int64_t C,
+                                           const float* mean, const float* invstd, const float* k1, const float* k2,
+                                           const float* k3, const float* scale, const float* shift) {
   for (int64_t r = r0; r < r1; ++r) {
     const float *xr = x + r * C, *dr = dy + r * C;
     float* out = dx + r * C;
     for (int64_t c = 0; c < C; ++c) {
       const float xhat = (xr[c] - mean[c]) * invstd[c];
-      out[c] = dr[c] * k1[c] - k2[c] - xhat * k3[c];
+      out[c] = masked_dy<Relu>(xr, dr, c, scale, shift) * k1[c] - k2[c] - xhat * k3[c];
     }
+  }
+}
+
+RT_MULTIVERSION void f32_rows_dx(const float* x, const float* dy, float* dx, int64_t r0, int64_t r1, int64_t C,
+                                 const float* mean, const float* invstd, const float* k1, const float* k2, const float* k3,
+                                 const float* scale, const float* shift) {
+  if (scale) rows_dx<true>(x, dy, dx, r0, r1, C, mean, invstd, k1, k2, k3, scale, shift);
+  else rows_dx<false>(x, dy, dx, r0, r1, C, mean, invstd, k1, k2, k3, scale, shift);
+}
+
+// The forward's per-channel scale = gamma * invstd and shift = beta - mean * gamma * invstd, rounded to the
+// accumulator type (apply and the fused ReLU's backward mask share them).
+template <typename A, typename P>
+void scale_and_shift(const P* pg, const P* pb, const P* pm, const P* pi, int64_t C, std::vector<A>& scale,
+                     std::vector<A>& shift) {
+  scale.resize(static_cast<size_t>(C));
+  shift.resize(static_cast<size_t>(C));
+  for (int64_t c = 0; c < C; ++c) {
+    scale[static_cast<size_t>(c)] = static_cast<A>(pg[c] * pi[c]);
+    shift[static_cast<size_t>(c)] = static_cast<A>(pb[c] - pm[c] * pg[c] * pi[c]);
   }
 }
 
@@ -126,11 +170,8 @@ void apply_batch_norm(const Tensor& x, const P* pg, const P* pb, const P* pm, co
   const int64_t C = x.size(-1), M = x.numel() / std::max<int64_t>(C, 1);
   const S* px = x.data<S>();
   S* py = y.data<S>();
-  std::vector<A> scale(static_cast<size_t>(C)), shift(static_cast<size_t>(C));
-  for (int64_t c = 0; c < C; ++c) {
-    scale[static_cast<size_t>(c)] = static_cast<A>(pg[c] * pi[c]);
-    shift[static_cast<size_t>(c)] = static_cast<A>(pb[c] - pm[c] * pg[c] * pi[c]);
-  }
+  std::vector<A> scale, shift;
+  scale_and_shift(pg, pb, pm, pi, C, scale, shift);
   const S* pres = residual ? residual->data<S>() : nullptr;
   parallel_for(M, std::max<int64_t>(1, 16384 / std::max<int64_t>(C, 1)), [&](int64_t lo, int64_t hi) {
     if constexpr (std::is_same_v<S, float>) {
@@ -203,21 +244,31 @@ void batch_norm_apply(const Tensor& x, const Tensor& gamma, const Tensor& beta, 
   });
 }
 
-// The backward's per-channel sums over an (M, C) view, in f64: sum dy and sum dy * xhat.
+// The output gradient through a fused ReLU recomputed from x (relu_scale, relu_shift: the forward's, or
+// null for no ReLU), in the accumulator type, for the portable loops.
+template <typename A, typename S>
+A masked_dy_portable(const S* px, const S* pdy, int64_t r, int64_t c, int64_t C, const A* relu_scale, const A* relu_shift) {
+  const A g = load_as<A>(pdy[r * C + c]);
+  if (!relu_scale) return g;
+  return load_as<A>(px[r * C + c]) * relu_scale[c] + relu_shift[c] > A(0) ? g : A(0);
+}
+
+// The backward's per-channel sums over an (M, C) view, in f64: sum dy and sum dy * xhat (dy masked by the
+// fused ReLU when relu_scale is set).
 template <typename S, typename P>
-void backward_sums(const S* px, const S* pdy, const P* pm, const P* pi, int64_t M, int64_t C, std::vector<double>& sum_dy,
-                   std::vector<double>& sum_dy_xhat) {
+void backward_sums(const S* px, const S* pdy, const P* pm, const P* pi, int64_t M, int64_t C, const acc_t<S>* relu_scale,
+                   const acc_t<S>* relu_shift, std::vector<double>& sum_dy, std::vector<double>& sum_dy_xhat) {
   using A = acc_t<S>;
   // Both sums in one pass over x and dy (each channel's additions in the same order as two passes); the
   // statistics widened to f64 once, exactly, as every product used them.
   const std::vector<double> mean_d(pm, pm + C), invstd_d(pi, pi + C);
   const std::vector<double> both = blocked_sums(M, C, 2, [&](int64_t r0, int64_t r1, double* acc) {
     if constexpr (std::is_same_v<S, float> && std::is_same_v<P, float>) {
-      f32_rows_backward_sums(px, pdy, r0, r1, C, mean_d.data(), invstd_d.data(), acc);
+      f32_rows_backward_sums(px, pdy, r0, r1, C, mean_d.data(), invstd_d.data(), relu_scale, relu_shift, acc);
     } else {
       for (int64_t r = r0; r < r1; ++r)
         for (int64_t c = 0; c < C; ++c) {
-          const double g = static_cast<double>(load_as<A>(pdy[r * C + c]));
+          const double g = static_cast<double>(masked_dy_portable(px, pdy, r, c, C, relu_scale, relu_shift));
           const double xhat = (static_cast<double>(load_as<A>(px[r * C + c])) - mean_d[static_cast<size_t>(c)]) *
                               invstd_d[static_cast<size_t>(c)];
           acc[c] += g;
@@ -230,10 +281,12 @@ void backward_sums(const S* px, const S* pdy, const P* pm, const P* pi, int64_t 
 }
 
 // dx = g * invstd * (dy - sum_dy / count - xhat * sum_dy_xhat / count), or g * invstd * dy without the
-// statistics' terms (eval: sums null). The coefficients in f64, rounded once to the accumulator type.
+// statistics' terms (eval: sums null). The coefficients in f64, rounded once to the accumulator type. dy
+// is masked by the fused ReLU when relu_scale is set.
 template <typename S, typename P>
 void backward_dx(const S* px, const S* pdy, const P* pg, const P* pm, const P* pi, const double* sum_dy,
-                 const double* sum_dy_xhat, double count, int64_t M, int64_t C, S* pdx) {
+                 const double* sum_dy_xhat, double count, int64_t M, int64_t C, const acc_t<S>* relu_scale,
+                 const acc_t<S>* relu_shift, S* pdx) {
   using A = acc_t<S>;
   std::vector<A> k1(static_cast<size_t>(C)), k2(static_cast<size_t>(C)), k3(static_cast<size_t>(C));
   for (int64_t c = 0; c < C; ++c) {
@@ -245,36 +298,58 @@ void backward_dx(const S* px, const S* pdy, const P* pg, const P* pm, const P* p
   }
   parallel_for(M, std::max<int64_t>(1, 16384 / std::max<int64_t>(C, 1)), [&](int64_t lo, int64_t hi) {
     if constexpr (std::is_same_v<S, float> && std::is_same_v<P, float>) {
-      f32_rows_dx(px, pdy, pdx, lo, hi, C, pm, pi, k1.data(), k2.data(), k3.data());
+      f32_rows_dx(px, pdy, pdx, lo, hi, C, pm, pi, k1.data(), k2.data(), k3.data(), relu_scale, relu_shift);
       return;
     }
     for (int64_t r = lo; r < hi; ++r)
       for (int64_t c = 0; c < C; ++c) {
         const size_t i = static_cast<size_t>(c);
         const A xhat = (load_as<A>(px[r * C + c]) - static_cast<A>(pm[c])) * static_cast<A>(pi[c]);
-        pdx[r * C + c] = store_as<S>(load_as<A>(pdy[r * C + c]) * k1[i] - k2[i] - xhat * k3[i]);
+        pdx[r * C + c] =
+            store_as<S>(masked_dy_portable(px, pdy, r, c, C, relu_scale, relu_shift) * k1[i] - k2[i] - xhat * k3[i]);
       }
   });
 }
 
-void batch_norm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& save_mean,
-                         const Tensor& save_invstd, bool training, Tensor& dx, Tensor& dgamma, Tensor& dbeta) {
+// Both batch-norm backwards; beta set: y was relu(bn(x)) (no residual) and dy is y's gradient, masked with
+// the forward's own arithmetic from x (f32 and f64 only: a 16-bit y's rounding could zero a positive value).
+void batch_norm_backward_impl(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor* beta,
+                              const Tensor& save_mean, const Tensor& save_invstd, bool training, Tensor& dx, Tensor& dgamma,
+                              Tensor& dbeta) {
   const int64_t C = x.size(-1), M = x.numel() / std::max<int64_t>(C, 1);
+  RT_CHECK(!beta || x.dtype() == DType::F32 || x.dtype() == DType::F64,
+           "batch_norm_relu_backward: x is ", dtype_name(x.dtype()), "; the fused mask needs f32 or f64");
   visit_float(x.dtype(), "batch_norm_backward", [&](auto tag) {
     using S = decltype(tag);
     using P = std::conditional_t<std::is_same_v<S, double>, double, float>;
+    using A = acc_t<S>;
     const S *px = x.data<S>(), *pdy = dy.data<S>();
     const P *pm = save_mean.data<P>(), *pi = save_invstd.data<P>();
+    std::vector<A> scale, shift;
+    if (beta) scale_and_shift(gamma.data<P>(), beta->data<P>(), pm, pi, C, scale, shift);
+    const A* ps = beta ? scale.data() : nullptr;
+    const A* pt = beta ? shift.data() : nullptr;
     std::vector<double> sum_dy, sum_dy_xhat;
-    backward_sums(px, pdy, pm, pi, M, C, sum_dy, sum_dy_xhat);
+    backward_sums(px, pdy, pm, pi, M, C, ps, pt, sum_dy, sum_dy_xhat);
     P *pdg = dgamma.data<P>(), *pdb = dbeta.data<P>();
     for (int64_t c = 0; c < C; ++c) {
       pdg[c] = static_cast<P>(sum_dy_xhat[static_cast<size_t>(c)]);
       pdb[c] = static_cast<P>(sum_dy[static_cast<size_t>(c)]);
     }
     backward_dx(px, pdy, gamma.data<P>(), pm, pi, training ? sum_dy.data() : nullptr,
-                training ? sum_dy_xhat.data() : nullptr, static_cast<double>(M), M, C, dx.data<S>());
+                training ? sum_dy_xhat.data() : nullptr, static_cast<double>(M), M, C, ps, pt, dx.data<S>());
   });
+}
+
+void batch_norm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& save_mean,
+                         const Tensor& save_invstd, bool training, Tensor& dx, Tensor& dgamma, Tensor& dbeta) {
+  batch_norm_backward_impl(x, dy, gamma, nullptr, save_mean, save_invstd, training, dx, dgamma, dbeta);
+}
+
+void batch_norm_relu_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& beta,
+                              const Tensor& save_mean, const Tensor& save_invstd, bool training, Tensor& dx,
+                              Tensor& dgamma, Tensor& dbeta) {
+  batch_norm_backward_impl(x, dy, gamma, &beta, save_mean, save_invstd, training, dx, dgamma, dbeta);
 }
 
 void batch_norm_stats(const Tensor& x, Tensor& stats) {
@@ -297,7 +372,8 @@ void batch_norm_backward_reduce(const Tensor& x, const Tensor& dy, const Tensor&
     using S = decltype(tag);
     using P = std::conditional_t<std::is_same_v<S, double>, double, float>;
     std::vector<double> sum_dy, sum_dy_xhat;
-    backward_sums(x.data<S>(), dy.data<S>(), save_mean.data<P>(), save_invstd.data<P>(), M, C, sum_dy, sum_dy_xhat);
+    backward_sums(x.data<S>(), dy.data<S>(), save_mean.data<P>(), save_invstd.data<P>(), M, C, nullptr, nullptr,
+                        sum_dy, sum_dy_xhat);
     double* out = sums.data<double>();  // [sum dy (C), sum dy * xhat (C)]
     std::copy(sum_dy.begin(), sum_dy.end(), out);
     std::copy(sum_dy_xhat.begin(), sum_dy_xhat.end(), out + C);
@@ -311,8 +387,8 @@ void batch_norm_backward_elemt(const Tensor& x, const Tensor& dy, const Tensor& 
     using S = decltype(tag);
     using P = std::conditional_t<std::is_same_v<S, double>, double, float>;
     const double* ps = sums.data<double>();
-    backward_dx(x.data<S>(), dy.data<S>(), gamma.data<P>(), save_mean.data<P>(), save_invstd.data<P>(), ps, ps + C,
-                count, M, C, dx.data<S>());
+    backward_dx(x.data<S>(), dy.data<S>(), gamma.data<P>(), save_mean.data<P>(), save_invstd.data<P>(), ps,
+                      ps + C, count, M, C, nullptr, nullptr, dx.data<S>());
   });
 }
 
@@ -452,6 +528,7 @@ void avg_pool2d_backward(const Tensor& dy, const ConvGeometry& g, Tensor& dx) {
 void register_norm_pool_kernels(KernelTable& t) {
   t.batch_norm_forward = &batch_norm_forward;
   t.batch_norm_backward = &batch_norm_backward;
+  t.batch_norm_relu_backward = &batch_norm_relu_backward;
   t.batch_norm_stats = &batch_norm_stats;
   t.batch_norm_apply = &batch_norm_apply;
   t.batch_norm_backward_reduce = &batch_norm_backward_reduce;

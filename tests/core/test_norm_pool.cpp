@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "core/check.h"
@@ -141,6 +142,57 @@ TEST(BatchNorm, Bf16ActivationsWithF32ParametersAndErrors) {
   Tensor fused = batch_norm(x, w, b, rm.clone(), rv.clone(), true, 0.1, 1e-5, true, res);
   Tensor plain = relu(add(batch_norm(x, w, b, rm.clone(), rv.clone(), true, 0.1, 1e-5), res));
   EXPECT_TRUE(all_close(fused, plain, 1e-6, 1e-6));
+}
+
+// BN + ReLU without a residual: the backward recomputes the ReLU's mask from x (no masking pass). Its
+// gradients are the unfused composition's, relu(batch_norm(x)), bit for bit: training and eval, f32 and
+// f64, with a channel whose outputs are exactly zero and a NaN input.
+TEST(BatchNorm, FusedReluBackwardIsTheComposedReluBitForBit) {
+  for (DType dtype : {DType::F32, DType::F64})
+    for (bool training : {true, false}) {
+      Tensor x0 = Tensor::normal(Shape{5, 4, 3, 21}, 0.5, 2.0, 41, DType::F64).to(dtype);
+      std::vector<double> xv = x0.to_vector();
+      for (int64_t r = 0; r < 5 * 4 * 3; ++r) xv[static_cast<size_t>(r * 21 + 3)] = 1.25;  // channel 3 constant
+      xv[7 * 21 + 5] = std::nan("");  // one NaN: its channel's statistics are NaN too
+      x0 = Tensor::from_vector(xv, x0.shape(), dtype);
+      const Tensor up = Tensor::normal(x0.shape(), 0, 1, 42, DType::F64).to(dtype);
+      std::vector<double> bv = Tensor::uniform(Shape{21}, -1, 1, 44, DType::F64).to_vector();
+      // Channel 3 normalises to exactly 0 (x = its mean, weight 1, bias 0: x * invstd - mean * invstd), in
+      // training and in eval (running mean 1.25): the mask must treat 0 as the forward did (not > 0).
+      std::vector<double> wv = Tensor::uniform(Shape{21}, 0.5, 1.5, 43, DType::F64).to_vector();
+      std::vector<double> mv = Tensor::normal(Shape{21}, 0, 1, 45, DType::F64).to_vector();
+      bv[3] = 0.0, wv[3] = 1.0, mv[3] = 1.25;
+      struct Out {
+        std::vector<double> y, dx, dw, db;
+      };
+      auto run = [&](bool fused) {
+        Tensor x = x0.clone().set_requires_grad();
+        Tensor w = Tensor::from_vector(wv, Shape{21}, dtype).set_requires_grad();
+        Tensor b = Tensor::from_vector(bv, Shape{21}, dtype).set_requires_grad();
+        Tensor rm = Tensor::from_vector(mv, Shape{21}, dtype), rv = Tensor::uniform(Shape{21}, 0.5, 2, 46, dtype);
+        Tensor y = fused ? batch_norm(x, w, b, rm, rv, training, 0.1, 1e-5, /*fuse_relu=*/true)
+                         : relu(batch_norm(x, w, b, rm, rv, training, 0.1, 1e-5));
+        y.backward(up);
+        return Out{y.to_vector(), x.grad().to_vector(), w.grad().to_vector(), b.grad().to_vector()};
+      };
+      const Out f = run(true), c = run(false);
+      const std::string what = std::string(dtype_name(dtype)) + (training ? " training" : " eval");
+      auto same_bits = [&](const std::vector<double>& a, const std::vector<double>& b, const char* name) {
+        ASSERT_EQ(a.size(), b.size());
+        for (size_t i = 0; i < a.size(); ++i)
+          ASSERT_TRUE(std::memcmp(&a[i], &b[i], sizeof(double)) == 0) << what << " " << name << "[" << i << "]: " << a[i] << " vs " << b[i];
+      };
+      // The forward is not what changed, and differs at NaN only: the fused ReLU keeps NaN (as PyTorch's
+      // relu does), the standalone relu zeroes it. Both masks are 0 there.
+      std::vector<double> fy = f.y;
+      for (size_t i = 0; i < fy.size(); ++i)
+        if (std::isnan(fy[i])) fy[i] = 0.0;
+      same_bits(fy, c.y, "y");
+      same_bits(f.dx, c.dx, "dx");
+      same_bits(f.dw, c.dw, "dweight");
+      same_bits(f.db, c.db, "dbias");
+      EXPECT_EQ(c.y[3], 0.0) << what << ": channel 3 was meant to normalise to exactly 0";
+    }
 }
 
 // On one replica SyncBatchNorm's split passes (stats, merge, apply; local sums, dx) are plain batch norm
