@@ -4,6 +4,9 @@
 // checks, references) runs direct loops.
 #include <omp.h>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdlib>
@@ -71,7 +74,19 @@ ConvDescs make_descs(const ConvGeometry& g, bool with_bias) {
 
 enum class Pass { Forward, BackwardData, BackwardWeights };
 
-constexpr int64_t kWinogradMinChannels = 32;  // input and output channels
+// Input and output channels. Winograd's gain per byte copied to nChw16c and back grows with the channels:
+// at 64 it won at every batch; at 32 only while the copies stay in the L2 cache (ResNet-20 batch 32, 1 MB
+// tensors: won; batch 128, 4 MB: lost to the copies), so 32 to 63 channels also need the input to fit
+// in half the L2.
+constexpr int64_t kWinogradMinChannels = 32, kWinogradAlwaysChannels = 64;
+
+int64_t l2_bytes() {
+  static const int64_t bytes = [] {
+    const long v = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    return v > 0 ? static_cast<int64_t>(v) : int64_t{1} << 20;  // unknown: 1 MiB, the smallest AVX-512 L2
+  }();
+  return bytes;
+}
 // Output height and width: below 8x8 the 4x4 tiles are mostly padding, and Winograd's coarser rounding
 // (its error grows with input perturbations more than direct convolution's) buys nothing.
 constexpr int64_t kWinogradMinSide = 8;
@@ -130,12 +145,13 @@ std::atomic<int>& convolution_choice() {
   return choice;
 }
 
-// The shapes where oneDNN's Winograd beat its direct kernels with the reorders to nChw16c and back
-// included (ResNet-20's 3x3 layers at batch 32 and 128: it lost at 16 channels, won at 32 and 64).
+// The shapes where oneDNN's Winograd beat its direct kernels with the copies to nChw16c and back included
+// (ResNet-20's 3x3 layers at batch 32 and 128: it lost at 16 channels; 32 and 64 as above).
 bool winograd_candidate(const ConvGeometry& g, CpuConvolution choice) {
   return choice == CpuConvolution::Auto && g.groups == 1 && g.r == 3 && g.s == 3 && g.stride_h == 1 &&
          g.stride_w == 1 && g.dilation_h == 1 && g.dilation_w == 1 && g.pad_h <= 1 && g.pad_w <= 1 &&
          g.c % 16 == 0 && g.k % 16 == 0 && g.c >= kWinogradMinChannels && g.k >= kWinogradMinChannels &&
+         (std::min(g.c, g.k) >= kWinogradAlwaysChannels || g.n * g.h * g.w * g.c * 4 <= l2_bytes() / 2) &&
          g.p == g.h + 2 * g.pad_h - 2 && g.q == g.w + 2 * g.pad_w - 2 && g.p >= kWinogradMinSide &&
          g.q >= kWinogradMinSide;
 }
