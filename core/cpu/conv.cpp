@@ -131,7 +131,6 @@ void blocks16(const Operand& o, float* nhwc, float* blocked, bool to_blocked) {
 struct PassPlan {
   dnnl::primitive prim;
   std::vector<Operand> operands;
-  bool winograd = false;
 };
 
 std::atomic<int>& convolution_choice() {
@@ -224,7 +223,6 @@ PassPlan build_plan(const ConvGeometry& g, bool bias, Pass pass, CpuConvolution 
   }
   if (!winograd) p = pass_descs(d, dnnl::algorithm::convolution_direct, src, dst, pass);
   PassPlan plan;
-  plan.winograd = winograd;
   switch (pass) {
     case Pass::Forward:
       plan.prim = dnnl::convolution_forward(p.fwd);
