@@ -4,6 +4,7 @@
 
 #include "core/check.h"
 #include "core/ops.h"
+#include "core/parallel.h"
 #include "test_util.h"
 
 namespace ringtrain {
@@ -114,6 +115,20 @@ TEST(Conv, AutoRunsWinogradWhereOneDnnHasIt) {
     EXPECT_FALSE(all_close(g_auto[i], g_direct[i], 0, 0)) << i;
     EXPECT_TRUE(all_close(g_auto[i], g_direct[i], 1e-4, 1e-3)) << i;
   }
+}
+
+// Plans are kept per thread count (a oneDNN primitive is built for the threads it runs on): changing the
+// count between calls gives each its own plan, and the results agree with the f64 reference at both.
+TEST(Conv, PlansFollowTheThreadCount) {
+  const int before = num_threads();
+  Tensor x = testing::random_f64(Shape{4, 10, 10, 32}, 21), w = testing::random_f64(Shape{32, 3, 3, 32}, 22);
+  const Tensor ref = conv2d(x, w, Tensor(), {.pad_h = 1, .pad_w = 1});
+  for (int threads : {2, 1, 2}) {
+    set_num_threads(threads);
+    Tensor y = conv2d(x.to(DType::F32), w.to(DType::F32), Tensor(), {.pad_h = 1, .pad_w = 1});
+    EXPECT_TRUE(all_close(y, ref, 1e-4, 1e-4)) << threads << " thread(s)";
+  }
+  set_num_threads(before);
 }
 
 TEST(Conv, SixteenBitInputsGoThroughF32) {
