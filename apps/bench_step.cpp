@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
     Tensor y = Tensor::from_vector(ys, Shape{batch}, DType::I64, device);
     std::vector<double> times, waits, direct_times, ratios;
     if (!cpu_conv_given) cpu_convolution();  // a bad RINGTRAIN_CPU_CONV fails here, named
-    if (cpu_conv_given && !compare) set_cpu_convolution(cpu_conv == "direct" ? CpuConvolution::Direct : CpuConvolution::Auto);
+    else if (!compare) set_cpu_convolution(cpu_conv == "direct" ? CpuConvolution::Direct : CpuConvolution::Auto);
     for (int s = 0; s < (compare ? 2 : 1) * (warmup + steps); ++s) {
       const bool direct_turn = compare && s % 2 == 0;
       if (compare) set_cpu_convolution(direct_turn ? CpuConvolution::Direct : CpuConvolution::Auto);

@@ -704,31 +704,26 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, con
   const bool has_residual = residual.defined();
   const char* name = has_residual ? (fuse_relu ? "batch_norm_add_relu" : "batch_norm_add")
                                   : (fuse_relu ? "batch_norm_relu" : "batch_norm");
-  Tensor sx = x.detach(), sw = weight.detach();
   // BN + ReLU without a residual: the backward recomputes the ReLU's mask from x where the device can (no
   // y kept, no masking pass); otherwise dy is masked with y first.
   const auto fused_backward = detail::kernel_table(x.device(), "batch_norm").batch_norm_relu_backward;
-  if (fuse_relu && !has_residual && fused_backward && (x.dtype() == DType::F32 || x.dtype() == DType::F64)) {
-    Tensor sb = bias.detach();
-    return record(name, {&x, &weight, &bias, &residual}, y,
-                  [sx, sw, sb, save_mean, save_invstd, training, fused_backward](const Tensor& dy) {
-                    Tensor dx = Tensor::empty(sx.shape(), sx.dtype(), sx.device());
-                    Tensor dw = Tensor::empty(sw.shape(), sw.dtype(), sw.device());
-                    Tensor db = Tensor::empty(sw.shape(), sw.dtype(), sw.device());
-                    fused_backward(sx, dy, sw, sb, save_mean, save_invstd, training, dx, dw, db);
-                    detail::after_op(dy.device(), "batch_norm_backward");
-                    return Grads{dx, dw, db, Tensor()};
-                  });
-  }
-  Tensor sy = fuse_relu ? y.detach() : Tensor();
+  const bool mask_from_x =
+      fuse_relu && !has_residual && fused_backward && (x.dtype() == DType::F32 || x.dtype() == DType::F64);
+  Tensor sx = x.detach(), sw = weight.detach();
+  Tensor sy = fuse_relu && !mask_from_x ? y.detach() : Tensor(), sb = mask_from_x ? bias.detach() : Tensor();
   return record(name, {&x, &weight, &bias, &residual}, y,
-                [sx, sw, sy, save_mean, save_invstd, training, has_residual](const Tensor& dy_in) {
-                  const Tensor dy = relu_masked(dy_in, sy, "batch_norm_backward");
+                [sx, sw, sy, sb, save_mean, save_invstd, training, has_residual, mask_from_x,
+                 fused_backward](const Tensor& dy_in) {
+                  const Tensor dy = relu_masked(dy_in, sy, "batch_norm_backward");  // dy_in itself without sy
                   Tensor dx = Tensor::empty(sx.shape(), sx.dtype(), sx.device());
                   Tensor dw = Tensor::empty(sw.shape(), sw.dtype(), sw.device());
                   Tensor db = Tensor::empty(sw.shape(), sw.dtype(), sw.device());
-                  RT_KERNEL(dy.device(), "batch_norm_backward", batch_norm_backward)(sx, dy, sw, save_mean, save_invstd,
-                                                                                     training, dx, dw, db);
+                  if (mask_from_x) {
+                    fused_backward(sx, dy, sw, sb, save_mean, save_invstd, training, dx, dw, db);
+                  } else {
+                    RT_KERNEL(dy.device(), "batch_norm_backward", batch_norm_backward)(sx, dy, sw, save_mean,
+                                                                                       save_invstd, training, dx, dw, db);
+                  }
                   detail::after_op(dy.device(), "batch_norm_backward");
                   // The residual's gradient is the (ReLU-masked) output gradient itself.
                   return Grads{dx, dw, db, has_residual ? dy : Tensor()};

@@ -373,7 +373,7 @@ void batch_norm_backward_reduce(const Tensor& x, const Tensor& dy, const Tensor&
     using P = std::conditional_t<std::is_same_v<S, double>, double, float>;
     std::vector<double> sum_dy, sum_dy_xhat;
     backward_sums(x.data<S>(), dy.data<S>(), save_mean.data<P>(), save_invstd.data<P>(), M, C, nullptr, nullptr,
-                        sum_dy, sum_dy_xhat);
+                  sum_dy, sum_dy_xhat);
     double* out = sums.data<double>();  // [sum dy (C), sum dy * xhat (C)]
     std::copy(sum_dy.begin(), sum_dy.end(), out);
     std::copy(sum_dy_xhat.begin(), sum_dy_xhat.end(), out + C);
@@ -388,7 +388,7 @@ void batch_norm_backward_elemt(const Tensor& x, const Tensor& dy, const Tensor& 
     using P = std::conditional_t<std::is_same_v<S, double>, double, float>;
     const double* ps = sums.data<double>();
     backward_dx(x.data<S>(), dy.data<S>(), gamma.data<P>(), save_mean.data<P>(), save_invstd.data<P>(), ps,
-                      ps + C, count, M, C, nullptr, nullptr, dx.data<S>());
+                ps + C, count, M, C, nullptr, nullptr, dx.data<S>());
   });
 }
 
