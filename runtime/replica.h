@@ -1,0 +1,105 @@
+// runtime/replica.h: this rank's replica of the model and what keeps it equal to the others'. Built once the
+// model holds its starting weights (fresh or resumed), it makes the run's communicator (and SyncBatchNorm's),
+// GradSync (rank 0's weights everywhere, buckets all-reduced during backward), the optimizer (with --zero 1
+// over this rank's shard) with any resumed state, the f16 loss scaler and the autocast type. Then, for each
+// micro-batch, forward() and backward(); for each optimizer step, finish_gradients() and step():
+//
+//   Tensor loss = replica.forward(batch);      // under autocast
+//   replica.backward(loss, last_micro);        // loss / accum (x the f16 scale); no_sync but the last
+//   replica.finish_gradients();                // waits for the all-reduce
+//   StepOutcome s = replica.step(lr, step);    // unscale, clip, update (or skip), zero the gradients
+//
+// close() is the collective end, on the success path only (destructors never communicate).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "comm/grad_sync.h"
+#include "comm/world.h"
+#include "core/optim/grad_scaler.h"
+#include "core/optim/optimizer.h"
+#include "layers/loss.h"
+#include "layers/module.h"
+#include "runtime/checkpoint_dir.h"
+#include "runtime/options.h"
+#include "runtime/trainer.h"
+
+namespace ringtrain::comm {
+class ZeroOptimizer;
+}
+
+namespace ringtrain::runtime {
+
+// What a resumed run brings into the replica (the weights are in the model already).
+struct ReplicaStart {
+  const std::vector<std::pair<std::string, Tensor>>* optimizer_state = nullptr;
+  std::optional<LossScaleState> loss_scale;
+  std::string from;  // the checkpoint, for error messages
+};
+
+struct StepOutcome {
+  bool took = true;        // false: an f16 step skipped for non-finite gradients
+  double grad_norm = 0;    // before clipping (with --clip-grad-norm)
+};
+
+class Replica {
+ public:
+  // Collective.
+  Replica(comm::World& world, const TrainerOptions& o, Device device, Module& model, StepFn step_fn,
+          const ReplicaStart& start);
+  ~Replica();
+  Replica(const Replica&) = delete;
+  Replica& operator=(const Replica&) = delete;
+
+  // The micro-batch's loss under autocast: the step function's, or cross-entropy (with label smoothing)
+  // of model(images). Errors: anything but a scalar (permanent).
+  Tensor forward(const data::Batch& batch);
+  // Backward of loss / accum (scaled for f16); gradients accumulate locally (no_sync) unless last_micro.
+  void backward(const Tensor& loss, bool last_micro);
+  // Collective: waits for the last gradient bucket; gradients then hold the average over ranks.
+  void finish_gradients();
+  // Zeroes the gradient buckets (what step() does after each update; the loop at each epoch's start, where
+  // an epoch that ended inside an accumulation left gradients behind).
+  void zero_grad();
+  // The optimizer step at `lr` (`step`: steps done before it, for messages). Errors (permanent): a
+  // non-finite gradient norm, an f16 loss scale that collapsed.
+  StepOutcome step(double lr, int64_t step);
+
+  bool scaled() const { return scaler_.has_value(); }  // f16 loss scaling
+  const std::optional<GradScaler>& scaler() const { return scaler_; }
+  comm::Backend backend() const { return backend_; }
+  const comm::GradSync& sync() const { return *sync_; }
+  int64_t optimizer_state_bytes() const;
+  // Collective with --zero 1 (the shards gathered to rank 0): the canonical optimizer state, complete on
+  // rank 0 (and on every rank without ZeRO).
+  std::vector<std::pair<std::string, Tensor>> optimizer_state() const;
+  // BatchNorm running statistics averaged over ranks (when they are per rank: no --sync-bn, several ranks).
+  void average_buffers();
+  // ZeRO-1: the last step's all-gather, left to the next forward, waited for (before reading the weights).
+  void wait_parameters();
+  // Collective: the teardown (the model stays usable, with local BatchNorm statistics).
+  void close();
+
+ private:
+  comm::World& world_;
+  const TrainerOptions& o_;
+  Module& model_;
+  StepFn step_fn_;
+  std::optional<DType> autocast_;
+  CrossEntropyLoss loss_fn_;
+  comm::Backend backend_;
+  comm::CommunicatorPtr comm_, bn_comm_;
+  std::unique_ptr<comm::GradSync> sync_;
+  std::unique_ptr<Optimizer> opt_;
+  comm::ZeroOptimizer* zero_ = nullptr;  // opt_ with --zero 1
+  std::optional<GradScaler> scaler_;
+  std::vector<Tensor> parameters_;
+};
+
+}  // namespace ringtrain::runtime

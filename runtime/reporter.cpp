@@ -1,0 +1,157 @@
+// runtime/reporter.cpp: the startup line and plan record, progress and train records, evaluation lines, the
+// summary.
+#include "runtime/reporter.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <span>
+
+#include "comm/host_collectives.h"
+#include "core/allocator.h"
+#include "core/check.h"
+#include "runtime/progress.h"
+#include "runtime/replica.h"
+#include "runtime/trainer.h"
+
+namespace ringtrain::runtime {
+
+using json = nlohmann::json;
+
+Reporter::Reporter(const comm::World& world, const TrainerOptions& o, Device device, const RunPlan& plan,
+                   size_t gradient_buckets)
+    : world_(world), o_(o), device_(device), plan_(plan), bar_(use_progress_bar(world, o.progress)),
+      log_(o.log_jsonl, world.is_root()), gpu_(world, device, !o.log_jsonl.empty()), timer_(gradient_buckets) {}
+
+void Reporter::announce(const Replica& replica, int threads, const Cursor& at, const std::string& resumed_from,
+                        const std::vector<std::string>& data_warnings) {
+  if (world_.is_root()) {
+    for (const auto& w : data_warnings) std::fprintf(stderr, "%s: warning: %s\n", o_.program.c_str(), w.c_str());
+    std::printf("%s: %s on %s, %d rank(s) on %d node(s), %s backend, batch %lld/rank x %lld accum = %lld global, "
+                "%lld steps/epoch, %lld steps, lr %.4g (%s)%s\n",
+                o_.program.c_str(), o_.model_name.c_str(), device_.str().c_str(), world_.size(), world_.num_nodes(),
+                comm::backend_name(replica.backend()), static_cast<long long>(plan_.batch),
+                static_cast<long long>(plan_.accum), static_cast<long long>(plan_.global_batch),
+                static_cast<long long>(plan_.steps_per_epoch), static_cast<long long>(plan_.total_steps),
+                base_lr(o_, plan_), name_of(o_.lr_schedule),
+                o_.compression == comm::Compression::None
+                    ? ""
+                    : detail::str_cat(", gradients travel as ", compression_name(o_.compression)).c_str());
+    std::fflush(stdout);
+    // What scripts/scaling_model.py needs besides the timings: the run's shape and its bucket plan.
+    comm::supervisor_event(json{{"event", "plan"}, {"world_size", world_.size()}, {"nodes", world_.num_nodes()},
+                                {"batch_size", plan_.batch}, {"accum_steps", plan_.accum},
+                                {"global_batch", plan_.global_batch}, {"step", at.step},
+                                {"total_steps", plan_.total_steps}, {"resumed_from", resumed_from},
+                                {"checkpoint_dir", o_.checkpoint_dir}}
+                               .dump());
+  }
+  const int64_t state_bytes = replica.optimizer_state_bytes();
+  log_.write(plan_record({.world_size = world_.size(), .nodes = world_.num_nodes(), .threads = threads,
+                          .arch = o_.model_name, .backend = comm::backend_name(replica.backend()),
+                          .device = device_.str(), .batch_size = plan_.batch, .accum_steps = plan_.accum,
+                          .global_batch = plan_.global_batch, .buckets = replica.sync().buckets(), .zero = o_.zero,
+                          .optimizer_state_bytes = comm::all_gather(world_.comm(), std::span<const int64_t>(&state_bytes, 1))}));
+}
+
+void Reporter::add_loss(double loss) {
+  if (!std::isfinite(loss)) return;
+  interval_loss_ += loss / static_cast<double>(plan_.accum);
+  interval_weight_ += 1.0 / static_cast<double>(plan_.accum);
+  last_loss_ = loss;
+}
+
+void Reporter::report(int64_t epoch, int64_t step, double lr, std::optional<double> grad_norm) {
+  double stats[2] = {interval_loss_, interval_weight_};  // the loss averaged over ranks
+  comm::all_reduce(world_.comm(), std::span<double>(stats, 2));
+  const double mean_loss = stats[0] / stats[1];
+  const double seconds = std::chrono::duration<double>(Clock::now() - interval_start_).count();
+  const auto n = static_cast<double>(timer_.interval_steps());
+  const double img_s = n * static_cast<double>(plan_.global_batch) / seconds;
+  if (world_.is_root()) {
+    ProgressLine line{.epoch = epoch, .epochs = plan_.epochs, .step = step, .total_steps = plan_.total_steps,
+                      .step_in_epoch = (step - 1) % plan_.steps_per_epoch + 1, .steps_per_epoch = plan_.steps_per_epoch,
+                      .loss = mean_loss, .lr = lr, .img_per_s = img_s,
+                      .eta_s = static_cast<double>(plan_.total_steps - step) * seconds / n};
+    print_progress(bar_, line);
+    log_.write(train_record({.step = step, .epoch = epoch, .lr = lr, .loss = mean_loss, .img_per_s = img_s,
+                             .time = timer_.interval_mean(), .grad_norm = grad_norm}));
+  }
+  if (auto record = gpu_.sample(step)) log_.write(*record);
+  timer_.reset_interval();
+  interval_loss_ = interval_weight_ = 0;
+  interval_start_ = Clock::now();
+}
+
+void Reporter::end_epoch() const {
+  if (bar_ && world_.is_root()) std::printf("\n");
+}
+
+void Reporter::evaluated(int64_t epoch, int64_t step, const EvalResult& e) {
+  if (!world_.is_root()) return;
+  std::printf("epoch %lld: test top-1 %.2f%%  top-5 %.2f%%  loss %.4f  (%lld images)\n",
+              static_cast<long long>(epoch + 1), 100 * e.top1, 100 * e.top5, e.loss, static_cast<long long>(e.count));
+  std::fflush(stdout);
+  log_.write(eval_record(step, epoch, e));
+}
+
+TrainResult Reporter::summarize(const Finish& f) {
+  TrainResult r;
+  r.elapsed_s = f.elapsed_s;
+  r.steps = f.at.step;
+  r.steps_run = f.at.step - f.first_step;
+  r.train_loss = last_loss_;
+  r.eval = f.eval;
+  r.img_per_s = static_cast<double>(r.steps_run * plan_.global_batch) / r.elapsed_s;
+  r.median_step_s = timer_.median_step_s();
+  r.skipped_steps = f.skipped_steps;
+  r.resumed_from = f.resumed_from;
+  const double my_peak = peak_rss_bytes();
+  const std::vector<double> peaks = comm::gather(world_.comm(), std::span<const double>(&my_peak, 1));  // rank 0's
+  // On a GPU: the caching allocator's high-water mark of memory obtained from the device (what PyTorch's
+  // max_memory_reserved reports), the largest over the ranks.
+  const double peak_gpu = comm::all_reduce(
+      world_.comm(), device_.is_cuda() ? static_cast<double>(memory_stats(device_).peak_reserved_bytes) : 0.0,
+      comm::HostOp::Max);
+  // Every rank's mean breakdown: a synchronous step goes at the pace of the slowest rank, and rank 0's
+  // exposed_comm includes waiting for it; the scaling model needs to tell the two apart.
+  double mine[PhaseTimes::kCount];
+  timer_.breakdown_mean().to_array(mine);
+  const std::vector<double> all = comm::gather(world_.comm(), std::span<const double>(mine, PhaseTimes::kCount));
+  if (!world_.is_root()) return r;
+  SummaryRecord s;
+  s.train_loss = last_loss_;
+  s.img_per_s = r.img_per_s;
+  s.median_step_s = r.median_step_s;
+  s.peak_mem_bytes = *std::max_element(peaks.begin(), peaks.end());
+  s.peak_mem_bytes_by_rank = peaks;
+  s.elapsed_s = r.elapsed_s;
+  s.world_size = world_.size();
+  s.steps = f.at.step;
+  s.breakdown_steps = timer_.breakdown_steps();
+  s.breakdown = timer_.breakdown_mean();
+  for (int k = 0; k < world_.size(); ++k)
+    s.breakdown_by_rank.push_back(PhaseTimes::from_array(all.data() + PhaseTimes::kCount * static_cast<size_t>(k)));
+  const auto& buckets = f.replica->sync().buckets();
+  for (size_t i = 0; i < buckets.size(); ++i)
+    s.buckets.push_back({buckets[i].bytes, timer_.bucket_ready_s(i), timer_.bucket_allreduce_s(i)});
+  s.precision = name_of(o_.precision);
+  s.device = device_.str();
+  s.eval = f.eval;
+  if (const auto& scaler = f.replica->scaler()) {
+    s.loss_scale = scaler->scale();
+    s.skipped_steps = f.skipped_steps;
+  }
+  if (device_.is_cuda()) {
+    s.peak_gpu_mem_bytes = peak_gpu;
+    s.cudnn_conv_algorithms = cuda_conv_algorithms();  // rank 0's choices, one per pass and shape
+  }
+  log_.write(summary_record(s));
+  std::printf("done: %lld steps in %s, %.0f img/s, final train loss %.4f", static_cast<long long>(f.at.step),
+              format_duration(r.elapsed_s).c_str(), r.img_per_s, last_loss_);
+  if (f.eval) std::printf(", test top-1 %.2f%% top-5 %.2f%%", 100 * f.eval->top1, 100 * f.eval->top5);
+  std::printf("\n");
+  std::fflush(stdout);
+  return r;
+}
+
+}  // namespace ringtrain::runtime

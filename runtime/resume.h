@@ -1,0 +1,42 @@
+// runtime/resume.h: where a run starts. With --resume, rank 0 picks the checkpoint (--resume auto: the newest
+// of --checkpoint-dir that loads, warning about each it skips; else the path given), every rank loads it, and
+// it is checked against this run: the global batch (another is refused unless --allow-batch-change), the
+// flags that decide what is trained (refused when they differ) and those of the run's length and schedule
+// (said when they differ); the sampler position is converted to this run's batches (another world size at the
+// same global batch continues at the same sample). The model, optimizer and loss scale are loaded by the
+// Trainer from what this returns.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "comm/world.h"
+#include "runtime/checkpoint_dir.h"
+#include "runtime/options.h"
+#include "runtime/plan.h"
+
+namespace ringtrain::runtime {
+
+struct Resumed {
+  std::string path;
+  CheckpointDir::Loaded loaded;  // the model, the optimizer state and the TrainState
+  Cursor at;                     // the checkpoint's step and position, in this run's sampler batches
+};
+
+// Collective. nullopt when the run starts afresh (no --resume, or --resume auto on a folder without a
+// checkpoint). Errors about the checkpoint against this run are PermanentErrors naming the file.
+std::optional<Resumed> resume_point(const comm::World& world, const TrainerOptions& o, const CheckpointDir& ckpt,
+                                    const RunPlan& plan, const std::string& dataset_signature);
+
+// A checkpoint's flags (its /meta "config") against this run's. `refusal` is set when resuming would not
+// continue that training (another model, optimizer or dataset); `changes` lists the flags of the run's
+// length and schedule that differ, as "--lr 0.1 -> 0.2, ...".
+struct ConfigComparison {
+  std::string refusal;
+  std::string changes;
+};
+ConfigComparison compare_config(const nlohmann::json& written, const nlohmann::json& now, const std::string& file);
+
+}  // namespace ringtrain::runtime

@@ -1,0 +1,209 @@
+// tests/runtime/test_plan.cpp: the loop's policies on their own (runtime/plan.h, runtime/resume.h's config
+// comparison): the run's shape, the learning-rate schedule, the report/checkpoint/evaluate/stop cadences.
+// Pure functions: no MPI, no files.
+#include <gtest/gtest.h>
+
+#include "runtime/data_source.h"
+#include "runtime/plan.h"
+#include "runtime/resume.h"
+#include "test_util.h"
+
+using namespace ringtrain;
+using namespace ringtrain::runtime;
+
+namespace {
+
+DataInfo data_of(int64_t train_size) {
+  DataInfo info;
+  info.train_size = train_size;
+  return info;
+}
+
+TrainerOptions options(int64_t batch, int64_t accum, int64_t epochs = 1, int64_t steps = 0) {
+  TrainerOptions o;
+  o.batch = batch;
+  o.accum = accum;
+  o.epochs = epochs;
+  o.steps = steps;
+  return o;
+}
+
+}  // namespace
+
+TEST(RunPlan, StepsAreWholeAccumulationsOfEveryRanksBatches) {
+  // 1000 records, 10 per rank x 2 ranks = 20 per sampler batch: 50 batches, 16 steps of 3 (2 left over).
+  const RunPlan p = plan_run(options(10, 3, 2), data_of(1000), 2);
+  EXPECT_EQ(p.per_step_global, 20);
+  EXPECT_EQ(p.global_batch, 60);
+  EXPECT_EQ(p.steps_per_epoch, 16);
+  EXPECT_EQ(p.micro_per_epoch, 48);
+  EXPECT_EQ(p.total_steps, 32);
+  EXPECT_EQ(p.epochs, 2);
+}
+
+TEST(RunPlan, StepsOverrideEpochsAndTheLoopVisitsEnoughEpochs) {
+  const RunPlan p = plan_run(options(10, 3, 1, 40), data_of(1000), 2);
+  EXPECT_EQ(p.total_steps, 40);
+  EXPECT_EQ(p.epochs, 3);  // 16 + 16 + 8
+  EXPECT_EQ(plan_run(options(10, 3, 1, 32), data_of(1000), 2).epochs, 2);
+}
+
+TEST(RunPlan, TheSamplerBatchIsOneMicroBatchOfEveryRank) {
+  TrainerOptions o = options(8, 4);
+  o.seed = 7;
+  DataInfo info = data_of(500);
+  info.chunk = 16;
+  const data::SamplerOptions so = sampler_options(o, info, 1, 3);
+  EXPECT_EQ(so.global_batch, 24);
+  EXPECT_EQ(so.rank, 1);
+  EXPECT_EQ(so.world_size, 3);
+  EXPECT_EQ(so.seed, 7u);
+  EXPECT_EQ(so.chunk, 16);
+  EXPECT_EQ(so.dataset_size, 500);
+}
+
+TEST(RunPlan, AGlobalBatchLargerThanTheSplitNamesTheFlags) {
+  const std::string e = ringtrain::testing::error_of([] { plan_run(options(100, 2), data_of(300), 2); });
+  EXPECT_NE(e.find("--batch-size 100 x 2 ranks x --accum-steps 2 = global batch 400 is larger than the training split "
+                   "(300 records)"), std::string::npos) << e;
+}
+
+TEST(LearningRate, LinearScalingIsByTheGlobalBatch) {
+  TrainerOptions o = options(64, 2);
+  o.lr = 0.1;
+  const RunPlan p = plan_run(o, data_of(10000), 2);  // global batch 256
+  EXPECT_DOUBLE_EQ(base_lr(o, p), 0.1);
+  o.lr_scaling = LrScaling::Linear;
+  EXPECT_DOUBLE_EQ(base_lr(o, plan_run(o, data_of(10000), 4)), 0.2);
+  EXPECT_DOUBLE_EQ(schedule_for(o, plan_run(o, data_of(10000), 4)).base_lr, 0.2);
+}
+
+TEST(LearningRate, MultistepMilestonesAreEpochsInSteps) {
+  TrainerOptions o = options(10, 1, 8);
+  o.lr_schedule = LrShape::MultiStep;
+  const RunPlan p = plan_run(o, data_of(1000), 1);  // 100 steps per epoch
+  EXPECT_EQ(schedule_for(o, p).milestones, (std::vector<int64_t>{400, 600}));  // 50% and 75% of 8 epochs
+  o.lr_milestones = "1,2.5";
+  EXPECT_EQ(schedule_for(o, p).milestones, (std::vector<int64_t>{100, 250}));
+  o.lr_milestones = "3,2";
+  EXPECT_NE(ringtrain::testing::error_of([&] { schedule_for(o, p); }).find("--lr-milestones must be increasing epochs, got '3,2'"),
+            std::string::npos);
+}
+
+TEST(LearningRate, StepDecayAndWarmupCountInSteps) {
+  TrainerOptions o = options(10, 1, 4);
+  o.lr_schedule = LrShape::Step;
+  o.lr_step_epochs = 1.5;
+  o.warmup_epochs = 0.5;
+  const LrScheduleOptions s = schedule_for(o, plan_run(o, data_of(1000), 1));
+  EXPECT_EQ(s.step_size, 150);
+  EXPECT_EQ(s.warmup_steps, 50);
+  EXPECT_EQ(s.total_steps, 400);
+  EXPECT_EQ(s.shape, LrShape::Step);
+}
+
+TEST(LearningRate, ACosineWarmupMustEndBeforeTheRun) {
+  TrainerOptions o = options(10, 1, 2);
+  o.warmup_epochs = 2;
+  const std::string e = ringtrain::testing::error_of([&] { schedule_for(o, plan_run(o, data_of(1000), 1)); });
+  EXPECT_NE(e.find("--warmup-epochs 2 (200 steps) must end before the run does (200 steps)"), std::string::npos) << e;
+  o.lr_schedule = LrShape::Step;  // a step schedule may warm up for the whole run
+  EXPECT_NO_THROW(schedule_for(o, plan_run(o, data_of(1000), 1)));
+}
+
+TEST(LearningRate, MilestonesThatAreNotEpochsNameTheFlag) {
+  EXPECT_EQ(parse_milestones("30,60.5"), (std::vector<double>{30, 60.5}));
+  for (const char* bad : {"30,,60", "x", "-1", "nan", "30;60", "1e400"})
+    EXPECT_NE(ringtrain::testing::error_of([&] { parse_milestones(bad); }).find("--lr-milestones: expected comma-separated epochs"),
+              std::string::npos) << bad;
+}
+
+TEST(Cadence, ReportsEveryLogEveryStepsSinceTheLastAndAtTheEnd) {
+  TrainerOptions o = options(10, 1, 1);
+  o.log_every = 5;
+  const RunPlan p = plan_run(o, data_of(120), 1);  // 12 steps
+  EXPECT_FALSE(after_step(o, p, 4, 4, false, false).report);
+  EXPECT_TRUE(after_step(o, p, 5, 5, false, false).report);
+  EXPECT_TRUE(after_step(o, p, 7, 7, false, false).report);  // counted from the last report, not the step number
+  EXPECT_TRUE(after_step(o, p, 1, 1, true, false).report);   // the bar redraws every step
+  const AfterStep last = after_step(o, p, 12, 2, false, false);
+  EXPECT_TRUE(last.report);
+  EXPECT_TRUE(last.stop);
+  EXPECT_FALSE(after_step(o, p, 11, 1, false, false).stop);
+}
+
+TEST(Cadence, CheckpointsEveryNStepsOrWhenTimeIsDueButNotAtTheLastStep) {
+  TrainerOptions o = options(10, 1, 1);
+  o.checkpoint_every = 4;
+  const RunPlan p = plan_run(o, data_of(120), 1);  // 12 steps
+  std::vector<int64_t> saved;
+  for (int64_t step = 1; step <= p.total_steps; ++step)
+    if (after_step(o, p, step, 1, false, false).checkpoint) saved.push_back(step);
+  EXPECT_EQ(saved, (std::vector<int64_t>{4, 8}));  // 12 is the final checkpoint, written after the loop
+  EXPECT_TRUE(after_step(o, p, 5, 1, false, true).checkpoint);
+  EXPECT_FALSE(after_step(o, p, 12, 1, false, true).checkpoint);
+  o.checkpoint_every = 0;
+  EXPECT_FALSE(after_step(o, p, 4, 1, false, false).checkpoint);
+}
+
+TEST(Cadence, EvaluatesEveryEvalEveryEpochsAtTheLastAndWhenStopped) {
+  TrainerOptions o = options(10, 1, 5);
+  o.eval_every = 2;
+  const RunPlan p = plan_run(o, data_of(100), 1);
+  std::vector<int64_t> evaluated;
+  for (int64_t epoch = 0; epoch < p.epochs; ++epoch)
+    if (after_epoch(o, p, epoch, false, true, false).evaluate) evaluated.push_back(epoch);
+  EXPECT_EQ(evaluated, (std::vector<int64_t>{1, 3, 4}));
+  EXPECT_TRUE(after_epoch(o, p, 0, true, false, false).evaluate);  // --steps ended the run inside epoch 0
+}
+
+TEST(Cadence, EpochCheckpointsAtCompleteEpochsBeforeTheEndOnce) {
+  TrainerOptions o = options(10, 1, 3);
+  const RunPlan p = plan_run(o, data_of(100), 1);
+  EXPECT_TRUE(after_epoch(o, p, 0, false, true, false).checkpoint);
+  EXPECT_FALSE(after_epoch(o, p, 0, false, true, true).checkpoint);   // the time cadence wrote this step already
+  EXPECT_FALSE(after_epoch(o, p, 2, true, true, false).checkpoint);   // the final one comes after the loop
+  EXPECT_FALSE(after_epoch(o, p, 0, false, false, false).checkpoint);  // the epoch's data ran out early
+  o.checkpoint_every = 5;
+  EXPECT_FALSE(after_epoch(o, p, 0, false, true, false).checkpoint);
+}
+
+TEST(Cadence, TimeCheckpointsComeDueAfterTheirMinutes) {
+  TrainerOptions o;
+  EXPECT_FALSE(time_checkpoint_due(o, 1e9));  // off
+  o.checkpoint_every_min = 0.5;
+  EXPECT_FALSE(time_checkpoint_due(o, 29.9));
+  EXPECT_TRUE(time_checkpoint_due(o, 30));
+}
+
+TEST(Cadence, TheFirstStepOfARunStaysOutOfTheBreakdownUnlessAlone) {
+  EXPECT_FALSE(counts_in_breakdown(1, 0, 10));
+  EXPECT_TRUE(counts_in_breakdown(2, 0, 10));
+  EXPECT_FALSE(counts_in_breakdown(6, 5, 10));  // resumed at 5: its first step is 6
+  EXPECT_TRUE(counts_in_breakdown(1, 0, 1));
+  EXPECT_TRUE(finished({.step = 10, .position = {}}, plan_run(options(10, 1, 1), data_of(100), 1)));
+  EXPECT_FALSE(finished({.step = 9, .position = {}}, plan_run(options(10, 1, 1), data_of(100), 1)));
+}
+
+TEST(ResumeConfig, AnotherModelOptimizerOrDatasetIsRefused) {
+  const nlohmann::json written{{"model", "resnet20"}, {"optimizer", "sgd"}, {"dataset", "a"}, {"lr", 0.1}};
+  for (const auto& [key, value] : {std::pair{"model", "resnet56"}, {"optimizer", "adamw"}, {"dataset", "b"}}) {
+    nlohmann::json now = written;
+    now[key] = value;
+    const ConfigComparison c = compare_config(written, now, "f.h5");
+    EXPECT_NE(c.refusal.find("--resume f.h5: the checkpoint was written with"), std::string::npos) << c.refusal;
+    EXPECT_NE(c.refusal.find(std::string(key) == "dataset" ? "the dataset \"a\"" : "--" + std::string(key)),
+              std::string::npos) << c.refusal;
+  }
+}
+
+TEST(ResumeConfig, ScheduleChangesAreListedOldToNew) {
+  const nlohmann::json written{{"model", "m"}, {"lr", 0.1}, {"epochs", 2}, {"lr_schedule", "cosine"}};
+  nlohmann::json now = written;
+  EXPECT_TRUE(compare_config(written, now, "f").changes.empty());
+  now["lr"] = 0.2;
+  now["epochs"] = 4;
+  const ConfigComparison c = compare_config(written, now, "f");
+  EXPECT_TRUE(c.refusal.empty());
+  EXPECT_EQ(c.changes, "--epochs 2 -> 4, --lr 0.1 -> 0.2");
+}
