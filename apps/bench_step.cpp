@@ -21,7 +21,7 @@
 #include "core/allocator.h"
 #include "core/check.h"
 #include "core/ops.h"
-#include "core/optim/optimizer.h"
+#include "optim/optimizer.h"
 #include "core/parallel.h"
 #include "layers/loss.h"
 #include "layers/models/resnet.h"

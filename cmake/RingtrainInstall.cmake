@@ -2,20 +2,21 @@
 # so an outside project does
 #   find_package(ringtrain CONFIG REQUIRED)   # with CMAKE_PREFIX_PATH=P
 #   target_link_libraries(app PRIVATE ringtrain::ringtrain)
-# The floors are static libraries (ringtrain::ringtrain_core ... ringtrain::ringtrain_runtime; the interface
+# The floors are static libraries (ringtrain::ringtrain_core, _io, _optim ... ringtrain::ringtrain_runtime; the interface
 # target ringtrain::ringtrain links them all): their private dependencies (OpenBLAS, oneDNN, OpenMP, zlib,
 # libjpeg, libpng and, in a CUDA build, cuDNN, cuBLAS, NCCL) are link-only requirements that
 # ringtrainConfig.cmake finds again; MPI (comm/ headers include mpi.h), HDF5, nlohmann-json and CLI11 (the
 # runtime's headers use them) are public and propagate to the user's target.
 include(CMakePackageConfigHelpers)
 
-install(TARGETS ringtrain ringtrain_core ringtrain_data ringtrain_layers ringtrain_comm ringtrain_runtime
+install(TARGETS ringtrain ringtrain_core ringtrain_io ringtrain_optim ringtrain_data ringtrain_layers ringtrain_comm
+                ringtrain_runtime
         EXPORT ringtrainTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
 # Public headers keep their folders (include/ringtrain/core/tensor.h, ...); the CPU and CUDA kernel
 # headers under core/cpu and core/cuda are internal.
-foreach(dir core core/optim layers layers/models comm data runtime)
+foreach(dir core io optim layers layers/models comm data runtime)
   file(GLOB _rt_headers CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/${dir}/*.h)
   install(FILES ${_rt_headers} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/ringtrain/${dir})
 endforeach()

@@ -6,7 +6,7 @@
 # Skipped under the sanitizers, whose runtimes are not linked into shared objects.
 if(NOT RINGTRAIN_SANITIZE)
   file(WRITE ${PROJECT_BINARY_DIR}/layer_check_empty.cpp "// linked only to check a floor's closure\n")
-  foreach(floor ringtrain_core ringtrain_data ringtrain_layers ringtrain_comm ringtrain_runtime)
+  foreach(floor ringtrain_core ringtrain_io ringtrain_optim ringtrain_data ringtrain_layers ringtrain_comm ringtrain_runtime)
     add_library(${floor}_closure_check SHARED ${PROJECT_BINARY_DIR}/layer_check_empty.cpp)
     target_link_libraries(${floor}_closure_check PRIVATE "$<LINK_LIBRARY:WHOLE_ARCHIVE,${floor}>")
     target_link_options(${floor}_closure_check PRIVATE -Wl,--no-undefined)

@@ -7,6 +7,7 @@
 
 #include "comm/backends.h"
 #include "comm/world.h"
+#include "comm/mpi_check.h"
 #include "core/check.h"
 
 namespace ringtrain::comm {

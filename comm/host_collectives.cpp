@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <limits>
 
+#include "comm/mpi_check.h"
+
 namespace ringtrain::comm {
 namespace {
 

@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "comm/mpi_check.h"
 #include "core/check.h"
 #include "core/device.h"
 

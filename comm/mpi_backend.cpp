@@ -5,6 +5,7 @@
 
 #include "comm/backends.h"
 #include "comm/host_comm.h"
+#include "comm/mpi_check.h"
 #include "core/check.h"
 
 namespace ringtrain::comm {

@@ -32,6 +32,7 @@
 
 #include "comm/backends.h"
 #include "comm/host_comm.h"
+#include "comm/mpi_check.h"
 #include "core/check.h"
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/device_guard.h"

@@ -37,6 +37,7 @@
 #include "comm/backends.h"
 #include "comm/host_collectives.h"
 #include "comm/host_comm.h"
+#include "comm/mpi_check.h"
 #include "core/check.h"
 
 namespace ringtrain::comm {

@@ -17,6 +17,7 @@
 
 #include "comm/communicator.h"
 #include "comm/host_collectives.h"
+#include "comm/mpi_check.h"
 #include "core/check.h"
 #include "core/parallel.h"
 

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/autograd.h"
+#include "comm/mpi_check.h"
 #include "core/check.h"
 
 namespace ringtrain::comm {

@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "comm/grad_sync.h"
-#include "core/optim/clip.h"
-#include "core/optim/optimizer.h"
+#include "optim/clip.h"
+#include "optim/optimizer.h"
 
 namespace ringtrain::comm {
 

@@ -3,7 +3,7 @@
 // f32 master weights receive f32 gradients. Everything downstream runs in the activations' dtype
 // (batch norm keeps f32 parameters and statistics; cross_entropy returns an f32 loss). The state is
 // per thread and guards nest; AutocastGuard(std::nullopt) switches autocasting off for a scope.
-// F16 needs loss scaling (GradScaler, core/optim/grad_scaler.h); BF16 does not.
+// F16 needs loss scaling (GradScaler, optim/grad_scaler.h); BF16 does not.
 #pragma once
 
 #include <optional>

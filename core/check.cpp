@@ -1,8 +1,5 @@
-// core/check.cpp: formatting of checked-call failures for every library, MPI and HDF5 adapters.
+// core/check.cpp: formatting of checked-call failures for every library.
 #include "core/check.h"
-
-#include <hdf5.h>
-#include <mpi.h>
 
 #include <cstdio>
 
@@ -43,38 +40,6 @@ void raise_check_failure(const char* condition, const std::string& message, cons
   if (message.empty()) os << "check failed";
   os << " [check `" << condition << "` at " << file << ":" << line << "]";
   throw Error(os.str());
-}
-
-std::string mpi_error_text(int code) {
-  char buffer[MPI_MAX_ERROR_STRING] = {0};
-  int length = 0;
-  if (MPI_Error_string(code, buffer, &length) != MPI_SUCCESS) return "unknown MPI error";
-  return std::string(buffer, static_cast<size_t>(length));
-}
-
-namespace {
-herr_t collect_h5_frame(unsigned n, const H5E_error2_t* frame, void* out) {
-  auto* text = static_cast<std::string*>(out);
-  if (!text->empty()) *text += "; ";
-  (void)n;
-  *text += frame->desc ? frame->desc : "?";
-  if (frame->func_name) *text += std::string(" [") + frame->func_name + "]";
-  return 0;
-}
-}  // namespace
-
-std::string h5_error_text() {
-  std::string text;
-  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, collect_h5_frame, &text);
-  H5Eclear2(H5E_DEFAULT);
-  return text.empty() ? "no HDF5 error stack" : text;
-}
-
-void h5_silence_errors() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
-
-std::recursive_mutex& hdf5_mutex() {
-  static std::recursive_mutex mutex;
-  return mutex;
 }
 
 }  // namespace ringtrain::detail

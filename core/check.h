@@ -1,10 +1,11 @@
 // core/check.h: the one error type (ringtrain::Error) and the one checking macro family.
 // Every CUDA / cuBLAS / cuDNN / NCCL / MPI / HDF5 call goes through RT_CALL_CHECK, which reports the
 // call text, file:line and (for GPU libraries) the current device. *_NOTHROW variants only print and are
-// for destructors. The status-to-text helpers for the GPU libraries live in core/cuda/cuda_check.h.
+// for destructors. Each library's adapter (status to text, the wrapper macro) lives with the floor that
+// uses the library, so the tensor library needs none of them: CUDA_CHECK and friends in
+// core/cuda/cuda_check.h, MPI_CHECK in comm/mpi_check.h, H5_CHECK in io/hdf5.h.
 #pragma once
 
-#include <mutex>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -63,13 +64,6 @@ void report_call_error(std::string_view library, long long code, std::string_vie
 [[noreturn]] void raise_check_failure(const char* condition, const std::string& message, const char* file,
                                       int line);
 
-// Per-library adapters. Each returns true on success and fills text/device on failure.
-std::string mpi_error_text(int code);
-std::string h5_error_text();  // walks and clears HDF5's error stack
-void h5_silence_errors();     // turns off HDF5's automatic stack printing (we translate instead)
-// The one lock every HDF5 call in the process takes: the serial HDF5 library is not thread-safe
-// (loader threads read shards while the training thread writes checkpoints).
-std::recursive_mutex& hdf5_mutex();
 constexpr int kNoDevice = -1;
 
 }  // namespace detail
@@ -114,20 +108,5 @@ constexpr int kNoDevice = -1;
 
 #define RT_DETAIL_NO_DEVICE() ::ringtrain::detail::kNoDevice
 
-// MPI: every call returns MPI_SUCCESS (0) on success. Communicators must use MPI_ERRORS_RETURN.
-#define RT_DETAIL_MPI_OK(s) ((s) == 0)
-#define MPI_CHECK(call) \
-  RT_CALL_CHECK_T("MPI", call, #call, RT_DETAIL_MPI_OK, ::ringtrain::detail::mpi_error_text, RT_DETAIL_NO_DEVICE)
-#define MPI_CHECK_NOTHROW(call)                                                                   \
-  RT_CALL_CHECK_NOTHROW_T("MPI", call, #call, RT_DETAIL_MPI_OK, ::ringtrain::detail::mpi_error_text, \
-                          RT_DETAIL_NO_DEVICE)
-
-// HDF5: herr_t and hid_t are negative on failure; the text comes from HDF5's error stack.
-#define RT_DETAIL_H5_OK(s) ((s) >= 0)
-#define RT_DETAIL_H5_TEXT(s) ::ringtrain::detail::h5_error_text()
-#define H5_CHECK(call) \
-  RT_CALL_CHECK_T("HDF5", call, #call, RT_DETAIL_H5_OK, RT_DETAIL_H5_TEXT, RT_DETAIL_NO_DEVICE)
-#define H5_CHECK_NOTHROW(call) \
-  RT_CALL_CHECK_NOTHROW_T("HDF5", call, #call, RT_DETAIL_H5_OK, RT_DETAIL_H5_TEXT, RT_DETAIL_NO_DEVICE)
-
-// CUDA, cuBLAS, cuDNN, NCCL: defined over RT_CALL_CHECK_T in core/cuda/cuda_check.h (CUDA sources only).
+// CUDA, cuBLAS, cuDNN, NCCL: defined over RT_CALL_CHECK_T in core/cuda/cuda_check.h (CUDA sources only);
+// MPI_CHECK in comm/mpi_check.h; H5_CHECK in io/hdf5.h.

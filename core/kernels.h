@@ -59,7 +59,7 @@ struct ConvGeometry {
   int64_t stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0, dilation_h = 1, dilation_w = 1, groups = 1;
 };
 
-// The per-element halves of the exact gradient norm (core/optim/clip.h), shared by both devices: |x| as
+// The per-element halves of the exact gradient norm (optim/clip.h), shared by both devices: |x| as
 // the bits of an f32 (for x >= 0 the bits order like the values, and a NaN's lie above inf's), and
 // floor(x^2 * scale) as an integer (x^2 is exact in f64 for f32/f16/bf16 x; scale, a power of two chosen from
 // the largest |x|, keeps it below 2^61).
@@ -250,7 +250,7 @@ struct KernelTable {
   // g *= inv_scale, and found_inf (an f32 scalar on the device, zeroed by the caller) becomes 1 if any
   // unscaled element is inf or NaN. Threads may all store that same 1: the result has no order to it.
   void (*unscale_multi_tensor)(const std::vector<Tensor*>& grads, double inv_scale, Tensor& found_inf) = nullptr;
-  // The two passes of the exact gradient norm (core/optim/clip.h), all tensors on this device with one
+  // The two passes of the exact gradient norm (optim/clip.h), all tensors on this device with one
   // floating dtype. abs_max: out (an I32 scalar, zeroed by the caller) becomes the largest abs_bits()
   // of any element (the sign bit is clear, so as an int32 it orders the same), so NaN beats inf beats every finite value. square_sum: out (I64 (2), zeroed
   // by the caller) gains the sums of the low and of the high 32 bits of fixed_square(x, scale) over every

@@ -13,7 +13,7 @@ namespace ringtrain::data {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-std::recursive_mutex& hdf5_mutex() { return detail::hdf5_mutex(); }
+std::recursive_mutex& hdf5_mutex() { return h5::lock(); }
 
 std::string shard_file_name(const std::string& split, int index, int count) {
   char buffer[64];

@@ -227,9 +227,9 @@ DirectLayout resolve_direct(const fs::path& path, hid_t file, hid_t images, cons
 ShardLayout validate_shard(const fs::path& path, const SplitInfo& info, size_t index, bool check_labels,
                            std::vector<int32_t>& all_labels) {
   const ShardInfo& shard = info.shards[index];
-  detail::h5_silence_errors();
+  h5::silence_errors();
   if (H5Fis_hdf5(path.c_str()) <= 0)
-    RT_THROW("shard '", path.string(), "' is truncated or not an HDF5 file (HDF5: ", detail::h5_error_text(), ")");
+    RT_THROW("shard '", path.string(), "' is truncated or not an HDF5 file (HDF5: ", h5::error_text(), ")");
   const h5::Where at = format::shard_at(path);
   h5::Id file(check(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), path, "", "truncated or corrupt file, cannot open"),
               H5Fclose);
@@ -371,7 +371,7 @@ ShardLayout validate_shard(const fs::path& path, const SplitInfo& info, size_t i
 
 ShardDataset ShardDataset::open(const fs::path& dir, const std::string& split, OpenOptions options) {
   std::lock_guard<std::recursive_mutex> lock(h5::lock());
-  detail::h5_silence_errors();
+  h5::silence_errors();
   json manifest = format::load_manifest_json(dir);
   const fs::path manifest_path = dir / "manifest.json";
   if (!manifest.contains("splits") || !manifest["splits"].contains(split)) {

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "core/hdf5.h"
+#include "io/hdf5.h"
 #include "data/shards.h"
 
 namespace ringtrain::data::format {

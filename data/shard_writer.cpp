@@ -41,7 +41,7 @@ struct ShardWriter::Impl {
 
   void open_shard(int i) {
     std::lock_guard<std::recursive_mutex> lock(h5::lock());
-    detail::h5_silence_errors();
+    h5::silence_errors();
     const fs::path path = temp_path(i);
     const int64_t n = shard_begin[static_cast<size_t>(i) + 1] - shard_begin[static_cast<size_t>(i)];
     file = h5::Id(check(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), path, "", "create file"),

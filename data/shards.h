@@ -3,7 +3,7 @@
 // shard against the manifest, and reads records by global index. All HDF5 calls in the process go
 // through one lock (hdf5_mutex()): the serial HDF5 library is not thread-safe. Decoded images are read
 // without it: their byte offsets come from HDF5's chunk index once, at open, and reads are pread calls. Sources: manifest.cpp
-// (names, checksums, manifest.json), shard_writer.cpp and shard_dataset.cpp; HDF5 helpers: core/hdf5.h.
+// (names, checksums, manifest.json), shard_writer.cpp and shard_dataset.cpp; HDF5 helpers: io/hdf5.h.
 #pragma once
 
 #include <array>
@@ -24,7 +24,7 @@ inline constexpr const char* kFormatName = "ringtrain-shards";
 inline constexpr int kFormatVersion = 3;
 inline constexpr int kOldestReadableFormatVersion = 1;
 
-// The lock every HDF5 call in ringtrain takes (the same one as ringtrain::detail::hdf5_mutex()).
+// The lock every HDF5 call in ringtrain takes (the same one as ringtrain::h5::lock()).
 std::recursive_mutex& hdf5_mutex();
 
 // "train-00003-of-00016.h5"

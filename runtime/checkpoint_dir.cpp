@@ -230,7 +230,7 @@ std::vector<std::string> CheckpointDir::remove_stale_temp_files() const {
   std::vector<std::string> removed;
   std::error_code ec;
   if (dir_.empty() || !fs::is_directory(dir_, ec)) return removed;
-  // core/checkpoint.cpp writes ".<name>.tmp-<pid>" beside the target before renaming it into place.
+  // io/checkpoint.cpp writes ".<name>.tmp-<pid>" beside the target before renaming it into place.
   for (const auto& entry : fs::directory_iterator(dir_, ec)) {
     const std::string name = entry.path().filename().string();
     const size_t tmp = name.find(".tmp-");

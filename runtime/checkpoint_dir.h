@@ -1,4 +1,4 @@
-// runtime/checkpoint_dir.h: a run's checkpoint folder. Files are DIR/ckpt-stepNNNNNNNN.h5 (core/checkpoint.h:
+// runtime/checkpoint_dir.h: a run's checkpoint folder. Files are DIR/ckpt-stepNNNNNNNN.h5 (io/checkpoint.h:
 // model, optimizer, and the run's TrainState as /meta/json), written atomically by rank 0; keep_last > 0
 // deletes all but the newest keep_last after each save. `--resume auto` takes the newest file that loads and
 // parses, skipping (with a warning naming it) any half-written, foreign or corrupt one; temporary files left
@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "core/checkpoint.h"
+#include "io/checkpoint.h"
 #include "data/sampler.h"
 
 namespace ringtrain::runtime {

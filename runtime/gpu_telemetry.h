@@ -1,5 +1,5 @@
 // runtime/gpu_telemetry.h: the run log's "gpu" records. With a CUDA device and a run log, each rank reads
-// its GPU through NVML (core/gpu_monitor.h) at every logged interval and rank 0 gathers the readings into
+// its GPU through NVML (runtime/gpu_monitor.h) at every logged interval and rank 0 gathers the readings into
 // one record; without NVML, or off the GPU, nothing is read and (on a GPU) rank 0 says why once.
 #pragma once
 
@@ -10,7 +10,7 @@
 
 #include "comm/world.h"
 #include "core/device.h"
-#include "core/gpu_monitor.h"
+#include "runtime/gpu_monitor.h"
 
 namespace ringtrain::runtime {
 

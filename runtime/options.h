@@ -10,7 +10,7 @@
 
 #include "comm/communicator.h"
 #include "comm/grad_sync.h"
-#include "core/optim/optimizer.h"
+#include "optim/optimizer.h"
 #include "runtime/progress.h"
 
 namespace ringtrain::runtime {

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "core/optim/optimizer.h"
+#include "optim/optimizer.h"
 #include "data/sampler.h"
 #include "runtime/options.h"
 

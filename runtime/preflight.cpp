@@ -1,7 +1,6 @@
 // runtime/preflight.cpp: build identity, machine facts and the collective checks.
 #include "runtime/preflight.h"
 
-#include <hdf5.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -11,12 +10,14 @@
 #include <oneapi/dnnl/dnnl.h>
 
 #include "comm/host_collectives.h"
+#include "comm/mpi_check.h"
 #include "core/allocator.h"
 #include "core/autograd.h"
 #include "core/check.h"
 #include "core/ops.h"
 #include "core/parallel.h"
 #include "data/shards.h"
+#include "io/hdf5.h"
 
 extern "C" char* openblas_get_config();
 

@@ -10,7 +10,7 @@
 #include "core/autocast.h"
 #include "core/check.h"
 #include "core/ops.h"
-#include "core/optim/clip.h"
+#include "optim/clip.h"
 
 namespace ringtrain::runtime {
 

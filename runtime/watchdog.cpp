@@ -7,6 +7,7 @@
 #include <cstring>
 #include <optional>
 
+#include "comm/mpi_check.h"
 #include "core/check.h"
 
 namespace ringtrain::runtime {

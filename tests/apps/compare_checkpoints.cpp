@@ -10,7 +10,7 @@
 #include <cstring>
 #include <string>
 
-#include "core/checkpoint.h"
+#include "io/checkpoint.h"
 
 using namespace ringtrain;
 

@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
 # layering.sh SOURCE_DIR: every floor includes only its own headers and those of the floors below it
-# (core; data and layers; comm; runtime; apps), as docs/ARCHITECTURE.md draws them. Prints each violation.
+# (core; io, optim and layers; data; comm; runtime; apps), as docs/ARCHITECTURE.md draws them. Prints each
+# violation.
 set -euo pipefail
 src=$1
 declare -A allowed=(
   [core]="core"
-  [data]="core data"
+  [io]="core io"
+  [optim]="core optim"
   [layers]="core layers"
-  [comm]="core layers comm"
-  [runtime]="core data layers comm runtime"
+  [data]="core io data"
+  [comm]="core optim layers comm"
+  [runtime]="core io optim data layers comm runtime"
 )
 bad=0
-for floor in core data layers comm runtime; do
+for floor in core io optim layers data comm runtime; do
   while IFS= read -r line; do
     file=${line%%:*}
     target=$(sed -E 's/.*#include "([a-z_]+)\/.*/\1/' <<< "$line")

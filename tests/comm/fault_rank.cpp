@@ -10,7 +10,7 @@
 #include "comm/world.h"
 #include "core/check.h"
 #include "core/ops.h"
-#include "core/optim/optimizer.h"
+#include "optim/optimizer.h"
 #include "layers/linear.h"
 
 using namespace ringtrain;

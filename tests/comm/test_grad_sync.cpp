@@ -14,7 +14,7 @@
 #include "comm/world.h"
 #include "core/autograd.h"
 #include "core/ops.h"
-#include "core/optim/optimizer.h"
+#include "optim/optimizer.h"
 #include "layers/basic.h"
 #include "layers/batchnorm.h"
 #include "layers/conv2d.h"

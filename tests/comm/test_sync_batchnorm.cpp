@@ -15,7 +15,7 @@
 #include "comm/world.h"
 #include "core/autograd.h"
 #include "core/ops.h"
-#include "core/optim/optimizer.h"
+#include "optim/optimizer.h"
 #include "layers/batchnorm.h"
 #include "layers/loss.h"
 #include "layers/models/resnet.h"

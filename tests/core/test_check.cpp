@@ -1,6 +1,5 @@
 // Tests for core/check.h: the error type and the checking macro family's messages.
 #include <gtest/gtest.h>
-#include <hdf5.h>
 
 #include "core/check.h"
 
@@ -42,19 +41,6 @@ TEST(Check, RtCheckCarriesMessageAndCondition) {
     std::string what = e.what();
     EXPECT_NE(what.find("batch size must be positive, got -2"), std::string::npos) << what;
     EXPECT_NE(what.find("`n > 0`"), std::string::npos) << what;
-  }
-}
-
-TEST(Check, H5CheckTranslatesHdf5ErrorStack) {
-  detail::h5_silence_errors();
-  try {
-    H5_CHECK(H5Fopen("/nonexistent/ringtrain-missing.h5", H5F_ACC_RDONLY, H5P_DEFAULT));
-    FAIL() << "no exception";
-  } catch (const Error& e) {
-    std::string what = e.what();
-    EXPECT_NE(what.find("HDF5 error"), std::string::npos) << what;
-    EXPECT_NE(what.find("H5Fopen(\"/nonexistent/ringtrain-missing.h5\""), std::string::npos) << what;
-    EXPECT_NE(what.find("unable to open file"), std::string::npos) << what;
   }
 }
 

@@ -12,9 +12,9 @@
 #include "core/check.h"
 #include "core/device.h"
 #include "core/ops.h"
-#include "core/optim/clip.h"
-#include "core/optim/grad_scaler.h"
-#include "core/optim/optimizer.h"
+#include "optim/clip.h"
+#include "optim/grad_scaler.h"
+#include "optim/optimizer.h"
 #include "test_util.h"
 
 namespace ringtrain {

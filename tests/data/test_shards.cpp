@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
-#include "core/hdf5.h"
+#include "io/hdf5.h"
 #include "data/codec.h"
 #include "data/shards.h"
 #include "test_util.h"

@@ -11,7 +11,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "core/checkpoint.h"
+#include "io/checkpoint.h"
 #include "core/ops.h"
 #include "layers/loss.h"
 #include "layers/models/resnet.h"

@@ -10,7 +10,7 @@
 #include "core/autograd.h"
 #include "core/check.h"
 #include "core/ops.h"
-#include "core/optim/optimizer.h"
+#include "optim/optimizer.h"
 #include "layers/loss.h"
 #include "layers/models/resnet.h"
 #include "test_util.h"

@@ -15,7 +15,7 @@
 
 #include "comm/host_collectives.h"
 #include "comm/world.h"
-#include "core/checkpoint.h"
+#include "io/checkpoint.h"
 #include "core/ops.h"
 #include "layers/basic.h"
 #include "layers/batchnorm.h"

@@ -1,6 +1,6 @@
-// core/gpu_monitor.cpp: the few NVML entry points ringtrain needs, resolved with dlsym. The types are
+// runtime/gpu_monitor.cpp: the few NVML entry points ringtrain needs, resolved with dlsym. The types are
 // NVML's ABI (nvml.h): functions return an int status (0 = success) and devices are opaque pointers.
-#include "core/gpu_monitor.h"
+#include "runtime/gpu_monitor.h"
 
 #include <dlfcn.h>
 

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include "comm/mpi_check.h"
 #include "core/check.h"
 
 namespace ringtrain {

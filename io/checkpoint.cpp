@@ -1,5 +1,5 @@
-// core/checkpoint.cpp: HDF5 checkpoint writer (atomic) and reader.
-#include "core/checkpoint.h"
+// io/checkpoint.cpp: HDF5 checkpoint writer (atomic) and reader.
+#include "io/checkpoint.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -10,7 +10,7 @@
 
 #include "core/check.h"
 #include "core/hash.h"
-#include "core/hdf5.h"
+#include "io/hdf5.h"
 
 namespace ringtrain {
 namespace fs = std::filesystem;
@@ -159,7 +159,7 @@ void save_checkpoint(const fs::path& path, const Checkpoint& checkpoint, const S
   try {
     {
       std::lock_guard<std::recursive_mutex> guard(h5::lock());
-      detail::h5_silence_errors();
+      h5::silence_errors();
       h5::Id file(h5::check(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), in(tmp), "create file"),
                   H5Fclose);
       h5::write_string_attribute(file, "format", kFormat, in(tmp));
@@ -195,9 +195,9 @@ void save_checkpoint(const fs::path& path, const Checkpoint& checkpoint, const S
 Checkpoint load_checkpoint(const fs::path& path) {
   if (!fs::exists(path)) RT_THROW("checkpoint '", path.string(), "' does not exist");
   std::lock_guard<std::recursive_mutex> guard(h5::lock());
-  detail::h5_silence_errors();
+  h5::silence_errors();
   if (H5Fis_hdf5(path.c_str()) <= 0)
-    RT_THROW("checkpoint '", path.string(), "' is truncated or not an HDF5 file (HDF5: ", detail::h5_error_text(), ")");
+    RT_THROW("checkpoint '", path.string(), "' is truncated or not an HDF5 file (HDF5: ", h5::error_text(), ")");
   h5::Id file(h5::check(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), in(path), "cannot open"), H5Fclose);
   const std::string format = h5::read_string_attribute(file, "format", in(path, "/"));
   if (format != kFormat)

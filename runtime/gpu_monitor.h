@@ -1,4 +1,4 @@
-// core/gpu_monitor.h: GPU telemetry (utilisation, memory, temperature, power) through NVML, loaded at
+// runtime/gpu_monitor.h: GPU telemetry (utilisation, memory, temperature, power) through NVML, loaded at
 // run time: no build dependency on the driver's library, and a machine without it simply has no
 // samples. The library is libnvidia-ml.so.1 unless RINGTRAIN_NVML_LIBRARY (or the constructor) names
 // another file. The device is found by PCI bus id, so CUDA_VISIBLE_DEVICES renumbering does not

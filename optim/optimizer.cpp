@@ -1,5 +1,5 @@
-// core/optim/optimizer.cpp: update rules written with tensor ops (any device), schedules, clipping.
-#include "core/optim/optimizer.h"
+// optim/optimizer.cpp: update rules written with tensor ops (any device), schedules, clipping.
+#include "optim/optimizer.h"
 
 #include <algorithm>
 #include <cmath>

@@ -8,10 +8,10 @@
 #include <map>
 
 #include "core/check.h"
-#include "core/checkpoint.h"
+#include "io/checkpoint.h"
 #include "core/hash.h"
 #include "core/ops.h"
-#include "core/optim/optimizer.h"
+#include "optim/optimizer.h"
 #include "layers/loss.h"
 #include "layers/models/resnet.h"
 #include "test_util.h"

@@ -1,4 +1,4 @@
-// core/optim/clip.h: the global L2 norm of the gradients, and clipping by it (PyTorch's clip_grad_norm_).
+// optim/clip.h: the global L2 norm of the gradients, and clipping by it (PyTorch's clip_grad_norm_).
 //
 //   sync.finish();                                             // gradients averaged
 //   const double norm = clip_grad_norm(net->parameters(), 1.0);  // scaled by 1 / (norm + 1e-6) if norm > 1

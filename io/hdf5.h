@@ -1,8 +1,9 @@
-// core/hdf5.h: the HDF5 toolkit of the library (checkpoints in core/, shards in data/): a move-only id
-// handle, a checking helper whose errors name the kind of file, the file and the object, and attribute
-// helpers. Every call's result is checked; HDF5's own stack printing is off and its stack is translated
-// into the message. The serial HDF5 library is not thread-safe: callers hold lock() around every use
-// (loader threads read shards while the training thread writes a checkpoint).
+// io/hdf5.h: the HDF5 toolkit of the library (checkpoints in io/, shards in data/): a move-only id
+// handle, a checking helper whose errors name the kind of file, the file and the object, attribute
+// helpers, and H5_CHECK (the HDF5 adapter of core/check.h's macro family). Every call's result is checked;
+// HDF5's own stack printing is off and its stack is translated into the message. The serial HDF5 library
+// is not thread-safe: callers hold lock() around every use (loader threads read shards while the training
+// thread writes a checkpoint).
 #pragma once
 
 #include <hdf5.h>
@@ -17,8 +18,12 @@
 
 namespace ringtrain::h5 {
 
-// The one process-wide HDF5 lock (the same as detail::hdf5_mutex()).
+// The one lock every HDF5 call in the process takes.
 std::recursive_mutex& lock();
+// HDF5's error stack as one line ("desc [function]; ..."), which it then clears.
+std::string error_text();
+// Turns off HDF5's automatic stack printing (the stack is translated into messages instead).
+void silence_errors();
 
 // Owns an HDF5 id and closes it (never throws; a failed close is reported on stderr).
 class Id {
@@ -89,3 +94,11 @@ std::vector<float> read_float_attribute(hid_t loc, const char* name, const Where
 std::vector<hsize_t> dims(hid_t dataset, const Where& where, int max_rank = 8);
 
 }  // namespace ringtrain::h5
+
+// HDF5: herr_t and hid_t are negative on failure; the text comes from HDF5's error stack.
+#define RT_DETAIL_H5_OK(s) ((s) >= 0)
+#define RT_DETAIL_H5_TEXT(s) ::ringtrain::h5::error_text()
+#define H5_CHECK(call) \
+  RT_CALL_CHECK_T("HDF5", call, #call, RT_DETAIL_H5_OK, RT_DETAIL_H5_TEXT, RT_DETAIL_NO_DEVICE)
+#define H5_CHECK_NOTHROW(call) \
+  RT_CALL_CHECK_NOTHROW_T("HDF5", call, #call, RT_DETAIL_H5_OK, RT_DETAIL_H5_TEXT, RT_DETAIL_NO_DEVICE)

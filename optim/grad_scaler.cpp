@@ -1,4 +1,4 @@
-#include "core/optim/grad_scaler.h"
+#include "optim/grad_scaler.h"
 
 #include <cmath>
 #include <map>

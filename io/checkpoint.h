@@ -1,4 +1,4 @@
-// core/checkpoint.h: checkpoints in HDF5, readable with h5py. Layout:
+// io/checkpoint.h: checkpoints in HDF5, readable with h5py. Layout:
 //   /model/<dotted name>      one dataset per parameter and buffer (ringtrain layouts: conv weights KRSC)
 //   /optimizer/<state name>   optimizer state ("step", "<param>.momentum", "<param>.exp_avg", ...)
 //   /meta/json                string dataset with step, epoch, config, world size, ... as JSON

@@ -10,7 +10,7 @@
 
 #include "core/check.h"
 #include "core/ops.h"
-#include "core/optim/optimizer.h"
+#include "optim/optimizer.h"
 #include "test_util.h"
 
 namespace ringtrain {

@@ -1,4 +1,4 @@
-// core/optim/grad_scaler.h: dynamic loss scaling for f16 mixed precision (PyTorch's GradScaler rules).
+// optim/grad_scaler.h: dynamic loss scaling for f16 mixed precision (PyTorch's GradScaler rules).
 // The loss is multiplied by scale() before backward so that small f16 gradients do not flush to zero;
 // step() divides the gradients back, and if any is inf or NaN it skips the optimizer step and halves
 // the scale; after growth_interval clean steps in a row it doubles the scale. In data-parallel
@@ -9,8 +9,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/optim/clip.h"
-#include "core/optim/optimizer.h"
+#include "optim/clip.h"
+#include "optim/optimizer.h"
 #include "core/tensor.h"
 
 namespace ringtrain {

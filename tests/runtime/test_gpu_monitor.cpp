@@ -1,10 +1,10 @@
-// GpuMonitor against a fake NVML library (tests/core/fake_nvml.c) and without one.
+// GpuMonitor against a fake NVML library (tests/runtime/fake_nvml.c) and without one.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdlib>
 
-#include "core/gpu_monitor.h"
+#include "runtime/gpu_monitor.h"
 
 namespace ringtrain {
 namespace {

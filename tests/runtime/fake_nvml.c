@@ -1,4 +1,4 @@
-/* tests/core/fake_nvml.c: a stand-in for libnvidia-ml.so.1 with one device at PCI bus id 0000:65:00.0
+/* tests/runtime/fake_nvml.c: a stand-in for libnvidia-ml.so.1 with one device at PCI bus id 0000:65:00.0
    (index 0) reporting fixed readings, so GpuMonitor is tested on machines without a GPU. */
 #include <stdlib.h>
 #include <string.h>

@@ -1,6 +1,6 @@
-// core/optim/optimizer.h: SGD (momentum, Nesterov, weight decay) and AdamW with PyTorch's update rules,
+// optim/optimizer.h: SGD (momentum, Nesterov, weight decay) and AdamW with PyTorch's update rules,
 // learning-rate schedules (linear warmup, then constant, step, multistep or cosine); gradient clipping by
-// global norm is core/optim/clip.h's. Optimizer state (momentum buffers, Adam moments) lives beside each parameter
+// global norm is optim/clip.h's. Optimizer state (momentum buffers, Adam moments) lives beside each parameter
 // and is exposed by name for checkpoints.
 #pragma once
 
@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/optim/clip.h"  // clip_grad_norm, with the optimizers since they are used together
+#include "optim/clip.h"  // clip_grad_norm, with the optimizers since they are used together
 #include "core/tensor.h"
 
 namespace ringtrain {

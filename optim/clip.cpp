@@ -1,5 +1,5 @@
-// core/optim/clip.cpp: the exact gradient norm (two passes: the largest |x|, then fixed-point squares).
-#include "core/optim/clip.h"
+// optim/clip.cpp: the exact gradient norm (two passes: the largest |x|, then fixed-point squares).
+#include "optim/clip.h"
 
 #include <cmath>
 #include <cstring>
@@ -10,7 +10,7 @@
 #include "core/check.h"
 #include "core/dispatch.h"
 #include "core/kernels.h"
-#include "core/optim/optimizer.h"  // FusionKey
+#include "optim/optimizer.h"  // FusionKey
 
 namespace ringtrain {
 namespace {

@@ -1,16 +1,38 @@
-// core/hdf5.cpp: the id handle, error texts and attribute helpers of core/hdf5.h.
-#include "core/hdf5.h"
+// io/hdf5.cpp: the id handle, error texts and attribute helpers of io/hdf5.h.
+#include "io/hdf5.h"
 
 #include <algorithm>
 #include <cstdio>
 
 namespace ringtrain::h5 {
 
-std::recursive_mutex& lock() { return detail::hdf5_mutex(); }
+std::recursive_mutex& lock() {
+  static std::recursive_mutex mutex;
+  return mutex;
+}
+
+namespace {
+herr_t collect_frame(unsigned, const H5E_error2_t* frame, void* out) {
+  auto* text = static_cast<std::string*>(out);
+  if (!text->empty()) *text += "; ";
+  *text += frame->desc ? frame->desc : "?";
+  if (frame->func_name) *text += std::string(" [") + frame->func_name + "]";
+  return 0;
+}
+}  // namespace
+
+std::string error_text() {
+  std::string text;
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, collect_frame, &text);
+  H5Eclear2(H5E_DEFAULT);
+  return text.empty() ? "no HDF5 error stack" : text;
+}
+
+void silence_errors() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
 
 void Id::reset() noexcept {
   if (id_ >= 0 && close_ != nullptr && close_(id_) < 0)
-    std::fprintf(stderr, "ringtrain: closing an HDF5 object failed (HDF5: %s)\n", detail::h5_error_text().c_str());
+    std::fprintf(stderr, "ringtrain: closing an HDF5 object failed (HDF5: %s)\n", error_text().c_str());
   id_ = H5I_INVALID_HID;
 }
 
@@ -19,7 +41,7 @@ std::string Where::text() const {
 }
 
 void fail(const Where& where, const std::string& what) {
-  RT_THROW(where.text(), ": ", what, " (HDF5: ", detail::h5_error_text(), ")");
+  RT_THROW(where.text(), ": ", what, " (HDF5: ", error_text(), ")");
 }
 
 bool link_exists(hid_t loc, const char* name, const Where& where) {
