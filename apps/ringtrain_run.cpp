@@ -36,6 +36,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <variant>
 #include <vector>
 
 #include "core/check.h"
@@ -209,6 +210,22 @@ std::vector<std::string> probe_agent(const MpirunArgs& m) {
   return {"ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10"};
 }
 
+// A fresh folder under /tmp for the launches' hostfiles, removed with everything in it at the end.
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    char name[] = "/tmp/ringtrain_run.XXXXXX";
+    RT_CHECK(::mkdtemp(name), "ringtrain_run: cannot make a folder under /tmp: ", std::strerror(errno));
+    path = name;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+};
+
 class Log {
  public:
   explicit Log(const std::string& path) : path_(path) {}
@@ -316,181 +333,251 @@ Launch run_once(const std::vector<std::string>& argv, const std::function<void(L
   return l;
 }
 
-int supervise(Options o) {
-  const MpirunArgs m = parse_mpirun_args(split_words(o.mpirun_args));
-  const JobFlags flags = read_job_flags(o.command);
-  if (o.max_np == 0) o.max_np = o.np;
-  RT_CHECK(o.min_np <= o.np && o.np <= o.max_np, "--min-np ", o.min_np, " <= --np ", o.np, " <= --max-np ", o.max_np,
-           " does not hold");
-  RT_CHECK(o.max_restarts == 0 || !flags.checkpoint_dir.empty(),
+// Time the failures cost: from a failure to the relaunch's first step, and the work since the checkpoint
+// resumed that a failed launch threw away.
+struct TimeLost {
+  double recovery_s = 0, lost_work_s = 0;
+  double total_s() const { return recovery_s + lost_work_s; }
+};
+
+double tenths(double s) { return static_cast<double>(std::lround(s * 10)) / 10.0; }
+
+// The work of launch `x` since the checkpoint of `resume_step` (lost once it fails).
+double work_lost_s(const Launch& x, int64_t resume_step) {
+  if (!x.stepped) return 0.0;
+  for (auto it = x.checkpoints.rbegin(); it != x.checkpoints.rend(); ++it)
+    if (it->first == resume_step) return std::max(0.0, seconds(it->second, x.last_step_at));
+  return seconds(x.first_step_at, x.last_step_at);  // from this launch's first step (an approximation)
+}
+
+// How the run ends: exit code, the final record's outcome, and the reason printed.
+struct Stop {
+  int code = 1;
+  std::string outcome, why;
+};
+
+// How a failed launch is followed: a world on the surviving hosts, from the newest checkpoint.
+struct Relaunch {
+  std::vector<Host> hosts;  // every host that answered the probe
+  World world;
+  std::vector<std::string> dropped, back;  // hosts left out of / back in the relaunch
+  int64_t resume_step = 0;
+};
+
+// The elastic supervisor: launches, reads what failed, decides, relaunches. run() is the loop; what it
+// knows of the run across launches is below.
+class Supervisor {
+ public:
+  explicit Supervisor(Options o);
+  int run();
+
+ private:
+  std::vector<std::string> launch_argv(int attempt, const fs::path& hostfile) const;
+  void recovered(int attempt, const Launch& now);
+  std::vector<std::string> probe_hosts(Failure& f) const;
+  std::variant<Stop, Relaunch> decide(int attempt, const Launch& l, const std::vector<std::string>& dead,
+                                      const std::string& what);
+  void relaunch(int attempt, const Launch& l, const Relaunch& r, const std::string& what);
+  int finished();
+  int stop(const Stop& s);
+
+  // Fixed for the run.
+  Options o_;
+  const MpirunArgs m_;
+  const JobFlags flags_;
+  std::string source_;               // where the hosts came from
+  std::vector<Host> all_hosts_;
+  const std::vector<std::string> agent_;
+  Log log_;
+  TempDir state_;
+  // The run as it goes.
+  std::vector<Host> alive_;
+  int np_ = 0;
+  int64_t accum_ = 1;
+  bool batch_changed_ = false;
+  int64_t base_micro_ = 0;           // per-rank batches per optimizer step (ranks x accum) of the first launch
+  std::optional<Failure> previous_;  // of the launch before the last
+  int restarts_ = 0;
+  int64_t newest_checkpoint_ = 0;    // the step of the newest checkpoint any launch resumed or wrote
+  Launch failed_;                    // the launch that failed last (when it ended, its last step)
+  TimeLost lost_;
+};
+
+Supervisor::Supervisor(Options o)
+    : o_(std::move(o)), m_(parse_mpirun_args(split_words(o_.mpirun_args))), flags_(read_job_flags(o_.command)),
+      agent_(probe_agent(m_)), log_(!o_.log_jsonl.empty() ? o_.log_jsonl : flags_.log_jsonl) {
+  if (o_.max_np == 0) o_.max_np = o_.np;
+  RT_CHECK(o_.min_np <= o_.np && o_.np <= o_.max_np, "--min-np ", o_.min_np, " <= --np ", o_.np, " <= --max-np ",
+           o_.max_np, " does not hold");
+  RT_CHECK(o_.max_restarts == 0 || !flags_.checkpoint_dir.empty(),
            "the training command has no --checkpoint-dir: a restart would begin the training again from step 0; give "
            "it one (with --checkpoint-every or --checkpoint-every-min to bound the work a failure loses), or pass "
            "--max-restarts 0");
-  std::string source;
-  const std::vector<Host> all_hosts = initial_hosts(o, m, source);
-  RT_CHECK(total_slots(all_hosts) >= o.np, "--np ", o.np, " needs ", o.np, " slots but ", source, " gives ",
-           total_slots(all_hosts), " (", names(all_hosts), ")");
-  const std::vector<std::string> agent = probe_agent(m);
-  Log log(!o.log_jsonl.empty() ? o.log_jsonl : flags.log_jsonl);
-  char dir_template[] = "/tmp/ringtrain_run.XXXXXX";
-  RT_CHECK(::mkdtemp(dir_template), "ringtrain_run: cannot make a folder under /tmp: ", std::strerror(errno));
-  const fs::path state = dir_template;
-  struct Cleanup {
-    fs::path dir;
-    ~Cleanup() {
-      std::error_code ec;
-      fs::remove_all(dir, ec);
-    }
-  } cleanup{state};
+  all_hosts_ = initial_hosts(o_, m_, source_);
+  RT_CHECK(total_slots(all_hosts_) >= o_.np, "--np ", o_.np, " needs ", o_.np, " slots but ", source_, " gives ",
+           total_slots(all_hosts_), " (", names(all_hosts_), ")");
+  alive_ = all_hosts_;
+  np_ = o_.np;
+  accum_ = flags_.accum;
+  base_micro_ = static_cast<int64_t>(o_.np) * flags_.accum;
+}
 
-  std::vector<Host> alive = all_hosts;
-  int np = o.np;
-  int64_t accum = flags.accum;
-  bool batch_changed = false;
-  int64_t base_micro = static_cast<int64_t>(o.np) * flags.accum;  // per-rank batches per optimizer step
-  std::optional<Failure> previous;
-  double recovery_total = 0, lost_work_total = 0;
-  int restarts = 0;
-  int64_t newest_checkpoint = 0;  // the step of the newest checkpoint any launch resumed or wrote
-  // Of the launch that failed last: when it ended and where the run stood.
-  Clock::time_point failed_at{}, failed_last_step_at{};
-  int64_t failed_last_step = -1;
-
+// Launch, and after a failure decide and relaunch, until the job finishes or a stop is decided.
+int Supervisor::run() {
   for (int attempt = 0;; ++attempt) {
-    const std::vector<Host> use = hosts_for(alive, np);
-    const fs::path hostfile = state / detail::str_cat("hosts.", attempt);
+    const std::vector<Host> use = hosts_for(alive_, np_);
+    const fs::path hostfile = state_.path / detail::str_cat("hosts.", attempt);
     std::ofstream(hostfile) << hostfile_text(use);
-    std::vector<std::string> argv = {o.mpirun};
-    argv.insert(argv.end(), m.rest.begin(), m.rest.end());
-    for (const std::string& a : {std::string("--hostfile"), hostfile.string(), std::string("-np"), std::to_string(np),
-                                 std::string("-x"), std::string("RINGTRAIN_SUPERVISOR=1"), std::string("-x"),
-                                 detail::str_cat("RINGTRAIN_RESTART=", attempt)})
-      argv.push_back(a);
-    const std::vector<std::string> command = relaunch_command(o.command, flags, accum, attempt > 0, batch_changed);
-    argv.insert(argv.end(), command.begin(), command.end());
     if (attempt == 0)
-      say(detail::str_cat("launching ", np, " rank(s) on ", names(use), " (from ", source, "), up to ", o.max_restarts,
-                          " restart(s)"));
-    Launch l = run_once(argv, [&](Launch& now) {
-      if (attempt == 0) return;
-      const double from_end = seconds(failed_at, now.first_step_at);
-      const double from_step = failed_last_step >= 0 ? seconds(failed_last_step_at, now.first_step_at) : from_end;
-      recovery_total += from_step;
-      say(detail::str_cat("restart ", attempt, " is training again: resumed at step ", now.resumed_step,
-                          now.resumed_from.empty() ? " (no checkpoint: from the start)" : " from " + now.resumed_from,
-                          "; its first step came ", std::lround(from_end * 10) / 10.0, " s after the failed job ended",
-                          failed_last_step >= 0
-                              ? detail::str_cat(" (", std::lround(from_step * 10) / 10.0, " s after that job's last step)")
-                              : std::string()));
-      log.write({{"type", "recovered"}, {"restart", attempt}, {"resumed_step", now.resumed_step},
-                 {"resumed_from", now.resumed_from}, {"first_step_time", unix_now()},
-                 {"seconds_from_failed_exit", from_end}, {"seconds_from_last_step", from_step},
-                 {"lost_steps", failed_last_step >= 0 ? failed_last_step - now.resumed_step : 0}});
-    });
+      say(detail::str_cat("launching ", np_, " rank(s) on ", names(use), " (from ", source_, "), up to ",
+                          o_.max_restarts, " restart(s)"));
+    Launch l = run_once(launch_argv(attempt, hostfile), [&](Launch& now) { recovered(attempt, now); });
     if (l.failure.trained && attempt == 0 && l.plan.contains("world_size") && l.plan.contains("accum_steps"))
-      base_micro = l.plan["world_size"].get<int64_t>() * l.plan["accum_steps"].get<int64_t>();
-    // The work since the checkpoint this launch resumed from is lost once it fails.
-    const auto work_lost_s = [&](const Launch& x, int64_t resume_step) {
-      if (!x.stepped) return 0.0;
-      for (auto it = x.checkpoints.rbegin(); it != x.checkpoints.rend(); ++it)
-        if (it->first == resume_step) return std::max(0.0, seconds(it->second, x.last_step_at));
-      return seconds(x.first_step_at, x.last_step_at);  // from this launch's first step (an approximation)
-    };
-    // The run's last record: how it ended and what the failures cost.
-    const auto final_record = [&](int code, const std::string& outcome, const std::string& why) {
-      log.write({{"type", "supervisor"}, {"outcome", outcome}, {"restarts", restarts}, {"exit_status", code},
-                 {"time_lost_s", recovery_total + lost_work_total}, {"recovery_s", recovery_total},
-                 {"lost_work_s", lost_work_total}, {"reason", why}});
-    };
-    if (l.ok) {
-      final_record(0, "finished", "");
-      say(detail::str_cat("finished after ", restarts, " restart(s)",
-                          restarts ? detail::str_cat("; time lost ", std::lround((recovery_total + lost_work_total) * 10) / 10.0,
-                                                     " s (recovery ", std::lround(recovery_total * 10) / 10.0,
-                                                     " s, lost work ", std::lround(lost_work_total * 10) / 10.0, " s)")
-                                   : std::string()));
-      return 0;
-    }
-    auto give_up = [&](int code, const std::string& outcome, const std::string& why) {
-      final_record(code, outcome, why);
-      std::fprintf(stderr, "ringtrain_run: %s\n", why.c_str());
-      std::fflush(stderr);
-      return code;
-    };
+      base_micro_ = l.plan["world_size"].get<int64_t>() * l.plan["accum_steps"].get<int64_t>();
+    if (l.ok) return finished();
     if (g_signal)
-      return give_up(128 + g_signal, "interrupted",
-                     detail::str_cat("stopped by signal ", g_signal.load(), " (", strsignal(g_signal), "); not restarting"));
-    Failure& f = l.failure;
-    // Every host of the cluster is probed: the lost ones are dropped, ones that came back rejoin.
-    const std::vector<std::string> dead = probe(all_hosts, agent, o.probe_timeout);
-    for (const auto& h : use)
-      if (std::find(dead.begin(), dead.end(), h.name) != dead.end()) f.lost_hosts.push_back(h.name);
-    const std::string what = describe(f);
-    const Verdict verdict = judge(f, previous ? &*previous : nullptr);
-    if (verdict == Verdict::Permanent)
-      return give_up(f.exit_status == 0 ? 1 : f.exit_status, "failed",
-                     detail::str_cat("not restarting: ", what, " — a restart cannot fix this error"));
-    if (verdict == Verdict::NoReason)
-      return give_up(f.exit_status, "failed",
-                     detail::str_cat("not restarting: the job failed before training began (", what,
-                                     ") and every host answers; a restart would fail the same way"));
-    if (attempt >= o.max_restarts)
-      return give_up(f.exit_status, "gave up",
-                     detail::str_cat("giving up: --max-restarts ", o.max_restarts, " used; the last failure: ", what));
-    if (verdict == Verdict::Repeated)
-      return give_up(f.exit_status, "failed",
-                     detail::str_cat("not restarting: the same error came back at step ", f.last_step,
-                                     " after a restart (", what, "); it is not transient"));
-    std::vector<Host> next;
-    for (const auto& h : all_hosts)
-      if (std::find(dead.begin(), dead.end(), h.name) == dead.end()) next.push_back(h);
-    std::string why_not;
-    const auto world = plan_world(o.np, std::max<int64_t>(1, base_micro / o.np), total_slots(next), o.min_np, o.max_np,
-                                  o.allow_batch_change, why_not);
-    if (!world)
-      return give_up(1, "gave up", detail::str_cat("cannot restart after: ", what, ": ", why_not));
-    std::vector<std::string> dropped, back;
-    for (const auto& h : alive)
-      if (std::find_if(next.begin(), next.end(), [&](const Host& x) { return x.name == h.name; }) == next.end())
-        dropped.push_back(h.name);
-    for (const auto& h : next)
-      if (std::find_if(alive.begin(), alive.end(), [&](const Host& x) { return x.name == h.name; }) == alive.end())
-        back.push_back(h.name);
-    // The checkpoint the relaunch will resume: the newest any launch resumed or wrote.
-    newest_checkpoint = std::max(newest_checkpoint, l.resumed_step);
-    for (const auto& c : l.checkpoints) newest_checkpoint = std::max(newest_checkpoint, c.first);
-    const int64_t resume_step = newest_checkpoint;
-    const double lost_s = work_lost_s(l, resume_step);
-    lost_work_total += lost_s;
-    ++restarts;
-    failed_at = l.end;
-    failed_last_step = f.last_step;
-    failed_last_step_at = l.last_step_at;
-    np = world->np;
-    accum = world->accum;
-    batch_changed = batch_changed || world->batch_changed;
-    alive = next;
-    const int64_t lost_steps = f.last_step >= 0 ? std::max<int64_t>(0, f.last_step - resume_step) : 0;
-    say(detail::str_cat("restart ", attempt + 1, " of ", o.max_restarts, ": ", what,
-                        dropped.empty() ? "" : "; dropped " + join(dropped, ", "),
-                        back.empty() ? "" : "; back: " + join(back, ", "), "; relaunching ", np, " rank(s) on ",
-                        names(hosts_for(alive, np)), " with --accum-steps ", accum,
-                        world->batch_changed ? " (the global batch CHANGES: --allow-batch-change)" : " (same global batch)",
-                        ", --resume auto (",
-                        resume_step > 0 ? detail::str_cat("step ", resume_step) : std::string("no checkpoint yet: from the start"),
-                        "; ", lost_steps, " step(s) of work lost, ", std::lround(lost_s * 10) / 10.0, " s)"));
-    log.write({{"type", "restart"}, {"restart", attempt + 1}, {"max_restarts", o.max_restarts}, {"failure", what},
-               {"exit_status", f.exit_status}, {"hosts_dropped", dropped}, {"hosts_back", back},
-               {"hosts", names(hosts_for(alive, np))}, {"world_size", np}, {"accum_steps", accum},
-               {"global_batch_kept", !world->batch_changed}, {"last_step", f.last_step},
-               {"resume_step", resume_step}, {"lost_steps", lost_steps}, {"lost_work_s", lost_s},
-               {"detect_s", l.stepped ? seconds(l.last_step_at, l.end) : 0.0}});
-    previous = f;
-    if (o.restart_delay > 0) std::this_thread::sleep_for(std::chrono::duration<double>(o.restart_delay));
+      return stop({128 + g_signal, "interrupted",
+                   detail::str_cat("stopped by signal ", g_signal.load(), " (", strsignal(g_signal), "); not restarting")});
+    const std::vector<std::string> dead = probe_hosts(l.failure);
+    const std::string what = describe(l.failure);
+    const std::variant<Stop, Relaunch> next = decide(attempt, l, dead, what);
+    if (const Stop* s = std::get_if<Stop>(&next)) return stop(*s);
+    relaunch(attempt, l, std::get<Relaunch>(next), what);
+    if (o_.restart_delay > 0) std::this_thread::sleep_for(std::chrono::duration<double>(o_.restart_delay));
     if (g_signal)
-      return give_up(128 + g_signal, "interrupted",
-                     detail::str_cat("stopped by signal ", g_signal.load(), " before the relaunch; not restarting"));
+      return stop({128 + g_signal, "interrupted",
+                   detail::str_cat("stopped by signal ", g_signal.load(), " before the relaunch; not restarting")});
   }
+}
+
+// mpirun on the launch's hosts, under the supervisor, then the job's command with this launch's flags.
+std::vector<std::string> Supervisor::launch_argv(int attempt, const fs::path& hostfile) const {
+  std::vector<std::string> argv = {o_.mpirun};
+  argv.insert(argv.end(), m_.rest.begin(), m_.rest.end());
+  for (const std::string& a : {std::string("--hostfile"), hostfile.string(), std::string("-np"), std::to_string(np_),
+                               std::string("-x"), std::string("RINGTRAIN_SUPERVISOR=1"), std::string("-x"),
+                               detail::str_cat("RINGTRAIN_RESTART=", attempt)})
+    argv.push_back(a);
+  const std::vector<std::string> command = relaunch_command(o_.command, flags_, accum_, attempt > 0, batch_changed_);
+  argv.insert(argv.end(), command.begin(), command.end());
+  return argv;
+}
+
+// A relaunch's first step: how long the recovery took, from the failed job's end and from its last step.
+void Supervisor::recovered(int attempt, const Launch& now) {
+  if (attempt == 0) return;
+  const double from_end = seconds(failed_.end, now.first_step_at);
+  const bool stepped = failed_.failure.last_step >= 0;
+  const double from_step = stepped ? seconds(failed_.last_step_at, now.first_step_at) : from_end;
+  lost_.recovery_s += from_step;
+  say(detail::str_cat("restart ", attempt, " is training again: resumed at step ", now.resumed_step,
+                      now.resumed_from.empty() ? " (no checkpoint: from the start)" : " from " + now.resumed_from,
+                      "; its first step came ", tenths(from_end), " s after the failed job ended",
+                      stepped ? detail::str_cat(" (", tenths(from_step), " s after that job's last step)") : std::string()));
+  log_.write({{"type", "recovered"}, {"restart", attempt}, {"resumed_step", now.resumed_step},
+              {"resumed_from", now.resumed_from}, {"first_step_time", unix_now()},
+              {"seconds_from_failed_exit", from_end}, {"seconds_from_last_step", from_step},
+              {"lost_steps", stepped ? failed_.failure.last_step - now.resumed_step : 0}});
+}
+
+// Every host of the cluster is probed: the lost ones of this launch are named in `f`; the dead are returned
+// (the others, also hosts that came back, may take part in the relaunch).
+std::vector<std::string> Supervisor::probe_hosts(Failure& f) const {
+  const std::vector<std::string> dead = probe(all_hosts_, agent_, o_.probe_timeout);
+  for (const auto& h : hosts_for(alive_, np_))
+    if (std::find(dead.begin(), dead.end(), h.name) != dead.end()) f.lost_hosts.push_back(h.name);
+  return dead;
+}
+
+// Whether a failed launch is relaunched, and on what.
+std::variant<Stop, Relaunch> Supervisor::decide(int attempt, const Launch& l, const std::vector<std::string>& dead,
+                                                const std::string& what) {
+  const Failure& f = l.failure;
+  const Verdict verdict = judge(f, previous_ ? &*previous_ : nullptr);
+  if (verdict == Verdict::Permanent)
+    return Stop{f.exit_status == 0 ? 1 : f.exit_status, "failed",
+                detail::str_cat("not restarting: ", what, " — a restart cannot fix this error")};
+  if (verdict == Verdict::NoReason)
+    return Stop{f.exit_status, "failed",
+                detail::str_cat("not restarting: the job failed before training began (", what,
+                                ") and every host answers; a restart would fail the same way")};
+  if (attempt >= o_.max_restarts)
+    return Stop{f.exit_status, "gave up",
+                detail::str_cat("giving up: --max-restarts ", o_.max_restarts, " used; the last failure: ", what)};
+  if (verdict == Verdict::Repeated)
+    return Stop{f.exit_status, "failed",
+                detail::str_cat("not restarting: the same error came back at step ", f.last_step, " after a restart (",
+                                what, "); it is not transient")};
+  Relaunch r;
+  for (const auto& h : all_hosts_)
+    if (std::find(dead.begin(), dead.end(), h.name) == dead.end()) r.hosts.push_back(h);
+  std::string why_not;
+  const auto world = plan_world(o_.np, std::max<int64_t>(1, base_micro_ / o_.np), total_slots(r.hosts), o_.min_np,
+                                o_.max_np, o_.allow_batch_change, why_not);
+  if (!world) return Stop{1, "gave up", detail::str_cat("cannot restart after: ", what, ": ", why_not)};
+  r.world = *world;
+  const auto in = [](const std::vector<Host>& hosts, const std::string& name) {
+    return std::find_if(hosts.begin(), hosts.end(), [&](const Host& x) { return x.name == name; }) != hosts.end();
+  };
+  for (const auto& h : alive_)
+    if (!in(r.hosts, h.name)) r.dropped.push_back(h.name);
+  for (const auto& h : r.hosts)
+    if (!in(alive_, h.name)) r.back.push_back(h.name);
+  // The checkpoint the relaunch will resume: the newest any launch resumed or wrote.
+  r.resume_step = std::max(newest_checkpoint_, l.resumed_step);
+  for (const auto& c : l.checkpoints) r.resume_step = std::max(r.resume_step, c.first);
+  return r;
+}
+
+// Takes the relaunch's world, accounts the lost work, and says so (a line and a restart record).
+void Supervisor::relaunch(int attempt, const Launch& l, const Relaunch& r, const std::string& what) {
+  const Failure& f = l.failure;
+  newest_checkpoint_ = r.resume_step;
+  const double lost_s = work_lost_s(l, r.resume_step);
+  lost_.lost_work_s += lost_s;
+  ++restarts_;
+  failed_ = l;
+  np_ = r.world.np;
+  accum_ = r.world.accum;
+  batch_changed_ = batch_changed_ || r.world.batch_changed;
+  alive_ = r.hosts;
+  previous_ = f;
+  const int64_t lost_steps = f.last_step >= 0 ? std::max<int64_t>(0, f.last_step - r.resume_step) : 0;
+  const std::string on = names(hosts_for(alive_, np_));
+  say(detail::str_cat("restart ", attempt + 1, " of ", o_.max_restarts, ": ", what,
+                      r.dropped.empty() ? "" : "; dropped " + join(r.dropped, ", "),
+                      r.back.empty() ? "" : "; back: " + join(r.back, ", "), "; relaunching ", np_, " rank(s) on ", on,
+                      " with --accum-steps ", accum_,
+                      r.world.batch_changed ? " (the global batch CHANGES: --allow-batch-change)" : " (same global batch)",
+                      ", --resume auto (",
+                      r.resume_step > 0 ? detail::str_cat("step ", r.resume_step) : std::string("no checkpoint yet: from the start"),
+                      "; ", lost_steps, " step(s) of work lost, ", tenths(lost_s), " s)"));
+  log_.write({{"type", "restart"}, {"restart", attempt + 1}, {"max_restarts", o_.max_restarts}, {"failure", what},
+              {"exit_status", f.exit_status}, {"hosts_dropped", r.dropped}, {"hosts_back", r.back}, {"hosts", on},
+              {"world_size", np_}, {"accum_steps", accum_}, {"global_batch_kept", !r.world.batch_changed},
+              {"last_step", f.last_step}, {"resume_step", r.resume_step}, {"lost_steps", lost_steps},
+              {"lost_work_s", lost_s}, {"detect_s", l.stepped ? seconds(l.last_step_at, l.end) : 0.0}});
+}
+
+int Supervisor::finished() {
+  log_.write({{"type", "supervisor"}, {"outcome", "finished"}, {"restarts", restarts_}, {"exit_status", 0},
+              {"time_lost_s", lost_.total_s()}, {"recovery_s", lost_.recovery_s}, {"lost_work_s", lost_.lost_work_s},
+              {"reason", ""}});
+  say(detail::str_cat("finished after ", restarts_, " restart(s)",
+                      restarts_ ? detail::str_cat("; time lost ", tenths(lost_.total_s()), " s (recovery ",
+                                                  tenths(lost_.recovery_s), " s, lost work ", tenths(lost_.lost_work_s), " s)")
+                                : std::string()));
+  return 0;
+}
+
+// The run's last record (how it ended and what the failures cost), and the reason on stderr.
+int Supervisor::stop(const Stop& s) {
+  log_.write({{"type", "supervisor"}, {"outcome", s.outcome}, {"restarts", restarts_}, {"exit_status", s.code},
+              {"time_lost_s", lost_.total_s()}, {"recovery_s", lost_.recovery_s}, {"lost_work_s", lost_.lost_work_s},
+              {"reason", s.why}});
+  std::fprintf(stderr, "ringtrain_run: %s\n", s.why.c_str());
+  std::fflush(stderr);
+  return s.code;
 }
 
 }  // namespace
@@ -523,7 +610,7 @@ int main(int argc, char** argv) {
   sigemptyset(&sa.sa_mask);
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(sig, &sa, nullptr);
   try {
-    return supervise(o);
+    return Supervisor(std::move(o)).run();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ringtrain_run: %s\n", e.what());
     return 2;
