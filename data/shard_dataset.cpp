@@ -222,32 +222,54 @@ DirectLayout resolve_direct(const fs::path& path, hid_t file, hid_t images, cons
   return d;
 }
 
-// Validates one shard file against the manifest entry; throws naming file and object. Appends the shard's
-// labels to `all_labels`; returns where its image data lies.
-ShardLayout validate_shard(const fs::path& path, const SplitInfo& info, size_t index, bool check_labels,
-                           std::vector<int32_t>& all_labels) {
-  const ShardInfo& shard = info.shards[index];
-  h5::silence_errors();
-  if (H5Fis_hdf5(path.c_str()) <= 0)
-    RT_THROW("shard '", path.string(), "' is truncated or not an HDF5 file (HDF5: ", h5::error_text(), ")");
+// One dataset of a shard, opened with its type and shape. Errors name the file and the object.
+struct Dataset {
+  std::string object;  // "/labels"
+  h5::Id id, type;
+  H5T_class_t type_class = H5T_NO_CLASS;
+  std::vector<hsize_t> dims;
+  bool is(H5T_class_t c, size_t bytes) const { return type_class == c && H5Tget_size(type) == bytes; }
+  bool is_unsigned() const { return H5Tget_sign(type) == H5T_SGN_NONE; }
+};
+
+Dataset open_dataset(const fs::path& path, hid_t file, const std::string& object) {
+  const h5::Where at = format::shard_at(path, object);
+  if (!h5::link_exists(file, object.c_str() + 1, format::shard_at(path)))
+    RT_THROW("shard '", path.string(), "': missing dataset '", object, "'");
+  Dataset d;
+  d.object = object;
+  d.id = h5::Id(check(H5Dopen2(file, object.c_str() + 1, H5P_DEFAULT), path, object, "cannot open dataset"), H5Dclose);
+  d.type = h5::Id(check(H5Dget_type(d.id), path, object, "cannot read the type"), H5Tclose);
+  d.type_class = h5::check(H5Tget_class(d.type), at, "cannot read the type class");
+  d.dims = h5::dims(d.id, at);
+  return d;
+}
+
+// The whole of a 1-D or 2-D dataset (its size checked by the caller).
+template <typename T>
+std::vector<T> read_all(const fs::path& path, const Dataset& d, hid_t mem_type, size_t count) {
+  std::vector<T> values(count);
+  if (count > 0)
+    check(H5Dread(d.id, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()), path, d.object,
+          "truncated or corrupt data, cannot read");
+  return values;
+}
+
+// The shard's attributes against the manifest: format and version, classes, and its own idea of where it
+// belongs (a file copied between datasets or renamed would otherwise read as part of the wrong split).
+// Returns the format version.
+int check_attributes(const fs::path& path, hid_t file, const SplitInfo& info, size_t index) {
   const h5::Where at = format::shard_at(path);
-  h5::Id file(check(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), path, "", "truncated or corrupt file, cannot open"),
-              H5Fclose);
   const std::string format = h5::read_string_attribute(file, "format", at);
   if (format != kFormatName) RT_THROW("shard '", path.string(), "': attribute 'format' is '", format, "', expected '", kFormatName, "'");
   const auto version = h5::read_int_attribute(file, "format_version", at);
   if (version.size() != 1 || version[0] < kOldestReadableFormatVersion || version[0] > kFormatVersion)
     RT_THROW("shard '", path.string(), "': format_version ", version.empty() ? -1 : version[0], ", expected ",
              kOldestReadableFormatVersion, " to ", kFormatVersion);
-  ShardLayout layout;
-  layout.version = static_cast<int>(version[0]);
-  layout.object = !info.encoded ? "/images" : layout.version == 1 ? "/jpeg" : "/encoded";
   const auto classes = h5::read_int_attribute(file, "num_classes", at);
   if (classes.size() != 1 || classes[0] != info.num_classes)
     RT_THROW("shard '", path.string(), "': num_classes ", classes.empty() ? -1 : classes[0],
              " disagrees with the manifest's ", info.num_classes);
-  // The shard's own idea of where it belongs must match the manifest's (a file copied between datasets or
-  // renamed would otherwise read as part of the wrong split).
   const std::string split = h5::read_string_attribute(file, "split", at);
   if (split != info.split)
     RT_THROW("shard '", path.string(), "': attribute 'split' is '", split, "' but the manifest lists it in split '",
@@ -259,111 +281,123 @@ ShardLayout validate_shard(const fs::path& path, const SplitInfo& info, size_t i
     RT_THROW("shard '", path.string(), "': attributes say shard ", shard_index.empty() ? -1 : shard_index[0], " of ",
              num_shards.empty() ? -1 : num_shards[0], " but the manifest lists it as shard ", index, " of ",
              info.shards.size());
+  return static_cast<int>(version[0]);
+}
 
-  const char* image_name = layout.object + 1;
-  const std::string image_object = layout.object;
-  if (!h5::link_exists(file, image_name, at)) RT_THROW("shard '", path.string(), "': missing dataset '", image_object, "'");
-  if (!h5::link_exists(file, "labels", at)) RT_THROW("shard '", path.string(), "': missing dataset '/labels'");
-  const h5::Where iat = at.at(image_object);
-  h5::Id images(check(H5Dopen2(file, image_name, H5P_DEFAULT), path, image_object, "cannot open dataset"), H5Dclose);
-  h5::Id itype(check(H5Dget_type(images), path, image_object, "cannot read the type"), H5Tclose);
-  const H5T_class_t iclass = h5::check(H5Tget_class(itype), iat, "cannot read the type class");
-  const std::vector<hsize_t> idims = h5::dims(images, iat);
-  if (!info.encoded) {
-    if (iclass != H5T_INTEGER || H5Tget_size(itype) != 1 || H5Tget_sign(itype) != H5T_SGN_NONE)
-      RT_THROW("shard '", path.string(), "': dataset '/images' must be uint8");
-    if (idims.size() != 4)
-      RT_THROW("shard '", path.string(), "': dataset '/images' has rank ", idims.size(), ", expected 4 (N x H x W x C)");
-    if (static_cast<int64_t>(idims[1]) != info.height || static_cast<int64_t>(idims[2]) != info.width ||
-        static_cast<int64_t>(idims[3]) != info.channels)
-      RT_THROW("shard '", path.string(), "': dataset '/images' holds ", idims[1], "x", idims[2], "x", idims[3],
-               " images but the split's images are ", info.height, "x", info.width, "x", info.channels);
-  } else if (layout.version == 1) {
-    if (iclass != H5T_VLEN) RT_THROW("shard '", path.string(), "': dataset '/jpeg' must be variable-length uint8");
-    if (idims.size() != 1) RT_THROW("shard '", path.string(), "': dataset '/jpeg' has rank ", idims.size(), ", expected 1");
-  } else {
-    if (iclass != H5T_INTEGER || H5Tget_size(itype) != 1 || H5Tget_sign(itype) != H5T_SGN_NONE || idims.size() != 1)
-      RT_THROW("shard '", path.string(), "': dataset '/encoded' must be 1-D uint8");
-    // Where each record's bytes are: checked whole, so a bad offset is an error naming the record before any read.
-    if (!h5::link_exists(file, "offsets", at)) RT_THROW("shard '", path.string(), "': missing dataset '/offsets'");
-    h5::Id offs(check(H5Dopen2(file, "offsets", H5P_DEFAULT), path, "/offsets", "cannot open dataset"), H5Dclose);
-    h5::Id otype(check(H5Dget_type(offs), path, "/offsets", "cannot read the type"), H5Tclose);
-    const std::vector<hsize_t> odims = h5::dims(offs, at.at("/offsets"));
-    if (H5Tget_class(otype) != H5T_INTEGER || H5Tget_size(otype) != 8 || odims.size() != 1)
-      RT_THROW("shard '", path.string(), "': dataset '/offsets' must be 1-D int64");
-    if (static_cast<int64_t>(odims[0]) != shard.records + 1)
-      RT_THROW("shard '", path.string(), "': dataset '/offsets' has ", odims[0], " entries, expected ", shard.records + 1,
-               " (one per record of the manifest, then the end)");
-    layout.offsets.resize(odims[0]);
-    check(H5Dread(offs, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, layout.offsets.data()), path, "/offsets",
-          "truncated or corrupt data, cannot read");
-    const auto& o = layout.offsets;
-    if (o[0] != 0) RT_THROW("shard '", path.string(), "': '/offsets' starts at ", o[0], ", expected 0");
-    for (int64_t r = 0; r < shard.records; ++r)
-      if (o[static_cast<size_t>(r) + 1] <= o[static_cast<size_t>(r)] || o[static_cast<size_t>(r) + 1] > static_cast<int64_t>(idims[0]))
-        RT_THROW("shard '", path.string(), "': '/encoded' record ", r, " would be bytes [", o[static_cast<size_t>(r)], ", ",
-                 o[static_cast<size_t>(r) + 1], ") of the ", idims[0], " bytes of '/encoded' (a corrupt '/offsets')");
-    if (o.back() != static_cast<int64_t>(idims[0]))
-      RT_THROW("shard '", path.string(), "': '/offsets' ends at byte ", o.back(), " but '/encoded' holds ", idims[0]);
-  }
-  const int64_t records_here = layout.version >= 2 && info.encoded ? static_cast<int64_t>(layout.offsets.size()) - 1
-                                                                    : static_cast<int64_t>(idims[0]);
-  if (records_here != shard.records)
-    RT_THROW("shard '", path.string(), "': dataset '", image_object, "' has ", records_here, " records, the manifest says ",
-             shard.records);
+// Decoded images (/images): N x H x W x C uint8 of the split's shape. Returns N.
+int64_t check_decoded_images(const fs::path& path, const Dataset& images, const SplitInfo& info) {
+  const auto& d = images.dims;
+  if (!images.is(H5T_INTEGER, 1) || !images.is_unsigned()) RT_THROW("shard '", path.string(), "': dataset '/images' must be uint8");
+  if (d.size() != 4) RT_THROW("shard '", path.string(), "': dataset '/images' has rank ", d.size(), ", expected 4 (N x H x W x C)");
+  if (static_cast<int64_t>(d[1]) != info.height || static_cast<int64_t>(d[2]) != info.width ||
+      static_cast<int64_t>(d[3]) != info.channels)
+    RT_THROW("shard '", path.string(), "': dataset '/images' holds ", d[1], "x", d[2], "x", d[3],
+             " images but the split's images are ", info.height, "x", info.width, "x", info.channels);
+  return static_cast<int64_t>(d[0]);
+}
 
-  const h5::Where lat = at.at("/labels");
-  h5::Id labels(check(H5Dopen2(file, "labels", H5P_DEFAULT), path, "/labels", "cannot open dataset"), H5Dclose);
-  h5::Id ltype(check(H5Dget_type(labels), path, "/labels", "cannot read the type"), H5Tclose);
-  if (h5::check(H5Tget_class(ltype), lat, "cannot read the type class") != H5T_INTEGER || H5Tget_size(ltype) != 4 ||
-      H5Tget_sign(ltype) != H5T_SGN_2)
+// Version 1 encoded images (/jpeg): one variable-length record each. Returns their count.
+int64_t check_vlen_images(const fs::path& path, const Dataset& images) {
+  if (images.type_class != H5T_VLEN) RT_THROW("shard '", path.string(), "': dataset '/jpeg' must be variable-length uint8");
+  if (images.dims.size() != 1) RT_THROW("shard '", path.string(), "': dataset '/jpeg' has rank ", images.dims.size(), ", expected 1");
+  return static_cast<int64_t>(images.dims[0]);
+}
+
+// Version 2+ encoded images: the bytes back to back in /encoded, and /offsets, checked whole, so a bad offset
+// is an error naming the record before any read. Returns the offsets (records + 1 entries).
+std::vector<int64_t> check_encoded_images(const fs::path& path, hid_t file, const Dataset& encoded, int64_t records) {
+  if (!encoded.is(H5T_INTEGER, 1) || !encoded.is_unsigned() || encoded.dims.size() != 1)
+    RT_THROW("shard '", path.string(), "': dataset '/encoded' must be 1-D uint8");
+  const auto bytes = static_cast<int64_t>(encoded.dims[0]);
+  const Dataset offsets = open_dataset(path, file, "/offsets");
+  if (!offsets.is(H5T_INTEGER, 8) || offsets.dims.size() != 1)
+    RT_THROW("shard '", path.string(), "': dataset '/offsets' must be 1-D int64");
+  if (static_cast<int64_t>(offsets.dims[0]) != records + 1)
+    RT_THROW("shard '", path.string(), "': dataset '/offsets' has ", offsets.dims[0], " entries, expected ", records + 1,
+             " (one per record of the manifest, then the end)");
+  const std::vector<int64_t> o = read_all<int64_t>(path, offsets, H5T_NATIVE_INT64, offsets.dims[0]);
+  if (o[0] != 0) RT_THROW("shard '", path.string(), "': '/offsets' starts at ", o[0], ", expected 0");
+  for (size_t r = 0; r + 1 < o.size(); ++r)
+    if (o[r + 1] <= o[r] || o[r + 1] > bytes)
+      RT_THROW("shard '", path.string(), "': '/encoded' record ", r, " would be bytes [", o[r], ", ", o[r + 1], ") of the ",
+               bytes, " bytes of '/encoded' (a corrupt '/offsets')");
+  if (o.back() != bytes) RT_THROW("shard '", path.string(), "': '/offsets' ends at byte ", o.back(), " but '/encoded' holds ", bytes);
+  return o;
+}
+
+// /labels: one int32 per record, each in [0, classes) when checked.
+std::vector<int32_t> read_labels(const fs::path& path, hid_t file, const SplitInfo& info, int64_t records,
+                                 bool check_labels) {
+  const Dataset labels = open_dataset(path, file, "/labels");
+  if (!labels.is(H5T_INTEGER, 4) || H5Tget_sign(labels.type) != H5T_SGN_2)
     RT_THROW("shard '", path.string(), "': dataset '/labels' must be int32");
-  const std::vector<hsize_t> ldims = h5::dims(labels, lat);
-  if (ldims.size() != 1) RT_THROW("shard '", path.string(), "': dataset '/labels' has rank ", ldims.size(), ", expected 1");
-  if (static_cast<int64_t>(ldims[0]) != records_here)
-    RT_THROW("shard '", path.string(), "': ", records_here, " images but ", ldims[0], " labels in dataset '/labels'");
-  std::vector<int32_t> values(ldims[0]);
-  if (ldims[0] > 0)
-    check(H5Dread(labels, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()), path, "/labels",
-          "truncated or corrupt data, cannot read");
-  if (check_labels) {
+  if (labels.dims.size() != 1) RT_THROW("shard '", path.string(), "': dataset '/labels' has rank ", labels.dims.size(), ", expected 1");
+  if (static_cast<int64_t>(labels.dims[0]) != records)
+    RT_THROW("shard '", path.string(), "': ", records, " images but ", labels.dims[0], " labels in dataset '/labels'");
+  std::vector<int32_t> values = read_all<int32_t>(path, labels, H5T_NATIVE_INT32, labels.dims[0]);
+  if (check_labels)
     for (size_t i = 0; i < values.size(); ++i)
       if (values[i] < 0 || values[i] >= info.num_classes)
         RT_THROW("shard '", path.string(), "': dataset '/labels' record ", i, " has label ", values[i], " outside [0, ",
                  info.num_classes, ")");
+  return values;
+}
+
+// A varied-size split's /shapes (version 3): H, W, C of each record, checked whole at open like /offsets.
+std::vector<int32_t> read_shapes(const fs::path& path, hid_t file, const SplitInfo& info, int version, int64_t records) {
+  if (version < 3)
+    RT_THROW("shard '", path.string(), "': format_version ", version, " but the manifest says split '", info.split,
+             "' holds images of varied sizes (a version 3 layout)");
+  const Dataset shapes = open_dataset(path, file, "/shapes");
+  if (!shapes.is(H5T_INTEGER, 4) || shapes.dims.size() != 2 || shapes.dims[1] != 3)
+    RT_THROW("shard '", path.string(), "': dataset '/shapes' must be N x 3 int32");
+  if (static_cast<int64_t>(shapes.dims[0]) != records)
+    RT_THROW("shard '", path.string(), "': dataset '/shapes' has ", shapes.dims[0], " rows for ", records, " records");
+  std::vector<int32_t> hwc = read_all<int32_t>(path, shapes, H5T_NATIVE_INT32, static_cast<size_t>(3 * records));
+  for (int64_t r = 0; r < records; ++r) {
+    const int32_t* s = hwc.data() + 3 * r;
+    if (s[0] < 1 || s[0] > format::kMaxVariedSide || s[1] < 1 || s[1] > format::kMaxVariedSide || s[2] != info.channels)
+      RT_THROW("shard '", path.string(), "': dataset '/shapes' record ", r, " is ", s[0], "x", s[1], "x", s[2],
+               ", expected 1 to ", format::kMaxVariedSide, " pixels a side and ", info.channels, " channels");
   }
-  all_labels.insert(all_labels.end(), values.begin(), values.end());
-  if (info.varied_size()) {
-    // Each record's own size, checked whole at open like /offsets.
-    if (layout.version < 3)
-      RT_THROW("shard '", path.string(), "': format_version ", layout.version, " but the manifest says split '", info.split,
-               "' holds images of varied sizes (a version 3 layout)");
-    if (!h5::link_exists(file, "shapes", at)) RT_THROW("shard '", path.string(), "': missing dataset '/shapes'");
-    h5::Id shapes(check(H5Dopen2(file, "shapes", H5P_DEFAULT), path, "/shapes", "cannot open dataset"), H5Dclose);
-    h5::Id stype(check(H5Dget_type(shapes), path, "/shapes", "cannot read the type"), H5Tclose);
-    const std::vector<hsize_t> sdims = h5::dims(shapes, at.at("/shapes"));
-    if (H5Tget_class(stype) != H5T_INTEGER || H5Tget_size(stype) != 4 || sdims.size() != 2 || sdims[1] != 3)
-      RT_THROW("shard '", path.string(), "': dataset '/shapes' must be N x 3 int32");
-    if (static_cast<int64_t>(sdims[0]) != shard.records)
-      RT_THROW("shard '", path.string(), "': dataset '/shapes' has ", sdims[0], " rows for ", shard.records, " records");
-    layout.shapes.resize(static_cast<size_t>(3 * shard.records));
-    if (shard.records > 0)
-      check(H5Dread(shapes, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, layout.shapes.data()), path, "/shapes",
-            "truncated or corrupt data, cannot read");
-    for (int64_t r = 0; r < shard.records; ++r) {
-      const int32_t* hwc = layout.shapes.data() + 3 * r;
-      if (hwc[0] < 1 || hwc[0] > format::kMaxVariedSide || hwc[1] < 1 || hwc[1] > format::kMaxVariedSide ||
-          hwc[2] != info.channels)
-        RT_THROW("shard '", path.string(), "': dataset '/shapes' record ", r, " is ", hwc[0], "x", hwc[1], "x", hwc[2],
-                 ", expected 1 to ", format::kMaxVariedSide, " pixels a side and ", info.channels, " channels");
-    }
+  return hwc;
+}
+
+// Validates one shard file against the manifest entry; throws naming file and object. Appends the shard's
+// labels to `all_labels`; returns where its image data lies.
+ShardLayout validate_shard(const fs::path& path, const SplitInfo& info, size_t index, bool check_labels,
+                           std::vector<int32_t>& all_labels) {
+  const ShardInfo& shard = info.shards[index];
+  h5::silence_errors();
+  if (H5Fis_hdf5(path.c_str()) <= 0)
+    RT_THROW("shard '", path.string(), "' is truncated or not an HDF5 file (HDF5: ", h5::error_text(), ")");
+  h5::Id file(check(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), path, "", "truncated or corrupt file, cannot open"),
+              H5Fclose);
+  ShardLayout layout;
+  layout.version = check_attributes(path, file, info, index);
+  layout.object = !info.encoded ? "/images" : layout.version == 1 ? "/jpeg" : "/encoded";
+  const Dataset images = open_dataset(path, file, layout.object);
+  int64_t records = 0;
+  if (!info.encoded) {
+    records = check_decoded_images(path, images, info);
+  } else if (layout.version == 1) {
+    records = check_vlen_images(path, images);
+  } else {
+    layout.offsets = check_encoded_images(path, file, images, shard.records);
+    records = static_cast<int64_t>(layout.offsets.size()) - 1;
   }
+  if (records != shard.records)
+    RT_THROW("shard '", path.string(), "': dataset '", layout.object, "' has ", records, " records, the manifest says ",
+             shard.records);
+  const std::vector<int32_t> labels = read_labels(path, file, info, records, check_labels);
+  all_labels.insert(all_labels.end(), labels.begin(), labels.end());
+  if (info.varied_size()) layout.shapes = read_shapes(path, file, info, layout.version, shard.records);
   if (!info.encoded)
-    layout.direct = resolve_direct(path, file, images, "/images", shard.records, info.record_bytes(),
+    layout.direct = resolve_direct(path, file, images.id, "/images", shard.records, info.record_bytes(),
                                    {static_cast<hsize_t>(info.height), static_cast<hsize_t>(info.width),
                                     static_cast<hsize_t>(info.channels)});
   else if (layout.version >= 2)
-    layout.direct = resolve_direct(path, file, images, "/encoded", static_cast<int64_t>(idims[0]), 1, {});
+    layout.direct = resolve_direct(path, file, images.id, "/encoded", static_cast<int64_t>(images.dims[0]), 1, {});
   return layout;
 }
 
