@@ -210,27 +210,42 @@ Choice choose(Pass pass, const Tensor& any, const ConvGeometry& g, FindFn find, 
 
 constexpr int kMaxAlgos = 16;
 
+// The algorithm search of one pass, through choose(): `find(max, &n, results, workspace, bytes)` runs cuDNN's
+// benchmark (Find...AlgorithmEx) within the bytes benchmarking may use, `rank(max, &n, results)` cuDNN's
+// heuristic (Get...Algorithm_v7); each calls its cuDNN function under CUDNN_CHECK, so an error names it.
+template <typename Perf, typename FindFn, typename RankFn>
+Choice search(Pass pass, const Tensor& any, const ConvGeometry& g, FindFn find, RankFn rank) {
+  return choose(
+      pass, any, g,
+      [&] {
+        std::vector<Perf> r(kMaxAlgos);
+        int n = 0;
+        const size_t bytes = find_workspace_bytes();
+        Tensor ws = workspace_tensor(bytes, any.device());
+        find(kMaxAlgos, &n, r.data(), ws.data_ptr(), bytes);
+        return pick(r, n, pass, g);
+      },
+      [&] {
+        std::vector<Perf> r(kMaxAlgos);
+        int n = 0;
+        rank(kMaxAlgos, &n, r.data());
+        return pick(r, n, pass, g);
+      });
+}
+
 void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor* bias, const ConvGeometry& g, Tensor& y) {
   DeviceGuard guard(x.device().index);
   Descriptors d(g, x.dtype(), "conv2d");
   cudnnHandle_t h = cudnn_handle(x.device().index);
-  const Choice c = choose(
+  using Perf = cudnnConvolutionFwdAlgoPerf_t;
+  const Choice c = search<Perf>(
       Pass::Forward, x, g,
-      [&] {
-        std::vector<cudnnConvolutionFwdAlgoPerf_t> r(kMaxAlgos);
-        int n = 0;
-        const size_t find_ws = find_workspace_bytes();
-        Tensor ws = workspace_tensor(find_ws, x.device());
+      [&](int max, int* n, Perf* r, void* ws, size_t bytes) {
         CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(h, d.x, x.data_ptr(), d.w, w.data_ptr(), d.conv, d.y,
-                                                           y.data_ptr(), kMaxAlgos, &n, r.data(), ws.data_ptr(),
-                                                           find_ws));
-        return pick(r, n, Pass::Forward, g);
+                                                           y.data_ptr(), max, n, r, ws, bytes));
       },
-      [&] {
-        std::vector<cudnnConvolutionFwdAlgoPerf_t> r(kMaxAlgos);
-        int n = 0;
-        CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, d.x, d.w, d.conv, d.y, kMaxAlgos, &n, r.data()));
-        return pick(r, n, Pass::Forward, g);
+      [&](int max, int* n, Perf* r) {
+        CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, d.x, d.w, d.conv, d.y, max, n, r));
       });
   Tensor ws = workspace_tensor(c.workspace, x.device());
   CUDNN_CHECK(cudnnConvolutionForward(h, d.one(), d.x, x.data_ptr(), d.w, w.data_ptr(), d.conv,
@@ -243,23 +258,15 @@ void conv2d_backward_data(const Tensor& dy, const Tensor& w, const ConvGeometry&
   DeviceGuard guard(dy.device().index);
   Descriptors d(g, dy.dtype(), "conv2d backward");
   cudnnHandle_t h = cudnn_handle(dy.device().index);
-  const Choice c = choose(
+  using Perf = cudnnConvolutionBwdDataAlgoPerf_t;
+  const Choice c = search<Perf>(
       Pass::BackwardData, dy, g,
-      [&] {
-        std::vector<cudnnConvolutionBwdDataAlgoPerf_t> r(kMaxAlgos);
-        int n = 0;
-        const size_t find_ws = find_workspace_bytes();
-        Tensor ws = workspace_tensor(find_ws, dy.device());
+      [&](int max, int* n, Perf* r, void* ws, size_t bytes) {
         CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(h, d.w, w.data_ptr(), d.y, dy.data_ptr(), d.conv, d.x,
-                                                                dx.data_ptr(), kMaxAlgos, &n, r.data(), ws.data_ptr(),
-                                                                find_ws));
-        return pick(r, n, Pass::BackwardData, g);
+                                                                dx.data_ptr(), max, n, r, ws, bytes));
       },
-      [&] {
-        std::vector<cudnnConvolutionBwdDataAlgoPerf_t> r(kMaxAlgos);
-        int n = 0;
-        CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, d.w, d.y, d.conv, d.x, kMaxAlgos, &n, r.data()));
-        return pick(r, n, Pass::BackwardData, g);
+      [&](int max, int* n, Perf* r) {
+        CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, d.w, d.y, d.conv, d.x, max, n, r));
       });
   Tensor ws = workspace_tensor(c.workspace, dy.device());
   CUDNN_CHECK(cudnnConvolutionBackwardData(h, d.one(), d.w, w.data_ptr(), d.y, dy.data_ptr(), d.conv,
@@ -271,23 +278,15 @@ void conv2d_backward_weights(const Tensor& x, const Tensor& dy, const ConvGeomet
   DeviceGuard guard(x.device().index);
   Descriptors d(g, x.dtype(), "conv2d backward");
   cudnnHandle_t h = cudnn_handle(x.device().index);
-  const Choice c = choose(
+  using Perf = cudnnConvolutionBwdFilterAlgoPerf_t;
+  const Choice c = search<Perf>(
       Pass::BackwardFilter, x, g,
-      [&] {
-        std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> r(kMaxAlgos);
-        int n = 0;
-        const size_t find_ws = find_workspace_bytes();
-        Tensor ws = workspace_tensor(find_ws, x.device());
+      [&](int max, int* n, Perf* r, void* ws, size_t bytes) {
         CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(h, d.x, x.data_ptr(), d.y, dy.data_ptr(), d.conv, d.w,
-                                                                  dw.data_ptr(), kMaxAlgos, &n, r.data(),
-                                                                  ws.data_ptr(), find_ws));
-        return pick(r, n, Pass::BackwardFilter, g);
+                                                                  dw.data_ptr(), max, n, r, ws, bytes));
       },
-      [&] {
-        std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> r(kMaxAlgos);
-        int n = 0;
-        CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, d.x, d.y, d.conv, d.w, kMaxAlgos, &n, r.data()));
-        return pick(r, n, Pass::BackwardFilter, g);
+      [&](int max, int* n, Perf* r) {
+        CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, d.x, d.y, d.conv, d.w, max, n, r));
       });
   Tensor ws = workspace_tensor(c.workspace, x.device());
   CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, d.one(), d.x, x.data_ptr(), d.y, dy.data_ptr(), d.conv,
