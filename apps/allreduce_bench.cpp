@@ -18,8 +18,8 @@
 
 #include "comm/communicator.h"
 #include "comm/host_collectives.h"
-#include "core/allocator.h"
 #include "comm/world.h"
+#include "core/allocator.h"
 #include "core/check.h"
 #include "core/device.h"
 #include "core/dtype.h"
@@ -69,28 +69,37 @@ int main(int argc, char** argv) {
   double step_factor = 2;
   int iters = 20, warmup = 5, depth = 4;
   bool check = false;
-  app.add_option("--backend", backends_text, "ring, hierarchical, mpi or nccl; a comma list compares them")->capture_default_str();
+  app.add_option("--backend", backends_text, "ring, hierarchical, mpi or nccl; a comma list compares them")
+      ->capture_default_str();
   app.add_option("-b,--min-bytes", min_text, "smallest size (K/M/G suffixes)")->capture_default_str();
   app.add_option("-e,--max-bytes", max_text, "largest size (K/M/G suffixes)")->capture_default_str();
   app.add_option("-f,--step-factor", step_factor, "size multiplier between rows")->capture_default_str();
-  app.add_option("-n,--iters", iters, "timed operations per size")->capture_default_str()->check(CLI::Range(1, 10000000));
-  app.add_option("-w,--warmup", warmup, "untimed operations per size")->capture_default_str()->check(CLI::Range(0, 10000000));
-  app.add_option("--dtype", dtype_text, "f32, bf16 or f16")->capture_default_str()->check(CLI::IsMember({"f32", "bf16", "f16"}));
+  app.add_option("-n,--iters", iters, "timed operations per size")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 10000000));
+  app.add_option("-w,--warmup", warmup, "untimed operations per size")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 10000000));
+  app.add_option("--dtype", dtype_text, "f32, bf16 or f16")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f32", "bf16", "f16"}));
   app.add_option("--op", op_text, "sum or avg")->capture_default_str()->check(CLI::IsMember({"sum", "avg"}));
   app.add_option("--device", device_text, "cpu or cuda (nccl needs cuda)")->capture_default_str();
   app.add_option("--chunk-bytes", chunk_text, "ring: bytes per pipelined message")->capture_default_str();
   app.add_option("--net-chunk-bytes", net_chunk_text, "ring: bytes per message between nodes")->capture_default_str();
-  app.add_option("--pipeline-depth", depth, "ring: receive buffers in flight")->capture_default_str()->check(CLI::Range(1, 1024));
+  app.add_option("--pipeline-depth", depth, "ring: receive buffers in flight")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
   app.add_flag("-c,--check", check, "verify results (wrong-element count)");
   app.add_option("--json", json_path, "write {\"results\": [...]} here (rank 0)");
   CLI11_PARSE(app, argc, argv);
 
   return run_main(argc, argv, [&](World& world) {
     const int64_t min_bytes = parse_bytes("--min-bytes", min_text), max_bytes = parse_bytes("--max-bytes", max_text);
-    RT_CHECK(min_bytes > 0 && min_bytes <= max_bytes, "--min-bytes (", min_bytes, ") must be positive and at most --max-bytes (",
-             max_bytes, ")");
-    RT_CHECK(std::isfinite(step_factor) && step_factor > 1, "--step-factor must be a finite number greater than 1, got ",
-             step_factor);
+    RT_CHECK(min_bytes > 0 && min_bytes <= max_bytes, "--min-bytes (", min_bytes,
+             ") must be positive and at most --max-bytes (", max_bytes, ")");
+    RT_CHECK(std::isfinite(step_factor) && step_factor > 1,
+             "--step-factor must be a finite number greater than 1, got ", step_factor);
     const DType dt = parse_dtype(dtype_text);
     const ReduceOp op = op_text == "avg" ? ReduceOp::Average : ReduceOp::Sum;
     RT_CHECK(!(check && op == ReduceOp::Average), "--check verifies sums; drop --op avg or --check");
@@ -105,8 +114,9 @@ int main(int argc, char** argv) {
     RT_CHECK(!comms.empty(), "--backend: no backend given");
     const int n = world.size();
     if (world.is_root()) {
-      std::printf("# ringtrain allreduce_bench: %d ranks on %d node(s), dtype %s, op %s, iters %d, warmup %d, device %s\n", n,
-                  world.num_nodes(), dtype_text.c_str(), op_text.c_str(), iters, warmup, binding.device.str().c_str());
+      std::printf(
+          "# ringtrain allreduce_bench: %d ranks on %d node(s), dtype %s, op %s, iters %d, warmup %d, device %s\n", n,
+          world.num_nodes(), dtype_text.c_str(), op_text.c_str(), iters, warmup, binding.device.str().c_str());
       for (const auto& [name, comm] : comms) std::printf("# %s: %s\n", name.c_str(), comm->describe().c_str());
       std::printf("# %-8s %12s %12s %6s %11s %11s %11s %8s\n", "backend", "size(B)", "count", "type", "time(us)",
                   "algbw(GB/s)", "busbw(GB/s)", "wrong");
@@ -135,9 +145,9 @@ int main(int argc, char** argv) {
           row.wrong = wrong;
         }
         if (world.is_root()) {
-          std::printf("  %-8s %12lld %12lld %6s %11.1f %11.3f %11.3f %8s\n", name.c_str(), static_cast<long long>(row.bytes),
-                      static_cast<long long>(count), dtype_text.c_str(), us, row.algbw, row.busbw,
-                      check ? std::to_string(row.wrong).c_str() : "-");
+          std::printf("  %-8s %12lld %12lld %6s %11.1f %11.3f %11.3f %8s\n", name.c_str(),
+                      static_cast<long long>(row.bytes), static_cast<long long>(count), dtype_text.c_str(), us,
+                      row.algbw, row.busbw, check ? std::to_string(row.wrong).c_str() : "-");
           std::fflush(stdout);
         }
         rows.push_back(row);
@@ -150,14 +160,15 @@ int main(int argc, char** argv) {
       for (size_t i = 0; i < rows.size(); i += comms.size()) {
         std::printf("  %12lld", static_cast<long long>(rows[i].bytes));
         for (size_t k = 1; k < comms.size(); ++k)
-          std::printf("  %s/%s=%.2f", rows[i].backend.c_str(), rows[i + k].backend.c_str(), rows[i].busbw / rows[i + k].busbw);
+          std::printf("  %s/%s=%.2f", rows[i].backend.c_str(), rows[i + k].backend.c_str(),
+                      rows[i].busbw / rows[i + k].busbw);
         std::printf("\n");
       }
     }
     if (world.is_root() && !json_path.empty()) {
       nlohmann::json results = nlohmann::json::array();
       for (const Row& r : rows) {
-        nlohmann::json j{{"backend", r.backend}, {"bytes", r.bytes}, {"count", r.count}, {"type", dtype_text},
+        nlohmann::json j{{"backend", r.backend}, {"bytes", r.bytes},      {"count", r.count},     {"type", dtype_text},
                          {"time_us", r.time_us}, {"algbw_gbps", r.algbw}, {"busbw_gbps", r.busbw}};
         j["wrong"] = r.wrong >= 0 ? nlohmann::json(r.wrong) : nlohmann::json(nullptr);
         results.push_back(j);

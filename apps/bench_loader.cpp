@@ -5,10 +5,10 @@
 //                [--pad-crop 4] [--resized-crop 0] [--hflip] [--repeats 3] [--hdf5-reads]
 //                [--decode scaled,region,whole]
 #include <CLI/CLI.hpp>
-#include <new>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <new>
 #include <sstream>
 
 #include "core/check.h"
@@ -26,12 +26,18 @@ int main(int argc, char** argv) {
   bool hflip = false, hdf5_reads = false;
   app.add_option("--data", data_dir, "shard dataset folder (made by make_shards)")->required();
   app.add_option("--split", split, "split to read")->capture_default_str();
-  app.add_option("-b,--batch-size", batch, "records per batch")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  app.add_option("-b,--batch-size", batch, "records per batch")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   app.add_option("--threads", threads_text, "comma-separated worker thread counts to measure")->capture_default_str();
-  app.add_option("--batches", batches, "batches per measured run")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
-  app.add_option("--pad-crop", pad_crop, "random crop after zero padding by this many pixels")->capture_default_str()
+  app.add_option("--batches", batches, "batches per measured run")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  app.add_option("--pad-crop", pad_crop, "random crop after zero padding by this many pixels")
+      ->capture_default_str()
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 16));
-  app.add_option("--resized-crop", resized_crop, "random-resized crop to this size (0 = off)")->capture_default_str()
+  app.add_option("--resized-crop", resized_crop, "random-resized crop to this size (0 = off)")
+      ->capture_default_str()
       ->check(CLI::Range(int64_t{0}, int64_t{8192}));
   app.add_flag("--hflip", hflip, "random horizontal flip");
   app.add_flag("--hdf5-reads", hdf5_reads, "read decoded images through HDF5 (its lock) instead of pread, to compare");
@@ -39,7 +45,9 @@ int main(int argc, char** argv) {
                  "comma-separated JPEG decode modes to measure, interleaved: scaled (the crop's region at the "
                  "smallest DCT scale covering it), region (the region at full size), whole (all of it at full size)")
       ->capture_default_str();
-  app.add_option("--repeats", repeats, "runs per configuration (median reported)")->capture_default_str()->check(CLI::Range(1, 1000));
+  app.add_option("--repeats", repeats, "runs per configuration (median reported)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000));
   CLI11_PARSE(app, argc, argv);
   try {
     auto items = [](const std::string& text) {
@@ -50,7 +58,8 @@ int main(int argc, char** argv) {
     };
     std::vector<int> thread_counts;
     for (const std::string& item : items(threads_text)) {
-      const bool digits = !item.empty() && item.size() <= 4 && item.find_first_not_of("0123456789") == std::string::npos;
+      const bool digits =
+          !item.empty() && item.size() <= 4 && item.find_first_not_of("0123456789") == std::string::npos;
       const int t = digits ? std::stoi(item) : 0;
       if (t <= 0 || t > 1024) RT_THROW("--threads: '", item, "' is not a thread count from 1 to 1024");
       thread_counts.push_back(t);
@@ -58,7 +67,8 @@ int main(int argc, char** argv) {
     if (thread_counts.empty()) RT_THROW("--threads: no thread count in '", threads_text, "'");
     const std::vector<std::string> decodes = items(decode_text);
     for (const std::string& d : decodes)
-      if (d != "scaled" && d != "region" && d != "whole") RT_THROW("--decode: '", d, "' is not scaled, region or whole");
+      if (d != "scaled" && d != "region" && d != "whole")
+        RT_THROW("--decode: '", d, "' is not scaled, region or whole");
     if (decodes.empty()) RT_THROW("--decode: no mode in '", decode_text, "'");
     // Flags first: opening checksums every shard, which is slow for a large split.
     ShardDataset::OpenOptions oo;
@@ -106,15 +116,16 @@ int main(int argc, char** argv) {
     };
     auto ratio = [&](size_t a, size_t b) {
       std::vector<double> r;
-      for (int k = 0; k < repeats; ++k) r.push_back(rates[a][static_cast<size_t>(k)] / rates[b][static_cast<size_t>(k)]);
+      for (int k = 0; k < repeats; ++k)
+        r.push_back(rates[a][static_cast<size_t>(k)] / rates[b][static_cast<size_t>(k)]);
       return median(r);
     };
     for (size_t c = 0; c < configs; ++c) {
       const size_t d = c / thread_counts.size(), t = c % thread_counts.size();
       const auto [lo, hi] = std::minmax_element(rates[c].begin(), rates[c].end());
       if (info.encoded) std::printf("decode=%s ", decodes[d].c_str());
-      std::printf("threads=%d img_per_s=%.0f (min %.0f, max %.0f over %d runs)", thread_counts[t], median(rates[c]), *lo,
-                  *hi, repeats);
+      std::printf("threads=%d img_per_s=%.0f (min %.0f, max %.0f over %d runs)", thread_counts[t], median(rates[c]),
+                  *lo, *hi, repeats);
       if (t > 0) std::printf(" scaling=%.2fx vs threads=%d", ratio(c, c - t), thread_counts[0]);
       if (d > 0) std::printf(" %.2fx vs decode=%s", ratio(c, t), decodes[0].c_str());
       std::printf("\n");

@@ -21,10 +21,10 @@
 #include "core/allocator.h"
 #include "core/check.h"
 #include "core/ops.h"
-#include "optim/optimizer.h"
 #include "core/parallel.h"
 #include "layers/loss.h"
 #include "layers/models/resnet.h"
+#include "optim/optimizer.h"
 
 using namespace ringtrain;
 
@@ -35,23 +35,37 @@ int main(int argc, char** argv) {
   int threads = 0, steps = 10, warmup = 2;
   double bucket_mb = 25;
   app.add_option("-a,--arch", arch, "architecture")->capture_default_str();
-  app.add_option("-b,--batch-size", batch, "images per step")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 16));
-  app.add_option("--threads", threads, "CPU threads (0: cores / local ranks)")->capture_default_str()->check(CLI::Range(0, 4096));
-  app.add_option("--hw", hw, "image height and width")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{4096}));
-  app.add_option("--in-ch", in_ch, "input channels")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{4096}));
-  app.add_option("--classes", classes, "classes")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-  app.add_option("--steps", steps, "timed steps (median reported)")->capture_default_str()->check(CLI::Range(1, 1000000));
+  app.add_option("-b,--batch-size", batch, "images per step")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 16));
+  app.add_option("--threads", threads, "CPU threads (0: cores / local ranks)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 4096));
+  app.add_option("--hw", hw, "image height and width")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{4096}));
+  app.add_option("--in-ch", in_ch, "input channels")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{4096}));
+  app.add_option("--classes", classes, "classes")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  app.add_option("--steps", steps, "timed steps (median reported)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000000));
   app.add_option("--warmup", warmup, "untimed steps first")->capture_default_str()->check(CLI::Range(0, 1000000));
   app.add_option("--device", device_text, "cpu or cuda[:i]")->capture_default_str();
   app.add_option("--precision", precision, "fp32 (bf16/fp16 autocast comes with mixed precision)")
       ->capture_default_str()
       ->check(CLI::IsMember({"fp32"}));
   app.add_option("--backend", backend,
-                 "gradient all-reduce under mpirun: ring, hierarchical, mpi or nccl; none: every rank trains alone, no sync (the "
+                 "gradient all-reduce under mpirun: ring, hierarchical, mpi or nccl; none: every rank trains alone, no "
+                 "sync (the "
                  "machine's own slowdown from running ranks side by side, the ceiling for weak scaling)")
       ->capture_default_str()
       ->check(CLI::IsMember({"ring", "hierarchical", "mpi", "nccl", "none"}));
-  app.add_option("--bucket-mb", bucket_mb, "gradient bucket size under mpirun")->capture_default_str()
+  app.add_option("--bucket-mb", bucket_mb, "gradient bucket size under mpirun")
+      ->capture_default_str()
       ->check(CLI::Range(1e-6, 1e6));
   app.add_option("--cpu-conv", cpu_conv,
                  "CPU convolutions: auto (Winograd where faster), direct, or compare (alternate the two step by step); "
@@ -69,22 +83,27 @@ int main(int argc, char** argv) {
     Sgd opt(as_named(model.named_parameters()), SgdOptions{.momentum = 0.9, .weight_decay = 5e-4});
     std::unique_ptr<comm::GradSync> sync;
     if (world.size() > 1 && backend != "none")
-      sync = std::make_unique<comm::GradSync>(model, comm::make_communicator(comm::parse_backend(backend), world.comm()),
-                                              comm::GradSyncOptions{.bucket_mb = bucket_mb});
+      sync =
+          std::make_unique<comm::GradSync>(model, comm::make_communicator(comm::parse_backend(backend), world.comm()),
+                                           comm::GradSyncOptions{.bucket_mb = bucket_mb});
     CrossEntropyLoss loss_fn;
     Tensor x = Tensor::normal(Shape{batch, hw, hw, in_ch}, 0, 1, 1, DType::F32, device);
     std::vector<double> ys(static_cast<size_t>(batch));
     for (int64_t i = 0; i < batch; ++i) ys[static_cast<size_t>(i)] = static_cast<double>(i % classes);
     Tensor y = Tensor::from_vector(ys, Shape{batch}, DType::I64, device);
     std::vector<double> times, waits, direct_times, ratios;
-    if (!cpu_conv_given) cpu_convolution();  // a bad RINGTRAIN_CPU_CONV fails here, named
-    else if (!compare) set_cpu_convolution(cpu_conv == "direct" ? CpuConvolution::Direct : CpuConvolution::Auto);
+    if (!cpu_conv_given)
+      cpu_convolution();  // a bad RINGTRAIN_CPU_CONV fails here, named
+    else if (!compare)
+      set_cpu_convolution(cpu_conv == "direct" ? CpuConvolution::Direct : CpuConvolution::Auto);
     for (int s = 0; s < (compare ? 2 : 1) * (warmup + steps); ++s) {
       const bool direct_turn = compare && s % 2 == 0;
       if (compare) set_cpu_convolution(direct_turn ? CpuConvolution::Direct : CpuConvolution::Auto);
       auto t0 = std::chrono::steady_clock::now();
-      if (sync) sync->zero_grad();
-      else opt.zero_grad();
+      if (sync)
+        sync->zero_grad();
+      else
+        opt.zero_grad();
       Tensor loss = loss_fn(model(x), y);
       loss.backward();
       if (sync) {

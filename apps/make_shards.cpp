@@ -58,8 +58,8 @@ void print_summary(const ConvertResult& result, const std::string& out) {
   for (const SplitInfo& split : result.splits) {
     std::printf("%s: %" PRId64 " records in %zu shard%s, %s %s, %d classes, mean %s std %s\n", split.split.c_str(),
                 split.records, split.shards.size(), split.shards.size() == 1 ? "" : "s", split.shape_text().c_str(),
-                split.encoded ? "encoded" : "pixels", split.num_classes,
-                floats_text(split.mean).c_str(), floats_text(split.std).c_str());
+                split.encoded ? "encoded" : "pixels", split.num_classes, floats_text(split.mean).c_str(),
+                floats_text(split.std).c_str());
   }
   std::printf("wrote and validated %s/manifest.json\n", out.c_str());
 }
@@ -103,7 +103,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({1, 3}));
   std::string encode = "raw";
   imagefolder->add_option("--encode", encode, "raw (decoded pixels) or jpeg (the resized images re-encoded)")
-      ->capture_default_str()->check(CLI::IsMember({"raw", "jpeg"}));
+      ->capture_default_str()
+      ->check(CLI::IsMember({"raw", "jpeg"}));
   imagefolder->add_flag("--keep-encoded", keep_encoded, "The same as --encode jpeg");
   imagefolder->add_option("--quality", image_options.jpeg_quality, "JPEG quality for --encode jpeg")
       ->check(CLI::Range(1, 100));
@@ -120,9 +121,12 @@ int main(int argc, char** argv) {
   synthetic->add_option("--count", spec.count, "Train records")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   synthetic->add_option("--classes", spec.num_classes, "Number of classes")->check(CLI::Range(1, 1 << 20));
   std::string synthetic_encode = "raw";
-  synthetic->add_option("--encode", synthetic_encode, "raw (pixels) or jpeg (each record JPEG-encoded; 1 or 3 channels)")
-      ->capture_default_str()->check(CLI::IsMember({"raw", "jpeg"}));
-  synthetic->add_option("--quality", spec.jpeg_quality, "JPEG quality for --encode jpeg")->capture_default_str()
+  synthetic
+      ->add_option("--encode", synthetic_encode, "raw (pixels) or jpeg (each record JPEG-encoded; 1 or 3 channels)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"raw", "jpeg"}));
+  synthetic->add_option("--quality", spec.jpeg_quality, "JPEG quality for --encode jpeg")
+      ->capture_default_str()
       ->check(CLI::Range(1, 100));
   add_common_options(synthetic, common);
 

@@ -35,8 +35,10 @@ int main(int argc, char** argv) {
 
     // ---- facts
     const auto hosts = comm::gather_strings(world.comm(), world.local_rank() == 0 ? runtime::host_report(world) : "");
-    const std::string device = cuda.device_count > 0 ? Device::cuda(world.local_rank() % cuda.device_count).str() : "cpu";
-    const auto map = comm::gather_strings(world.comm(), detail::str_cat(world.host(), " -> ", device, ", ", cpu.threads, " CPU threads"));
+    const std::string device =
+        cuda.device_count > 0 ? Device::cuda(world.local_rank() % cuda.device_count).str() : "cpu";
+    const auto map = comm::gather_strings(
+        world.comm(), detail::str_cat(world.host(), " -> ", device, ", ", cpu.threads, " CPU threads"));
     if (world.is_root()) {
       std::printf("%s\n", runtime::build_identity().c_str());
       std::printf("cpu: %d threads for this process (%d cores available, %d local ranks)\n", num_threads(),
@@ -48,8 +50,9 @@ int main(int argc, char** argv) {
     }
 
     // ---- checks (each collective; the same verdict on every rank)
-    bool all_ok = runtime::report_check(world, "same build", runtime::check_same_build(world),
-                                        detail::str_cat("all ", world.size(), " rank(s) run the same build and libraries"));
+    bool all_ok =
+        runtime::report_check(world, "same build", runtime::check_same_build(world),
+                              detail::str_cat("all ", world.size(), " rank(s) run the same build and libraries"));
     std::vector<Device> devices{Device::cpu()};
     for (int i = 0; i < cuda.device_count; ++i) devices.push_back(Device::cuda(i));
     for (Device d : devices) {
@@ -64,10 +67,12 @@ int main(int argc, char** argv) {
       backends.insert(backends.begin() + 1, comm::Backend::Hierarchical);
     if (cuda.device_count > 0 && cuda.device_count >= world.local_size()) backends.push_back(comm::Backend::Nccl);
     for (comm::Backend b : backends) {
-      const Device dev = b == comm::Backend::Nccl ? Device::cuda(world.local_rank() % cuda.device_count) : Device::cpu();
+      const Device dev =
+          b == comm::Backend::Nccl ? Device::cuda(world.local_rank() % cuda.device_count) : Device::cpu();
       const runtime::AllReduceCheck check = runtime::check_all_reduce(world, b, dev, bytes);
-      all_ok &= runtime::report_check(world, detail::str_cat(comm::backend_name(b), " all-reduce"), check.failure,
-                                      detail::str_cat(format_bytes(bytes), " correct, busbw ", check.busbw_gbs, " GB/s"));
+      all_ok &=
+          runtime::report_check(world, detail::str_cat(comm::backend_name(b), " all-reduce"), check.failure,
+                                detail::str_cat(format_bytes(bytes), " correct, busbw ", check.busbw_gbs, " GB/s"));
     }
     if (!data_dir.empty()) {
       std::string detail_text;

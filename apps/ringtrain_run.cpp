@@ -53,9 +53,7 @@ namespace {
 std::atomic<int> g_signal{0};
 void on_signal(int sig) { g_signal = sig; }
 
-double unix_now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
+double unix_now() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
 double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
 void say(const std::string& text) {
@@ -125,7 +123,8 @@ int exit_status_of(int status) {
 
 // The liveness probe: `true` run on each host through the launch agent, all at once, `timeout_s` at most.
 // Returns the hosts that did not answer.
-std::vector<std::string> probe(const std::vector<Host>& hosts, const std::vector<std::string>& agent, double timeout_s) {
+std::vector<std::string> probe(const std::vector<Host>& hosts, const std::vector<std::string>& agent,
+                               double timeout_s) {
   char self[256] = {0};
   ::gethostname(self, sizeof self - 1);
   std::vector<std::pair<std::string, pid_t>> running;
@@ -133,8 +132,10 @@ std::vector<std::string> probe(const std::vector<Host>& hosts, const std::vector
   for (const auto& h : hosts) {
     if (h.name == self || h.name == "localhost" || h.name == "127.0.0.1") continue;  // this host is alive
     std::vector<std::string> argv = agent;
-    if (!agent.empty() && agent[0] == "srun") argv.push_back("--nodelist=" + h.name);
-    else argv.push_back(h.name);
+    if (!agent.empty() && agent[0] == "srun")
+      argv.push_back("--nodelist=" + h.name);
+    else
+      argv.push_back(h.name);
     argv.push_back("true");
     running.emplace_back(h.name, spawn(argv, false).pid);
   }
@@ -385,7 +386,7 @@ class Supervisor {
   Options o_;
   const MpirunArgs m_;
   const JobFlags flags_;
-  std::string source_;               // where the hosts came from
+  std::string source_;  // where the hosts came from
   std::vector<Host> all_hosts_;
   const std::vector<std::string> agent_;
   Log log_;
@@ -398,14 +399,17 @@ class Supervisor {
   int64_t base_micro_ = 0;           // per-rank batches per optimizer step (ranks x accum) of the first launch
   std::optional<Failure> previous_;  // of the launch before the last
   int restarts_ = 0;
-  int64_t newest_checkpoint_ = 0;    // the step of the newest checkpoint any launch resumed or wrote
-  Launch failed_;                    // the launch that failed last (when it ended, its last step)
+  int64_t newest_checkpoint_ = 0;  // the step of the newest checkpoint any launch resumed or wrote
+  Launch failed_;                  // the launch that failed last (when it ended, its last step)
   TimeLost lost_;
 };
 
 Supervisor::Supervisor(Options o)
-    : o_(std::move(o)), m_(parse_mpirun_args(split_words(o_.mpirun_args))), flags_(read_job_flags(o_.command)),
-      agent_(probe_agent(m_)), log_(!o_.log_jsonl.empty() ? o_.log_jsonl : flags_.log_jsonl) {
+    : o_(std::move(o)),
+      m_(parse_mpirun_args(split_words(o_.mpirun_args))),
+      flags_(read_job_flags(o_.command)),
+      agent_(probe_agent(m_)),
+      log_(!o_.log_jsonl.empty() ? o_.log_jsonl : flags_.log_jsonl) {
   if (o_.max_np == 0) o_.max_np = o_.np;
   RT_CHECK(o_.min_np <= o_.np && o_.np <= o_.max_np, "--min-np ", o_.min_np, " <= --np ", o_.np, " <= --max-np ",
            o_.max_np, " does not hold");
@@ -436,8 +440,9 @@ int Supervisor::run() {
       base_micro_ = l.plan["world_size"].get<int64_t>() * l.plan["accum_steps"].get<int64_t>();
     if (l.ok) return finished();
     if (g_signal)
-      return stop({128 + g_signal, "interrupted",
-                   detail::str_cat("stopped by signal ", g_signal.load(), " (", strsignal(g_signal), "); not restarting")});
+      return stop(
+          {128 + g_signal, "interrupted",
+           detail::str_cat("stopped by signal ", g_signal.load(), " (", strsignal(g_signal), "); not restarting")});
     const std::vector<std::string> dead = probe_hosts(l.failure);
     const std::string what = describe(l.failure);
     const std::variant<Stop, Relaunch> next = decide(attempt, l, dead, what);
@@ -454,9 +459,9 @@ int Supervisor::run() {
 std::vector<std::string> Supervisor::launch_argv(int attempt, const fs::path& hostfile) const {
   std::vector<std::string> argv = {o_.mpirun};
   argv.insert(argv.end(), m_.rest.begin(), m_.rest.end());
-  for (const std::string& a : {std::string("--hostfile"), hostfile.string(), std::string("-np"), std::to_string(np_),
-                               std::string("-x"), std::string("RINGTRAIN_SUPERVISOR=1"), std::string("-x"),
-                               detail::str_cat("RINGTRAIN_RESTART=", attempt)})
+  for (const std::string& a :
+       {std::string("--hostfile"), hostfile.string(), std::string("-np"), std::to_string(np_), std::string("-x"),
+        std::string("RINGTRAIN_SUPERVISOR=1"), std::string("-x"), detail::str_cat("RINGTRAIN_RESTART=", attempt)})
     argv.push_back(a);
   const std::vector<std::string> command = relaunch_command(o_.command, flags_, accum_, attempt > 0, batch_changed_);
   argv.insert(argv.end(), command.begin(), command.end());
@@ -470,13 +475,18 @@ void Supervisor::recovered(int attempt, const Launch& now) {
   const bool stepped = failed_.failure.last_step >= 0;
   const double from_step = stepped ? seconds(failed_.last_step_at, now.first_step_at) : from_end;
   lost_.recovery_s += from_step;
-  say(detail::str_cat("restart ", attempt, " is training again: resumed at step ", now.resumed_step,
-                      now.resumed_from.empty() ? " (no checkpoint: from the start)" : " from " + now.resumed_from,
-                      "; its first step came ", tenths(from_end), " s after the failed job ended",
-                      stepped ? detail::str_cat(" (", tenths(from_step), " s after that job's last step)") : std::string()));
-  log_.write({{"type", "recovered"}, {"restart", attempt}, {"resumed_step", now.resumed_step},
-              {"resumed_from", now.resumed_from}, {"first_step_time", unix_now()},
-              {"seconds_from_failed_exit", from_end}, {"seconds_from_last_step", from_step},
+  say(detail::str_cat(
+      "restart ", attempt, " is training again: resumed at step ", now.resumed_step,
+      now.resumed_from.empty() ? " (no checkpoint: from the start)" : " from " + now.resumed_from,
+      "; its first step came ", tenths(from_end), " s after the failed job ended",
+      stepped ? detail::str_cat(" (", tenths(from_step), " s after that job's last step)") : std::string()));
+  log_.write({{"type", "recovered"},
+              {"restart", attempt},
+              {"resumed_step", now.resumed_step},
+              {"resumed_from", now.resumed_from},
+              {"first_step_time", unix_now()},
+              {"seconds_from_failed_exit", from_end},
+              {"seconds_from_last_step", from_step},
               {"lost_steps", stepped ? failed_.failure.last_step - now.resumed_step : 0}});
 }
 
@@ -544,36 +554,59 @@ void Supervisor::relaunch(int attempt, const Launch& l, const Relaunch& r, const
   previous_ = f;
   const int64_t lost_steps = f.last_step >= 0 ? std::max<int64_t>(0, f.last_step - r.resume_step) : 0;
   const std::string on = names(hosts_for(alive_, np_));
-  say(detail::str_cat("restart ", attempt + 1, " of ", o_.max_restarts, ": ", what,
-                      r.dropped.empty() ? "" : "; dropped " + join(r.dropped, ", "),
-                      r.back.empty() ? "" : "; back: " + join(r.back, ", "), "; relaunching ", np_, " rank(s) on ", on,
-                      " with --accum-steps ", accum_,
-                      r.world.batch_changed ? " (the global batch CHANGES: --allow-batch-change)" : " (same global batch)",
-                      ", --resume auto (",
-                      r.resume_step > 0 ? detail::str_cat("step ", r.resume_step) : std::string("no checkpoint yet: from the start"),
-                      "; ", lost_steps, " step(s) of work lost, ", tenths(lost_s), " s)"));
-  log_.write({{"type", "restart"}, {"restart", attempt + 1}, {"max_restarts", o_.max_restarts}, {"failure", what},
-              {"exit_status", f.exit_status}, {"hosts_dropped", r.dropped}, {"hosts_back", r.back}, {"hosts", on},
-              {"world_size", np_}, {"accum_steps", accum_}, {"global_batch_kept", !r.world.batch_changed},
-              {"last_step", f.last_step}, {"resume_step", r.resume_step}, {"lost_steps", lost_steps},
-              {"lost_work_s", lost_s}, {"detect_s", l.stepped ? seconds(l.last_step_at, l.end) : 0.0}});
+  say(detail::str_cat(
+      "restart ", attempt + 1, " of ", o_.max_restarts, ": ", what,
+      r.dropped.empty() ? "" : "; dropped " + join(r.dropped, ", "),
+      r.back.empty() ? "" : "; back: " + join(r.back, ", "), "; relaunching ", np_, " rank(s) on ", on,
+      " with --accum-steps ", accum_,
+      r.world.batch_changed ? " (the global batch CHANGES: --allow-batch-change)" : " (same global batch)",
+      ", --resume auto (",
+      r.resume_step > 0 ? detail::str_cat("step ", r.resume_step) : std::string("no checkpoint yet: from the start"),
+      "; ", lost_steps, " step(s) of work lost, ", tenths(lost_s), " s)"));
+  log_.write({{"type", "restart"},
+              {"restart", attempt + 1},
+              {"max_restarts", o_.max_restarts},
+              {"failure", what},
+              {"exit_status", f.exit_status},
+              {"hosts_dropped", r.dropped},
+              {"hosts_back", r.back},
+              {"hosts", on},
+              {"world_size", np_},
+              {"accum_steps", accum_},
+              {"global_batch_kept", !r.world.batch_changed},
+              {"last_step", f.last_step},
+              {"resume_step", r.resume_step},
+              {"lost_steps", lost_steps},
+              {"lost_work_s", lost_s},
+              {"detect_s", l.stepped ? seconds(l.last_step_at, l.end) : 0.0}});
 }
 
 int Supervisor::finished() {
-  log_.write({{"type", "supervisor"}, {"outcome", "finished"}, {"restarts", restarts_}, {"exit_status", 0},
-              {"time_lost_s", lost_.total_s()}, {"recovery_s", lost_.recovery_s}, {"lost_work_s", lost_.lost_work_s},
+  log_.write({{"type", "supervisor"},
+              {"outcome", "finished"},
+              {"restarts", restarts_},
+              {"exit_status", 0},
+              {"time_lost_s", lost_.total_s()},
+              {"recovery_s", lost_.recovery_s},
+              {"lost_work_s", lost_.lost_work_s},
               {"reason", ""}});
-  say(detail::str_cat("finished after ", restarts_, " restart(s)",
-                      restarts_ ? detail::str_cat("; time lost ", tenths(lost_.total_s()), " s (recovery ",
-                                                  tenths(lost_.recovery_s), " s, lost work ", tenths(lost_.lost_work_s), " s)")
-                                : std::string()));
+  say(detail::str_cat(
+      "finished after ", restarts_, " restart(s)",
+      restarts_ ? detail::str_cat("; time lost ", tenths(lost_.total_s()), " s (recovery ", tenths(lost_.recovery_s),
+                                  " s, lost work ", tenths(lost_.lost_work_s), " s)")
+                : std::string()));
   return 0;
 }
 
 // The run's last record (how it ended and what the failures cost), and the reason on stderr.
 int Supervisor::stop(const Stop& s) {
-  log_.write({{"type", "supervisor"}, {"outcome", s.outcome}, {"restarts", restarts_}, {"exit_status", s.code},
-              {"time_lost_s", lost_.total_s()}, {"recovery_s", lost_.recovery_s}, {"lost_work_s", lost_.lost_work_s},
+  log_.write({{"type", "supervisor"},
+              {"outcome", s.outcome},
+              {"restarts", restarts_},
+              {"exit_status", s.code},
+              {"time_lost_s", lost_.total_s()},
+              {"recovery_s", lost_.recovery_s},
+              {"lost_work_s", lost_.lost_work_s},
               {"reason", s.why}});
   std::fprintf(stderr, "ringtrain_run: %s\n", s.why.c_str());
   std::fflush(stderr);
@@ -583,21 +616,29 @@ int Supervisor::stop(const Stop& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"Elastic supervisor: runs a training job under mpirun and restarts it on the surviving hosts, from "
-               "its newest checkpoint, when a rank or host fails"};
+  CLI::App app{
+      "Elastic supervisor: runs a training job under mpirun and restarts it on the surviving hosts, from "
+      "its newest checkpoint, when a rank or host fails"};
   Options o;
-  app.add_option("--hostfile", o.hostfile, "Open MPI hostfile of the hosts to use (else the one in --mpirun-args, "
-                                           "the Slurm allocation, or this host)");
+  app.add_option("--hostfile", o.hostfile,
+                 "Open MPI hostfile of the hosts to use (else the one in --mpirun-args, "
+                 "the Slurm allocation, or this host)");
   app.add_option("--np", o.np, "ranks of the first launch")->required()->check(CLI::Range(1, 1 << 20));
   app.add_option("--max-restarts", o.max_restarts, "relaunches after failures before giving up")
-      ->capture_default_str()->check(CLI::Range(0, 1000));
-  app.add_option("--min-np", o.min_np, "fewest ranks a relaunch may use")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1000));
+  app.add_option("--min-np", o.min_np, "fewest ranks a relaunch may use")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
   app.add_option("--max-np", o.max_np, "most ranks a relaunch may use when hosts come back (0: --np)")
-      ->capture_default_str()->check(CLI::Range(0, 1 << 20));
-  app.add_option("--restart-delay", o.restart_delay, "seconds to wait before a relaunch")->capture_default_str()
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 20));
+  app.add_option("--restart-delay", o.restart_delay, "seconds to wait before a relaunch")
+      ->capture_default_str()
       ->check(CLI::Range(0.0, 86400.0));
   app.add_option("--probe-timeout", o.probe_timeout, "seconds a host may take to answer the liveness probe")
-      ->capture_default_str()->check(CLI::Range(0.1, 3600.0));
+      ->capture_default_str()
+      ->check(CLI::Range(0.1, 3600.0));
   app.add_flag("--allow-batch-change", o.allow_batch_change,
                "relaunch even when the global batch cannot be kept on the ranks left (the training changes)");
   app.add_option("--mpirun-args", o.mpirun_args, "options passed to every mpirun (one string, split as sh does)");

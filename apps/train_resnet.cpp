@@ -50,22 +50,32 @@ std::unique_ptr<runtime::DataSource> open_data(const comm::World& world, const r
                                                const std::string& dir, const ResNetFlags& f) {
   const runtime::TrainerOptions& o = trainer.options();
   if (!f.synthetic)
-    return runtime::open_shards(dir, {.choose_transform = [&f](const data::SplitInfo& s) { return transform_for(s, f); },
-                                      .loader_threads = o.loader_threads,
-                                      .loader_nice = o.loader_nice,
-                                      .seed = o.seed,
-                                      .device = trainer.device()});
+    return runtime::open_shards(dir,
+                                {.choose_transform = [&f](const data::SplitInfo& s) { return transform_for(s, f); },
+                                 .loader_threads = o.loader_threads,
+                                 .loader_nice = o.loader_nice,
+                                 .seed = o.seed,
+                                 .device = trainer.device()});
   const int64_t side = f.image_size > 0 ? f.image_size : (is_cifar(f.arch) ? 32 : 224);
-  return runtime::synthetic_data({.size = f.synthetic_size, .height = side, .width = side, .channels = 3,
-                                  .classes = is_cifar(f.arch) ? 10 : 1000, .seed = o.seed, .rank = world.rank(),
+  return runtime::synthetic_data({.size = f.synthetic_size,
+                                  .height = side,
+                                  .width = side,
+                                  .channels = 3,
+                                  .classes = is_cifar(f.arch) ? 10 : 1000,
+                                  .seed = o.seed,
+                                  .rank = world.rank(),
                                   .device = trainer.device()});
 }
 
 int train(comm::World& world, runtime::TrainerOptions options, const std::string& data_dir, const ResNetFlags& f) {
   RT_CHECK(f.synthetic != !data_dir.empty(), "give exactly one of --data DIR or --synthetic");
   options.model_name = f.arch;
-  options.app_config = {{"data", data_dir},       {"synthetic", f.synthetic},   {"arch", f.arch},
-                        {"pad_crop", f.pad_crop}, {"hflip", f.hflip},           {"image_size", f.image_size},
+  options.app_config = {{"data", data_dir},
+                        {"synthetic", f.synthetic},
+                        {"arch", f.arch},
+                        {"pad_crop", f.pad_crop},
+                        {"hflip", f.hflip},
+                        {"image_size", f.image_size},
                         {"synthetic_size", f.synthetic_size}};
   runtime::Trainer trainer(world, options);  // binds the rank, seeds init, watchdog, preflight (--check)
   auto data = open_data(world, trainer, data_dir, f);
@@ -86,14 +96,19 @@ int main(int argc, char** argv) {
   // their defaults first and let the user's flags override them.
   runtime::add_trainer_flags(app, options, data_dir);
   app.add_flag("--synthetic", f.synthetic, "random data shaped for the model instead of --data");
-  app.add_option("--synthetic-size", f.synthetic_size, "records per synthetic epoch")->capture_default_str()
+  app.add_option("--synthetic-size", f.synthetic_size, "records per synthetic epoch")
+      ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
-  app.add_option("-a,--arch", f.arch, "resnet20|32|44|56|110 (CIFAR) or resnet18|34|50|101|152")->capture_default_str()
+  app.add_option("-a,--arch", f.arch, "resnet20|32|44|56|110 (CIFAR) or resnet18|34|50|101|152")
+      ->capture_default_str()
       ->check(CLI::IsMember(resnet_archs()));
   app.add_option("--pad-crop", f.pad_crop, "random crop padding (-1: 4 for images up to 64 px, else off)")
-      ->capture_default_str()->check(CLI::Range(int64_t{-1}, int64_t{1} << 16));
-  app.add_option("--image-size", f.image_size, "random-resized-crop size for large images / synthetic size (0: model default)")
-      ->capture_default_str()->check(CLI::Range(int64_t{0}, int64_t{1} << 16));
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{-1}, int64_t{1} << 16));
+  app.add_option("--image-size", f.image_size,
+                 "random-resized-crop size for large images / synthetic size (0: model default)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 16));
   app.add_flag("!--no-hflip", f.hflip, "disable random horizontal flips");
   CLI11_PARSE(app, argc, argv);
   return comm::run_main(argc, argv, [&](comm::World& world) { return train(world, options, data_dir, f); });

@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "comm/backends.h"
-#include "comm/world.h"
 #include "comm/mpi_check.h"
+#include "comm/world.h"
 #include "core/check.h"
 
 namespace ringtrain::comm {
@@ -22,10 +22,14 @@ Backend parse_backend(const std::string& name) {
 
 const char* backend_name(Backend b) {
   switch (b) {
-    case Backend::Ring: return "ring";
-    case Backend::Mpi: return "mpi";
-    case Backend::Nccl: return "nccl";
-    case Backend::Hierarchical: return "hierarchical";
+    case Backend::Ring:
+      return "ring";
+    case Backend::Mpi:
+      return "mpi";
+    case Backend::Nccl:
+      return "nccl";
+    case Backend::Hierarchical:
+      return "hierarchical";
   }
   return "?";
 }
@@ -33,7 +37,7 @@ const char* backend_name(Backend b) {
 Backend auto_backend(const World& world, Device device) {
   if (device.is_cuda()) return Backend::Nccl;
   return world.num_nodes() > 1 && world.local_size() > 1 && world.nodes_uniform() ? Backend::Hierarchical
-                                                                                   : Backend::Ring;
+                                                                                  : Backend::Ring;
 }
 
 std::string Communicator::describe() const {
@@ -98,21 +102,29 @@ CommunicatorPtr make_communicator(Backend backend, MPI_Comm parent, const CommOp
   RT_CHECK(options.chunk_bytes >= 64 && options.chunk_bytes <= (int64_t{1} << 30),
            "chunk size (CommOptions.chunk_bytes, --chunk-bytes) must be between 64 bytes and 1 GiB, got ",
            options.chunk_bytes);
-  RT_CHECK(options.pipeline_depth >= 1, "CommOptions.pipeline_depth must be at least 1, got ",
-           options.pipeline_depth);
-  RT_CHECK(options.net_chunk_bytes >= 64 && options.net_chunk_bytes <= (int64_t{1} << 30),
-           "network chunk size (CommOptions.net_chunk_bytes, --net-chunk-bytes) must be between 64 bytes and 1 GiB, got ",
-           options.net_chunk_bytes);
+  RT_CHECK(options.pipeline_depth >= 1, "CommOptions.pipeline_depth must be at least 1, got ", options.pipeline_depth);
+  RT_CHECK(
+      options.net_chunk_bytes >= 64 && options.net_chunk_bytes <= (int64_t{1} << 30),
+      "network chunk size (CommOptions.net_chunk_bytes, --net-chunk-bytes) must be between 64 bytes and 1 GiB, got ",
+      options.net_chunk_bytes);
   RT_CHECK(options.net_pipeline_depth >= 1, "CommOptions.net_pipeline_depth must be at least 1, got ",
            options.net_pipeline_depth);
   RT_CHECK(options.node_size >= 0, "CommOptions.node_size must be 0 (the real nodes) or ranks per node, got ",
            options.node_size);
   std::unique_ptr<Communicator> made;
   switch (backend) {
-    case Backend::Ring: made = make_ring_communicator(parent, options); break;
-    case Backend::Mpi: made = make_mpi_communicator(parent, options); break;
-    case Backend::Nccl: made = make_nccl_communicator(parent, options); break;
-    case Backend::Hierarchical: made = make_hierarchical_communicator(parent, options); break;
+    case Backend::Ring:
+      made = make_ring_communicator(parent, options);
+      break;
+    case Backend::Mpi:
+      made = make_mpi_communicator(parent, options);
+      break;
+    case Backend::Nccl:
+      made = make_nccl_communicator(parent, options);
+      break;
+    case Backend::Hierarchical:
+      made = make_hierarchical_communicator(parent, options);
+      break;
   }
   RT_CHECK(made, "make_communicator: bad backend");
   // Destruction never blocks: an object whose thread is stuck in MPI is leaked instead (release_local).

@@ -135,7 +135,7 @@ class Communicator {
 
  protected:
   explicit Communicator(MPI_Comm parent);  // duplicates parent, sets MPI_ERRORS_RETURN
-  void free_comm() noexcept;  // comm_ and sub_comms_
+  void free_comm() noexcept;               // comm_ and sub_comms_
   MPI_Comm comm_ = MPI_COMM_NULL;
   std::vector<MPI_Comm> sub_comms_;  // more private communicators a backend made from comm_
   int rank_ = 0, size_ = 1;
@@ -149,8 +149,7 @@ inline std::pair<int64_t, int64_t> even_shard(int64_t count, int r, int size) {
 
 // A communicator of the given backend over `parent` (collective over parent: every rank must call it).
 // The last reference going away calls release_local() (never blocks); close() first for a clean end.
-CommunicatorPtr make_communicator(Backend backend, MPI_Comm parent = MPI_COMM_WORLD,
-                                  const CommOptions& options = {});
+CommunicatorPtr make_communicator(Backend backend, MPI_Comm parent = MPI_COMM_WORLD, const CommOptions& options = {});
 
 // Shape/dtype/count checks shared by the backends; errors name the operation, tensor and rank.
 void check_collective_tensor(const char* op, const Tensor& t, int rank);

@@ -7,8 +7,8 @@
 #include <mutex>
 #include <sstream>
 
-#include "core/autograd.h"
 #include "comm/mpi_check.h"
+#include "core/autograd.h"
 #include "core/check.h"
 #include "core/device.h"
 #include "core/hash.h"
@@ -47,7 +47,7 @@ struct Bucket {
   int pending = 0;
   WorkPtr work;
   Work::TimePoint launched;
-  WorkPtr gather;          // ZeRO-1: the parameters' all-gather, until finish_gather
+  WorkPtr gather;                  // ZeRO-1: the parameters' all-gather, until finish_gather
   bool zero_after_gather = false;  // zero_grad() came while it was on the wire
 };
 
@@ -71,7 +71,7 @@ struct GradSync::State {
   double last_wait = 0;
   int launched_early = 0;
   std::vector<GradSync::BucketTiming> timings;
-  std::vector<ShardPiece> pieces;  // ZeRO-1
+  std::vector<ShardPiece> pieces;                                 // ZeRO-1
   std::vector<std::shared_ptr<const Module::UseHook>> use_hooks;  // ZeRO-1, one per module with parameters
   bool overlap_allowed = false;  // hooks installed, and no forward has reached a parameter without one yet
   bool gather_overlapped = false;
@@ -217,8 +217,7 @@ void GradSync::State::plan() {
     int64_t offset = 0;
     for (int i : b.params) {
       const int64_t n = params[i].tensor.numel(), a = std::max(lo, offset), e = std::min(hi, offset + n);
-      if (a < e)
-        pieces.push_back({params[i].name, i, k, a - offset, e - offset, a, b.flat.slice(a, e)});
+      if (a < e) pieces.push_back({params[i].name, i, k, a - offset, e - offset, a, b.flat.slice(a, e)});
       offset += n;
     }
   }
@@ -228,8 +227,10 @@ void GradSync::State::ensure_view(Param& p) {
   Tensor g = p.tensor.grad();
   if (g.defined() && g.data_ptr() == p.view.data_ptr()) return;
   // zero_grad(set_to_none) replaced the view by a fresh tensor: bring its values home.
-  if (g.defined()) p.view.copy_(g);
-  else p.view.zero_();
+  if (g.defined())
+    p.view.copy_(g);
+  else
+    p.view.zero_();
   p.tensor.set_grad(p.view);
 }
 
@@ -429,8 +430,10 @@ void GradSync::zero_grad() {
   State& s = *state_;
   std::lock_guard<std::mutex> lock(s.mutex);
   for (Bucket& b : s.buckets) {
-    if (b.gather) b.zero_after_gather = true;  // zeroed once its parameters are out
-    else b.flat.zero_();
+    if (b.gather)
+      b.zero_after_gather = true;  // zeroed once its parameters are out
+    else
+      b.flat.zero_();
   }
   for (Param& p : s.params) s.ensure_view(p);
 }

@@ -66,7 +66,7 @@ struct ShardPiece {
   std::string name;
   int param = -1, bucket = -1;  // indices in registration order / in buckets()
   int64_t begin = 0, end = 0, bucket_offset = 0;
-  Tensor grad;                  // 1-D view of the bucket's gradient buffer (valid after finish())
+  Tensor grad;  // 1-D view of the bucket's gradient buffer (valid after finish())
 };
 
 struct BucketInfo {

@@ -11,9 +11,12 @@ namespace {
 
 MPI_Op mpi_op(HostOp op) {
   switch (op) {
-    case HostOp::Sum: return MPI_SUM;
-    case HostOp::Min: return MPI_MIN;
-    case HostOp::Max: return MPI_MAX;
+    case HostOp::Sum:
+      return MPI_SUM;
+    case HostOp::Min:
+      return MPI_MIN;
+    case HostOp::Max:
+      return MPI_MAX;
   }
   return MPI_SUM;
 }
@@ -124,7 +127,8 @@ std::vector<std::string> gather_strings(MPI_Comm comm, const std::string& mine, 
   // Only the root's lengths are real; elsewhere they are zeros and nothing is received.
   const int total = displacements(lengths, displs);
   std::vector<char> all(static_cast<size_t>(std::max(total, 1)));
-  MPI_CHECK(MPI_Gatherv(mine.data(), length, MPI_CHAR, all.data(), lengths.data(), displs.data(), MPI_CHAR, root, comm));
+  MPI_CHECK(
+      MPI_Gatherv(mine.data(), length, MPI_CHAR, all.data(), lengths.data(), displs.data(), MPI_CHAR, root, comm));
   std::vector<std::string> out;
   if (rank == root)
     for (int r = 0; r < size; ++r) out.emplace_back(all.data() + displs[r], static_cast<size_t>(lengths[r]));

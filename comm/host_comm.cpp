@@ -64,34 +64,61 @@ void scale_loop(T* d, int64_t n, C inv) {
 
 bool reducible(DType dtype, ReduceOp op) {
   switch (dtype) {
-    case DType::F32: case DType::F64: case DType::BF16: case DType::F16: return true;
-    case DType::I32: case DType::I64: return op == ReduceOp::Sum;
-    default: return false;
+    case DType::F32:
+    case DType::F64:
+    case DType::BF16:
+    case DType::F16:
+      return true;
+    case DType::I32:
+    case DType::I64:
+      return op == ReduceOp::Sum;
+    default:
+      return false;
   }
 }
 
 void reduce_sum_into(void* dst, const void* src, int64_t count, DType dtype) {
   switch (dtype) {
-    case DType::F32: add_loop(static_cast<float*>(dst), static_cast<const float*>(src), count); break;
-    case DType::F64: add_loop(static_cast<double*>(dst), static_cast<const double*>(src), count); break;
-    case DType::I32: add_loop(static_cast<int32_t*>(dst), static_cast<const int32_t*>(src), count); break;
-    case DType::I64: add_loop(static_cast<int64_t*>(dst), static_cast<const int64_t*>(src), count); break;
+    case DType::F32:
+      add_loop(static_cast<float*>(dst), static_cast<const float*>(src), count);
+      break;
+    case DType::F64:
+      add_loop(static_cast<double*>(dst), static_cast<const double*>(src), count);
+      break;
+    case DType::I32:
+      add_loop(static_cast<int32_t*>(dst), static_cast<const int32_t*>(src), count);
+      break;
+    case DType::I64:
+      add_loop(static_cast<int64_t*>(dst), static_cast<const int64_t*>(src), count);
+      break;
     case DType::BF16:
       add_loop_16(static_cast<BFloat16*>(dst), static_cast<const BFloat16*>(src), count);
       break;
-    case DType::F16: add_loop_16(static_cast<Half*>(dst), static_cast<const Half*>(src), count); break;
-    default: RT_THROW("reduce: dtype ", dtype, " cannot be summed");
+    case DType::F16:
+      add_loop_16(static_cast<Half*>(dst), static_cast<const Half*>(src), count);
+      break;
+    default:
+      RT_THROW("reduce: dtype ", dtype, " cannot be summed");
   }
 }
 
 void scale_inplace(void* data, int64_t count, DType dtype, int divisor) {
   if (divisor == 1) return;
   switch (dtype) {
-    case DType::F32: scale_loop(static_cast<float*>(data), count, 1.0f / static_cast<float>(divisor)); break;
-    case DType::F64: scale_loop(static_cast<double*>(data), count, 1.0 / divisor); break;
-    case DType::BF16: scale_loop(static_cast<BFloat16*>(data), count, 1.0f / static_cast<float>(divisor)); break;
-    case DType::F16: scale_loop(static_cast<Half*>(data), count, 1.0f / static_cast<float>(divisor)); break;
-    default: RT_THROW("average: dtype ", dtype, " cannot be averaged (sum it instead)");
+    case DType::F32:
+      scale_loop(static_cast<float*>(data), count, 1.0f / static_cast<float>(divisor));
+      break;
+    case DType::F64:
+      scale_loop(static_cast<double*>(data), count, 1.0 / divisor);
+      break;
+    case DType::BF16:
+      scale_loop(static_cast<BFloat16*>(data), count, 1.0f / static_cast<float>(divisor));
+      break;
+    case DType::F16:
+      scale_loop(static_cast<Half*>(data), count, 1.0f / static_cast<float>(divisor));
+      break;
+    default:
+      RT_THROW("average: dtype ", dtype, " cannot be averaged (sum it instead)");
   }
 }
 
@@ -299,8 +326,8 @@ WorkPtr HostCommunicator::broadcast_async(const Tensor& t, int root) {
 WorkPtr HostCommunicator::all_gather_async(const Tensor& in, const Tensor& out) {
   check_collective_tensor("all_gather", in, rank_);
   check_collective_tensor("all_gather", out, rank_);
-  RT_CHECK(in.dtype() == out.dtype() && out.numel() == in.numel() * size_, "all_gather on rank ", rank_,
-           ": output ", out.describe(), " must hold ", size_, " x ", in.numel(), " elements of ", in.dtype());
+  RT_CHECK(in.dtype() == out.dtype() && out.numel() == in.numel() * size_, "all_gather on rank ", rank_, ": output ",
+           out.describe(), " must hold ", size_, " x ", in.numel(), " elements of ", in.dtype());
   auto sin = std::make_shared<HostStage>(in, true);
   auto sout = std::make_shared<HostStage>(out, false);
   return submit(op_text("all_gather", in), [this, sin, sout, bytes = in.nbytes()] {
@@ -314,19 +341,17 @@ WorkPtr HostCommunicator::all_gather_async(const Tensor& in, const Tensor& out) 
 WorkPtr HostCommunicator::reduce_scatter_async(const Tensor& in, const Tensor& out, ReduceOp op) {
   check_collective_tensor("reduce_scatter", in, rank_);
   check_collective_tensor("reduce_scatter", out, rank_);
-  RT_CHECK(in.dtype() == out.dtype() && in.numel() == out.numel() * size_, "reduce_scatter on rank ", rank_,
-           ": input ", in.describe(), " must hold ", size_, " x ", out.numel(), " elements of ", out.dtype());
-  RT_CHECK(reducible(in.dtype(), op), "reduce_scatter on rank ", rank_, ": dtype ", in.dtype(),
-           " cannot be reduced");
+  RT_CHECK(in.dtype() == out.dtype() && in.numel() == out.numel() * size_, "reduce_scatter on rank ", rank_, ": input ",
+           in.describe(), " must hold ", size_, " x ", out.numel(), " elements of ", out.dtype());
+  RT_CHECK(reducible(in.dtype(), op), "reduce_scatter on rank ", rank_, ": dtype ", in.dtype(), " cannot be reduced");
   auto sin = std::make_shared<HostStage>(in, true);
   auto sout = std::make_shared<HostStage>(out, false);
-  return submit(op_text("reduce_scatter", in),
-                [this, sin, sout, op, count = out.numel(), dtype = out.dtype()] {
-                  const void* src = sin->begin();
-                  void* dst = sout->begin();
-                  host_reduce_scatter(src, dst, count, dtype, op);
-                  sout->end();
-                });
+  return submit(op_text("reduce_scatter", in), [this, sin, sout, op, count = out.numel(), dtype = out.dtype()] {
+    const void* src = sin->begin();
+    void* dst = sout->begin();
+    host_reduce_scatter(src, dst, count, dtype, op);
+    sout->end();
+  });
 }
 
 WorkPtr HostCommunicator::reduce_scatter_shard_async(const Tensor& t, ReduceOp op) {

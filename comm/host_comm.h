@@ -64,8 +64,7 @@ class HostCommunicator : public Communicator {
   virtual void host_all_reduce(void* data, int64_t count, DType dtype, ReduceOp op) = 0;
   virtual void host_broadcast(void* data, int64_t bytes, int root) = 0;
   virtual void host_all_gather(const void* in, void* out, int64_t bytes_per_rank) = 0;
-  virtual void host_reduce_scatter(const void* in, void* out, int64_t count_per_rank, DType dtype,
-                                   ReduceOp op) = 0;
+  virtual void host_reduce_scatter(const void* in, void* out, int64_t count_per_rank, DType dtype, ReduceOp op) = 0;
   // The halves of host_all_reduce over shard(); by default the whole all-reduce, then a broadcast of each
   // rank's shard from its owner.
   virtual void host_reduce_scatter_shard(void* data, int64_t count, DType dtype, ReduceOp op);
@@ -90,7 +89,7 @@ class HostCommunicator : public Communicator {
   bool exited_ = false;     // the thread left its loop (guarded by mutex_)
   bool abandoned_ = false;  // an operation was cancelled mid-way: MPI may still use its buffers
   bool closed_ = false;
-  bool detached_ = false;   // the thread was left running in MPI: this object must never be freed
+  bool detached_ = false;  // the thread was left running in MPI: this object must never be freed
   std::atomic<bool> cancelled_{false};
   std::string broken_;  // set by the first failed operation (guarded by mutex_)
   std::thread thread_;

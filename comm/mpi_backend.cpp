@@ -36,13 +36,20 @@ const MpiTypes& mpi_types() {
 // The MPI element type and sum for a reducible dtype.
 std::pair<MPI_Datatype, MPI_Op> mpi_sum(DType dtype) {
   switch (dtype) {
-    case DType::F32: return {MPI_FLOAT, MPI_SUM};
-    case DType::F64: return {MPI_DOUBLE, MPI_SUM};
-    case DType::I32: return {MPI_INT32_T, MPI_SUM};
-    case DType::I64: return {MPI_INT64_T, MPI_SUM};
-    case DType::BF16: return {mpi_types().two_bytes, mpi_types().sum_bf16};
-    case DType::F16: return {mpi_types().two_bytes, mpi_types().sum_f16};
-    default: RT_THROW("mpi backend: dtype ", dtype, " cannot be reduced");
+    case DType::F32:
+      return {MPI_FLOAT, MPI_SUM};
+    case DType::F64:
+      return {MPI_DOUBLE, MPI_SUM};
+    case DType::I32:
+      return {MPI_INT32_T, MPI_SUM};
+    case DType::I64:
+      return {MPI_INT64_T, MPI_SUM};
+    case DType::BF16:
+      return {mpi_types().two_bytes, mpi_types().sum_bf16};
+    case DType::F16:
+      return {mpi_types().two_bytes, mpi_types().sum_f16};
+    default:
+      RT_THROW("mpi backend: dtype ", dtype, " cannot be reduced");
   }
 }
 

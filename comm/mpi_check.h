@@ -19,6 +19,6 @@ std::string mpi_error_text(int code);
 #define RT_DETAIL_MPI_OK(s) ((s) == 0)
 #define MPI_CHECK(call) \
   RT_CALL_CHECK_T("MPI", call, #call, RT_DETAIL_MPI_OK, ::ringtrain::detail::mpi_error_text, RT_DETAIL_NO_DEVICE)
-#define MPI_CHECK_NOTHROW(call)                                                                   \
+#define MPI_CHECK_NOTHROW(call)                                                                      \
   RT_CALL_CHECK_NOTHROW_T("MPI", call, #call, RT_DETAIL_MPI_OK, ::ringtrain::detail::mpi_error_text, \
                           RT_DETAIL_NO_DEVICE)

@@ -42,16 +42,16 @@
 // Non-blocking calls may answer "not finished yet", which is not an error: ncclInProgress from a
 // non-blocking communicator, cudaErrorNotReady from a query.
 #define RT_DETAIL_NCCL_OK_OR_PENDING(s) ((s) == ncclSuccess || (s) == ncclInProgress)
-#define NCCL_CHECK_PENDING(call)                                                  \
-  RT_CALL_CHECK_T("NCCL", call, #call, RT_DETAIL_NCCL_OK_OR_PENDING,              \
-                  ::ringtrain::cuda_detail::nccl_error_text, RT_DETAIL_CUDA_DEVICE)
-#define NCCL_CHECK_PENDING_NOTHROW(call)                                          \
-  RT_CALL_CHECK_NOTHROW_T("NCCL", call, #call, RT_DETAIL_NCCL_OK_OR_PENDING,      \
+#define NCCL_CHECK_PENDING(call)                                                                                \
+  RT_CALL_CHECK_T("NCCL", call, #call, RT_DETAIL_NCCL_OK_OR_PENDING, ::ringtrain::cuda_detail::nccl_error_text, \
+                  RT_DETAIL_CUDA_DEVICE)
+#define NCCL_CHECK_PENDING_NOTHROW(call)                                     \
+  RT_CALL_CHECK_NOTHROW_T("NCCL", call, #call, RT_DETAIL_NCCL_OK_OR_PENDING, \
                           ::ringtrain::cuda_detail::nccl_error_text, RT_DETAIL_CUDA_DEVICE)
 #define RT_DETAIL_CUDA_OK_OR_NOT_READY(s) ((s) == cudaSuccess || (s) == cudaErrorNotReady)
-#define CUDA_CHECK_QUERY(call)                                                    \
-  RT_CALL_CHECK_T("CUDA", call, #call, RT_DETAIL_CUDA_OK_OR_NOT_READY,            \
-                  ::ringtrain::cuda_detail::cuda_error_text, RT_DETAIL_CUDA_DEVICE)
+#define CUDA_CHECK_QUERY(call)                                                                                    \
+  RT_CALL_CHECK_T("CUDA", call, #call, RT_DETAIL_CUDA_OK_OR_NOT_READY, ::ringtrain::cuda_detail::cuda_error_text, \
+                  RT_DETAIL_CUDA_DEVICE)
 
 namespace ringtrain::comm {
 namespace {
@@ -115,8 +115,8 @@ class NcclGroup {
 
 // What the communicator and its handles share: handles may outlive the communicator.
 struct NcclState {
-  std::mutex mutex;              // guards `comm`, `abort_reason` and every NCCL call on the communicator
-  ncclComm_t comm = nullptr;     // null once destroyed or aborted
+  std::mutex mutex;           // guards `comm`, `abort_reason` and every NCCL call on the communicator
+  ncclComm_t comm = nullptr;  // null once destroyed or aborted
   std::atomic<bool> aborted{false};
   std::string abort_reason;
   int rank = 0;
@@ -161,13 +161,20 @@ struct NcclState {
 
 ncclDataType_t nccl_type(DType dtype) {
   switch (dtype) {
-    case DType::F32: return ncclFloat32;
-    case DType::F64: return ncclFloat64;
-    case DType::F16: return ncclFloat16;
-    case DType::BF16: return ncclBfloat16;
-    case DType::I32: return ncclInt32;
-    case DType::I64: return ncclInt64;
-    default: RT_THROW("nccl: dtype ", dtype, " cannot be reduced");
+    case DType::F32:
+      return ncclFloat32;
+    case DType::F64:
+      return ncclFloat64;
+    case DType::F16:
+      return ncclFloat16;
+    case DType::BF16:
+      return ncclBfloat16;
+    case DType::I32:
+      return ncclInt32;
+    case DType::I64:
+      return ncclInt64;
+    default:
+      RT_THROW("nccl: dtype ", dtype, " cannot be reduced");
   }
 }
 
@@ -175,7 +182,10 @@ class NcclWork final : public Work {
  public:
   NcclWork(std::shared_ptr<NcclState> state, std::string what, Event done, std::vector<Tensor> keep,
            Clock::time_point deadline)
-      : state_(std::move(state)), what_(std::move(what)), done_(std::move(done)), keep_(std::move(keep)),
+      : state_(std::move(state)),
+        what_(std::move(what)),
+        done_(std::move(done)),
+        keep_(std::move(keep)),
         deadline_(deadline) {}
 
   // A handle dropped without wait() does not wait (destructors never block): its tensors must not go back
@@ -280,7 +290,8 @@ class NcclCommunicator final : public Communicator {
     closed_ = true;
     std::string failure = shutdown();
     free_comm();
-    if (!failure.empty()) RT_THROW("closing the nccl communicator on rank ", rank_, " failed (it was aborted): ", failure);
+    if (!failure.empty())
+      RT_THROW("closing the nccl communicator on rank ", rank_, " failed (it was aborted): ", failure);
   }
 
   // Local: ncclCommAbort ends our operations without waiting for any peer.
@@ -306,8 +317,8 @@ class NcclCommunicator final : public Communicator {
     const ncclRedOp_t red = op == ReduceOp::Sum ? ncclSum : ncclAvg;
     return launch("all_reduce", t, {t}, [&](ncclComm_t comm, cudaStream_t stream) {
       if (t.numel() == 0) return;
-      NCCL_CHECK_PENDING(ncclAllReduce(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()), type, red,
-                                       comm, stream));
+      NCCL_CHECK_PENDING(
+          ncclAllReduce(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()), type, red, comm, stream));
     });
   }
 
@@ -317,20 +328,20 @@ class NcclCommunicator final : public Communicator {
     // Bytes: any dtype travels.
     return launch("broadcast", t, {t}, [&](ncclComm_t comm, cudaStream_t stream) {
       if (t.nbytes() == 0) return;
-      NCCL_CHECK_PENDING(ncclBroadcast(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.nbytes()), ncclUint8,
-                                       root, comm, stream));
+      NCCL_CHECK_PENDING(
+          ncclBroadcast(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.nbytes()), ncclUint8, root, comm, stream));
     });
   }
 
   WorkPtr all_gather_async(const Tensor& in, const Tensor& out) override {
     check_tensor("all_gather", in);
     check_tensor("all_gather", out);
-    RT_CHECK(in.dtype() == out.dtype() && out.numel() == in.numel() * size_, "all_gather on rank ", rank_,
-             ": output ", out.describe(), " must hold ", size_, " x ", in.numel(), " elements of ", in.dtype());
+    RT_CHECK(in.dtype() == out.dtype() && out.numel() == in.numel() * size_, "all_gather on rank ", rank_, ": output ",
+             out.describe(), " must hold ", size_, " x ", in.numel(), " elements of ", in.dtype());
     return launch("all_gather", in, {in, out}, [&](ncclComm_t comm, cudaStream_t stream) {
       if (in.nbytes() == 0) return;
-      NCCL_CHECK_PENDING(ncclAllGather(in.data_ptr(), out.data_ptr(), static_cast<size_t>(in.nbytes()), ncclUint8,
-                                       comm, stream));
+      NCCL_CHECK_PENDING(
+          ncclAllGather(in.data_ptr(), out.data_ptr(), static_cast<size_t>(in.nbytes()), ncclUint8, comm, stream));
     });
   }
 
@@ -339,14 +350,13 @@ class NcclCommunicator final : public Communicator {
     check_tensor("reduce_scatter", out);
     RT_CHECK(in.dtype() == out.dtype() && in.numel() == out.numel() * size_, "reduce_scatter on rank ", rank_,
              ": input ", in.describe(), " must hold ", size_, " x ", out.numel(), " elements of ", out.dtype());
-    RT_CHECK(reducible(in.dtype(), op), "reduce_scatter on rank ", rank_, ": dtype ", in.dtype(),
-             " cannot be reduced");
+    RT_CHECK(reducible(in.dtype(), op), "reduce_scatter on rank ", rank_, ": dtype ", in.dtype(), " cannot be reduced");
     const ncclDataType_t type = nccl_type(in.dtype());
     const ncclRedOp_t red = op == ReduceOp::Sum ? ncclSum : ncclAvg;
     return launch("reduce_scatter", in, {in, out}, [&](ncclComm_t comm, cudaStream_t stream) {
       if (out.numel() == 0) return;
-      NCCL_CHECK_PENDING(ncclReduceScatter(in.data_ptr(), out.data_ptr(), static_cast<size_t>(out.numel()), type,
-                                           red, comm, stream));
+      NCCL_CHECK_PENDING(
+          ncclReduceScatter(in.data_ptr(), out.data_ptr(), static_cast<size_t>(out.numel()), type, red, comm, stream));
     });
   }
 
@@ -354,8 +364,7 @@ class NcclCommunicator final : public Communicator {
 
  private:
   void init(const CommOptions& options) {
-    RT_CHECK(options.timeout.count() > 0, "CommOptions.timeout must be positive, got ", options.timeout.count(),
-             " ms");
+    RT_CHECK(options.timeout.count() > 0, "CommOptions.timeout must be positive, got ", options.timeout.count(), " ms");
     state_ = std::make_shared<NcclState>();
     state_->rank = rank_;
     state_->timeout = options.timeout;

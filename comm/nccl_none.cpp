@@ -5,8 +5,9 @@
 namespace ringtrain::comm {
 
 std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm, const CommOptions&) {
-  RT_THROW("the nccl backend needs a CUDA build (this ringtrain was configured with RINGTRAIN_CUDA=OFF "
-           "or without nvcc/NCCL); use --backend ring or mpi");
+  RT_THROW(
+      "the nccl backend needs a CUDA build (this ringtrain was configured with RINGTRAIN_CUDA=OFF "
+      "or without nvcc/NCCL); use --backend ring or mpi");
 }
 
 }  // namespace ringtrain::comm

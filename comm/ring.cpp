@@ -80,7 +80,8 @@ void wait_polite(const HostCommunicator& owner, MPI_Request* request, std::chron
   using us = std::chrono::microseconds;
   us pause(10), slept(0);
   for (;;) {
-    if (owner.cancelled()) RT_THROW("ring: cancelled (the communicator was destroyed while this rank waited for a peer)");
+    if (owner.cancelled())
+      RT_THROW("ring: cancelled (the communicator was destroyed while this rank waited for a peer)");
     std::this_thread::sleep_for(pause);
     slept += pause;
     MPI_CHECK(MPI_Test(request, &done, &status));
@@ -93,8 +94,8 @@ void wait_polite(const HostCommunicator& owner, MPI_Request* request, std::chron
 struct Ring {
   MPI_Comm comm = MPI_COMM_NULL;
   int rank = 0, size = 1;
-  int64_t chunk_bytes = 0;  // bytes per message
-  int depth = 1;            // receives in flight
+  int64_t chunk_bytes = 0;                   // bytes per message
+  int depth = 1;                             // receives in flight
   std::chrono::microseconds max_pause{100};  // the longest sleep between polls of a pending message
   int right() const { return (rank + 1) % size; }
   int left() const { return (rank + size - 1) % size; }
@@ -144,8 +145,9 @@ class RingCommunicator final : public HostCommunicator {
     if (size_ == 1 || count == 0) return;
     reduce(static_cast<char*>(data), count, dtype, op, true);
     // 3. Inside the node: every local rank's finished slice to every local rank.
-    if (hierarchical_) all_gather_phase(node_, static_cast<char*>(data), balanced_segments(count, node_.size),
-                                        dtype_size(dtype), node_.size - 1);
+    if (hierarchical_)
+      all_gather_phase(node_, static_cast<char*>(data), balanced_segments(count, node_.size), dtype_size(dtype),
+                       node_.size - 1);
   }
 
   // The first half of host_all_reduce, stopped where every rank owns its final segment.
@@ -253,9 +255,12 @@ class RingCommunicator final : public HostCommunicator {
     set_network(rail_);
     for (MPI_Comm c : {node, rail}) MPI_CHECK(MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN));
     hierarchical_ = uniform && node_.size > 1 && rail_.size > 1;
-    if (!uniform) flat_reason_ = "the nodes hold different numbers of ranks";
-    else if (rail_.size == 1) flat_reason_ = "one node";
-    else if (node_.size == 1) flat_reason_ = "one rank per node";
+    if (!uniform)
+      flat_reason_ = "the nodes hold different numbers of ranks";
+    else if (rail_.size == 1)
+      flat_reason_ = "one node";
+    else if (node_.size == 1)
+      flat_reason_ = "one rank per node";
   }
   void set_network(Ring& g) const {
     g.chunk_bytes = std::min(options_.chunk_bytes, options_.net_chunk_bytes);

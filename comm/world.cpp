@@ -92,17 +92,17 @@ World& World::init(int* argc, char*** argv) {
   int length = 0;
   MPI_CHECK(MPI_Get_processor_name(name, &length));
   std::vector<char> all(static_cast<size_t>(MPI_MAX_PROCESSOR_NAME) * w->size_);
-  MPI_CHECK(MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR,
-                          w->comm_));
+  MPI_CHECK(
+      MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR, w->comm_));
   w->hosts_.clear();
-  for (int r = 0; r < w->size_; ++r) w->hosts_.emplace_back(all.data() + static_cast<size_t>(r) * MPI_MAX_PROCESSOR_NAME);
+  for (int r = 0; r < w->size_; ++r)
+    w->hosts_.emplace_back(all.data() + static_cast<size_t>(r) * MPI_MAX_PROCESSOR_NAME);
   g_world = w;
   return *w;
 }
 
 std::string World::describe() const {
-  return detail::str_cat("rank ", rank_, " of ", size_, " (local ", local_rank_, " of ", local_size_, ") on ",
-                         host());
+  return detail::str_cat("rank ", rank_, " of ", size_, " (local ", local_rank_, " of ", local_size_, ") on ", host());
 }
 
 DeviceBinding World::bind(Device want, int threads, bool allow_shared_gpu) const {
@@ -112,14 +112,14 @@ DeviceBinding World::bind(Device want, int threads, bool allow_shared_gpu) const
   set_num_threads(threads);
   if (want.is_cpu()) {
     b.device = Device::cpu();
-    b.description = detail::str_cat("rank ", rank_, " -> cpu, ", threads, " threads (local rank ", local_rank_,
-                                    " of ", local_size_, ")");
+    b.description = detail::str_cat("rank ", rank_, " -> cpu, ", threads, " threads (local rank ", local_rank_, " of ",
+                                    local_size_, ")");
     return b;
   }
   const int count = cuda_device_count();
   if (count == 0)
-    RT_THROW("rank ", rank_, " on ", host(), ": asked for a CUDA device but none is usable (",
-             cuda_status().reason, "); use --device cpu");
+    RT_THROW("rank ", rank_, " on ", host(), ": asked for a CUDA device but none is usable (", cuda_status().reason,
+             "); use --device cpu");
   if (local_size_ > count && !allow_shared_gpu)
     RT_THROW("rank ", rank_, " on ", host(), ": ", local_size_, " ranks on this node but only ", count,
              " GPU(s); start at most ", count, " ranks per node, or allow ranks to share GPUs (train_resnet ",
@@ -140,10 +140,18 @@ std::string json_quote(const std::string& text) {
   std::string out = "\"";
   for (const char c : text) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (static_cast<unsigned char>(c) < 0x20) {
           char buffer[8];
@@ -168,10 +176,10 @@ void World::abort(const std::string& message, int code, bool permanent) const {
   if (permanent) code = kExitPermanent;
   std::fprintf(stderr, "ringtrain: rank %d (%s): %s\n", rank_, host().c_str(), message.c_str());
   std::fflush(stderr);
-  supervisor_event(detail::str_cat("{\"event\":\"error\",\"rank\":", rank_, ",\"host\":", json_quote(host()),
-                                   ",\"permanent\":", permanent ? "true" : "false", ",\"message\":", json_quote(message),
-                                   "}"),
-                   true);
+  supervisor_event(
+      detail::str_cat("{\"event\":\"error\",\"rank\":", rank_, ",\"host\":", json_quote(host()),
+                      ",\"permanent\":", permanent ? "true" : "false", ",\"message\":", json_quote(message), "}"),
+      true);
   if (size_ == 1) std::_Exit(code);
   MPI_Abort(MPI_COMM_WORLD, code);
   std::_Exit(code);
@@ -193,8 +201,9 @@ int run_main(int argc, char** argv, const std::function<int(World&)>& fn) {
     std::fprintf(stderr, "ringtrain: %s\n", e.what());
     return e.permanent() ? kExitPermanent : 1;
   } catch (const std::bad_alloc&) {
-    const char* text = "out of host memory (an allocation failed): lower --batch-size, the image size or the number "
-                       "of loader threads, or run fewer ranks per node";
+    const char* text =
+        "out of host memory (an allocation failed): lower --batch-size, the image size or the number "
+        "of loader threads, or run fewer ranks per node";
     if (world) world->abort(text);
     std::fprintf(stderr, "ringtrain: %s\n", text);
     return 1;

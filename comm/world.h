@@ -21,8 +21,8 @@ namespace ringtrain::comm {
 
 struct DeviceBinding {
   Device device = Device::cpu();
-  int threads = 1;           // CPU threads for this rank's kernels
-  std::string description;   // "rank 1 -> cuda:1 (local rank 1 of 2)"
+  int threads = 1;          // CPU threads for this rank's kernels
+  std::string description;  // "rank 1 -> cuda:1 (local rank 1 of 2)"
 };
 
 class World {

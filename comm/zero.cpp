@@ -7,8 +7,8 @@
 #include <span>
 #include <sstream>
 
-#include "core/autograd.h"
 #include "comm/mpi_check.h"
+#include "core/autograd.h"
 #include "core/check.h"
 
 namespace ringtrain::comm {
@@ -146,7 +146,8 @@ void ZeroOptimizer::load_state(const State& state) {
   if (auto it = index.find("step"); it != index.end()) mine.emplace_back("step", it->second);
   for (const ShardPiece& p : sync_.shard_pieces()) {
     const std::string prefix = p.name + ".";
-    for (auto it = index.lower_bound(prefix); it != index.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it) {
+    for (auto it = index.lower_bound(prefix); it != index.end() && it->first.compare(0, prefix.size(), prefix) == 0;
+         ++it) {
       const Tensor& t = it->second;
       if (t.ndim() == 0) {
         mine.emplace_back(it->first, t);

@@ -25,8 +25,10 @@ std::string format_bytes(int64_t nbytes) {
     ++unit;
   }
   char buffer[64];
-  if (unit == 0) std::snprintf(buffer, sizeof buffer, "%lld B", static_cast<long long>(nbytes));
-  else std::snprintf(buffer, sizeof buffer, "%.2f %s", value, units[unit]);
+  if (unit == 0)
+    std::snprintf(buffer, sizeof buffer, "%lld B", static_cast<long long>(nbytes));
+  else
+    std::snprintf(buffer, sizeof buffer, "%.2f %s", value, units[unit]);
   return buffer;
 }
 
@@ -40,9 +42,12 @@ int64_t parse_bytes(const std::string& what, const std::string& text) {
   }
   const std::string suffix = text.substr(used);
   double scale = 1;
-  if (suffix == "K" || suffix == "k" || suffix == "KiB") scale = 1024.0;
-  else if (suffix == "M" || suffix == "MiB") scale = 1024.0 * 1024;
-  else if (suffix == "G" || suffix == "GiB") scale = 1024.0 * 1024 * 1024;
+  if (suffix == "K" || suffix == "k" || suffix == "KiB")
+    scale = 1024.0;
+  else if (suffix == "M" || suffix == "MiB")
+    scale = 1024.0 * 1024;
+  else if (suffix == "G" || suffix == "GiB")
+    scale = 1024.0 * 1024 * 1024;
   else if (!suffix.empty() && suffix != "B")
     RT_THROW(what, ": unknown size suffix '", suffix, "' in '", text, "' (use K, M or G)");
   RT_CHECK(std::isfinite(value), what, ": size must be a finite number, got '", text, "'");
@@ -83,12 +88,13 @@ bool tune_malloc() {
   const bool mmap_ok = mallopt(M_MMAP_THRESHOLD, 256 << 20) == 1 || mallopt(M_MMAP_THRESHOLD, 32 << 20) == 1;
   const bool trim_ok = mallopt(M_TRIM_THRESHOLD, 1 << 30) == 1;
   if (!mmap_ok || !trim_ok)
-    std::fprintf(stderr, "ringtrain: glibc refused the malloc thresholds (mmap %s, trim %s): CPU steps will page-fault "
-                 "their activations again\n", mmap_ok ? "ok" : "refused", trim_ok ? "ok" : "refused");
+    std::fprintf(stderr,
+                 "ringtrain: glibc refused the malloc thresholds (mmap %s, trim %s): CPU steps will page-fault "
+                 "their activations again\n",
+                 mmap_ok ? "ok" : "refused", trim_ok ? "ok" : "refused");
   return mmap_ok && trim_ok;
 #endif
 }
-
 
 }  // namespace
 
@@ -130,7 +136,8 @@ void* cpu_allocate(int64_t nbytes) {
   void* ptr = aligned_malloc(static_cast<size_t>(rounded));
   if (!ptr) {
     RT_THROW("CPU out of memory while allocating ", format_bytes(nbytes), " (", nbytes, " bytes); ",
-             format_bytes(g_cpu_allocated.load()), " held by tensors. Try a smaller batch size or fewer loader "
+             format_bytes(g_cpu_allocated.load()),
+             " held by tensors. Try a smaller batch size or fewer loader "
              "workers.");
   }
   int64_t now = g_cpu_allocated.fetch_add(rounded) + rounded;
@@ -146,7 +153,6 @@ void cpu_free(void* ptr, int64_t nbytes) noexcept {
   g_cpu_allocated.fetch_sub(round_up(nbytes > 0 ? nbytes : 1, kCpuAlignment));
 }
 }  // namespace
-
 
 AllocatorStats cpu_allocator_stats() {
   AllocatorStats s;
@@ -199,8 +205,8 @@ void* CachingAllocator::allocate(int64_t nbytes, void* stream) {
     }
     if (!ptr) {
       int64_t total = backend_->device_total_bytes();
-      RT_THROW("out of memory on ", backend_->device_name(), " while allocating ", format_bytes(nbytes), " (",
-               nbytes, " bytes requested): ", format_bytes(stats_.allocated_bytes), " allocated by tensors, ",
+      RT_THROW("out of memory on ", backend_->device_name(), " while allocating ", format_bytes(nbytes), " (", nbytes,
+               " bytes requested): ", format_bytes(stats_.allocated_bytes), " allocated by tensors, ",
                format_bytes(stats_.reserved_bytes), " reserved, peak ", format_bytes(stats_.peak_allocated_bytes),
                total > 0 ? ", device total " + format_bytes(total) : std::string(),
                ". Try a smaller batch size (-b), gradient accumulation (--accum-steps) to keep the global batch, "
@@ -260,9 +266,12 @@ Storage::Storage(void* data, int64_t nbytes, Device device, bool pinned)
     : data_(data), nbytes_(nbytes), device_(device), pinned_(pinned) {}
 
 Storage::~Storage() {
-  if (pinned_) detail::cuda_host_free(data_);
-  else if (device_.is_cpu()) cpu_free(data_, nbytes_);
-  else detail::cuda_free(device_.index, data_);
+  if (pinned_)
+    detail::cuda_host_free(data_);
+  else if (device_.is_cpu())
+    cpu_free(data_, nbytes_);
+  else
+    detail::cuda_free(device_.index, data_);
 }
 
 std::shared_ptr<Storage> allocate_pinned_storage(int64_t nbytes) {

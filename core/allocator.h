@@ -24,9 +24,9 @@ struct AllocatorStats {
   int64_t reserved_bytes = 0;        // obtained from the device: allocated + cached
   int64_t peak_allocated_bytes = 0;  // high-water mark of allocated_bytes since the last reset
   int64_t peak_reserved_bytes = 0;
-  int64_t num_allocations = 0;       // allocate() calls
-  int64_t num_cache_hits = 0;        // allocate() calls served from a free list
-  int64_t num_raw_allocations = 0;   // calls into the backend (cudaMalloc)
+  int64_t num_allocations = 0;      // allocate() calls
+  int64_t num_cache_hits = 0;       // allocate() calls served from a free list
+  int64_t num_raw_allocations = 0;  // calls into the backend (cudaMalloc)
 };
 
 // What the caching allocator obtains memory from.
@@ -66,8 +66,8 @@ class CachingAllocator {
   void release_cached_locked();
   std::unique_ptr<RawBackend> backend_;
   mutable std::mutex mutex_;
-  std::unordered_map<void*, Block> live_;                              // ptr -> block in use
-  std::map<void*, std::multimap<int64_t, void*>> free_by_stream_;     // stream -> size -> ptr
+  std::unordered_map<void*, Block> live_;                          // ptr -> block in use
+  std::map<void*, std::multimap<int64_t, void*>> free_by_stream_;  // stream -> size -> ptr
   AllocatorStats stats_;
 };
 

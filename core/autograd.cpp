@@ -79,8 +79,7 @@ Node::~Node() {
 std::string Node::describe() const {
   std::ostringstream os;
   os << op << "(";
-  for (size_t i = 0; i < inputs.size(); ++i)
-    os << (i ? ", " : "") << dtype_name(inputs[i].dtype) << inputs[i].shape;
+  for (size_t i = 0; i < inputs.size(); ++i) os << (i ? ", " : "") << dtype_name(inputs[i].dtype) << inputs[i].shape;
   os << ")";
   return os.str();
 }
@@ -109,8 +108,10 @@ Tensor record(const char* op, std::initializer_list<const Tensor*> inputs, Tenso
   node->backward = std::move(fn);
   for (const Tensor* t : inputs) {
     node->next.push_back(t ? gradient_edge(*t) : nullptr);
-    if (t && t->defined()) node->inputs.push_back({t->shape(), t->dtype(), t->device()});
-    else node->inputs.push_back({Shape{}, DType::F32, Device::cpu()});
+    if (t && t->defined())
+      node->inputs.push_back({t->shape(), t->dtype(), t->device()});
+    else
+      node->inputs.push_back({Shape{}, DType::F32, Device::cpu()});
   }
   output.impl()->autograd.requires_grad = true;
   output.impl()->autograd.grad_fn = std::move(node);
@@ -133,8 +134,8 @@ void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph)
     }
     seed_grad = Tensor::ones(root.shape(), root.dtype(), root.device());
   } else {
-    RT_CHECK(seed_grad.shape() == root.shape() && seed_grad.dtype() == root.dtype(),
-             "backward(): gradient ", seed_grad.describe(), " does not match the tensor ", root.describe());
+    RT_CHECK(seed_grad.shape() == root.shape() && seed_grad.dtype() == root.dtype(), "backward(): gradient ",
+             seed_grad.describe(), " does not match the tensor ", root.describe());
   }
 
   NoGradGuard no_grad;  // the backward pass itself is not recorded

@@ -21,11 +21,11 @@ struct InputMeta {
 };
 
 struct Node {
-  std::string op;                            // "mul", "matmul", ... (error messages)
-  uint64_t sequence = 0;                     // creation order; later nodes run first
-  std::vector<std::shared_ptr<Node>> next;   // per input: its grad_fn / AccumulateGrad, or null
-  std::vector<InputMeta> inputs;             // to check the gradients backward returns
-  bool released = false;                     // saved tensors freed after a backward
+  std::string op;                           // "mul", "matmul", ... (error messages)
+  uint64_t sequence = 0;                    // creation order; later nodes run first
+  std::vector<std::shared_ptr<Node>> next;  // per input: its grad_fn / AccumulateGrad, or null
+  std::vector<InputMeta> inputs;            // to check the gradients backward returns
+  bool released = false;                    // saved tensors freed after a backward
 
   Node();
   virtual ~Node();  // iterative: tearing down a long chain does not recurse

@@ -57,12 +57,11 @@ std::string str_cat(const Args&... args) {
 }
 
 // One generic reporter for every library: "<lib> error <code> (<text>) in `<call>` at file:line [device d]".
-[[noreturn]] void raise_call_error(std::string_view library, long long code, std::string_view text,
-                                   const char* call, const char* file, int line, int device);
+[[noreturn]] void raise_call_error(std::string_view library, long long code, std::string_view text, const char* call,
+                                   const char* file, int line, int device);
 void report_call_error(std::string_view library, long long code, std::string_view text, const char* call,
                        const char* file, int line, int device) noexcept;
-[[noreturn]] void raise_check_failure(const char* condition, const std::string& message, const char* file,
-                                      int line);
+[[noreturn]] void raise_check_failure(const char* condition, const std::string& message, const char* file, int line);
 
 constexpr int kNoDevice = -1;
 
@@ -70,11 +69,10 @@ constexpr int kNoDevice = -1;
 }  // namespace ringtrain
 
 // Internal invariant / argument check with a streamed message: RT_CHECK(n > 0, "bad n=", n).
-#define RT_CHECK(cond, ...)                                                                           \
-  do {                                                                                                \
-    if (!(cond))                                                                                      \
-      ::ringtrain::detail::raise_check_failure(#cond, ::ringtrain::detail::str_cat(__VA_ARGS__),      \
-                                               __FILE__, __LINE__);                                   \
+#define RT_CHECK(cond, ...)                                                                                           \
+  do {                                                                                                                \
+    if (!(cond))                                                                                                      \
+      ::ringtrain::detail::raise_check_failure(#cond, ::ringtrain::detail::str_cat(__VA_ARGS__), __FILE__, __LINE__); \
   } while (0)
 
 // Throws ringtrain::Error with a streamed message (no condition text).
@@ -87,13 +85,12 @@ constexpr int kNoDevice = -1;
 // `call_text` is the call as written: wrapper macros (MPI_CHECK, CUDA_CHECK, ...) stringize their own
 // argument, because an argument passed on to another macro is macro-expanded first (MPI_INT would
 // show as Open MPI's cast expression).
-#define RT_CALL_CHECK_IMPL(lib, call, call_text, ok, text, device, reporter)                          \
-  do {                                                                                                \
-    auto rt_status_ = (call);                                                                         \
-    if (!(ok(rt_status_))) {                                                                          \
-      reporter(lib, static_cast<long long>(rt_status_), text(rt_status_), call_text, __FILE__,        \
-               __LINE__, device());                                                                   \
-    }                                                                                                 \
+#define RT_CALL_CHECK_IMPL(lib, call, call_text, ok, text, device, reporter)                                        \
+  do {                                                                                                              \
+    auto rt_status_ = (call);                                                                                       \
+    if (!(ok(rt_status_))) {                                                                                        \
+      reporter(lib, static_cast<long long>(rt_status_), text(rt_status_), call_text, __FILE__, __LINE__, device()); \
+    }                                                                                                               \
   } while (0)
 
 #define RT_CALL_CHECK(lib, call, ok, text, device) \

@@ -68,7 +68,7 @@ void set_current_device(Device d);
 class Stream {
  public:
   Stream() = default;
-  static Stream create(Device device);  // a new non-blocking stream on `device`
+  static Stream create(Device device);                                 // a new non-blocking stream on `device`
   void* handle() const { return handle_.get() ? *handle_ : nullptr; }  // cudaStream_t
   Device device() const { return device_; }
   void synchronize() const;

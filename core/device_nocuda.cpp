@@ -80,8 +80,8 @@ void cuda_copy_bytes(void* /*dst*/, Device dst_device, const void* /*src*/, Devi
   raise_no_cuda("cannot copy " + src_device.str() + " -> " + dst_device.str());
 }
 
-void cuda_copy_bytes_async(void* /*dst*/, Device dst_device, const void* /*src*/, Device src_device,
-                           int64_t /*nbytes*/, const Stream& /*stream*/) {
+void cuda_copy_bytes_async(void* /*dst*/, Device dst_device, const void* /*src*/, Device src_device, int64_t /*nbytes*/,
+                           const Stream& /*stream*/) {
   raise_no_cuda("cannot copy " + src_device.str() + " -> " + dst_device.str());
 }
 

@@ -5,9 +5,9 @@
 #include <cstdint>
 #include <cstring>
 #include <ostream>
-#include <type_traits>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 #if defined(__CUDACC__)
 #define RT_HOST_DEVICE __host__ __device__
@@ -22,26 +22,40 @@ inline constexpr int kNumDTypes = 7;
 
 constexpr int64_t dtype_size(DType t) {
   switch (t) {
-    case DType::F32: return 4;
-    case DType::F64: return 8;
-    case DType::F16: return 2;
-    case DType::BF16: return 2;
-    case DType::I32: return 4;
-    case DType::I64: return 8;
-    case DType::U8: return 1;
+    case DType::F32:
+      return 4;
+    case DType::F64:
+      return 8;
+    case DType::F16:
+      return 2;
+    case DType::BF16:
+      return 2;
+    case DType::I32:
+      return 4;
+    case DType::I64:
+      return 8;
+    case DType::U8:
+      return 1;
   }
   return 0;
 }
 
 constexpr std::string_view dtype_name(DType t) {
   switch (t) {
-    case DType::F32: return "f32";
-    case DType::F64: return "f64";
-    case DType::F16: return "f16";
-    case DType::BF16: return "bf16";
-    case DType::I32: return "i32";
-    case DType::I64: return "i64";
-    case DType::U8: return "u8";
+    case DType::F32:
+      return "f32";
+    case DType::F64:
+      return "f64";
+    case DType::F16:
+      return "f16";
+    case DType::BF16:
+      return "bf16";
+    case DType::I32:
+      return "i32";
+    case DType::I64:
+      return "i64";
+    case DType::U8:
+      return "u8";
   }
   return "?";
 }
@@ -87,7 +101,7 @@ RT_HOST_DEVICE inline Half f32_to_f16(float f) {
   uint32_t u = f32_bits(f);
   uint32_t sign = (u >> 16) & 0x8000u;
   uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x7f800000u) return Half{static_cast<uint16_t>(sign | 0x7e00u)};  // NaN
+  if (abs > 0x7f800000u) return Half{static_cast<uint16_t>(sign | 0x7e00u)};   // NaN
   if (abs >= 0x477ff000u) return Half{static_cast<uint16_t>(sign | 0x7c00u)};  // overflow -> inf
   if (abs < 0x38800000u) {                                                     // subnormal or zero in f16
     // Shift the implicit-1 mantissa into the subnormal position, rounding to nearest even.
@@ -120,33 +134,61 @@ RT_HOST_DEVICE inline float f16_to_f32(Half h) {
 }
 
 // Maps DType to its storage type and back; used by the CPU kernels' dispatch.
-template <DType T> struct StorageOf;
-template <> struct StorageOf<DType::F32> { using type = float; };
-template <> struct StorageOf<DType::F64> { using type = double; };
-template <> struct StorageOf<DType::F16> { using type = Half; };
-template <> struct StorageOf<DType::BF16> { using type = BFloat16; };
-template <> struct StorageOf<DType::I32> { using type = int32_t; };
-template <> struct StorageOf<DType::I64> { using type = int64_t; };
-template <> struct StorageOf<DType::U8> { using type = uint8_t; };
+template <DType T>
+struct StorageOf;
+template <>
+struct StorageOf<DType::F32> {
+  using type = float;
+};
+template <>
+struct StorageOf<DType::F64> {
+  using type = double;
+};
+template <>
+struct StorageOf<DType::F16> {
+  using type = Half;
+};
+template <>
+struct StorageOf<DType::BF16> {
+  using type = BFloat16;
+};
+template <>
+struct StorageOf<DType::I32> {
+  using type = int32_t;
+};
+template <>
+struct StorageOf<DType::I64> {
+  using type = int64_t;
+};
+template <>
+struct StorageOf<DType::U8> {
+  using type = uint8_t;
+};
 
 // The type kernels compute in for storage type S: f32 for f32 and the 16-bit floats, f64 for f64,
 // i64 for every integer type. Shared by the CPU and CUDA kernels so both round the same way.
 template <typename S>
-using compute_t = std::conditional_t<std::is_same_v<S, double>, double,
-                                     std::conditional_t<std::is_integral_v<S>, int64_t, float>>;
+using compute_t =
+    std::conditional_t<std::is_same_v<S, double>, double, std::conditional_t<std::is_integral_v<S>, int64_t, float>>;
 
 // Loads any storage type as the compute type C (float for the 16-bit types) and stores back.
 template <typename C, typename S>
 RT_HOST_DEVICE inline C load_as(S v) {
-  if constexpr (std::is_same_v<S, Half>) return static_cast<C>(f16_to_f32(v));
-  else if constexpr (std::is_same_v<S, BFloat16>) return static_cast<C>(bf16_to_f32(v));
-  else return static_cast<C>(v);
+  if constexpr (std::is_same_v<S, Half>)
+    return static_cast<C>(f16_to_f32(v));
+  else if constexpr (std::is_same_v<S, BFloat16>)
+    return static_cast<C>(bf16_to_f32(v));
+  else
+    return static_cast<C>(v);
 }
 template <typename S, typename C>
 RT_HOST_DEVICE inline S store_as(C v) {
-  if constexpr (std::is_same_v<S, Half>) return f32_to_f16(static_cast<float>(v));
-  else if constexpr (std::is_same_v<S, BFloat16>) return f32_to_bf16(static_cast<float>(v));
-  else return static_cast<S>(v);
+  if constexpr (std::is_same_v<S, Half>)
+    return f32_to_f16(static_cast<float>(v));
+  else if constexpr (std::is_same_v<S, BFloat16>)
+    return f32_to_bf16(static_cast<float>(v));
+  else
+    return static_cast<S>(v);
 }
 
 }  // namespace ringtrain

@@ -81,10 +81,10 @@ RT_HOST_DEVICE inline uint64_t fixed_square(S x, double scale) {
 // (1 - dampening) * g) and d = nesterov ? g + momentum * buf : buf, else d = g; p -= lr * d.
 struct SgdTensor {
   Tensor* param = nullptr;
-  const Tensor* grad = nullptr;     // param's shape, dtype and device
-  Tensor* momentum = nullptr;       // null: no momentum
+  const Tensor* grad = nullptr;  // param's shape, dtype and device
+  Tensor* momentum = nullptr;    // null: no momentum
   double weight_decay = 0.0;
-  bool init_momentum = false;       // first step: buf = g
+  bool init_momentum = false;  // first step: buf = g
 };
 struct SgdArgs {
   double lr = 0.0, momentum = 0.0, dampening = 0.0;
@@ -128,8 +128,10 @@ struct AdamWArgs {
 template <typename C>
 RT_HOST_DEVICE inline C sqrt_as(C x) {
 #ifdef __CUDA_ARCH__
-  if constexpr (std::is_same_v<C, float>) return sqrtf(x);
-  else return sqrt(x);
+  if constexpr (std::is_same_v<C, float>)
+    return sqrtf(x);
+  else
+    return sqrt(x);
 #else
   return std::sqrt(x);
 #endif
@@ -183,8 +185,8 @@ struct KernelTable {
   // Writes log_probs [rows, cols] (logits' dtype) and loss [rows] (F32 for 16-bit logits, else logits' dtype):
   // loss_r = -(1 - eps) * logp[r, y_r] - (eps / cols) * sum_c logp[r, c].
   // A label outside [0, cols) sets *bad_label to its row (first such row; untouched otherwise).
-  void (*cross_entropy)(const Tensor& logits, const Tensor& labels, double smoothing, Tensor& log_probs,
-                        Tensor& loss, int64_t* bad_label) = nullptr;
+  void (*cross_entropy)(const Tensor& logits, const Tensor& labels, double smoothing, Tensor& log_probs, Tensor& loss,
+                        int64_t* bad_label) = nullptr;
   // dlogits[r, c] = scale * (exp(logp[r, c]) - (1 - eps) [c == y_r] - eps / cols); scale = dloss / rows.
   void (*cross_entropy_backward)(const Tensor& log_probs, const Tensor& labels, double smoothing, double scale,
                                  Tensor& dlogits) = nullptr;
@@ -204,8 +206,8 @@ struct KernelTable {
   // running stats and the saved stats are F32 (F64 for f64 inputs). residual (x's shape and dtype, may
   // be null) is added before the ReLU; relu: y = max(y, 0) (fused BN + add + ReLU of residual blocks).
   void (*batch_norm_forward)(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
-                             const Tensor& running_var, bool training, double eps, bool relu, const Tensor* residual, Tensor& y,
-                             Tensor& save_mean, Tensor& save_invstd) = nullptr;
+                             const Tensor& running_var, bool training, double eps, bool relu, const Tensor* residual,
+                             Tensor& y, Tensor& save_mean, Tensor& save_invstd) = nullptr;
   // Gradients given dy (already masked by the fused ReLU when there was one). training: the full batch
   // statistics gradient; eval: dx = dy * gamma * invstd. dgamma = sum(dy * xhat), dbeta = sum(dy).
   void (*batch_norm_backward)(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& save_mean,
@@ -252,9 +254,10 @@ struct KernelTable {
   void (*unscale_multi_tensor)(const std::vector<Tensor*>& grads, double inv_scale, Tensor& found_inf) = nullptr;
   // The two passes of the exact gradient norm (optim/clip.h), all tensors on this device with one
   // floating dtype. abs_max: out (an I32 scalar, zeroed by the caller) becomes the largest abs_bits()
-  // of any element (the sign bit is clear, so as an int32 it orders the same), so NaN beats inf beats every finite value. square_sum: out (I64 (2), zeroed
-  // by the caller) gains the sums of the low and of the high 32 bits of fixed_square(x, scale) over every
-  // element. Both are integer maxima and sums: exact, so threads and atomics may meet in any order.
+  // of any element (the sign bit is clear, so as an int32 it orders the same), so NaN beats inf beats every finite
+  // value. square_sum: out (I64 (2), zeroed by the caller) gains the sums of the low and of the high 32 bits of
+  // fixed_square(x, scale) over every element. Both are integer maxima and sums: exact, so threads and atomics may meet
+  // in any order.
   void (*abs_max_multi_tensor)(const std::vector<Tensor*>& grads, Tensor& out) = nullptr;
   void (*square_sum_multi_tensor)(const std::vector<Tensor*>& grads, double scale, Tensor& out) = nullptr;
   // Called by the dispatcher after every op on this device, naming the op: on CUDA it checks

@@ -63,19 +63,32 @@ std::atomic<uint64_t> g_stream{1};
 
 const char* binary_name(BinaryOp op) {
   switch (op) {
-    case BinaryOp::Add: return "add";
-    case BinaryOp::Sub: return "sub";
-    case BinaryOp::Mul: return "mul";
-    case BinaryOp::Div: return "div";
-    case BinaryOp::Maximum: return "maximum";
-    case BinaryOp::Minimum: return "minimum";
-    case BinaryOp::Eq: return "eq";
-    case BinaryOp::Ne: return "ne";
-    case BinaryOp::Lt: return "lt";
-    case BinaryOp::Le: return "le";
-    case BinaryOp::Gt: return "gt";
-    case BinaryOp::Ge: return "ge";
-    case BinaryOp::ReluGrad: return "relu_backward";
+    case BinaryOp::Add:
+      return "add";
+    case BinaryOp::Sub:
+      return "sub";
+    case BinaryOp::Mul:
+      return "mul";
+    case BinaryOp::Div:
+      return "div";
+    case BinaryOp::Maximum:
+      return "maximum";
+    case BinaryOp::Minimum:
+      return "minimum";
+    case BinaryOp::Eq:
+      return "eq";
+    case BinaryOp::Ne:
+      return "ne";
+    case BinaryOp::Lt:
+      return "lt";
+    case BinaryOp::Le:
+      return "le";
+    case BinaryOp::Gt:
+      return "gt";
+    case BinaryOp::Ge:
+      return "ge";
+    case BinaryOp::ReluGrad:
+      return "relu_backward";
   }
   return "binary";
 }
@@ -100,8 +113,7 @@ void check_same_device_dtype(const char* op, const Tensor& a, const Tensor& b) {
   if (a.device() != b.device())
     RT_THROW("op '", op, "': inputs are on different devices: ", a.describe(), " and ", b.describe());
   if (a.dtype() != b.dtype())
-    RT_THROW("op '", op, "': dtype mismatch: ", a.describe(), " and ", b.describe(),
-             " (convert one with .to(dtype))");
+    RT_THROW("op '", op, "': dtype mismatch: ", a.describe(), " and ", b.describe(), " (convert one with .to(dtype))");
 }
 
 void check_floating(const char* op, const Tensor& x) {
@@ -168,8 +180,10 @@ Tensor reduce_forward(ReduceOp op, const char* name, const Tensor& x, int dim, b
     n = s[d];
     for (int i = d + 1; i < s.ndim(); ++i) inner *= s[i];
     for (int i = 0; i < s.ndim(); ++i) {
-      if (i != d) out_dims.push_back(s[i]);
-      else if (keepdim) out_dims.push_back(1);
+      if (i != d)
+        out_dims.push_back(s[i]);
+      else if (keepdim)
+        out_dims.push_back(1);
     }
   }
   if (op == ReduceOp::Max && n == 0) RT_THROW("op '", name, "' of an empty dimension of ", x.describe());
@@ -196,9 +210,8 @@ Tensor sum_impl(const Tensor& x, int dim, bool keepdim) {
   if (!needs_grad({&x})) return out;
   Shape input_shape = x.shape();
   int wrapped = dim == kAllDims ? kAllDims : input_shape.wrap_dim(dim, "sum");
-  return record("sum", {&x}, out, [input_shape, wrapped](const Tensor& g) {
-    return Grads{expand_reduced(g, input_shape, wrapped)};
-  });
+  return record("sum", {&x}, out,
+                [input_shape, wrapped](const Tensor& g) { return Grads{expand_reduced(g, input_shape, wrapped)}; });
 }
 
 Tensor max_impl(const Tensor& x, int dim, bool keepdim) {
@@ -277,8 +290,7 @@ Tensor sub(const Tensor& a, const Tensor& b) {
   Tensor out = binary_forward(BinaryOp::Sub, a, b);
   if (!needs_grad({&a, &b})) return out;
   Shape sa = a.shape(), sb = b.shape();
-  return record("sub", {&a, &b}, out,
-                [sa, sb](const Tensor& g) { return Grads{sum_to(g, sa), sum_to(neg(g), sb)}; });
+  return record("sub", {&a, &b}, out, [sa, sb](const Tensor& g) { return Grads{sum_to(g, sa), sum_to(neg(g), sb)}; });
 }
 
 Tensor mul(const Tensor& a, const Tensor& b) {
@@ -363,9 +375,8 @@ Tensor pow(const Tensor& a, double exponent) {
   Tensor out = scalar_forward(ScalarOp::Pow, "pow", a, exponent);
   if (!needs_grad({&a})) return out;
   Tensor sa = a.detach();
-  return record("pow", {&a}, out, [sa, exponent](const Tensor& g) {
-    return Grads{mul(mul(g, pow(sa, exponent - 1.0)), exponent)};
-  });
+  return record("pow", {&a}, out,
+                [sa, exponent](const Tensor& g) { return Grads{mul(mul(g, pow(sa, exponent - 1.0)), exponent)}; });
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -383,8 +394,8 @@ Tensor relu(const Tensor& x) {
   Tensor sx = x.detach();
   return record("relu", {&x}, out, [sx](const Tensor& g) {
     Tensor dx = Tensor::empty(g.shape(), g.dtype(), g.device());
-    RT_KERNEL(g.device(), "relu_backward", binary)(BinaryOp::ReluGrad, g, sx, dx,
-                                                    make_broadcast(g.shape(), sx.shape(), g.shape()));
+    RT_KERNEL(g.device(), "relu_backward", binary)
+    (BinaryOp::ReluGrad, g, sx, dx, make_broadcast(g.shape(), sx.shape(), g.shape()));
     detail::after_op(g.device(), "relu_backward");
     return Grads{dx};
   });
@@ -481,14 +492,13 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
              b.describe());
   const int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
   if (b.size(-2) != k)
-    RT_THROW("op 'matmul': inner dimensions differ: ", a.describe(), " x ", b.describe(), " (", k, " vs ",
-             b.size(-2), ")");
+    RT_THROW("op 'matmul': inner dimensions differ: ", a.describe(), " x ", b.describe(), " (", k, " vs ", b.size(-2),
+             ")");
   const bool batched_b = b.ndim() == 3;
   int64_t batch = 1;  // product of a's leading dims (not numel / (m k), which breaks for k == 0)
   for (int d = 0; d < a.ndim() - 2; ++d) batch *= a.size(d);
   if (batched_b && (a.ndim() != 3 || a.size(0) != b.size(0)))
-    RT_THROW("op 'matmul': batched b ", b.describe(), " needs a of shape (", b.size(0), ", M, K), got ",
-             a.describe());
+    RT_THROW("op 'matmul': batched b ", b.describe(), " needs a of shape (", b.size(0), ", M, K), got ", a.describe());
   std::vector<int64_t> out_dims(a.shape().begin(), a.shape().end());
   out_dims.back() = n;
   Tensor out = Tensor::empty(Shape(std::span<const int64_t>(out_dims)), a.dtype(), a.device());
@@ -505,20 +515,25 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
     Tensor ga, gb;
     if (need_a) {  // dA = dC B^T
       ga = Tensor::empty(sa.shape(), g.dtype(), g.device());
-      if (batched_b) gemm_into(g, sb, ga, false, true, m, k, n, batch, m * n, k * n);
-      else gemm_into(g, sb, ga, false, true, batch * m, k, n, 1, 0, 0);
+      if (batched_b)
+        gemm_into(g, sb, ga, false, true, m, k, n, batch, m * n, k * n);
+      else
+        gemm_into(g, sb, ga, false, true, batch * m, k, n, 1, 0, 0);
     }
     if (need_b) {  // dB = A^T dC
       gb = Tensor::empty(sb.shape(), g.dtype(), g.device());
-      if (batched_b) gemm_into(sa, g, gb, true, false, k, n, m, batch, m * k, m * n);
-      else gemm_into(sa, g, gb, true, false, k, n, batch * m, 1, 0, 0);
+      if (batched_b)
+        gemm_into(sa, g, gb, true, false, k, n, m, batch, m * k, m * n);
+      else
+        gemm_into(sa, g, gb, true, false, k, n, batch * m, 1, 0, 0);
     }
     return Grads{ga, gb};
   });
 }
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  if (auto dtype = autocast_for(x, weight)) return linear(x.to(*dtype), weight.to(*dtype), cast_if_defined(bias, *dtype));
+  if (auto dtype = autocast_for(x, weight))
+    return linear(x.to(*dtype), weight.to(*dtype), cast_if_defined(bias, *dtype));
   check_same_device_dtype("linear", x, weight);
   if (weight.ndim() != 2 || x.ndim() < 1 || x.size(-1) != weight.size(1))
     RT_THROW("op 'linear': input ", x.describe(), " and weight ", weight.describe(),
@@ -566,7 +581,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 // Convolution
 
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dParams& params) {
-  if (auto dtype = autocast_for(x, weight)) return conv2d(x.to(*dtype), weight.to(*dtype), cast_if_defined(bias, *dtype), params);
+  if (auto dtype = autocast_for(x, weight))
+    return conv2d(x.to(*dtype), weight.to(*dtype), cast_if_defined(bias, *dtype), params);
   check_same_device_dtype("conv2d", x, weight);
   check_floating("conv2d", x);
   const auto& pr = params;
@@ -675,7 +691,8 @@ void update_running_statistics(const Tensor& running_mean, const Tensor& running
 Tensor relu_masked(const Tensor& dy, const Tensor& y, const char* op) {
   if (!y.defined()) return dy;
   Tensor masked = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
-  RT_KERNEL(dy.device(), op, binary)(BinaryOp::ReluGrad, dy, y, masked, make_broadcast(dy.shape(), y.shape(), dy.shape()));
+  RT_KERNEL(dy.device(), op, binary)
+  (BinaryOp::ReluGrad, dy, y, masked, make_broadcast(dy.shape(), y.shape(), dy.shape()));
   return masked;
 }
 }  // namespace
@@ -690,8 +707,8 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, con
   Tensor save_mean = Tensor::empty(Shape{C}, param_dtype, x.device());
   Tensor save_invstd = Tensor::empty(Shape{C}, param_dtype, x.device());
   const Tensor* residual_ptr = residual.defined() ? &residual : nullptr;
-  RT_KERNEL(x.device(), "batch_norm", batch_norm_forward)(x, weight, bias, running_mean, running_var, training, eps,
-                                                          fuse_relu, residual_ptr, y, save_mean, save_invstd);
+  RT_KERNEL(x.device(), "batch_norm", batch_norm_forward)
+  (x, weight, bias, running_mean, running_var, training, eps, fuse_relu, residual_ptr, y, save_mean, save_invstd);
   detail::after_op(x.device(), "batch_norm");
   if (training) {
     NoGradGuard no_grad;
@@ -721,8 +738,8 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, con
                   if (mask_from_x) {
                     fused_backward(sx, dy, sw, sb, save_mean, save_invstd, training, dx, dw, db);
                   } else {
-                    RT_KERNEL(dy.device(), "batch_norm_backward", batch_norm_backward)(sx, dy, sw, save_mean,
-                                                                                       save_invstd, training, dx, dw, db);
+                    RT_KERNEL(dy.device(), "batch_norm_backward", batch_norm_backward)
+                    (sx, dy, sw, save_mean, save_invstd, training, dx, dw, db);
                   }
                   detail::after_op(dy.device(), "batch_norm_backward");
                   // The residual's gradient is the (ReLU-masked) output gradient itself.
@@ -787,30 +804,32 @@ Tensor sync_batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias
   const Tensor save_invstd = Tensor::from_vector(invstd, Shape{C}, param_dtype, device);
   Tensor y = Tensor::empty(x.shape(), x.dtype(), device);
   const Tensor* residual_ptr = residual.defined() ? &residual : nullptr;
-  RT_KERNEL(device, "sync_batch_norm", batch_norm_apply)(x, weight, bias, save_mean, save_invstd, fuse_relu, residual_ptr, y);
+  RT_KERNEL(device, "sync_batch_norm", batch_norm_apply)
+  (x, weight, bias, save_mean, save_invstd, fuse_relu, residual_ptr, y);
   detail::after_op(device, "sync_batch_norm");
   update_running_statistics(running_mean, running_var, save_mean,
                             Tensor::from_vector(unbiased, Shape{C}, param_dtype, device), momentum, momentum);
   if (!needs_grad({&x, &weight, &bias, &residual})) return y;
   Tensor sx = x.detach(), sw = weight.detach(), sy = fuse_relu ? y.detach() : Tensor();
   const bool has_residual = residual.defined();
-  return record("sync_batch_norm", {&x, &weight, &bias, &residual}, y,
-                [sx, sw, sy, save_mean, save_invstd, has_residual, exchange, count, C, param_dtype](const Tensor& dy_in) {
-                  NoGradGuard no_grad;
-                  const Tensor dy = relu_masked(dy_in, sy, "sync_batch_norm_backward");
-                  Tensor sums = Tensor::empty(Shape{2 * C}, DType::F64, dy.device());
-                  RT_KERNEL(dy.device(), "sync_batch_norm_backward", batch_norm_backward_reduce)(sx, dy, save_mean,
-                                                                                                save_invstd, sums);
-                  // This replica's parameter gradients; the sums over every replica for dx.
-                  Tensor dbeta = sums.slice(0, C).to(param_dtype), dgamma = sums.slice(C, 2 * C).to(param_dtype);
-                  Tensor global = sums.clone();
-                  exchange->all_reduce_sum(global);
-                  Tensor dx = Tensor::empty(sx.shape(), sx.dtype(), sx.device());
-                  RT_KERNEL(dy.device(), "sync_batch_norm_backward", batch_norm_backward_elemt)(
-                      sx, dy, sw, save_mean, save_invstd, global, count, dx);
-                  detail::after_op(dy.device(), "sync_batch_norm_backward");
-                  return Grads{dx, dgamma, dbeta, has_residual ? dy : Tensor()};
-                });
+  return record(
+      "sync_batch_norm", {&x, &weight, &bias, &residual}, y,
+      [sx, sw, sy, save_mean, save_invstd, has_residual, exchange, count, C, param_dtype](const Tensor& dy_in) {
+        NoGradGuard no_grad;
+        const Tensor dy = relu_masked(dy_in, sy, "sync_batch_norm_backward");
+        Tensor sums = Tensor::empty(Shape{2 * C}, DType::F64, dy.device());
+        RT_KERNEL(dy.device(), "sync_batch_norm_backward", batch_norm_backward_reduce)
+        (sx, dy, save_mean, save_invstd, sums);
+        // This replica's parameter gradients; the sums over every replica for dx.
+        Tensor dbeta = sums.slice(0, C).to(param_dtype), dgamma = sums.slice(C, 2 * C).to(param_dtype);
+        Tensor global = sums.clone();
+        exchange->all_reduce_sum(global);
+        Tensor dx = Tensor::empty(sx.shape(), sx.dtype(), sx.device());
+        RT_KERNEL(dy.device(), "sync_batch_norm_backward", batch_norm_backward_elemt)
+        (sx, dy, sw, save_mean, save_invstd, global, count, dx);
+        detail::after_op(dy.device(), "sync_batch_norm_backward");
+        return Grads{dx, dgamma, dbeta, has_residual ? dy : Tensor()};
+      });
 }
 
 namespace {
@@ -903,12 +922,11 @@ Tensor log_softmax(const Tensor& x) { return softmax_impl(x, true); }
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels, double label_smoothing) {
   check_floating("cross_entropy", logits);
   RT_CHECK(labels.defined(), "op 'cross_entropy': undefined labels");
-  if (logits.ndim() != 2)
-    RT_THROW("op 'cross_entropy': logits must be (N, C), got ", logits.describe());
+  if (logits.ndim() != 2) RT_THROW("op 'cross_entropy': logits must be (N, C), got ", logits.describe());
   if (labels.ndim() != 1 || labels.size(0) != logits.size(0) ||
       (labels.dtype() != DType::I32 && labels.dtype() != DType::I64))
-    RT_THROW("op 'cross_entropy': labels must be i32 or i64 of shape [", logits.size(0), "], got ",
-             labels.describe(), " for logits ", logits.describe());
+    RT_THROW("op 'cross_entropy': labels must be i32 or i64 of shape [", logits.size(0), "], got ", labels.describe(),
+             " for logits ", logits.describe());
   if (labels.device() != logits.device())
     RT_THROW("op 'cross_entropy': logits ", logits.describe(), " and labels ", labels.describe(),
              " are on different devices");
@@ -920,13 +938,13 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels, double label_sm
   Tensor log_probs = Tensor::empty(logits.shape(), logits.dtype(), logits.device());
   Tensor row_loss = Tensor::empty(Shape{rows}, loss_dtype, logits.device());
   int64_t bad_label = -1;
-  RT_KERNEL(logits.device(), "cross_entropy", cross_entropy)(logits, labels, label_smoothing, log_probs, row_loss,
-                                                             &bad_label);
+  RT_KERNEL(logits.device(), "cross_entropy", cross_entropy)
+  (logits, labels, label_smoothing, log_probs, row_loss, &bad_label);
   detail::after_op(logits.device(), "cross_entropy");
   if (bad_label >= 0) {
     double value = labels.slice(bad_label, bad_label + 1).item();
-    RT_THROW("op 'cross_entropy': label ", static_cast<long long>(value), " at row ", bad_label,
-             " is outside [0, ", cols, ") for logits ", logits.describe());
+    RT_THROW("op 'cross_entropy': label ", static_cast<long long>(value), " at row ", bad_label, " is outside [0, ",
+             cols, ") for logits ", logits.describe());
   }
   Tensor loss;
   {
@@ -940,8 +958,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels, double label_sm
                 [saved_log_probs, saved_labels, label_smoothing, rows, logits_dtype](const Tensor& g) {
                   Tensor dlogits = Tensor::empty(saved_log_probs.shape(), logits_dtype, g.device());
                   // Scale by 1/rows here and by the incoming gradient on the device (no host sync).
-                  RT_KERNEL(g.device(), "cross_entropy", cross_entropy_backward)(
-                      saved_log_probs, saved_labels, label_smoothing, 1.0 / static_cast<double>(rows), dlogits);
+                  RT_KERNEL(g.device(), "cross_entropy", cross_entropy_backward)
+                  (saved_log_probs, saved_labels, label_smoothing, 1.0 / static_cast<double>(rows), dlogits);
                   detail::after_op(g.device(), "cross_entropy_backward");
                   dlogits = mul(dlogits, g.to(logits_dtype));
                   return Grads{dlogits};

@@ -51,7 +51,7 @@ Tensor sum(const Tensor& x, int dim, bool keepdim = false);
 Tensor mean(const Tensor& x);
 Tensor mean(const Tensor& x, int dim, bool keepdim = false);
 Tensor max(const Tensor& x);
-Tensor max(const Tensor& x, int dim, bool keepdim = false);  // gradient goes to the first maximum
+Tensor max(const Tensor& x, int dim, bool keepdim = false);     // gradient goes to the first maximum
 Tensor argmax(const Tensor& x, int dim, bool keepdim = false);  // I64
 // Sums `x` down to `shape` (the inverse of broadcasting; used by backward of broadcasting ops).
 Tensor sum_to(const Tensor& x, const Shape& shape);

@@ -49,8 +49,8 @@ int available_cores() {
 }
 
 int local_ranks_from_env() {
-  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "MV2_COMM_WORLD_LOCAL_SIZE",
-                           "SLURM_NTASKS_PER_NODE"}) {
+  for (const char* name :
+       {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "MV2_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"}) {
     if (const char* value = std::getenv(name)) {
       int n = std::atoi(value);
       if (n > 0) return n;
@@ -81,7 +81,7 @@ void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, in
   std::atomic<int64_t> next{0};
   std::mutex error_mutex;
   std::exception_ptr error;
-#pragma omp parallel num_threads(static_cast<int>(std::min<int64_t>(threads, chunks)))
+#pragma omp parallel num_threads(static_cast <int>(std::min <int64_t>(threads, chunks)))
   {
     for (;;) {
       const int64_t chunk = next.fetch_add(1);

@@ -31,7 +31,10 @@ RT_HOST_DEVICE inline Philox4 philox4x32_10(uint64_t seed, uint64_t block, uint6
     uint32_t lo0 = mulhilo32(kMul0, c0, &hi0);
     uint32_t lo1 = mulhilo32(kMul1, c2, &hi1);
     uint32_t n0 = hi1 ^ c1 ^ k0, n1 = lo1, n2 = hi0 ^ c3 ^ k1, n3 = lo0;
-    c0 = n0; c1 = n1; c2 = n2; c3 = n3;
+    c0 = n0;
+    c1 = n1;
+    c2 = n2;
+    c3 = n3;
     k0 += kWeyl0;
     k1 += kWeyl1;
   }

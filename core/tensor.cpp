@@ -18,12 +18,10 @@ namespace ringtrain {
 Shape::Shape(std::initializer_list<int64_t> dims) : Shape(std::span<const int64_t>(dims.begin(), dims.size())) {}
 
 Shape::Shape(std::span<const int64_t> dims) {
-  RT_CHECK(dims.size() <= static_cast<size_t>(kMaxDims), "a tensor has at most ", kMaxDims, " dims, got ",
-           dims.size());
+  RT_CHECK(dims.size() <= static_cast<size_t>(kMaxDims), "a tensor has at most ", kMaxDims, " dims, got ", dims.size());
   ndim_ = static_cast<int>(dims.size());
   for (int i = 0; i < ndim_; ++i) {
-    RT_CHECK(dims[static_cast<size_t>(i)] >= -1, "negative dimension ", dims[static_cast<size_t>(i)],
-             " in shape");
+    RT_CHECK(dims[static_cast<size_t>(i)] >= -1, "negative dimension ", dims[static_cast<size_t>(i)], " in shape");
     dims_[static_cast<size_t>(i)] = dims[static_cast<size_t>(i)];
   }
 }
@@ -200,9 +198,8 @@ Tensor Tensor::reshape(const Shape& requested) const {
   Tensor out = make_view(*this, shape, 0);
   if (needs_grad({this})) {
     Shape input_shape = this->shape();
-    return record("reshape", {this}, out, [input_shape](const Tensor& g) {
-      return std::vector<Tensor>{g.reshape(input_shape)};
-    });
+    return record("reshape", {this}, out,
+                  [input_shape](const Tensor& g) { return std::vector<Tensor>{g.reshape(input_shape)}; });
   }
   return out;
 }
@@ -302,8 +299,8 @@ Tensor& Tensor::copy_(const Tensor& src) {
 }
 
 Tensor& Tensor::add_(const Tensor& other, double alpha) {
-  RT_CHECK(other.shape() == shape() && other.dtype() == dtype() && other.device() == device(), "add_: ",
-           other.describe(), " cannot be added in place to ", describe());
+  RT_CHECK(other.shape() == shape() && other.dtype() == dtype() && other.device() == device(),
+           "add_: ", other.describe(), " cannot be added in place to ", describe());
   NoGradGuard no_grad;
   Tensor scaled = alpha == 1.0 ? other : mul(other, alpha);
   BroadcastDesc bc = make_broadcast(shape(), shape(), shape());
@@ -339,8 +336,8 @@ bool Tensor::requires_grad() const { return impl_ && impl_->autograd.requires_gr
 
 Tensor& Tensor::set_requires_grad(bool enabled) {
   RT_CHECK(impl_, "set_requires_grad on an undefined tensor");
-  RT_CHECK(is_leaf(), "set_requires_grad: ", describe(), " is the output of op ",
-           impl_->autograd.grad_fn->describe(), "; only leaves can be marked (use detach())");
+  RT_CHECK(is_leaf(), "set_requires_grad: ", describe(), " is the output of op ", impl_->autograd.grad_fn->describe(),
+           "; only leaves can be marked (use detach())");
   RT_CHECK(!enabled || is_floating(dtype()), "set_requires_grad: ", describe(),
            " is not floating point; only floating tensors can require grad");
   impl_->autograd.requires_grad = enabled;
@@ -365,8 +362,10 @@ void Tensor::set_grad(const Tensor& g) {
 
 void Tensor::zero_grad(bool set_to_none) {
   if (!impl_ || !impl_->autograd.grad) return;
-  if (set_to_none) impl_->autograd.grad.reset();
-  else Tensor(impl_->autograd.grad).zero_();
+  if (set_to_none)
+    impl_->autograd.grad.reset();
+  else
+    Tensor(impl_->autograd.grad).zero_();
 }
 
 std::shared_ptr<Node> Tensor::grad_fn() const { return impl_ ? impl_->autograd.grad_fn : nullptr; }
@@ -376,16 +375,14 @@ void Tensor::register_ready_hook(GradReadyHook hook) {
   impl_->autograd.ready_hooks.push_back(std::move(hook));
 }
 
-void Tensor::backward(const Tensor& gradient, bool retain_graph) const {
-  run_backward(*this, gradient, retain_graph);
-}
+void Tensor::backward(const Tensor& gradient, bool retain_graph) const { run_backward(*this, gradient, retain_graph); }
 
 // ---------------------------------------------------------------------------------------------------
 // Printing
 
 namespace {
-void print_values(std::ostream& os, const std::vector<double>& values, const Shape& shape, int dim,
-                  int64_t& index, bool integral) {
+void print_values(std::ostream& os, const std::vector<double>& values, const Shape& shape, int dim, int64_t& index,
+                  bool integral) {
   if (shape.ndim() == 0) {
     os << values[0];
     return;
@@ -397,8 +394,10 @@ void print_values(std::ostream& os, const std::vector<double>& values, const Sha
       print_values(os, values, shape, dim + 1, index, integral);
     } else {
       double v = values[static_cast<size_t>(index++)];
-      if (integral) os << static_cast<long long>(v);
-      else os << v;
+      if (integral)
+        os << static_cast<long long>(v);
+      else
+        os << v;
     }
   }
   os << "]";

@@ -55,9 +55,9 @@ using GradReadyHook = std::function<void(Tensor& leaf)>;
 
 struct AutogradMeta {
   bool requires_grad = false;
-  std::shared_ptr<Node> grad_fn;          // producer of a non-leaf; null for leaves
-  std::weak_ptr<Node> grad_accumulator;   // leaves: the AccumulateGrad node, created on demand
-  std::shared_ptr<TensorImpl> grad;       // leaves: accumulated gradient
+  std::shared_ptr<Node> grad_fn;         // producer of a non-leaf; null for leaves
+  std::weak_ptr<Node> grad_accumulator;  // leaves: the AccumulateGrad node, created on demand
+  std::shared_ptr<TensorImpl> grad;      // leaves: accumulated gradient
   std::vector<GradReadyHook> ready_hooks;
 };
 
@@ -103,7 +103,9 @@ class Tensor {
   int64_t nbytes() const { return numel() * dtype_size(dtype()); }
   void* data_ptr() const;
   template <typename T>
-  T* data() const { return static_cast<T*>(data_ptr()); }
+  T* data() const {
+    return static_cast<T*>(data_ptr());
+  }
   bool shares_storage_with(const Tensor& other) const;
   const std::string& name() const;
   Tensor& set_name(std::string name);
@@ -126,7 +128,7 @@ class Tensor {
   // ---- in-place (never recorded by autograd)
   Tensor& fill_(double value);
   Tensor& zero_() { return fill_(0.0); }
-  Tensor& copy_(const Tensor& src);  // same shape; converts dtype and device
+  Tensor& copy_(const Tensor& src);                       // same shape; converts dtype and device
   Tensor& add_(const Tensor& other, double alpha = 1.0);  // this += alpha * other (same shape)
   Tensor& mul_(double factor);
 
@@ -138,8 +140,8 @@ class Tensor {
   bool requires_grad() const;
   Tensor& set_requires_grad(bool enabled = true);  // leaves only
   bool is_leaf() const;
-  Tensor grad() const;              // undefined until a backward reached this leaf
-  void set_grad(const Tensor& g);   // e.g. a view into a gradient bucket; accumulation then writes into it
+  Tensor grad() const;             // undefined until a backward reached this leaf
+  void set_grad(const Tensor& g);  // e.g. a view into a gradient bucket; accumulation then writes into it
   void zero_grad(bool set_to_none = true);
   std::shared_ptr<Node> grad_fn() const;
   void register_ready_hook(GradReadyHook hook);

@@ -418,7 +418,8 @@ DecodedRegion decode_image_region(const uint8_t* bytes, size_t size,
 
 int64_t dct_scale_for(double crop_h, double crop_w, int64_t out_h, int64_t out_w) {
   int64_t scale = 1;
-  while (scale < 8 && crop_h >= 2.0 * scale * static_cast<double>(out_h) && crop_w >= 2.0 * scale * static_cast<double>(out_w))
+  while (scale < 8 && crop_h >= 2.0 * scale * static_cast<double>(out_h) &&
+         crop_w >= 2.0 * scale * static_cast<double>(out_w))
     scale *= 2;
   return scale;
 }

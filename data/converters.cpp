@@ -232,8 +232,9 @@ PreparedImage prepare_image(const fs::path& path, const ImageFolderOptions& opti
       // The image as it is: its own bytes (re-encoded only when its channels must change), its own size.
       prepared.hwc[0] = image.height, prepared.hwc[1] = image.width, prepared.hwc[2] = c;
       add_statistics(image.pixels);
-      prepared.data = same_channels ? std::move(bytes)
-                                    : encode_jpeg(image.pixels.data(), image.height, image.width, c, options.jpeg_quality);
+      prepared.data = same_channels
+                          ? std::move(bytes)
+                          : encode_jpeg(image.pixels.data(), image.height, image.width, c, options.jpeg_quality);
       return prepared;
     }
     prepared.data =
@@ -416,9 +417,11 @@ ConvertResult convert_cifar(const fs::path& src, const fs::path& out, int num_cl
 ConvertResult convert_imagefolder(const fs::path& src, const fs::path& out, const ImageFolderOptions& image_options,
                                   const ConvertOptions& options) {
   require_directory(src, "image folder source");
-  if (image_options.size < 0) RT_THROW("image size must be at least 1 (or 0: each image's own size), got ", image_options.size);
+  if (image_options.size < 0)
+    RT_THROW("image size must be at least 1 (or 0: each image's own size), got ", image_options.size);
   if (image_options.size == 0 && image_options.storage != ImageStorage::kJpeg)
-    RT_THROW("image size 0 (each image's own size) needs encoded storage (--encode jpeg): decoded pixels need one shape");
+    RT_THROW(
+        "image size 0 (each image's own size) needs encoded storage (--encode jpeg): decoded pixels need one shape");
   if (image_options.channels != 1 && image_options.channels != 3)
     RT_THROW("image channels must be 1 or 3, got ", image_options.channels);
   if (image_options.jpeg_quality < 1 || image_options.jpeg_quality > 100)
@@ -474,9 +477,9 @@ ConvertResult convert_synthetic(const fs::path& out, const SyntheticSpec& spec, 
   const char* names[2] = {"train", "test"};
   std::vector<uint8_t> image(static_cast<size_t>(record_bytes));
   for (int s = 0; s < 2; ++s) {
-    WriterOptions wo = writer_options(out, names[s], shards_for_split(options.num_shards, counts[s], spec.count),
-                                      counts[s], spec.height, spec.width, spec.channels, spec.num_classes, {}, source,
-                                      options.show_progress);
+    WriterOptions wo =
+        writer_options(out, names[s], shards_for_split(options.num_shards, counts[s], spec.count), counts[s],
+                       spec.height, spec.width, spec.channels, spec.num_classes, {}, source, options.show_progress);
     wo.encoded = jpeg;
     ShardWriter writer(wo);
     for (int64_t r = 0; r < counts[s]; ++r) {
@@ -493,8 +496,8 @@ ConvertResult convert_synthetic(const fs::path& out, const SyntheticSpec& spec, 
       std::vector<double> sums(static_cast<size_t>(spec.channels), 0.0), squares(sums.size(), 0.0);
       format::add_channel_sums(image.data(), record_bytes, spec.channels, sums, squares);
       const int64_t hwc[3] = {spec.height, spec.width, spec.channels};
-      writer.add_encoded(encode_jpeg(image.data(), spec.height, spec.width, spec.channels, spec.jpeg_quality), hwc, label,
-                         sums, squares);
+      writer.add_encoded(encode_jpeg(image.data(), spec.height, spec.width, spec.channels, spec.jpeg_quality), hwc,
+                         label, sums, squares);
     }
     result.splits.push_back(writer.finish());
   }

@@ -57,8 +57,8 @@ Crop resized_crop_window(int64_t height, int64_t width, bool train, uint64_t see
 
 std::array<int64_t, 3> transformed_shape(const SplitInfo& info, const Transform& t) {
   if (t.resized_crop > 0) return {t.resized_crop, t.resized_crop, info.channels};
-  RT_CHECK(!info.varied_size(), "split '", info.split, "' holds images of varied sizes: they have one shape only after ",
-           "a random-resized crop (--image-size)");
+  RT_CHECK(!info.varied_size(), "split '", info.split,
+           "' holds images of varied sizes: they have one shape only after ", "a random-resized crop (--image-size)");
   return {info.height, info.width, info.channels};
 }
 
@@ -78,8 +78,10 @@ void with_output(DType dtype, void* out, Fn&& fn) {
 
 template <typename Out>
 Out store_as(float v) {
-  if constexpr (std::is_same_v<Out, BFloat16>) return f32_to_bf16(v);
-  else return v;
+  if constexpr (std::is_same_v<Out, BFloat16>)
+    return f32_to_bf16(v);
+  else
+    return v;
 }
 
 // The resized crop's two passes, one output row at a time. Each has a portable version and an AVX2 one
@@ -324,11 +326,10 @@ void decode_transform(const SplitInfo& info, const Transform& t, const uint8_t* 
   });
   const DecodedImage& image = region.image;
   // The header said how many channels the decode gives; a decoder that disagreed would mislabel them.
-  if (image.channels != expected[2])
-    RT_THROW("decodes to ", image.channels, " channels, expected ", expected[2]);
+  if (image.channels != expected[2]) RT_THROW("decodes to ", image.channels, " channels, expected ", expected[2]);
   const double s = static_cast<double>(region.scale);
-  const Crop local{crop.y0 / s - static_cast<double>(region.y0), crop.x0 / s - static_cast<double>(region.x0), crop.h / s,
-                   crop.w / s};
+  const Crop local{crop.y0 / s - static_cast<double>(region.y0), crop.x0 / s - static_cast<double>(region.x0),
+                   crop.h / s, crop.w / s};
   const bool flip = flip_of(t, draws(seed, epoch, sample_index, 0));
   const Normalisation n = normalisation_of(info, t);
   with_output(t.dtype, out, [&](auto* o) {
@@ -344,11 +345,12 @@ Loader::Loader(const ShardDataset& dataset, LoaderOptions options) : dataset_(da
   RT_CHECK(t.pad_crop >= 0 && t.resized_crop >= 0, "loader: negative crop size");
   const SplitInfo& info = dataset.info();
   if (info.varied_size())
-    RT_CHECK(t.resized_crop > 0, "loader: split '", info.split, "' holds images of varied sizes (make_shards --size 0), ",
+    RT_CHECK(t.resized_crop > 0, "loader: split '", info.split,
+             "' holds images of varied sizes (make_shards --size 0), ",
              "which only a random-resized crop (--image-size) brings to one shape");
   // A crop padded by more than the image is mostly padding: almost certainly a wrong flag.
-  RT_CHECK(t.pad_crop == 0 || t.pad_crop <= std::min(info.height, info.width), "loader: pad_crop (--pad-crop) ", t.pad_crop,
-           " is larger than the ", info.height, "x", info.width, " images of split '", info.split, "'");
+  RT_CHECK(t.pad_crop == 0 || t.pad_crop <= std::min(info.height, info.width), "loader: pad_crop (--pad-crop) ",
+           t.pad_crop, " is larger than the ", info.height, "x", info.width, " images of split '", info.split, "'");
   RT_CHECK(t.resized_crop <= 8192, "loader: resized_crop (--image-size) ", t.resized_crop, " is over 8192 pixels");
   RT_CHECK(options_.prefetch >= 1, "loader: prefetch must be >= 1, got ", options_.prefetch);
   RT_CHECK(options_.nice >= 0 && options_.nice <= 19, "loader: nice (--loader-nice) must be from 0 to 19, got ",

@@ -1,6 +1,6 @@
 // data/loader.h: the threaded batch loader. Worker threads read a batch's records (decoded images with
-// pread and no lock; encoded ones through HDF5 under its lock), decode and augment them in parallel, and collate NHWC batches into a bounded
-// queue of prefetched batches delivered in order. Each sample's augmentation depends only on
+// pread and no lock; encoded ones through HDF5 under its lock), decode and augment them in parallel, and collate NHWC
+// batches into a bounded queue of prefetched batches delivered in order. Each sample's augmentation depends only on
 // (seed, epoch, sample index) — never on which thread did it. stop() (and the destructor) joins every
 // thread, also mid-epoch; a worker's error is rethrown by next() with the batch and record named.
 #pragma once
@@ -24,12 +24,12 @@
 namespace ringtrain::data {
 
 struct Transform {
-  bool train = true;           // random augmentation; false: deterministic (center) versions
-  int64_t pad_crop = 0;        // random crop after zero-padding by this many pixels (CIFAR-style); 0 = off
-  int64_t resized_crop = 0;    // random-resized crop to this size (scale [0.08, 1], ratio [3/4, 4/3]); 0 = off
-  bool hflip = false;          // random horizontal flip
-  bool normalize = true;       // (x/255 - mean) / std with the split's mean/std; else x/255
-  DType dtype = DType::F32;    // F32 or BF16
+  bool train = true;         // random augmentation; false: deterministic (center) versions
+  int64_t pad_crop = 0;      // random crop after zero-padding by this many pixels (CIFAR-style); 0 = off
+  int64_t resized_crop = 0;  // random-resized crop to this size (scale [0.08, 1], ratio [3/4, 4/3]); 0 = off
+  bool hflip = false;        // random horizontal flip
+  bool normalize = true;     // (x/255 - mean) / std with the split's mean/std; else x/255
+  DType dtype = DType::F32;  // F32 or BF16
   // Encoded (JPEG) records under a random-resized crop are decoded at the smallest DCT scale (1/2, 1/4,
   // 1/8) that still leaves the crop at least resized_crop pixels on each side (false: full size), and only
   // in the rows and iMCU columns the crop needs (false: the whole image).
@@ -53,8 +53,8 @@ void decode_transform(const SplitInfo& info, const Transform& t, const uint8_t* 
                       void* out);
 
 struct LoaderOptions {
-  int threads = 0;        // 0: this rank's cores minus one, at least one
-  int prefetch = 4;       // batches ready ahead of the consumer
+  int threads = 0;   // 0: this rank's cores minus one, at least one
+  int prefetch = 4;  // batches ready ahead of the consumer
   // Worker threads run at this much lower priority (Linux: their own nice value raised, 0..19) than the
   // thread that made the loader: when a CPU training step keeps every core busy, its compute threads win
   // them and the loader uses what they leave (waits, all-reduce, the optimizer); when the compute threads
@@ -68,10 +68,10 @@ struct LoaderOptions {
 };
 
 struct Batch {
-  Tensor images;       // (B, H, W, C) NHWC, f32 or bf16, on LoaderOptions::device
-  Tensor labels;       // (B) i64, on LoaderOptions::device; padding slots hold 0
-  int64_t valid = 0;   // real samples; evaluation padding sits at the end and must be masked out
-  int64_t index = 0;   // position of the batch in the epoch
+  Tensor images;      // (B, H, W, C) NHWC, f32 or bf16, on LoaderOptions::device
+  Tensor labels;      // (B) i64, on LoaderOptions::device; padding slots hold 0
+  int64_t valid = 0;  // real samples; evaluation padding sits at the end and must be masked out
+  int64_t index = 0;  // position of the batch in the epoch
 };
 
 class Loader {

@@ -66,15 +66,12 @@ namespace format {
 
 json split_to_json(const SplitInfo& s) {
   json shards = json::array();
-  for (const auto& sh : s.shards) shards.push_back({{"file", sh.file}, {"records", sh.records}, {"crc32", hex32(sh.crc32)}});
-  return {{"records", s.records},
-          {"image_shape", {s.height, s.width, s.channels}},
-          {"encoded", s.encoded},
-          {"num_classes", s.num_classes},
-          {"classes", s.classes},
-          {"mean", s.mean},
-          {"std", s.std},
-          {"source", s.source},
+  for (const auto& sh : s.shards)
+    shards.push_back({{"file", sh.file}, {"records", sh.records}, {"crc32", hex32(sh.crc32)}});
+  return {{"records", s.records}, {"image_shape", {s.height, s.width, s.channels}},
+          {"encoded", s.encoded}, {"num_classes", s.num_classes},
+          {"classes", s.classes}, {"mean", s.mean},
+          {"std", s.std},         {"source", s.source},
           {"shards", shards}};
 }
 
@@ -91,9 +88,9 @@ struct Entry {
   }
   int64_t integer(const char* key, int64_t min, int64_t max) const { return checked(at(key), key, min, max); }
   int64_t checked(const json& v, const std::string& key, int64_t min, int64_t max) const {
-    if (!v.is_number_integer())
-      RT_THROW("key '", where, key, "' must be a whole number, got ", v.dump());
-    const int64_t x = v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(max) ? max + 1 : v.get<int64_t>();
+    if (!v.is_number_integer()) RT_THROW("key '", where, key, "' must be a whole number, got ", v.dump());
+    const int64_t x =
+        v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(max) ? max + 1 : v.get<int64_t>();
     if (x < min || x > max) RT_THROW("key '", where, key, "' must be from ", min, " to ", max, ", got ", v.dump());
     return x;
   }
@@ -147,8 +144,8 @@ SplitInfo split_from_json(const std::string& name, const json& j, const fs::path
       // A plain file name of this split: never a path out of the dataset folder (or into another split).
       if (!is_shard_file_of(info.file, name))
         RT_THROW("key 'shards[", i, "].file' is '", info.file, "', not a shard file of split '", name,
-                 "' in the dataset folder (", shard_file_name(name, static_cast<int>(i), static_cast<int>(shards.size())),
-                 " and the like)");
+                 "' in the dataset folder (",
+                 shard_file_name(name, static_cast<int>(i), static_cast<int>(shards.size())), " and the like)");
       if (!seen.insert(info.file).second) RT_THROW("shard '", info.file, "' is listed twice (shards[", i, "])");
       info.records = sh.integer("records", 0, kMaxRecords);
       const std::string crc = sh.text("crc32");
@@ -184,10 +181,11 @@ json load_manifest_json(const fs::path& dir) {
   if (version < kOldestReadableFormatVersion || version > kFormatVersion)
     RT_THROW("manifest '", path.string(), "' has format_version ", version, "; this ringtrain reads versions ",
              kOldestReadableFormatVersion, " to ", kFormatVersion,
-             version > kFormatVersion ? " (written by a newer ringtrain: update, or rewrite the dataset with make_shards)" : "");
+             version > kFormatVersion
+                 ? " (written by a newer ringtrain: update, or rewrite the dataset with make_shards)"
+                 : "");
   return j;
 }
-
 
 void write_manifest_split(const fs::path& dir, const std::string& source, const SplitInfo& split) {
   json manifest;
@@ -223,9 +221,9 @@ void write_manifest_split(const fs::path& dir, const std::string& source, const 
 std::vector<SplitInfo> read_manifest(const fs::path& dir) {
   json j = format::load_manifest_json(dir);
   std::vector<SplitInfo> splits;
-  for (auto& [name, value] : j.at("splits").items()) splits.push_back(format::split_from_json(name, value, dir / "manifest.json"));
+  for (auto& [name, value] : j.at("splits").items())
+    splits.push_back(format::split_from_json(name, value, dir / "manifest.json"));
   return splits;
 }
-
 
 }  // namespace ringtrain::data

@@ -86,7 +86,8 @@ bool DistributedSampler::next(std::vector<int64_t>& indices) {
   if (state_.next_batch >= batches_per_epoch()) return false;
   const auto& order = order_for(state_.epoch);
   const int64_t b = per_rank_batch();
-  const int64_t first = std::min<int64_t>(options_.dataset_size, state_.next_batch * options_.global_batch + options_.rank * b);
+  const int64_t first =
+      std::min<int64_t>(options_.dataset_size, state_.next_batch * options_.global_batch + options_.rank * b);
   const int64_t last = std::min<int64_t>(options_.dataset_size, first + b);
   indices.assign(order.begin() + first, order.begin() + last);
   ++state_.next_batch;
@@ -115,8 +116,9 @@ std::vector<std::vector<int64_t>> eval_batches(int64_t dataset_size, int rank, i
   const std::vector<int64_t> indices = eval_indices(dataset_size, rank, world_size);
   std::vector<std::vector<int64_t>> batches;
   for (size_t i = 0; i < indices.size(); i += static_cast<size_t>(batch))
-    batches.emplace_back(indices.begin() + static_cast<std::ptrdiff_t>(i),
-                         indices.begin() + static_cast<std::ptrdiff_t>(std::min(indices.size(), i + static_cast<size_t>(batch))));
+    batches.emplace_back(
+        indices.begin() + static_cast<std::ptrdiff_t>(i),
+        indices.begin() + static_cast<std::ptrdiff_t>(std::min(indices.size(), i + static_cast<size_t>(batch))));
   return batches;
 }
 

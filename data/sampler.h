@@ -17,10 +17,10 @@ struct SamplerOptions {
   int64_t global_batch = 0;  // G; must be divisible by the world size
   int rank = 0, world_size = 1;
   uint64_t seed = 0;
-  int64_t chunk = 64;        // records kept together (use ShardDataset::chunk_records())
-  int64_t window = 1024;     // shuffle window after the chunk shuffle (>= 1; 1 = none)
-  bool shuffle = true;       // false: identity order (evaluation)
-  bool drop_last = true;     // training drops an incomplete last global batch
+  int64_t chunk = 64;     // records kept together (use ShardDataset::chunk_records())
+  int64_t window = 1024;  // shuffle window after the chunk shuffle (>= 1; 1 = none)
+  bool shuffle = true;    // false: identity order (evaluation)
+  bool drop_last = true;  // training drops an incomplete last global batch
 };
 
 struct SamplerState {

@@ -40,8 +40,8 @@ struct ShardLayout {
   int version = kFormatVersion;
   const char* object = "/images";  // "/images", "/encoded" (v2) or "/jpeg" (v1)
   DirectLayout direct;
-  std::vector<int64_t> offsets;    // v2 encoded: record i is bytes [offsets[i], offsets[i + 1]) of /encoded
-  std::vector<int32_t> shapes;     // varied-size splits: H, W, C of each record (from /shapes)
+  std::vector<int64_t> offsets;  // v2 encoded: record i is bytes [offsets[i], offsets[i + 1]) of /encoded
+  std::vector<int32_t> shapes;   // varied-size splits: H, W, C of each record (from /shapes)
 };
 
 // A read-only descriptor, closed when the last reader lets go of it.
@@ -149,8 +149,9 @@ struct ShardDataset::Impl {
         const ssize_t got = ::pread(f->fd, out, left, static_cast<off_t>(at));
         if (got < 0 && errno == EINTR) continue;
         if (got <= 0)
-          RT_THROW("shard '", (dir / info.shards[static_cast<size_t>(shard)].file).string(), "': '", sl.object, "' record ",
-                   record >= 0 ? record : local, ": ", got < 0 ? std::strerror(errno) : "the file ends before the record (truncated)");
+          RT_THROW("shard '", (dir / info.shards[static_cast<size_t>(shard)].file).string(), "': '", sl.object,
+                   "' record ", record >= 0 ? record : local, ": ",
+                   got < 0 ? std::strerror(errno) : "the file ends before the record (truncated)");
         out += got;
         at += static_cast<uint64_t>(got);
         left -= static_cast<size_t>(got);
@@ -200,9 +201,11 @@ DirectLayout resolve_direct(const fs::path& path, hid_t file, hid_t images, cons
       unsigned mask = 0;
       haddr_t addr = HADDR_UNDEF;
       hsize_t size = 0;
-      check(H5Dget_chunk_info(images, space, i, coord, &mask, &addr, &size), path, object, "cannot read the chunk index");
+      check(H5Dget_chunk_info(images, space, i, coord, &mask, &addr, &size), path, object,
+            "cannot read the chunk index");
       const int64_t k = static_cast<int64_t>(coord[0]) / d.rows;
-      if (mask != 0 || addr == HADDR_UNDEF || static_cast<int64_t>(size) != d.rows * rb || k >= chunks) return DirectLayout{};
+      if (mask != 0 || addr == HADDR_UNDEF || static_cast<int64_t>(size) != d.rows * rb || k >= chunks)
+        return DirectLayout{};
       d.addr[static_cast<size_t>(k)] = userblock + addr;
     }
   } else {
@@ -261,7 +264,8 @@ std::vector<T> read_all(const fs::path& path, const Dataset& d, hid_t mem_type, 
 int check_attributes(const fs::path& path, hid_t file, const SplitInfo& info, size_t index) {
   const h5::Where at = format::shard_at(path);
   const std::string format = h5::read_string_attribute(file, "format", at);
-  if (format != kFormatName) RT_THROW("shard '", path.string(), "': attribute 'format' is '", format, "', expected '", kFormatName, "'");
+  if (format != kFormatName)
+    RT_THROW("shard '", path.string(), "': attribute 'format' is '", format, "', expected '", kFormatName, "'");
   const auto version = h5::read_int_attribute(file, "format_version", at);
   if (version.size() != 1 || version[0] < kOldestReadableFormatVersion || version[0] > kFormatVersion)
     RT_THROW("shard '", path.string(), "': format_version ", version.empty() ? -1 : version[0], ", expected ",
@@ -287,8 +291,10 @@ int check_attributes(const fs::path& path, hid_t file, const SplitInfo& info, si
 // Decoded images (/images): N x H x W x C uint8 of the split's shape. Returns N.
 int64_t check_decoded_images(const fs::path& path, const Dataset& images, const SplitInfo& info) {
   const auto& d = images.dims;
-  if (!images.is(H5T_INTEGER, 1) || !images.is_unsigned()) RT_THROW("shard '", path.string(), "': dataset '/images' must be uint8");
-  if (d.size() != 4) RT_THROW("shard '", path.string(), "': dataset '/images' has rank ", d.size(), ", expected 4 (N x H x W x C)");
+  if (!images.is(H5T_INTEGER, 1) || !images.is_unsigned())
+    RT_THROW("shard '", path.string(), "': dataset '/images' must be uint8");
+  if (d.size() != 4)
+    RT_THROW("shard '", path.string(), "': dataset '/images' has rank ", d.size(), ", expected 4 (N x H x W x C)");
   if (static_cast<int64_t>(d[1]) != info.height || static_cast<int64_t>(d[2]) != info.width ||
       static_cast<int64_t>(d[3]) != info.channels)
     RT_THROW("shard '", path.string(), "': dataset '/images' holds ", d[1], "x", d[2], "x", d[3],
@@ -298,8 +304,10 @@ int64_t check_decoded_images(const fs::path& path, const Dataset& images, const 
 
 // Version 1 encoded images (/jpeg): one variable-length record each. Returns their count.
 int64_t check_vlen_images(const fs::path& path, const Dataset& images) {
-  if (images.type_class != H5T_VLEN) RT_THROW("shard '", path.string(), "': dataset '/jpeg' must be variable-length uint8");
-  if (images.dims.size() != 1) RT_THROW("shard '", path.string(), "': dataset '/jpeg' has rank ", images.dims.size(), ", expected 1");
+  if (images.type_class != H5T_VLEN)
+    RT_THROW("shard '", path.string(), "': dataset '/jpeg' must be variable-length uint8");
+  if (images.dims.size() != 1)
+    RT_THROW("shard '", path.string(), "': dataset '/jpeg' has rank ", images.dims.size(), ", expected 1");
   return static_cast<int64_t>(images.dims[0]);
 }
 
@@ -313,15 +321,16 @@ std::vector<int64_t> check_encoded_images(const fs::path& path, hid_t file, cons
   if (!offsets.is(H5T_INTEGER, 8) || offsets.dims.size() != 1)
     RT_THROW("shard '", path.string(), "': dataset '/offsets' must be 1-D int64");
   if (static_cast<int64_t>(offsets.dims[0]) != records + 1)
-    RT_THROW("shard '", path.string(), "': dataset '/offsets' has ", offsets.dims[0], " entries, expected ", records + 1,
-             " (one per record of the manifest, then the end)");
+    RT_THROW("shard '", path.string(), "': dataset '/offsets' has ", offsets.dims[0], " entries, expected ",
+             records + 1, " (one per record of the manifest, then the end)");
   const std::vector<int64_t> o = read_all<int64_t>(path, offsets, H5T_NATIVE_INT64, offsets.dims[0]);
   if (o[0] != 0) RT_THROW("shard '", path.string(), "': '/offsets' starts at ", o[0], ", expected 0");
   for (size_t r = 0; r + 1 < o.size(); ++r)
     if (o[r + 1] <= o[r] || o[r + 1] > bytes)
-      RT_THROW("shard '", path.string(), "': '/encoded' record ", r, " would be bytes [", o[r], ", ", o[r + 1], ") of the ",
-               bytes, " bytes of '/encoded' (a corrupt '/offsets')");
-  if (o.back() != bytes) RT_THROW("shard '", path.string(), "': '/offsets' ends at byte ", o.back(), " but '/encoded' holds ", bytes);
+      RT_THROW("shard '", path.string(), "': '/encoded' record ", r, " would be bytes [", o[r], ", ", o[r + 1],
+               ") of the ", bytes, " bytes of '/encoded' (a corrupt '/offsets')");
+  if (o.back() != bytes)
+    RT_THROW("shard '", path.string(), "': '/offsets' ends at byte ", o.back(), " but '/encoded' holds ", bytes);
   return o;
 }
 
@@ -331,7 +340,8 @@ std::vector<int32_t> read_labels(const fs::path& path, hid_t file, const SplitIn
   const Dataset labels = open_dataset(path, file, "/labels");
   if (!labels.is(H5T_INTEGER, 4) || H5Tget_sign(labels.type) != H5T_SGN_2)
     RT_THROW("shard '", path.string(), "': dataset '/labels' must be int32");
-  if (labels.dims.size() != 1) RT_THROW("shard '", path.string(), "': dataset '/labels' has rank ", labels.dims.size(), ", expected 1");
+  if (labels.dims.size() != 1)
+    RT_THROW("shard '", path.string(), "': dataset '/labels' has rank ", labels.dims.size(), ", expected 1");
   if (static_cast<int64_t>(labels.dims[0]) != records)
     RT_THROW("shard '", path.string(), "': ", records, " images but ", labels.dims[0], " labels in dataset '/labels'");
   std::vector<int32_t> values = read_all<int32_t>(path, labels, H5T_NATIVE_INT32, labels.dims[0]);
@@ -344,7 +354,8 @@ std::vector<int32_t> read_labels(const fs::path& path, hid_t file, const SplitIn
 }
 
 // A varied-size split's /shapes (version 3): H, W, C of each record, checked whole at open like /offsets.
-std::vector<int32_t> read_shapes(const fs::path& path, hid_t file, const SplitInfo& info, int version, int64_t records) {
+std::vector<int32_t> read_shapes(const fs::path& path, hid_t file, const SplitInfo& info, int version,
+                                 int64_t records) {
   if (version < 3)
     RT_THROW("shard '", path.string(), "': format_version ", version, " but the manifest says split '", info.split,
              "' holds images of varied sizes (a version 3 layout)");
@@ -371,8 +382,9 @@ ShardLayout validate_shard(const fs::path& path, const SplitInfo& info, size_t i
   h5::silence_errors();
   if (H5Fis_hdf5(path.c_str()) <= 0)
     RT_THROW("shard '", path.string(), "' is truncated or not an HDF5 file (HDF5: ", h5::error_text(), ")");
-  h5::Id file(check(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), path, "", "truncated or corrupt file, cannot open"),
-              H5Fclose);
+  h5::Id file(
+      check(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), path, "", "truncated or corrupt file, cannot open"),
+      H5Fclose);
   ShardLayout layout;
   layout.version = check_attributes(path, file, info, index);
   layout.object = !info.encoded ? "/images" : layout.version == 1 ? "/jpeg" : "/encoded";
@@ -393,9 +405,9 @@ ShardLayout validate_shard(const fs::path& path, const SplitInfo& info, size_t i
   all_labels.insert(all_labels.end(), labels.begin(), labels.end());
   if (info.varied_size()) layout.shapes = read_shapes(path, file, info, layout.version, shard.records);
   if (!info.encoded)
-    layout.direct = resolve_direct(path, file, images.id, "/images", shard.records, info.record_bytes(),
-                                   {static_cast<hsize_t>(info.height), static_cast<hsize_t>(info.width),
-                                    static_cast<hsize_t>(info.channels)});
+    layout.direct = resolve_direct(
+        path, file, images.id, "/images", shard.records, info.record_bytes(),
+        {static_cast<hsize_t>(info.height), static_cast<hsize_t>(info.width), static_cast<hsize_t>(info.channels)});
   else if (layout.version >= 2)
     layout.direct = resolve_direct(path, file, images.id, "/encoded", static_cast<int64_t>(images.dims[0]), 1, {});
   return layout;
@@ -412,8 +424,8 @@ ShardDataset ShardDataset::open(const fs::path& dir, const std::string& split, O
     std::string available;
     if (manifest.contains("splits"))
       for (auto& [name, v] : manifest["splits"].items()) available += (available.empty() ? "" : ", ") + name;
-    RT_THROW("manifest '", manifest_path.string(), "' has no split '", split, "' (it has: ",
-             available.empty() ? "none" : available, ")");
+    RT_THROW("manifest '", manifest_path.string(), "' has no split '", split,
+             "' (it has: ", available.empty() ? "none" : available, ")");
   }
   ShardDataset ds;
   ds.info_ = format::split_from_json(split, manifest["splits"][split], manifest_path);
@@ -473,8 +485,8 @@ int64_t ShardDataset::chunk_records() const { return impl_->chunk; }
 
 int ShardDataset::direct_shards() const {
   if (!impl_->direct_reads) return 0;
-  return static_cast<int>(std::count_if(impl_->layout.begin(), impl_->layout.end(),
-                                        [](const ShardLayout& l) { return l.direct.usable; }));
+  return static_cast<int>(
+      std::count_if(impl_->layout.begin(), impl_->layout.end(), [](const ShardLayout& l) { return l.direct.usable; }));
 }
 
 std::pair<int, int64_t> ShardDataset::locate(int64_t index) const {
@@ -515,7 +527,8 @@ std::vector<uint8_t> ShardDataset::read_encoded(int64_t index, int32_t* label) c
     hid_t ds = impl_->images(shard, info_);
     hsize_t start[1] = {static_cast<hsize_t>(a)}, count[1] = {static_cast<hsize_t>(b - a)};
     h5::Id fspace(check(H5Dget_space(ds), path, "/encoded", "no dataspace"), H5Sclose);
-    check(H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start, nullptr, count, nullptr), path, "/encoded", "select record");
+    check(H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start, nullptr, count, nullptr), path, "/encoded",
+          "select record");
     h5::Id mspace(check(H5Screate_simple(1, count, nullptr), path, "/encoded", "create dataspace"), H5Sclose);
     check(H5Dread(ds, H5T_NATIVE_UINT8, mspace, fspace, H5P_DEFAULT, bytes.data()), path, "/encoded",
           detail::str_cat("truncated or corrupt data, cannot read record ", local));
@@ -580,10 +593,11 @@ void ShardDataset::read_range(int64_t begin, int64_t count, uint8_t* images, int
     hsize_t counts[4] = {static_cast<hsize_t>(in_shard), static_cast<hsize_t>(info_.height),
                          static_cast<hsize_t>(info_.width), static_cast<hsize_t>(info_.channels)};
     h5::Id fspace(check(H5Dget_space(ds), path, "/images", "no dataspace"), H5Sclose);
-    check(H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start, nullptr, counts, nullptr), path, "/images", "select records");
+    check(H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start, nullptr, counts, nullptr), path, "/images",
+          "select records");
     h5::Id mspace(check(H5Screate_simple(4, counts, nullptr), path, "/images", "create dataspace"), H5Sclose);
-    check(H5Dread(ds, H5T_NATIVE_UINT8, mspace, fspace, H5P_DEFAULT, images + done * record_bytes), path,
-                "/images", "truncated or corrupt data, cannot read records");
+    check(H5Dread(ds, H5T_NATIVE_UINT8, mspace, fspace, H5P_DEFAULT, images + done * record_bytes), path, "/images",
+          "truncated or corrupt data, cannot read records");
     done += in_shard;
   }
 }
@@ -607,7 +621,8 @@ void ShardDataset::read_indices(const std::vector<int64_t>& indices, uint8_t* im
     for (size_t k = i; k < j; ++k) {
       const size_t at = order[k];
       const int64_t offset = indices[at] - first;
-      std::copy_n(run_images.data() + offset * record_bytes, record_bytes, images + at * static_cast<size_t>(record_bytes));
+      std::copy_n(run_images.data() + offset * record_bytes, record_bytes,
+                  images + at * static_cast<size_t>(record_bytes));
       if (labels) labels[at] = impl_->labels[static_cast<size_t>(indices[at])];
     }
     i = j;

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "io/hdf5.h"
 #include "data/shards.h"
+#include "io/hdf5.h"
 
 namespace ringtrain::data::format {
 

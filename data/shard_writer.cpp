@@ -23,14 +23,14 @@ struct ShardWriter::Impl {
   std::vector<int64_t> shard_begin;  // global index where each shard starts (size num_shards + 1)
   int current = -1;                  // open shard
   h5::Id file, images, labels_ds, shapes_ds;
-  std::vector<uint8_t> pending;      // records not yet written to the current shard (<= chunk)
-  int64_t pending_first = 0;         // local index of pending's first record
-  std::vector<int32_t> labels;       // current shard's labels
-  std::vector<int32_t> shapes;       // current shard's decoded shapes (encoded splits)
-  std::vector<int64_t> offsets;      // encoded: where each record of the current shard starts in /encoded, then the end
-  int64_t encoded_written = 0;       // encoded: bytes of /encoded already in the file
-  std::vector<double> sums, squares; // per channel, over all records
-  double pixels = 0;                 // pixels per channel the sums cover
+  std::vector<uint8_t> pending;  // records not yet written to the current shard (<= chunk)
+  int64_t pending_first = 0;     // local index of pending's first record
+  std::vector<int32_t> labels;   // current shard's labels
+  std::vector<int32_t> shapes;   // current shard's decoded shapes (encoded splits)
+  std::vector<int64_t> offsets;  // encoded: where each record of the current shard starts in /encoded, then the end
+  int64_t encoded_written = 0;   // encoded: bytes of /encoded already in the file
+  std::vector<double> sums, squares;  // per channel, over all records
+  double pixels = 0;                  // pixels per channel the sums cover
   std::vector<ShardInfo> shards;
   std::vector<fs::path> temp_files;
   bool finished = false;
@@ -45,7 +45,7 @@ struct ShardWriter::Impl {
     const fs::path path = temp_path(i);
     const int64_t n = shard_begin[static_cast<size_t>(i) + 1] - shard_begin[static_cast<size_t>(i)];
     file = h5::Id(check(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), path, "", "create file"),
-                H5Fclose);
+                  H5Fclose);
     temp_files.push_back(path);
     if (!options.encoded) {
       hsize_t dims[4] = {static_cast<hsize_t>(n), static_cast<hsize_t>(options.height),
@@ -57,8 +57,8 @@ struct ShardWriter::Impl {
         check(H5Pset_chunk(plist, 4, chunk_dims), path, "/images", "set chunking");
       }
       images = h5::Id(check(H5Dcreate2(file, "images", H5T_STD_U8LE, space, H5P_DEFAULT, plist, H5P_DEFAULT), path,
-                                "/images", "create dataset"),
-                    H5Dclose);
+                            "/images", "create dataset"),
+                      H5Dclose);
     } else {
       // Every record's bytes back to back (chunks of 1 MiB, unfiltered: byte ranges of the file a reader
       // can pread), with /offsets written at the end.
@@ -67,8 +67,8 @@ struct ShardWriter::Impl {
       h5::Id plist(check(H5Pcreate(H5P_DATASET_CREATE), path, "/encoded", "create property list"), H5Pclose);
       check(H5Pset_chunk(plist, 1, chunk_dims), path, "/encoded", "set chunking");
       images = h5::Id(check(H5Dcreate2(file, "encoded", H5T_STD_U8LE, space, H5P_DEFAULT, plist, H5P_DEFAULT), path,
-                                "/encoded", "create dataset"),
-                    H5Dclose);
+                            "/encoded", "create dataset"),
+                      H5Dclose);
     }
     current = i;
     pending.clear();
@@ -87,9 +87,11 @@ struct ShardWriter::Impl {
             size[1] = {static_cast<hsize_t>(encoded_written) + pending.size()};
     check(H5Dset_extent(images, size), path, "/encoded", "extend");
     h5::Id fspace(check(H5Dget_space(images), path, "/encoded", "no dataspace"), H5Sclose);
-    check(H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start, nullptr, count, nullptr), path, "/encoded", "select bytes");
+    check(H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start, nullptr, count, nullptr), path, "/encoded",
+          "select bytes");
     h5::Id mspace(check(H5Screate_simple(1, count, nullptr), path, "/encoded", "create dataspace"), H5Sclose);
-    check(H5Dwrite(images, H5T_NATIVE_UINT8, mspace, fspace, H5P_DEFAULT, pending.data()), path, "/encoded", "write records");
+    check(H5Dwrite(images, H5T_NATIVE_UINT8, mspace, fspace, H5P_DEFAULT, pending.data()), path, "/encoded",
+          "write records");
     encoded_written += static_cast<int64_t>(pending.size());
     pending.clear();
   }
@@ -103,10 +105,11 @@ struct ShardWriter::Impl {
                          static_cast<hsize_t>(options.width), static_cast<hsize_t>(options.channels)};
     const fs::path path = temp_path(current);
     h5::Id fspace(check(H5Dget_space(images), path, "/images", "no dataspace"), H5Sclose);
-    check(H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start, nullptr, counts, nullptr), path, "/images", "select records");
+    check(H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start, nullptr, counts, nullptr), path, "/images",
+          "select records");
     h5::Id mspace(check(H5Screate_simple(4, counts, nullptr), path, "/images", "create dataspace"), H5Sclose);
     check(H5Dwrite(images, H5T_NATIVE_UINT8, mspace, fspace, H5P_DEFAULT, pending.data()), temp_path(current),
-                "/images", "write records");
+          "/images", "write records");
     pending_first += count;
     pending.clear();
   }
@@ -120,25 +123,25 @@ struct ShardWriter::Impl {
     hsize_t dims[1] = {labels.size()};
     h5::Id space(check(H5Screate_simple(1, dims, nullptr), path, "/labels", "create dataspace"), H5Sclose);
     h5::Id ds(check(H5Dcreate2(file, "labels", H5T_STD_I32LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), path,
-                        "/labels", "create dataset"),
-            H5Dclose);
+                    "/labels", "create dataset"),
+              H5Dclose);
     if (!labels.empty())
       check(H5Dwrite(ds, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, labels.data()), path, "/labels",
-                  "write labels");
+            "write labels");
     if (options.encoded) {
       hsize_t sdims[2] = {labels.size(), 3};
       h5::Id sspace(check(H5Screate_simple(2, sdims, nullptr), path, "/shapes", "create dataspace"), H5Sclose);
-      h5::Id sds(check(H5Dcreate2(file, "shapes", H5T_STD_I32LE, sspace, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
-                           path, "/shapes", "create dataset"),
-               H5Dclose);
+      h5::Id sds(check(H5Dcreate2(file, "shapes", H5T_STD_I32LE, sspace, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), path,
+                       "/shapes", "create dataset"),
+                 H5Dclose);
       if (!shapes.empty())
         check(H5Dwrite(sds, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, shapes.data()), path, "/shapes",
-                    "write shapes");
+              "write shapes");
       hsize_t odims[1] = {offsets.size()};
       h5::Id ospace(check(H5Screate_simple(1, odims, nullptr), path, "/offsets", "create dataspace"), H5Sclose);
-      h5::Id ods(check(H5Dcreate2(file, "offsets", H5T_STD_I64LE, ospace, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
-                           path, "/offsets", "create dataset"),
-               H5Dclose);
+      h5::Id ods(check(H5Dcreate2(file, "offsets", H5T_STD_I64LE, ospace, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), path,
+                       "/offsets", "create dataset"),
+                 H5Dclose);
       check(H5Dwrite(ods, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, offsets.data()), path, "/offsets",
             "write offsets");
     }
@@ -154,8 +157,8 @@ struct ShardWriter::Impl {
   void start_record(int64_t global) {
     if (current < 0 || global >= shard_begin[static_cast<size_t>(current) + 1]) {
       close_shard();
-      int next = static_cast<int>(std::upper_bound(shard_begin.begin(), shard_begin.end(), global) -
-                                  shard_begin.begin()) - 1;
+      int next =
+          static_cast<int>(std::upper_bound(shard_begin.begin(), shard_begin.end(), global) - shard_begin.begin()) - 1;
       // Empty shards (more shards than records) are created on the way.
       for (int s = static_cast<int>(shards.size()); s < next; ++s) {
         open_shard(s);
@@ -185,8 +188,9 @@ struct ShardWriter::Impl {
 
 ShardWriter::ShardWriter(WriterOptions options) : impl_(nullptr) {
   auto& o = options;
-  RT_CHECK(!o.split.empty() && o.split.find_first_of("/\\-") == std::string::npos && o.split.find("..") == std::string::npos,
-           "ShardWriter: split name '", o.split, "' must be non-empty, without '/', '\\', '-' or '..'");
+  RT_CHECK(
+      !o.split.empty() && o.split.find_first_of("/\\-") == std::string::npos && o.split.find("..") == std::string::npos,
+      "ShardWriter: split name '", o.split, "' must be non-empty, without '/', '\\', '-' or '..'");
   RT_CHECK(o.num_shards >= 1 && o.num_shards <= 99999, "ShardWriter: --shards must be from 1 to 99999 (five digits in ",
            "the file names), got ", o.num_shards);
   RT_CHECK(o.total_records >= 0, "ShardWriter: negative record count ", o.total_records);
@@ -194,8 +198,8 @@ ShardWriter::ShardWriter(WriterOptions options) : impl_(nullptr) {
   RT_CHECK((varied || (o.height > 0 && o.width > 0)) && o.channels > 0, "ShardWriter: bad image shape ", o.height, "x",
            o.width, "x", o.channels, o.encoded ? " (0x0xC: encoded images of varied sizes)" : "");
   RT_CHECK(o.num_classes >= 1, "ShardWriter: num_classes must be >= 1, got ", o.num_classes);
-  RT_CHECK(o.classes.empty() || static_cast<int>(o.classes.size()) == o.num_classes, "ShardWriter: ",
-           o.classes.size(), " class names for ", o.num_classes, " classes");
+  RT_CHECK(o.classes.empty() || static_cast<int>(o.classes.size()) == o.num_classes, "ShardWriter: ", o.classes.size(),
+           " class names for ", o.num_classes, " classes");
   std::error_code ec;
   fs::create_directories(o.dir, ec);
   if (ec) RT_THROW("cannot create dataset folder '", o.dir.string(), "': ", ec.message());

@@ -2,8 +2,8 @@
 // files plus manifest.json and validates what it wrote; ShardDataset opens a split, validates every
 // shard against the manifest, and reads records by global index. All HDF5 calls in the process go
 // through one lock (hdf5_mutex()): the serial HDF5 library is not thread-safe. Decoded images are read
-// without it: their byte offsets come from HDF5's chunk index once, at open, and reads are pread calls. Sources: manifest.cpp
-// (names, checksums, manifest.json), shard_writer.cpp and shard_dataset.cpp; HDF5 helpers: io/hdf5.h.
+// without it: their byte offsets come from HDF5's chunk index once, at open, and reads are pread calls. Sources:
+// manifest.cpp (names, checksums, manifest.json), shard_writer.cpp and shard_dataset.cpp; HDF5 helpers: io/hdf5.h.
 #pragma once
 
 #include <array>
@@ -31,9 +31,9 @@ std::recursive_mutex& hdf5_mutex();
 std::string shard_file_name(const std::string& split, int index, int count);
 
 struct ShardInfo {
-  std::string file;     // file name inside the dataset folder
+  std::string file;  // file name inside the dataset folder
   int64_t records = 0;
-  uint32_t crc32 = 0;   // zlib CRC-32 of the whole file
+  uint32_t crc32 = 0;  // zlib CRC-32 of the whole file
 };
 
 struct SplitInfo {
@@ -42,8 +42,8 @@ struct SplitInfo {
   int64_t height = 0, width = 0, channels = 0;  // decoded image shape (all records); 0 x 0: varied_size()
   bool encoded = false;                         // /encoded + /offsets (v1: /jpeg) instead of /images
   int num_classes = 0;
-  std::vector<std::string> classes;             // optional class names
-  std::vector<float> mean, std;                 // per channel, of pixel / 255
+  std::vector<std::string> classes;  // optional class names
+  std::vector<float> mean, std;      // per channel, of pixel / 255
   std::string source;
   std::vector<ShardInfo> shards;
   int64_t record_bytes() const { return height * width * channels; }
@@ -60,13 +60,13 @@ struct WriterOptions {
   std::filesystem::path dir;  // created if missing
   std::string split = "train";
   int num_shards = 1;
-  int64_t total_records = 0;  // must be known up front (records go to shards in contiguous blocks)
+  int64_t total_records = 0;                    // must be known up front (records go to shards in contiguous blocks)
   int64_t height = 0, width = 0, channels = 0;  // height = width = 0: encoded records of varied sizes
-  bool encoded = false;       // add_encoded() instead of add()
+  bool encoded = false;                         // add_encoded() instead of add()
   int num_classes = 0;
   std::vector<std::string> classes;
   std::string source;
-  bool show_progress = false; // a progress line on stderr
+  bool show_progress = false;  // a progress line on stderr
 };
 
 // Writes one split. Call add() (or add_encoded()) exactly total_records times, then finish(), which

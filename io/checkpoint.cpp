@@ -48,18 +48,25 @@ std::string checksum_text(Digests digests, const std::string& meta_json) {
 // (file type, memory type) for a dtype; 16-bit floats travel as raw uint16.
 std::pair<hid_t, hid_t> h5_types(DType t) {
   switch (t) {
-    case DType::F32: return {H5T_IEEE_F32LE, H5T_NATIVE_FLOAT};
-    case DType::F64: return {H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE};
-    case DType::I32: return {H5T_STD_I32LE, H5T_NATIVE_INT32};
-    case DType::I64: return {H5T_STD_I64LE, H5T_NATIVE_INT64};
-    case DType::U8: return {H5T_STD_U8LE, H5T_NATIVE_UINT8};
+    case DType::F32:
+      return {H5T_IEEE_F32LE, H5T_NATIVE_FLOAT};
+    case DType::F64:
+      return {H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE};
+    case DType::I32:
+      return {H5T_STD_I32LE, H5T_NATIVE_INT32};
+    case DType::I64:
+      return {H5T_STD_I64LE, H5T_NATIVE_INT64};
+    case DType::U8:
+      return {H5T_STD_U8LE, H5T_NATIVE_UINT8};
     case DType::F16:
-    case DType::BF16: return {H5T_STD_U16LE, H5T_NATIVE_UINT16};
+    case DType::BF16:
+      return {H5T_STD_U16LE, H5T_NATIVE_UINT16};
   }
   return {H5T_NATIVE_FLOAT, H5T_NATIVE_FLOAT};
 }
 
-void write_group(hid_t file, const char* group_name, const NamedTensors& tensors, const fs::path& path, Digests& digests) {
+void write_group(hid_t file, const char* group_name, const NamedTensors& tensors, const fs::path& path,
+                 Digests& digests) {
   h5::Id group(h5::check(H5Gcreate2(file, group_name, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), in(path, group_name),
                          "create group"),
                H5Gclose);
@@ -79,7 +86,8 @@ void write_group(hid_t file, const char* group_name, const NamedTensors& tensors
     h5::Id ds(h5::check(H5Dcreate2(group, name.c_str(), file_type, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), where,
                         "create dataset"),
               H5Dclose);
-    if (host.numel() > 0) h5::check(H5Dwrite(ds, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, host.data_ptr()), where, "write dataset");
+    if (host.numel() > 0)
+      h5::check(H5Dwrite(ds, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, host.data_ptr()), where, "write dataset");
     if (host.dtype() == DType::F16 || host.dtype() == DType::BF16)
       h5::write_string_attribute(ds, "dtype", std::string(dtype_name(host.dtype())), where);
     add_digest(digests, group_name, name, host);
@@ -94,7 +102,8 @@ DType dtype_of(hid_t ds, hid_t type, const fs::path& path, const std::string& ob
   if (size == 0) h5::fail(where, "cannot read the type size");
   if (cls == H5T_FLOAT && size == 4) return DType::F32;
   if (cls == H5T_FLOAT && size == 8) return DType::F64;
-  const H5T_sign_t sign = cls == H5T_INTEGER ? h5::check(H5Tget_sign(type), where, "cannot read the sign") : H5T_SGN_NONE;
+  const H5T_sign_t sign =
+      cls == H5T_INTEGER ? h5::check(H5Tget_sign(type), where, "cannot read the sign") : H5T_SGN_NONE;
   if (cls == H5T_INTEGER && size == 4 && sign == H5T_SGN_2) return DType::I32;
   if (cls == H5T_INTEGER && size == 8 && sign == H5T_SGN_2) return DType::I64;
   if (cls == H5T_INTEGER && size == 1 && sign == H5T_SGN_NONE) return DType::U8;
@@ -170,8 +179,9 @@ void save_checkpoint(const fs::path& path, const Checkpoint& checkpoint, const S
       write_group(file, "optimizer", checkpoint.optimizer, tmp, digests);
       h5::write_string_attribute(file, "checksum", checksum_text(std::move(digests), checkpoint.meta_json), in(tmp));
       const h5::Where meta_json = in(tmp, "/meta/json");
-      h5::Id meta(h5::check(H5Gcreate2(file, "meta", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), in(tmp, "/meta"), "create group"),
-                  H5Gclose);
+      h5::Id meta(
+          h5::check(H5Gcreate2(file, "meta", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), in(tmp, "/meta"), "create group"),
+          H5Gclose);
       // A dataset, not an attribute: attributes are limited to 64 KiB and a config can grow.
       h5::Id type(h5::check(H5Tcopy(H5T_C_S1), meta_json, "copy string type"), H5Tclose);
       h5::check(H5Tset_size(type, std::max<size_t>(1, checkpoint.meta_json.size())), meta_json, "set string size");
@@ -179,7 +189,8 @@ void save_checkpoint(const fs::path& path, const Checkpoint& checkpoint, const S
       h5::Id json(h5::check(H5Dcreate2(meta, "json", type, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), meta_json,
                             "create dataset"),
                   H5Dclose);
-      h5::check(H5Dwrite(json, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, checkpoint.meta_json.data()), meta_json, "write dataset");
+      h5::check(H5Dwrite(json, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, checkpoint.meta_json.data()), meta_json,
+                "write dataset");
       h5::check(H5Fflush(file, H5F_SCOPE_GLOBAL), in(tmp), "flush");
     }
     fsync_path(tmp, false);
@@ -213,7 +224,8 @@ Checkpoint load_checkpoint(const fs::path& path) {
   if (!h5::link_exists(file, "meta", in(path))) RT_THROW("checkpoint '", path.string(), "' has no group '/meta'");
   h5::Id meta(h5::check(H5Gopen2(file, "meta", H5P_DEFAULT), in(path, "/meta"), "open group"), H5Gclose);
   const h5::Where meta_json = in(path, "/meta/json");
-  if (!h5::link_exists(meta, "json", meta_json)) RT_THROW("checkpoint '", path.string(), "' has no dataset '/meta/json'");
+  if (!h5::link_exists(meta, "json", meta_json))
+    RT_THROW("checkpoint '", path.string(), "' has no dataset '/meta/json'");
   h5::Id json(h5::check(H5Dopen2(meta, "json", H5P_DEFAULT), meta_json, "open dataset"), H5Dclose);
   h5::Id type(h5::check(H5Dget_type(json), meta_json, "cannot read the type"), H5Tclose);
   if (h5::check(H5Tget_class(type), meta_json, "cannot read the type class") != H5T_STRING || H5Tget_size(type) == 0)

@@ -37,7 +37,8 @@ void Id::reset() noexcept {
 }
 
 std::string Where::text() const {
-  return detail::str_cat(kind, " '", file.string(), "'", object.empty() ? "" : detail::str_cat(", object '", object, "'"));
+  return detail::str_cat(kind, " '", file.string(), "'",
+                         object.empty() ? "" : detail::str_cat(", object '", object, "'"));
 }
 
 void fail(const Where& where, const std::string& what) {
@@ -56,7 +57,8 @@ namespace {
 
 // Creates attribute `name` of `file_type` and `space` on loc, replacing an existing one.
 Id create_attribute(hid_t loc, const char* name, hid_t file_type, hid_t space, const Where& where) {
-  if (attribute_exists(loc, name, where)) check(H5Adelete(loc, name), where, detail::str_cat("delete attribute '", name, "'"));
+  if (attribute_exists(loc, name, where))
+    check(H5Adelete(loc, name), where, detail::str_cat("delete attribute '", name, "'"));
   return Id(check(H5Acreate2(loc, name, file_type, space, H5P_DEFAULT, H5P_DEFAULT), where,
                   detail::str_cat("create attribute '", name, "'")),
             H5Aclose);
@@ -71,8 +73,9 @@ template <typename T>
 void write_array(hid_t loc, const char* name, hid_t mem_type, hid_t file_type, const std::vector<T>& values,
                  const Where& where) {
   const hsize_t n[1] = {values.size()};
-  Id space(check(values.size() == 1 ? H5Screate(H5S_SCALAR) : H5Screate_simple(1, n, nullptr), where, "create dataspace"),
-           H5Sclose);
+  Id space(
+      check(values.size() == 1 ? H5Screate(H5S_SCALAR) : H5Screate_simple(1, n, nullptr), where, "create dataspace"),
+      H5Sclose);
   Id attr = create_attribute(loc, name, file_type, space, where);
   check(H5Awrite(attr, mem_type, values.data()), where, detail::str_cat("write attribute '", name, "'"));
 }

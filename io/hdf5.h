@@ -98,7 +98,6 @@ std::vector<hsize_t> dims(hid_t dataset, const Where& where, int max_rank = 8);
 // HDF5: herr_t and hid_t are negative on failure; the text comes from HDF5's error stack.
 #define RT_DETAIL_H5_OK(s) ((s) >= 0)
 #define RT_DETAIL_H5_TEXT(s) ::ringtrain::h5::error_text()
-#define H5_CHECK(call) \
-  RT_CALL_CHECK_T("HDF5", call, #call, RT_DETAIL_H5_OK, RT_DETAIL_H5_TEXT, RT_DETAIL_NO_DEVICE)
+#define H5_CHECK(call) RT_CALL_CHECK_T("HDF5", call, #call, RT_DETAIL_H5_OK, RT_DETAIL_H5_TEXT, RT_DETAIL_NO_DEVICE)
 #define H5_CHECK_NOTHROW(call) \
   RT_CALL_CHECK_NOTHROW_T("HDF5", call, #call, RT_DETAIL_H5_OK, RT_DETAIL_H5_TEXT, RT_DETAIL_NO_DEVICE)

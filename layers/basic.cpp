@@ -8,9 +8,7 @@ namespace ringtrain {
 
 Tensor ReLU::forward(const Tensor& x) { return relu(x); }
 
-Dropout::Dropout(double p) : p_(p) {
-  RT_CHECK(p >= 0.0 && p < 1.0, "Dropout: probability must be in [0, 1), got ", p);
-}
+Dropout::Dropout(double p) : p_(p) { RT_CHECK(p >= 0.0 && p < 1.0, "Dropout: probability must be in [0, 1), got ", p); }
 
 Tensor Dropout::forward(const Tensor& x) { return dropout(x, p_, is_training()); }
 

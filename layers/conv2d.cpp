@@ -14,8 +14,13 @@ Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, Conv2dOptions o) : in_
   RT_CHECK(o.groups >= 1 && in_channels % o.groups == 0 && out_channels % o.groups == 0, "Conv2d: ", in_channels,
            " -> ", out_channels, " channels are not divisible by groups=", o.groups);
   RT_CHECK(o.kernel_h >= 1 && o.kernel_w >= 1, "Conv2d: kernel must be >= 1");
-  params_ = {.stride_h = o.stride, .stride_w = o.stride, .pad_h = o.padding, .pad_w = o.padding,
-             .dilation_h = o.dilation, .dilation_w = o.dilation, .groups = o.groups};
+  params_ = {.stride_h = o.stride,
+             .stride_w = o.stride,
+             .pad_h = o.padding,
+             .pad_w = o.padding,
+             .dilation_h = o.dilation,
+             .dilation_w = o.dilation,
+             .groups = o.groups};
   const int64_t fan_in = in_channels / o.groups * o.kernel_h * o.kernel_w;
   const double bound = 1.0 / std::sqrt(static_cast<double>(fan_in));
   weight_ = register_parameter(
@@ -28,8 +33,8 @@ Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, Conv2dOptions o) : in_
 
 void Conv2d::kaiming_normal_fan_out(uint64_t seed, uint64_t stream) {
   const double fan_out = static_cast<double>(weight_.size(0) * weight_.size(1) * weight_.size(2));
-  Tensor init = Tensor::normal(weight_.shape(), 0.0, std::sqrt(2.0 / fan_out), seed, weight_.dtype(), weight_.device(),
-                               stream);
+  Tensor init =
+      Tensor::normal(weight_.shape(), 0.0, std::sqrt(2.0 / fan_out), seed, weight_.dtype(), weight_.device(), stream);
   NoGradGuard no_grad;
   Tensor(weight_).copy_(init);
 }

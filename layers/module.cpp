@@ -18,7 +18,8 @@ void check_name(const std::string& name, const char* what) {
 Tensor Module::register_parameter(std::string name, Tensor value) {
   check_name(name, "parameter");
   RT_CHECK(value.defined(), "parameter '", name, "' of ", type_name(), " is undefined");
-  for (const auto& [n, t] : parameters_) RT_CHECK(n != name, "parameter '", name, "' registered twice in ", type_name());
+  for (const auto& [n, t] : parameters_)
+    RT_CHECK(n != name, "parameter '", name, "' registered twice in ", type_name());
   value = value.detach();
   value.set_requires_grad(true);
   value.set_name(name);

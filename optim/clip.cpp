@@ -85,7 +85,8 @@ double grad_norm(const std::vector<Tensor>& params, const GradientParts* parts) 
 }
 
 double clip_grad_norm(const std::vector<Tensor>& params, double max_norm, const GradientParts* parts) {
-  RT_CHECK(max_norm > 0 && std::isfinite(max_norm), "clip_grad_norm: max_norm must be positive and finite, got ", max_norm);
+  RT_CHECK(max_norm > 0 && std::isfinite(max_norm), "clip_grad_norm: max_norm must be positive and finite, got ",
+           max_norm);
   const double norm = grad_norm(params, parts);
   if (!std::isfinite(norm)) return norm;
   const double factor = max_norm / (norm + 1e-6);

@@ -13,11 +13,11 @@
 namespace ringtrain {
 
 GradScaler::GradScaler(GradScalerOptions options) : options_(options), scale_(options.init_scale) {
-  RT_CHECK(options_.init_scale > 0 && std::isfinite(options_.init_scale), "GradScaler: init_scale must be positive, got ",
-           options_.init_scale);
+  RT_CHECK(options_.init_scale > 0 && std::isfinite(options_.init_scale),
+           "GradScaler: init_scale must be positive, got ", options_.init_scale);
   RT_CHECK(options_.growth_factor > 1, "GradScaler: growth_factor must be > 1, got ", options_.growth_factor);
-  RT_CHECK(options_.backoff_factor > 0 && options_.backoff_factor < 1, "GradScaler: backoff_factor must be in (0, 1), got ",
-           options_.backoff_factor);
+  RT_CHECK(options_.backoff_factor > 0 && options_.backoff_factor < 1,
+           "GradScaler: backoff_factor must be in (0, 1), got ", options_.backoff_factor);
   RT_CHECK(options_.growth_interval >= 1, "GradScaler: growth_interval must be >= 1, got ", options_.growth_interval);
 }
 

@@ -9,9 +9,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/tensor.h"
 #include "optim/clip.h"
 #include "optim/optimizer.h"
-#include "core/tensor.h"
 
 namespace ringtrain {
 

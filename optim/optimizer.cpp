@@ -42,8 +42,8 @@ namespace {
 // The fused kernels trust that a parameter's state tensors match it; a model moved with to() after
 // the optimizer made its state would otherwise hand them another device's memory.
 void check_state_slot(const std::string& name, const char* slot, const Tensor& state, const Tensor& p) {
-  RT_CHECK(state.dtype() == p.dtype() && state.device() == p.device() && state.numel() == p.numel(), "optimizer: state '",
-           name, ".", slot, "' is ", state.describe(), " but the parameter is ", p.describe(),
+  RT_CHECK(state.dtype() == p.dtype() && state.device() == p.device() && state.numel() == p.numel(),
+           "optimizer: state '", name, ".", slot, "' is ", state.describe(), " but the parameter is ", p.describe(),
            " (was the model moved after the optimizer took its first step? load_state() after moving)");
 }
 }  // namespace
@@ -274,14 +274,16 @@ double LrSchedule::at(int64_t step) const {
   const auto& o = options_;
   RT_CHECK(step >= 0, "learning-rate schedule: negative step ", step);
   if (step < o.warmup_steps) {
-    const double f = o.warmup_start_factor + (1.0 - o.warmup_start_factor) * static_cast<double>(step) /
-                                                 static_cast<double>(o.warmup_steps);
+    const double f = o.warmup_start_factor +
+                     (1.0 - o.warmup_start_factor) * static_cast<double>(step) / static_cast<double>(o.warmup_steps);
     return o.base_lr * f;
   }
   const int64_t s = step - o.warmup_steps;
   switch (o.shape) {
-    case LrShape::Constant: return o.base_lr;
-    case LrShape::Step: return o.base_lr * std::pow(o.gamma, static_cast<double>(s / o.step_size));
+    case LrShape::Constant:
+      return o.base_lr;
+    case LrShape::Step:
+      return o.base_lr * std::pow(o.gamma, static_cast<double>(s / o.step_size));
     case LrShape::MultiStep: {
       const auto passed = std::upper_bound(o.milestones.begin(), o.milestones.end(), step) - o.milestones.begin();
       return o.base_lr * std::pow(o.gamma, static_cast<double>(passed));

@@ -9,8 +9,8 @@
 #include <utility>
 #include <vector>
 
-#include "optim/clip.h"  // clip_grad_norm, with the optimizers since they are used together
 #include "core/tensor.h"
+#include "optim/clip.h"  // clip_grad_norm, with the optimizers since they are used together
 
 namespace ringtrain {
 
@@ -97,14 +97,14 @@ enum class LrShape : uint8_t { Constant, Step, MultiStep, Cosine };
 
 struct LrScheduleOptions {
   double base_lr = 0.1;
-  int64_t total_steps = 0;      // optimizer steps in the whole run (cosine needs it)
-  int64_t warmup_steps = 0;     // linear from warmup_start_factor * base_lr to base_lr
+  int64_t total_steps = 0;   // optimizer steps in the whole run (cosine needs it)
+  int64_t warmup_steps = 0;  // linear from warmup_start_factor * base_lr to base_lr
   double warmup_start_factor = 0.0;
   LrShape shape = LrShape::Constant;
-  int64_t step_size = 0;        // Step: decay every step_size steps (after warmup)
+  int64_t step_size = 0;              // Step: decay every step_size steps (after warmup)
   std::vector<int64_t> milestones{};  // MultiStep: absolute steps where the rate is multiplied by gamma
   double gamma = 0.1;
-  double min_lr = 0.0;          // Cosine: final rate
+  double min_lr = 0.0;  // Cosine: final rate
 };
 
 class LrSchedule {
@@ -117,7 +117,6 @@ class LrSchedule {
  private:
   LrScheduleOptions options_;
 };
-
 
 // Module parameters as NamedParameter (convenience for Module::named_parameters()).
 std::vector<NamedParameter> as_named(const std::vector<std::pair<std::string, Tensor>>& params);

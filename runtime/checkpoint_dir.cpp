@@ -112,7 +112,8 @@ TrainState TrainState::from_json(const std::string& text, const std::string& fil
   if (m.has("rng")) s.rng_stream = static_cast<uint64_t>(m.integer("rng.stream", 0));
   if (m.has("loss_scale")) {
     s.loss_scale = LossScaleState{m.number("loss_scale.scale"), m.integer("loss_scale.growth_tracker", 0)};
-    if (!(s.loss_scale->scale > 0)) m.fail("loss_scale.scale", detail::str_cat("must be positive, got ", s.loss_scale->scale));
+    if (!(s.loss_scale->scale > 0))
+      m.fail("loss_scale.scale", detail::str_cat("must be positive, got ", s.loss_scale->scale));
   }
   if (m.has("config")) {
     if (!m.at("config").is_object()) m.fail("config", "must be an object");
@@ -125,12 +126,13 @@ data::SamplerState TrainState::position_for(int64_t run_per_step_global, int64_t
                                             const std::string& file, bool round_down) const {
   const int64_t written_in = per_step_global > 0 ? per_step_global : run_per_step_global;
   const int64_t samples = position.next_batch * written_in;
-  RT_CHECK(round_down || samples % run_per_step_global == 0, "--resume ", file, ": the checkpoint stopped after ", samples,
-           " samples of its epoch, not a multiple of this run's ", run_per_step_global, " (ranks x --batch-size)");
+  RT_CHECK(round_down || samples % run_per_step_global == 0, "--resume ", file, ": the checkpoint stopped after ",
+           samples, " samples of its epoch, not a multiple of this run's ", run_per_step_global,
+           " (ranks x --batch-size)");
   data::SamplerState p{position.epoch, samples / run_per_step_global};
-  RT_CHECK(p.next_batch <= micro_per_epoch, "--resume ", file, ": /meta/json key 'sampler.next_batch' ", position.next_batch,
-           " is beyond the end of an epoch (", micro_per_epoch, " batches of ", run_per_step_global,
-           " images in this run): the checkpoint does not belong to this dataset and batch size");
+  RT_CHECK(p.next_batch <= micro_per_epoch, "--resume ", file, ": /meta/json key 'sampler.next_batch' ",
+           position.next_batch, " is beyond the end of an epoch (", micro_per_epoch, " batches of ",
+           run_per_step_global, " images in this run): the checkpoint does not belong to this dataset and batch size");
   if (p.next_batch == micro_per_epoch) {  // the epoch was complete
     ++p.epoch;
     p.next_batch = 0;
@@ -168,7 +170,8 @@ CheckpointDir::Loaded CheckpointDir::load(const fs::path& path) {
   return l;
 }
 
-std::optional<CheckpointDir::Loaded> CheckpointDir::load_newest(const std::function<void(const std::string&)>& warn) const {
+std::optional<CheckpointDir::Loaded> CheckpointDir::load_newest(
+    const std::function<void(const std::string&)>& warn) const {
   const auto all = list();
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
     try {
@@ -203,8 +206,9 @@ std::vector<std::string> CheckpointDir::supersede_after(int64_t step) const {
     target += ".superseded";
     std::error_code ec;
     fs::rename(path, target, ec);
-    if (ec) RT_THROW("--checkpoint-dir: cannot set aside '", path.string(), "' (newer than the resumed step ", step, "): ",
-                     ec.message());
+    if (ec)
+      RT_THROW("--checkpoint-dir: cannot set aside '", path.string(), "' (newer than the resumed step ", step,
+               "): ", ec.message());
     renamed.push_back(target.string());
   }
   return renamed;

@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "io/checkpoint.h"
 #include "data/sampler.h"
+#include "io/checkpoint.h"
 
 namespace ringtrain::runtime {
 
@@ -25,13 +25,13 @@ struct LossScaleState {
 };
 
 struct TrainState {
-  int64_t step = 0;               // optimizer steps taken
-  data::SamplerState position;    // where the next step starts, in sampler batches of per_step_global
+  int64_t step = 0;             // optimizer steps taken
+  data::SamplerState position;  // where the next step starts, in sampler batches of per_step_global
   int world_size = 1;
-  int64_t global_batch = 0;       // images per optimizer step (all ranks, all micro-batches)
-  int64_t per_step_global = 0;    // images per sampler batch (ranks x per-rank batch)
-  double lr = 0;                  // the last step's rate (for humans)
-  uint64_t rng_stream = 0;        // the default generator's next stream (dropout masks resume exactly)
+  int64_t global_batch = 0;     // images per optimizer step (all ranks, all micro-batches)
+  int64_t per_step_global = 0;  // images per sampler batch (ranks x per-rank batch)
+  double lr = 0;                // the last step's rate (for humans)
+  uint64_t rng_stream = 0;      // the default generator's next stream (dropout masks resume exactly)
   std::optional<LossScaleState> loss_scale;
   nlohmann::json config = nlohmann::json::object();  // the run's flags as given
 

@@ -31,39 +31,62 @@ CLI::Option* add_choice(CLI::App& app, const std::string& name, const std::strin
 
 void add_length_flags(CLI::App& app, TrainerOptions& o, std::string& data) {
   app.add_option("--data", data, "shard folder (make_shards output with train/ and optionally test/ splits)");
-  app.add_option("-b,--batch-size", o.batch, "images per rank per micro-batch")->capture_default_str()
+  app.add_option("-b,--batch-size", o.batch, "images per rank per micro-batch")
+      ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
-  app.add_option("--epochs", o.epochs, "epochs")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1000000}));
+  app.add_option("--epochs", o.epochs, "epochs")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1000000}));
   app.add_option("--steps", o.steps, "stop after this many optimizer steps (overrides --epochs; 0 = off)")
-      ->capture_default_str()->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
-  app.add_option("--accum-steps", o.accum, "micro-batches per optimizer step")->capture_default_str()
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+  app.add_option("--accum-steps", o.accum, "micro-batches per optimizer step")
+      ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   app.add_option("--seed", o.seed, "seed for init, shuffling and augmentation")->capture_default_str();
 }
 
 void add_optimisation_flags(CLI::App& app, TrainerOptions& o) {
-  app.add_option("--lr", o.lr, "base learning rate")->capture_default_str()->check(finite_number())
+  app.add_option("--lr", o.lr, "base learning rate")
+      ->capture_default_str()
+      ->check(finite_number())
       ->check(CLI::PositiveNumber);
-  app.add_option("--momentum", o.momentum, "SGD momentum")->capture_default_str()->check(finite_number())
+  app.add_option("--momentum", o.momentum, "SGD momentum")
+      ->capture_default_str()
+      ->check(finite_number())
       ->check(CLI::Range(0.0, 1.0));
-  app.add_option("--wd", o.wd, "weight decay")->capture_default_str()->check(finite_number())->check(CLI::NonNegativeNumber);
+  app.add_option("--wd", o.wd, "weight decay")
+      ->capture_default_str()
+      ->check(finite_number())
+      ->check(CLI::NonNegativeNumber);
   app.add_flag("--nesterov", o.nesterov, "Nesterov momentum");
-  app.add_option("--warmup-epochs", o.warmup_epochs, "linear warmup")->capture_default_str()->check(finite_number())
+  app.add_option("--warmup-epochs", o.warmup_epochs, "linear warmup")
+      ->capture_default_str()
+      ->check(finite_number())
       ->check(CLI::NonNegativeNumber);
   add_choice(app, "--lr-schedule", "cosine, step or multistep", name_of(o.lr_schedule), {"cosine", "step", "multistep"},
              [&o](const std::string& v) { o.lr_schedule = parse_lr_shape(v); });
-  app.add_option("--lr-step-epochs", o.lr_step_epochs, "step: decay every this many epochs")->capture_default_str()
-      ->check(finite_number())->check(CLI::PositiveNumber);
-  app.add_option("--lr-milestones", o.lr_milestones, "multistep: epochs, comma-separated (default 50% and 75% of the run)");
-  app.add_option("--lr-gamma", o.lr_gamma, "step/multistep decay factor")->capture_default_str()->check(finite_number())
+  app.add_option("--lr-step-epochs", o.lr_step_epochs, "step: decay every this many epochs")
+      ->capture_default_str()
+      ->check(finite_number())
+      ->check(CLI::PositiveNumber);
+  app.add_option("--lr-milestones", o.lr_milestones,
+                 "multistep: epochs, comma-separated (default 50% and 75% of the run)");
+  app.add_option("--lr-gamma", o.lr_gamma, "step/multistep decay factor")
+      ->capture_default_str()
+      ->check(finite_number())
       ->check(CLI::PositiveNumber);
   add_choice(app, "--lr-scaling", "none, or linear: lr x global batch / 256", name_of(o.lr_scaling), {"none", "linear"},
              [&o](const std::string& v) { o.lr_scaling = parse_lr_scaling(v); });
-  app.add_option("--label-smoothing", o.label_smoothing, "cross-entropy label smoothing")->capture_default_str()
-      ->check(finite_number())->check(CLI::Range(0.0, 1.0));
+  app.add_option("--label-smoothing", o.label_smoothing, "cross-entropy label smoothing")
+      ->capture_default_str()
+      ->check(finite_number())
+      ->check(CLI::Range(0.0, 1.0));
   app.add_option("--clip-grad-norm", o.clip_grad_norm,
                  "scale the gradients down to this global L2 norm when it is larger (0: off)")
-      ->capture_default_str()->check(finite_number())->check(CLI::NonNegativeNumber);
+      ->capture_default_str()
+      ->check(finite_number())
+      ->check(CLI::NonNegativeNumber);
   add_choice(app, "--optimizer", "sgd or adamw", name_of(o.optimizer), {"sgd", "adamw"},
              [&o](const std::string& v) { o.optimizer = parse_optimizer(v); });
 }
@@ -73,14 +96,17 @@ void add_device_flags(CLI::App& app, TrainerOptions& o) {
              [&o](const std::string& v) { o.device = parse_device_choice(v); });
   add_choice(app, "--precision", "fp32, bf16 or fp16", name_of(o.precision), {"fp32", "bf16", "fp16"},
              [&o](const std::string& v) { o.precision = parse_precision(v); });
-  app.add_option("--threads", o.threads, "CPU threads per rank (0: cores / local ranks)")->capture_default_str()
+  app.add_option("--threads", o.threads, "CPU threads per rank (0: cores / local ranks)")
+      ->capture_default_str()
       ->check(CLI::Range(0, 4096));
-  app.add_option("--loader-threads", o.loader_threads, "loader threads per rank (0: automatic)")->capture_default_str()
+  app.add_option("--loader-threads", o.loader_threads, "loader threads per rank (0: automatic)")
+      ->capture_default_str()
       ->check(CLI::Range(0, 4096));
   app.add_option("--loader-nice", o.loader_nice,
                  "loader threads run this much lower in priority than the compute threads, so a busy step keeps its "
                  "cores (0: the same priority)")
-      ->capture_default_str()->check(CLI::Range(0, 19));
+      ->capture_default_str()
+      ->check(CLI::Range(0, 19));
   app.add_flag("--allow-shared-gpu", o.allow_shared_gpu, "allow more ranks per node than GPUs (ranks share GPUs)");
 }
 
@@ -92,40 +118,57 @@ void add_parallel_flags(CLI::App& app, TrainerOptions& o) {
              [&o](const std::string& v) {
                o.backend = v == "auto" ? std::nullopt : std::optional<comm::Backend>(comm::parse_backend(v));
              });
-  app.add_option("--bucket-mb", o.bucket_mb, "gradient bucket size")->capture_default_str()->check(finite_number())
+  app.add_option("--bucket-mb", o.bucket_mb, "gradient bucket size")
+      ->capture_default_str()
+      ->check(finite_number())
       ->check(CLI::PositiveNumber);
   add_choice(app, "--compression", "gradients on the wire: none, bf16 or fp16 (half the traffic)", "none",
              {"none", "bf16", "fp16"}, [&o](const std::string& v) { o.compression = comm::parse_compression(v); });
   app.add_flag("--sync-bn", o.sync_bn, "synchronise BatchNorm statistics across ranks");
-  app.add_option("--zero", o.zero, "ZeRO stage: 1 keeps 1/N of the optimizer state on each rank (bitwise the same training)")
-      ->capture_default_str()->check(CLI::Range(0, 1));
+  app.add_option("--zero", o.zero,
+                 "ZeRO stage: 1 keeps 1/N of the optimizer state on each rank (bitwise the same training)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1));
 }
 
 void add_output_flags(CLI::App& app, TrainerOptions& o) {
   app.add_option("--checkpoint-dir", o.checkpoint_dir, "write checkpoints here (always one at the end)");
-  app.add_option("--checkpoint-every", o.checkpoint_every, "optimizer steps between checkpoints (0: end of every epoch)")
-      ->capture_default_str()->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
-  app.add_option("--checkpoint-every-min", o.checkpoint_every_min,
-                 "also write one when this many minutes passed since the last (0: off); bounds the work a failure loses")
-      ->capture_default_str()->check(finite_number())->check(CLI::Range(0.0, 1e7));
+  app.add_option("--checkpoint-every", o.checkpoint_every,
+                 "optimizer steps between checkpoints (0: end of every epoch)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+  app.add_option(
+         "--checkpoint-every-min", o.checkpoint_every_min,
+         "also write one when this many minutes passed since the last (0: off); bounds the work a failure loses")
+      ->capture_default_str()
+      ->check(finite_number())
+      ->check(CLI::Range(0.0, 1e7));
   app.add_option("--keep-last", o.keep_last, "checkpoints kept in --checkpoint-dir, older ones deleted (0: all)")
-      ->capture_default_str()->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
   app.add_option("--resume", o.resume, "auto (newest in --checkpoint-dir, if any) or a checkpoint path");
   app.add_flag("--allow-batch-change", o.allow_batch_change,
                "resume a checkpoint written at another global batch (the training changes; refused otherwise)");
-  app.add_option("--eval-every", o.eval_every, "epochs between evaluations")->capture_default_str()
+  app.add_option("--eval-every", o.eval_every, "epochs between evaluations")
+      ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1000000}));
-  app.add_option("--log-every", o.log_every, "steps between progress lines / JSONL records")->capture_default_str()
+  app.add_option("--log-every", o.log_every, "steps between progress lines / JSONL records")
+      ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   add_choice(app, "--progress", "auto (a bar on a terminal when not under mpirun, else lines), bar or lines",
-             name_of(o.progress), {"auto", "bar", "lines"}, [&o](const std::string& v) { o.progress = parse_progress(v); });
+             name_of(o.progress), {"auto", "bar", "lines"},
+             [&o](const std::string& v) { o.progress = parse_progress(v); });
   app.add_option("--log-jsonl", o.log_jsonl, "append one JSON object per log interval, eval and a summary");
   app.add_option("--trace", o.trace, "write a Chrome/Perfetto trace merged across ranks");
-  app.add_option("--trace-steps", o.trace_steps, "steps the trace covers (from the first)")->capture_default_str()
+  app.add_option("--trace-steps", o.trace_steps, "steps the trace covers (from the first)")
+      ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   app.add_flag("--check", o.check, "run the preflight doctor (ringtrain_env) first");
-  app.add_option("--timeout", o.timeout, "seconds a step phase or collective may take before the job is aborted (0: off)")
-      ->capture_default_str()->check(finite_number())->check(CLI::NonNegativeNumber);
+  app.add_option("--timeout", o.timeout,
+                 "seconds a step phase or collective may take before the job is aborted (0: off)")
+      ->capture_default_str()
+      ->check(finite_number())
+      ->check(CLI::NonNegativeNumber);
 }
 
 }  // namespace

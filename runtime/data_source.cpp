@@ -23,7 +23,8 @@ class ShardSource final : public DataSource {
     for (const auto& s : data::read_manifest(dir)) {
       if (s.split != "test") continue;
       if (s.records == 0) {
-        warnings_.push_back(detail::str_cat("--data '", dir, "': the test split has no records; evaluation is skipped"));
+        warnings_.push_back(
+            detail::str_cat("--data '", dir, "': the test split has no records; evaluation is skipped"));
         break;
       }
       test_.emplace(data::ShardDataset::open(dir, "test"));
@@ -33,10 +34,15 @@ class ShardSource final : public DataSource {
     for (const auto& shard : split.shards) content.add(shard.file).add_word(shard.crc32);
     char hex[24];
     std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(content.value()));
-    info_ = {shape[0], shape[1], shape[2], split.num_classes, train_->size(), test_ ? test_->size() : 0,
+    info_ = {shape[0],
+             shape[1],
+             shape[2],
+             split.num_classes,
+             train_->size(),
+             test_ ? test_->size() : 0,
              train_->chunk_records(),
-             detail::str_cat(split.records, " records of ", split.shape_text(), ", ",
-                             split.num_classes, " classes, content ", hex)};
+             detail::str_cat(split.records, " records of ", split.shape_text(), ", ", split.num_classes,
+                             " classes, content ", hex)};
     data::LoaderOptions lo;
     lo.threads = o.loader_threads;
     lo.nice = o.loader_nice;
@@ -52,7 +58,9 @@ class ShardSource final : public DataSource {
   ~ShardSource() override { ShardSource::stop(); }
 
   const DataInfo& info() const override { return info_; }
-  void start_epoch(data::DistributedSampler& sampler, int64_t epoch) override { train_loader_->start_epoch(sampler, epoch); }
+  void start_epoch(data::DistributedSampler& sampler, int64_t epoch) override {
+    train_loader_->start_epoch(sampler, epoch);
+  }
   // A record that cannot be read or decoded is bad data: a restart would meet it again.
   std::optional<data::Batch> next() override {
     return permanent_errors([this] { return train_loader_->next(); });
@@ -93,7 +101,13 @@ class SyntheticSource final : public DataSource {
     RT_CHECK(o.size > 0 && o.height > 0 && o.width > 0 && o.channels > 0 && o.classes > 0,
              "synthetic data: size, shape and classes must be positive, got ", o.size, " records of ", o.height, "x",
              o.width, "x", o.channels, ", ", o.classes, " classes");
-    info_ = {o.height, o.width, o.channels, o.classes, o.size, 0, 64,
+    info_ = {o.height,
+             o.width,
+             o.channels,
+             o.classes,
+             o.size,
+             0,
+             64,
              detail::str_cat("synthetic: ", o.size, " records of ", o.height, "x", o.width, "x", o.channels, ", ",
                              o.classes, " classes")};
   }

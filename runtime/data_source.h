@@ -22,8 +22,8 @@ namespace ringtrain::runtime {
 struct DataInfo {
   int64_t height = 0, width = 0, channels = 0;  // of the batches served (after transforms)
   int classes = 0;
-  int64_t train_size = 0, test_size = 0;        // records; test_size 0 = no test split
-  int64_t chunk = 64;                           // records a sampler should keep together for I/O
+  int64_t train_size = 0, test_size = 0;  // records; test_size 0 = no test split
+  int64_t chunk = 64;                     // records a sampler should keep together for I/O
   // What the training data is, for checkpoints: a resume on other data is refused ("60000 records of
   // 28x28x1, 10 classes, content 1a2b3c4d5e6f7a8b").
   std::string signature;
@@ -52,10 +52,10 @@ struct ShardSourceOptions {
   data::Transform train_transform = {};  // the test split uses the same with train = false
   // When set, chooses the training transform from the train split (e.g. by image size) instead.
   std::function<data::Transform(const data::SplitInfo& train)> choose_transform = {};
-  int loader_threads = 0;           // 0: automatic
-  int loader_nice = 10;             // loader threads' priority below the compute threads (data::LoaderOptions::nice)
-  uint64_t seed = 0;                // augmentation draws
-  Device device = Device::cpu();    // batches are delivered here
+  int loader_threads = 0;         // 0: automatic
+  int loader_nice = 10;           // loader threads' priority below the compute threads (data::LoaderOptions::nice)
+  uint64_t seed = 0;              // augmentation draws
+  Device device = Device::cpu();  // batches are delivered here
 };
 // Opens `dir`'s train split and, when the manifest has one, its test split, validating every shard.
 // The test split must fit the train split (same classes, and images of the same shape after the

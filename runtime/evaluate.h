@@ -16,9 +16,9 @@
 namespace ringtrain::runtime {
 
 struct EvalOptions {
-  int64_t batch = 128;          // images per rank per forward
-  double label_smoothing = 0;   // of the reported loss
-  int64_t epoch = 0;            // passed to the loader (deterministic transforms ignore it)
+  int64_t batch = 128;         // images per rank per forward
+  double label_smoothing = 0;  // of the reported loss
+  int64_t epoch = 0;           // passed to the loader (deterministic transforms ignore it)
   // The logits (N, C) of a batch of images; default: model(images).
   std::function<Tensor(Module& model, const Tensor& images)> logits = {};
   // Called before each batch, and before the closing all-reduce (the Trainer names its watchdog phases).

@@ -34,11 +34,17 @@ FaultInjection FaultInjection::parse(const std::string& s, int64_t this_attempt)
            "RINGTRAIN_INJECT: expected KIND:RANK:STEP[:ATTEMPT] (e.g. throw:1:2), got '", s, "'");
   FaultInjection f;
   const std::string& kind = fields[0];
-  if (kind == "throw") f.kind = Kind::Throw;
-  else if (kind == "desync") f.kind = Kind::Desync;
-  else if (kind == "hang") f.kind = Kind::Hang;
-  else if (kind == "hang-checkpoint") f.kind = Kind::HangCheckpoint;
-  else RT_THROW("RINGTRAIN_INJECT: unknown kind '", kind, "' in '", s, "' (expected throw, desync, hang or hang-checkpoint)");
+  if (kind == "throw")
+    f.kind = Kind::Throw;
+  else if (kind == "desync")
+    f.kind = Kind::Desync;
+  else if (kind == "hang")
+    f.kind = Kind::Hang;
+  else if (kind == "hang-checkpoint")
+    f.kind = Kind::HangCheckpoint;
+  else
+    RT_THROW("RINGTRAIN_INJECT: unknown kind '", kind, "' in '", s,
+             "' (expected throw, desync, hang or hang-checkpoint)");
   f.rank = static_cast<int>(parse_count(fields[1], s, "RANK", 1 << 24));
   f.step = parse_count(fields[2], s, "STEP", int64_t{1} << 40);
   RT_CHECK(f.step >= 1, "RINGTRAIN_INJECT: STEP counts optimizer steps from 1, got 0 in '", s, "'");
@@ -64,11 +70,16 @@ FaultInjection FaultInjection::from_env() {
 int64_t FaultInjection::after_step(int rank_here, int64_t step_now) const {
   if (!fires(rank_here, step_now)) return step_now;
   switch (kind) {
-    case Kind::Throw: RT_THROW("injected failure at step ", step_now);
-    case Kind::Desync: return step_now + 1;
-    case Kind::Hang: std::this_thread::sleep_for(std::chrono::hours(1)); return step_now;
+    case Kind::Throw:
+      RT_THROW("injected failure at step ", step_now);
+    case Kind::Desync:
+      return step_now + 1;
+    case Kind::Hang:
+      std::this_thread::sleep_for(std::chrono::hours(1));
+      return step_now;
     case Kind::HangCheckpoint:
-    case Kind::None: break;
+    case Kind::None:
+      break;
   }
   return step_now;
 }

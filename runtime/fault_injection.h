@@ -19,8 +19,8 @@ struct FaultInjection {
   Kind kind = Kind::None;
   int rank = -1;
   int64_t step = -1;
-  int64_t attempt = -1;       // -1: every attempt
-  int64_t this_attempt = 0;   // RINGTRAIN_RESTART
+  int64_t attempt = -1;      // -1: every attempt
+  int64_t this_attempt = 0;  // RINGTRAIN_RESTART
 
   // Parses `text` (the variable's value) for attempt `this_attempt`; errors name RINGTRAIN_INJECT.
   static FaultInjection parse(const std::string& text, int64_t this_attempt = 0);

@@ -75,8 +75,9 @@ GpuMonitor::GpuMonitor(const std::string& pci_bus_id, int index, std::string lib
   const int rc = pci_bus_id.empty() ? api_->by_index(static_cast<unsigned int>(index), &device)
                                     : api_->by_pci(pci_bus_id.c_str(), &device);
   if (rc != 0) {
-    reason_ = "NVML has no device " + (pci_bus_id.empty() ? "index " + std::to_string(index) : "at PCI bus id " + pci_bus_id) +
-              ": " + api_->error_string(rc);
+    reason_ = "NVML has no device " +
+              (pci_bus_id.empty() ? "index " + std::to_string(index) : "at PCI bus id " + pci_bus_id) + ": " +
+              api_->error_string(rc);
     return;
   }
   device_ = device;

@@ -11,7 +11,7 @@ namespace ringtrain {
 
 // A field the device cannot report (NVML_ERROR_NOT_SUPPORTED) is NaN.
 struct GpuSample {
-  double util_pct = 0;          // percent of the last sample period a kernel was running
+  double util_pct = 0;  // percent of the last sample period a kernel was running
   double mem_used_bytes = 0, mem_total_bytes = 0;
   double temperature_c = 0;
   double power_w = 0;
@@ -33,9 +33,9 @@ class GpuMonitor {
 
  private:
   struct Api;
-  void* handle_ = nullptr;   // dlopen handle
+  void* handle_ = nullptr;  // dlopen handle
   Api* api_ = nullptr;
-  void* device_ = nullptr;   // nvmlDevice_t
+  void* device_ = nullptr;  // nvmlDevice_t
   std::string reason_;
 };
 

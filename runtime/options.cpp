@@ -22,12 +22,17 @@ struct Named {
 };
 
 constexpr Named<OptimizerKind> kOptimizers[] = {{"sgd", OptimizerKind::Sgd}, {"adamw", OptimizerKind::AdamW}};
-constexpr Named<LrShape> kShapes[] = {{"cosine", LrShape::Cosine}, {"step", LrShape::Step},
-                                      {"multistep", LrShape::MultiStep}, {"constant", LrShape::Constant}};
+constexpr Named<LrShape> kShapes[] = {{"cosine", LrShape::Cosine},
+                                      {"step", LrShape::Step},
+                                      {"multistep", LrShape::MultiStep},
+                                      {"constant", LrShape::Constant}};
 constexpr Named<LrScaling> kScalings[] = {{"none", LrScaling::None}, {"linear", LrScaling::Linear}};
-constexpr Named<Precision> kPrecisions[] = {{"fp32", Precision::FP32}, {"bf16", Precision::BF16}, {"fp16", Precision::FP16}};
-constexpr Named<DeviceChoice> kDevices[] = {{"auto", DeviceChoice::Auto}, {"cpu", DeviceChoice::Cpu}, {"cuda", DeviceChoice::Cuda}};
-constexpr Named<ProgressStyle> kProgress[] = {{"auto", ProgressStyle::Auto}, {"bar", ProgressStyle::Bar}, {"lines", ProgressStyle::Lines}};
+constexpr Named<Precision> kPrecisions[] = {
+    {"fp32", Precision::FP32}, {"bf16", Precision::BF16}, {"fp16", Precision::FP16}};
+constexpr Named<DeviceChoice> kDevices[] = {
+    {"auto", DeviceChoice::Auto}, {"cpu", DeviceChoice::Cpu}, {"cuda", DeviceChoice::Cuda}};
+constexpr Named<ProgressStyle> kProgress[] = {
+    {"auto", ProgressStyle::Auto}, {"bar", ProgressStyle::Bar}, {"lines", ProgressStyle::Lines}};
 
 template <typename E, size_t N>
 const char* name_in(const Named<E> (&table)[N], E v) {
@@ -62,26 +67,42 @@ DeviceChoice parse_device_choice(const std::string& t, const std::string& flag) 
 
 const char* compression_name(comm::Compression c) {
   switch (c) {
-    case comm::Compression::None: return "none";
-    case comm::Compression::BF16: return "bf16";
-    case comm::Compression::F16: return "fp16";
+    case comm::Compression::None:
+      return "none";
+    case comm::Compression::BF16:
+      return "bf16";
+    case comm::Compression::F16:
+      return "fp16";
   }
   return "?";
 }
 
 json TrainerOptions::to_json() const {
-  json j{{"model", model_name},       {"batch_size", batch},       {"epochs", epochs},
-         {"steps", steps},            {"accum_steps", accum},
-         {"seed", seed},              {"optimizer", name_of(optimizer)},
-         {"lr", lr},                  {"momentum", momentum},
-         {"wd", wd},                  {"nesterov", nesterov},
-         {"warmup_epochs", warmup_epochs}, {"lr_schedule", name_of(lr_schedule)},
-         {"lr_step_epochs", lr_step_epochs}, {"lr_milestones", lr_milestones},
-         {"lr_gamma", lr_gamma},      {"lr_scaling", name_of(lr_scaling)},
-         {"label_smoothing", label_smoothing}, {"device", name_of(device)},
-         {"precision", name_of(precision)}, {"backend", backend ? comm::backend_name(*backend) : "auto"},
-         {"bucket_mb", bucket_mb},    {"compression", compression_name(compression)},
-         {"sync_bn", sync_bn},        {"clip_grad_norm", clip_grad_norm}};
+  json j{{"model", model_name},
+         {"batch_size", batch},
+         {"epochs", epochs},
+         {"steps", steps},
+         {"accum_steps", accum},
+         {"seed", seed},
+         {"optimizer", name_of(optimizer)},
+         {"lr", lr},
+         {"momentum", momentum},
+         {"wd", wd},
+         {"nesterov", nesterov},
+         {"warmup_epochs", warmup_epochs},
+         {"lr_schedule", name_of(lr_schedule)},
+         {"lr_step_epochs", lr_step_epochs},
+         {"lr_milestones", lr_milestones},
+         {"lr_gamma", lr_gamma},
+         {"lr_scaling", name_of(lr_scaling)},
+         {"label_smoothing", label_smoothing},
+         {"device", name_of(device)},
+         {"precision", name_of(precision)},
+         {"backend", backend ? comm::backend_name(*backend) : "auto"},
+         {"bucket_mb", bucket_mb},
+         {"compression", compression_name(compression)},
+         {"sync_bn", sync_bn},
+         {"clip_grad_norm", clip_grad_norm}};
   for (const auto& [key, value] : app_config.items()) j[key] = value;
   return j;
 }
@@ -96,12 +117,13 @@ void validate_options(const TrainerOptions& o) {
   RT_CHECK(finite(o.momentum) && o.momentum >= 0 && o.momentum <= 1, "--momentum must be in [0, 1], got ", o.momentum);
   RT_CHECK(finite(o.wd) && o.wd >= 0, "--wd must be 0 or more, got ", o.wd);
   RT_CHECK(finite(o.warmup_epochs) && o.warmup_epochs >= 0, "--warmup-epochs must be 0 or more, got ", o.warmup_epochs);
-  RT_CHECK(finite(o.lr_step_epochs) && o.lr_step_epochs > 0, "--lr-step-epochs must be positive, got ", o.lr_step_epochs);
+  RT_CHECK(finite(o.lr_step_epochs) && o.lr_step_epochs > 0, "--lr-step-epochs must be positive, got ",
+           o.lr_step_epochs);
   RT_CHECK(finite(o.lr_gamma) && o.lr_gamma > 0, "--lr-gamma must be positive, got ", o.lr_gamma);
   RT_CHECK(finite(o.label_smoothing) && o.label_smoothing >= 0 && o.label_smoothing < 1,
            "--label-smoothing must be in [0, 1), got ", o.label_smoothing);
-  RT_CHECK(o.threads >= 0 && o.loader_threads >= 0, "--threads and --loader-threads must be 0 (automatic) or more, got ",
-           o.threads, " and ", o.loader_threads);
+  RT_CHECK(o.threads >= 0 && o.loader_threads >= 0,
+           "--threads and --loader-threads must be 0 (automatic) or more, got ", o.threads, " and ", o.loader_threads);
   RT_CHECK(finite(o.bucket_mb) && o.bucket_mb > 0, "--bucket-mb must be positive, got ", o.bucket_mb);
   RT_CHECK(o.checkpoint_every >= 0, "--checkpoint-every must be 0 (every epoch) or more, got ", o.checkpoint_every);
   RT_CHECK(finite(o.checkpoint_every_min) && o.checkpoint_every_min >= 0,
@@ -113,15 +135,15 @@ void validate_options(const TrainerOptions& o) {
   RT_CHECK(finite(o.timeout) && o.timeout >= 0, "--timeout must be 0 (off) or more seconds, got ", o.timeout);
   RT_CHECK(o.resume != "auto" || !o.checkpoint_dir.empty(),
            "--resume auto needs --checkpoint-dir (the folder to take the newest checkpoint from)");
-  RT_CHECK(o.checkpoint_every == 0 || !o.checkpoint_dir.empty(),
-           "--checkpoint-every ", o.checkpoint_every, " needs --checkpoint-dir (where to write them)");
+  RT_CHECK(o.checkpoint_every == 0 || !o.checkpoint_dir.empty(), "--checkpoint-every ", o.checkpoint_every,
+           " needs --checkpoint-dir (where to write them)");
   RT_CHECK(o.keep_last == 0 || !o.checkpoint_dir.empty(), "--keep-last needs --checkpoint-dir");
   RT_CHECK(o.zero == 0 || o.zero == 1, "--zero must be 0 or 1, got ", o.zero);
   RT_CHECK(o.zero == 0 || o.compression == comm::Compression::None, "--zero 1 does not combine with --compression");
-  RT_CHECK(finite(o.clip_grad_norm) && o.clip_grad_norm >= 0, "--clip-grad-norm must be 0 (off) or a positive norm, got ",
-           o.clip_grad_norm);
-  RT_CHECK(o.checkpoint_every_min == 0 || !o.checkpoint_dir.empty(),
-           "--checkpoint-every-min ", o.checkpoint_every_min, " needs --checkpoint-dir (where to write them)");
+  RT_CHECK(finite(o.clip_grad_norm) && o.clip_grad_norm >= 0,
+           "--clip-grad-norm must be 0 (off) or a positive norm, got ", o.clip_grad_norm);
+  RT_CHECK(o.checkpoint_every_min == 0 || !o.checkpoint_dir.empty(), "--checkpoint-every-min ", o.checkpoint_every_min,
+           " needs --checkpoint-dir (where to write them)");
 }
 
 json rank_agreement(const TrainerOptions& o) {

@@ -35,53 +35,53 @@ DeviceChoice parse_device_choice(const std::string& text, const std::string& fla
 
 struct TrainerOptions {
   // ---- length and batch
-  int64_t batch = 128;   // images per rank per micro-batch; global batch = batch x ranks x accum
+  int64_t batch = 128;  // images per rank per micro-batch; global batch = batch x ranks x accum
   int64_t epochs = 1;
-  int64_t steps = 0;     // > 0: stop after this many optimizer steps (overrides epochs)
-  int64_t accum = 1;     // micro-batches per optimizer step (all but the last under no_sync)
-  uint64_t seed = 0;     // init, shuffling, augmentation
+  int64_t steps = 0;  // > 0: stop after this many optimizer steps (overrides epochs)
+  int64_t accum = 1;  // micro-batches per optimizer step (all but the last under no_sync)
+  uint64_t seed = 0;  // init, shuffling, augmentation
   // ---- optimisation
   OptimizerKind optimizer = OptimizerKind::Sgd;
   double lr = 0.1, momentum = 0.9, wd = 5e-4;
   bool nesterov = false;
   double warmup_epochs = 0;
   LrShape lr_schedule = LrShape::Cosine;
-  double lr_step_epochs = 30;       // Step: decay every this many epochs
-  std::string lr_milestones;        // MultiStep: epochs, comma-separated (empty: 50% and 75% of the run)
+  double lr_step_epochs = 30;  // Step: decay every this many epochs
+  std::string lr_milestones;   // MultiStep: epochs, comma-separated (empty: 50% and 75% of the run)
   double lr_gamma = 0.1;
   LrScaling lr_scaling = LrScaling::None;
-  double label_smoothing = 0;       // of the default loss
-  double clip_grad_norm = 0;        // > 0: gradients scaled to this global L2 norm when above it
+  double label_smoothing = 0;  // of the default loss
+  double clip_grad_norm = 0;   // > 0: gradients scaled to this global L2 norm when above it
   // ---- device and precision
   DeviceChoice device = DeviceChoice::Auto;  // Auto: cuda when a GPU is usable
   Precision precision = Precision::FP32;     // BF16/FP16 autocast convolutions and GEMMs; FP16 adds loss scaling
-  int threads = 0;          // CPU threads per rank (0: cores / local ranks)
-  int loader_threads = 0;   // 0: automatic
-  int loader_nice = 10;     // loader threads run this much lower in priority (0..19; data::LoaderOptions::nice)
+  int threads = 0;                           // CPU threads per rank (0: cores / local ranks)
+  int loader_threads = 0;                    // 0: automatic
+  int loader_nice = 10;  // loader threads run this much lower in priority (0..19; data::LoaderOptions::nice)
   bool allow_shared_gpu = false;
   // ---- data parallelism
   std::optional<comm::Backend> backend;  // nullopt: nccl on a GPU, ring on the CPU
   double bucket_mb = 25;
   comm::Compression compression = comm::Compression::None;
   bool sync_bn = false;
-  int zero = 0;             // ZeRO stage: 1 shards the optimizer state across ranks (comm/zero.h)
+  int zero = 0;  // ZeRO stage: 1 shards the optimizer state across ranks (comm/zero.h)
   // ---- outputs and cadence
-  std::string checkpoint_dir;   // empty: no checkpoints
-  int64_t checkpoint_every = 0; // optimizer steps between checkpoints (0: end of every epoch)
+  std::string checkpoint_dir;       // empty: no checkpoints
+  int64_t checkpoint_every = 0;     // optimizer steps between checkpoints (0: end of every epoch)
   double checkpoint_every_min = 0;  // also one when this many minutes passed since the last (rank 0's clock)
-  int64_t keep_last = 0;        // checkpoints kept (0: all)
-  std::string resume;           // "auto" (newest valid in checkpoint_dir, if any) or a checkpoint path
+  int64_t keep_last = 0;            // checkpoints kept (0: all)
+  std::string resume;               // "auto" (newest valid in checkpoint_dir, if any) or a checkpoint path
   bool allow_batch_change = false;  // resume a checkpoint of another global batch (another training, said)
-  int64_t eval_every = 1;       // epochs between evaluations of the test split
-  int64_t log_every = 50;       // steps between progress lines / train records
+  int64_t eval_every = 1;           // epochs between evaluations of the test split
+  int64_t log_every = 50;           // steps between progress lines / train records
   std::string log_jsonl, trace;
   int64_t trace_steps = 100;
   ProgressStyle progress = ProgressStyle::Auto;
-  double timeout = 1800;        // seconds a phase may take before the job is aborted (0: off)
-  bool check = false;           // run the preflight first
+  double timeout = 1800;  // seconds a phase may take before the job is aborted (0: off)
+  bool check = false;     // run the preflight first
   // ---- what the run reports as itself
-  std::string model_name = "model";              // the plan record's "arch" and the startup line
-  std::string program = "ringtrain";             // the startup line's first word
+  std::string model_name = "model";                      // the plan record's "arch" and the startup line
+  std::string program = "ringtrain";                     // the startup line's first word
   nlohmann::json app_config = nlohmann::json::object();  // more flags for the checkpoints' "config"
 
   // The flags as the checkpoints' "config" records them (app_config merged in).

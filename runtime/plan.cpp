@@ -67,7 +67,8 @@ LrScheduleOptions schedule_for(const TrainerOptions& o, const RunPlan& plan) {
   lso.warmup_steps = static_cast<int64_t>(o.warmup_epochs * per_epoch);
   lso.gamma = o.lr_gamma;
   lso.shape = o.lr_schedule;
-  if (o.lr_schedule == LrShape::Step) lso.step_size = std::max<int64_t>(1, static_cast<int64_t>(o.lr_step_epochs * per_epoch));
+  if (o.lr_schedule == LrShape::Step)
+    lso.step_size = std::max<int64_t>(1, static_cast<int64_t>(o.lr_step_epochs * per_epoch));
   if (o.lr_schedule == LrShape::MultiStep) {
     const auto e = static_cast<double>(plan.epochs);
     const std::vector<double> m =
@@ -84,8 +85,8 @@ LrScheduleOptions schedule_for(const TrainerOptions& o, const RunPlan& plan) {
 
 bool finished(const Cursor& at, const RunPlan& plan) { return at.step >= plan.total_steps; }
 
-AfterStep after_step(const TrainerOptions& o, const RunPlan& plan, int64_t step, int64_t steps_since_report,
-                     bool bar, bool time_checkpoint_due) {
+AfterStep after_step(const TrainerOptions& o, const RunPlan& plan, int64_t step, int64_t steps_since_report, bool bar,
+                     bool time_checkpoint_due) {
   AfterStep a;
   a.stop = step >= plan.total_steps;
   a.report = bar || a.stop || steps_since_report >= o.log_every;

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "optim/optimizer.h"
 #include "data/sampler.h"
+#include "optim/optimizer.h"
 #include "runtime/options.h"
 
 namespace ringtrain::runtime {
@@ -27,8 +27,8 @@ struct RunPlan {
   int64_t steps_per_epoch = 0;
   // Sampler batches an epoch runs: steps_per_epoch x accum (a leftover that cannot fill a step is not run).
   int64_t micro_per_epoch = 0;
-  int64_t total_steps = 0;      // --steps, else steps_per_epoch x --epochs
-  int64_t epochs = 0;           // epochs the loop visits (with --steps: enough to hold them)
+  int64_t total_steps = 0;  // --steps, else steps_per_epoch x --epochs
+  int64_t epochs = 0;       // epochs the loop visits (with --steps: enough to hold them)
 };
 
 // The sampler of a run: its global batch is one micro-batch of every rank.
@@ -57,8 +57,8 @@ struct AfterStep {
   bool checkpoint = false;  // every --checkpoint-every steps, or when --checkpoint-every-min came due
   bool stop = false;        // the run's last step
 };
-AfterStep after_step(const TrainerOptions& o, const RunPlan& plan, int64_t step, int64_t steps_since_report,
-                     bool bar, bool time_checkpoint_due);
+AfterStep after_step(const TrainerOptions& o, const RunPlan& plan, int64_t step, int64_t steps_since_report, bool bar,
+                     bool time_checkpoint_due);
 
 // What the loop does after the micro-batches of `epoch` (0-based). `stopped`: the run's last step was
 // taken; `complete`: every micro-batch of the epoch ran; `saved_now`: a checkpoint of the current step

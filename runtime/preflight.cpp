@@ -3,11 +3,11 @@
 
 #include <unistd.h>
 
+#include <oneapi/dnnl/dnnl.h>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
-#include <oneapi/dnnl/dnnl.h>
 
 #include "comm/host_collectives.h"
 #include "comm/mpi_check.h"
@@ -55,12 +55,12 @@ std::string build_identity() {
   const dnnl_version_t* dnnl = dnnl_version();
   std::string blas = openblas_get_config();
   if (const size_t cut = blas.find(' ', blas.find(' ') + 1); cut != std::string::npos) blas.resize(cut);
-  std::string text = detail::str_cat(
-      "ringtrain 0.1.0 (CUDA ", RINGTRAIN_WITH_CUDA ? "built in" : "not built", "); CUDA runtime ",
-      version_text(cuda.runtime_version, 1000, 10, 100), ", cuDNN ", cuda.cudnn_version, ", cuBLAS ",
-      cuda.cublas_version, ", NCCL ", cuda.nccl_version, "; ", mpi_text, "; HDF5 ", h5_major, ".", h5_minor, ".",
-      h5_release, "; ", blas, "; oneDNN ", dnnl->major, ".", dnnl->minor, ".", dnnl->patch, ", built ", __DATE__, " ",
-      __TIME__);
+  std::string text =
+      detail::str_cat("ringtrain 0.1.0 (CUDA ", RINGTRAIN_WITH_CUDA ? "built in" : "not built", "); CUDA runtime ",
+                      version_text(cuda.runtime_version, 1000, 10, 100), ", cuDNN ", cuda.cudnn_version, ", cuBLAS ",
+                      cuda.cublas_version, ", NCCL ", cuda.nccl_version, "; ", mpi_text, "; HDF5 ", h5_major, ".",
+                      h5_minor, ".", h5_release, "; ", blas, "; oneDNN ", dnnl->major, ".", dnnl->minor, ".",
+                      dnnl->patch, ", built ", __DATE__, " ", __TIME__);
   if (const char* fake = std::getenv("RINGTRAIN_FAKE_BUILD")) text += detail::str_cat(" [", fake, "]");
   return text;
 }
@@ -68,15 +68,15 @@ std::string build_identity() {
 std::string host_report(const comm::World& world) {
   const CudaStatus& cuda = cuda_status();
   const double mem_kb = std::atof(first_line_with("/proc/meminfo", "MemTotal").c_str());
-  std::string text = detail::str_cat("host ", world.host(), ": ", first_line_with("/proc/cpuinfo", "model name"), ", ",
-                                     sysconf(_SC_NPROCESSORS_ONLN), " cores online (", available_cores(),
-                                     " usable by rank ", world.rank(), "), ",
-                                     format_bytes(static_cast<int64_t>(mem_kb * 1024)), " memory; ");
+  std::string text =
+      detail::str_cat("host ", world.host(), ": ", first_line_with("/proc/cpuinfo", "model name"), ", ",
+                      sysconf(_SC_NPROCESSORS_ONLN), " cores online (", available_cores(), " usable by rank ",
+                      world.rank(), "), ", format_bytes(static_cast<int64_t>(mem_kb * 1024)), " memory; ");
   if (cuda.device_count == 0) text += detail::str_cat("no CUDA device (", cuda.reason, ")");
   for (const auto& d : cuda.devices)
-    text += detail::str_cat("cuda:", d.index, " ", d.name, " ", format_bytes(d.total_memory_bytes), " cc ",
-                            d.compute_major, ".", d.compute_minor, " driver ",
-                            version_text(cuda.driver_version, 1000, 10, 100), "; ");
+    text +=
+        detail::str_cat("cuda:", d.index, " ", d.name, " ", format_bytes(d.total_memory_bytes), " cc ", d.compute_major,
+                        ".", d.compute_minor, " driver ", version_text(cuda.driver_version, 1000, 10, 100), "; ");
   return text;
 }
 
@@ -140,7 +140,8 @@ AllReduceCheck check_all_reduce(const comm::World& world, comm::Backend backend,
   // Every rank arrives here, also after a local failure (the failure is reported collectively).
   seconds = comm::all_reduce(world.comm(), seconds, comm::HostOp::Max);
   const double n = world.size();
-  if (seconds > 0) result.busbw_gbs = static_cast<double>(std::max<int64_t>(1, bytes / 4) * 4) / seconds / 1e9 * 2.0 * (n - 1) / n;
+  if (seconds > 0)
+    result.busbw_gbs = static_cast<double>(std::max<int64_t>(1, bytes / 4) * 4) / seconds / 1e9 * 2.0 * (n - 1) / n;
   return result;
 }
 

@@ -33,8 +33,13 @@ std::optional<DType> autocast_type(Precision p) {
 
 Replica::Replica(comm::World& world, const TrainerOptions& o, Device device, Module& model, StepFn step_fn,
                  const ReplicaStart& start)
-    : world_(world), o_(o), model_(model), step_fn_(std::move(step_fn)), autocast_(autocast_type(o.precision)),
-      loss_fn_(o.label_smoothing), backend_(o.backend.value_or(comm::auto_backend(world, device))) {
+    : world_(world),
+      o_(o),
+      model_(model),
+      step_fn_(std::move(step_fn)),
+      autocast_(autocast_type(o.precision)),
+      loss_fn_(o.label_smoothing),
+      backend_(o.backend.value_or(comm::auto_backend(world, device))) {
   if (world_.is_root() && autocast_ && device.is_cpu())
     std::printf("note: --precision %s on the CPU runs 16-bit convolutions through f32 kernels: correct, not faster\n",
                 name_of(o_.precision));
@@ -45,8 +50,9 @@ Replica::Replica(comm::World& world, const TrainerOptions& o, Device device, Mod
     comm::convert_sync_batchnorm(model_, bn_comm_);
   }
   if (world_.is_root() && o_.compression == comm::Compression::F16 && o_.precision != Precision::FP16)
-    std::fprintf(stderr, "%s: warning: --compression fp16 without --precision fp16 sends unscaled gradients as fp16, "
-                         "where values below 6e-8 flush to zero and above 65504 overflow; bf16 keeps fp32's range\n",
+    std::fprintf(stderr,
+                 "%s: warning: --compression fp16 without --precision fp16 sends unscaled gradients as fp16, "
+                 "where values below 6e-8 flush to zero and above 65504 overflow; bf16 keeps fp32's range\n",
                  o_.program.c_str());
   comm::GradSyncOptions gso;
   gso.bucket_mb = o_.bucket_mb;
@@ -54,9 +60,8 @@ Replica::Replica(comm::World& world, const TrainerOptions& o, Device device, Mod
   gso.zero_stage = o_.zero;
   sync_ = std::make_unique<comm::GradSync>(model_, comm_, gso);  // rank 0's (possibly resumed) weights everywhere
   if (o_.zero == 1) {
-    auto zero = std::make_unique<comm::ZeroOptimizer>(*sync_, [o](std::vector<NamedParameter> pieces) {
-      return make_rule(o, std::move(pieces));
-    });
+    auto zero = std::make_unique<comm::ZeroOptimizer>(
+        *sync_, [o](std::vector<NamedParameter> pieces) { return make_rule(o, std::move(pieces)); });
     zero_ = zero.get();
     opt_ = std::move(zero);
   } else {

@@ -22,10 +22,10 @@
 #include "comm/communicator.h"
 #include "comm/grad_sync.h"
 #include "comm/world.h"
-#include "optim/grad_scaler.h"
-#include "optim/optimizer.h"
 #include "layers/loss.h"
 #include "layers/module.h"
+#include "optim/grad_scaler.h"
+#include "optim/optimizer.h"
 #include "runtime/checkpoint_dir.h"
 #include "runtime/options.h"
 #include "runtime/trainer.h"
@@ -44,8 +44,8 @@ struct ReplicaStart {
 };
 
 struct StepOutcome {
-  bool took = true;        // false: an f16 step skipped for non-finite gradients
-  double grad_norm = 0;    // before clipping (with --clip-grad-norm)
+  bool took = true;      // false: an f16 step skipped for non-finite gradients
+  double grad_norm = 0;  // before clipping (with --clip-grad-norm)
 };
 
 class Replica {

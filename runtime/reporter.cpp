@@ -19,38 +19,58 @@ using json = nlohmann::json;
 
 Reporter::Reporter(const comm::World& world, const TrainerOptions& o, Device device, const RunPlan& plan,
                    size_t gradient_buckets)
-    : world_(world), o_(o), device_(device), plan_(plan), bar_(use_progress_bar(world, o.progress)),
-      log_(o.log_jsonl, world.is_root()), gpu_(world, device, !o.log_jsonl.empty()), timer_(gradient_buckets) {}
+    : world_(world),
+      o_(o),
+      device_(device),
+      plan_(plan),
+      bar_(use_progress_bar(world, o.progress)),
+      log_(o.log_jsonl, world.is_root()),
+      gpu_(world, device, !o.log_jsonl.empty()),
+      timer_(gradient_buckets) {}
 
 void Reporter::announce(const Replica& replica, int threads, const Cursor& at, const std::string& resumed_from,
                         const std::vector<std::string>& data_warnings) {
   if (world_.is_root()) {
     for (const auto& w : data_warnings) std::fprintf(stderr, "%s: warning: %s\n", o_.program.c_str(), w.c_str());
-    std::printf("%s: %s on %s, %d rank(s) on %d node(s), %s backend, batch %lld/rank x %lld accum = %lld global, "
-                "%lld steps/epoch, %lld steps, lr %.4g (%s)%s\n",
-                o_.program.c_str(), o_.model_name.c_str(), device_.str().c_str(), world_.size(), world_.num_nodes(),
-                comm::backend_name(replica.backend()), static_cast<long long>(plan_.batch),
-                static_cast<long long>(plan_.accum), static_cast<long long>(plan_.global_batch),
-                static_cast<long long>(plan_.steps_per_epoch), static_cast<long long>(plan_.total_steps),
-                base_lr(o_, plan_), name_of(o_.lr_schedule),
-                o_.compression == comm::Compression::None
-                    ? ""
-                    : detail::str_cat(", gradients travel as ", compression_name(o_.compression)).c_str());
+    std::printf(
+        "%s: %s on %s, %d rank(s) on %d node(s), %s backend, batch %lld/rank x %lld accum = %lld global, "
+        "%lld steps/epoch, %lld steps, lr %.4g (%s)%s\n",
+        o_.program.c_str(), o_.model_name.c_str(), device_.str().c_str(), world_.size(), world_.num_nodes(),
+        comm::backend_name(replica.backend()), static_cast<long long>(plan_.batch), static_cast<long long>(plan_.accum),
+        static_cast<long long>(plan_.global_batch), static_cast<long long>(plan_.steps_per_epoch),
+        static_cast<long long>(plan_.total_steps), base_lr(o_, plan_), name_of(o_.lr_schedule),
+        o_.compression == comm::Compression::None
+            ? ""
+            : detail::str_cat(", gradients travel as ", compression_name(o_.compression)).c_str());
     std::fflush(stdout);
     // What scripts/scaling_model.py needs besides the timings: the run's shape and its bucket plan.
-    comm::supervisor_event(json{{"event", "plan"}, {"world_size", world_.size()}, {"nodes", world_.num_nodes()},
-                                {"batch_size", plan_.batch}, {"accum_steps", plan_.accum},
-                                {"global_batch", plan_.global_batch}, {"step", at.step},
-                                {"total_steps", plan_.total_steps}, {"resumed_from", resumed_from},
-                                {"checkpoint_dir", o_.checkpoint_dir}}
-                               .dump());
+    comm::supervisor_event(json{
+        {"event", "plan"},
+        {"world_size", world_.size()},
+        {"nodes", world_.num_nodes()},
+        {"batch_size", plan_.batch},
+        {"accum_steps", plan_.accum},
+        {"global_batch", plan_.global_batch},
+        {"step", at.step},
+        {"total_steps", plan_.total_steps},
+        {"resumed_from", resumed_from},
+        {"checkpoint_dir",
+         o_.checkpoint_dir}}.dump());
   }
   const int64_t state_bytes = replica.optimizer_state_bytes();
-  log_.write(plan_record({.world_size = world_.size(), .nodes = world_.num_nodes(), .threads = threads,
-                          .arch = o_.model_name, .backend = comm::backend_name(replica.backend()),
-                          .device = device_.str(), .batch_size = plan_.batch, .accum_steps = plan_.accum,
-                          .global_batch = plan_.global_batch, .buckets = replica.sync().buckets(), .zero = o_.zero,
-                          .optimizer_state_bytes = comm::all_gather(world_.comm(), std::span<const int64_t>(&state_bytes, 1))}));
+  log_.write(plan_record(
+      {.world_size = world_.size(),
+       .nodes = world_.num_nodes(),
+       .threads = threads,
+       .arch = o_.model_name,
+       .backend = comm::backend_name(replica.backend()),
+       .device = device_.str(),
+       .batch_size = plan_.batch,
+       .accum_steps = plan_.accum,
+       .global_batch = plan_.global_batch,
+       .buckets = replica.sync().buckets(),
+       .zero = o_.zero,
+       .optimizer_state_bytes = comm::all_gather(world_.comm(), std::span<const int64_t>(&state_bytes, 1))}));
 }
 
 void Reporter::add_loss(double loss) {
@@ -68,13 +88,24 @@ void Reporter::report(int64_t epoch, int64_t step, double lr, std::optional<doub
   const auto n = static_cast<double>(timer_.interval_steps());
   const double img_s = n * static_cast<double>(plan_.global_batch) / seconds;
   if (world_.is_root()) {
-    ProgressLine line{.epoch = epoch, .epochs = plan_.epochs, .step = step, .total_steps = plan_.total_steps,
-                      .step_in_epoch = (step - 1) % plan_.steps_per_epoch + 1, .steps_per_epoch = plan_.steps_per_epoch,
-                      .loss = mean_loss, .lr = lr, .img_per_s = img_s,
+    ProgressLine line{.epoch = epoch,
+                      .epochs = plan_.epochs,
+                      .step = step,
+                      .total_steps = plan_.total_steps,
+                      .step_in_epoch = (step - 1) % plan_.steps_per_epoch + 1,
+                      .steps_per_epoch = plan_.steps_per_epoch,
+                      .loss = mean_loss,
+                      .lr = lr,
+                      .img_per_s = img_s,
                       .eta_s = static_cast<double>(plan_.total_steps - step) * seconds / n};
     print_progress(bar_, line);
-    log_.write(train_record({.step = step, .epoch = epoch, .lr = lr, .loss = mean_loss, .img_per_s = img_s,
-                             .time = timer_.interval_mean(), .grad_norm = grad_norm}));
+    log_.write(train_record({.step = step,
+                             .epoch = epoch,
+                             .lr = lr,
+                             .loss = mean_loss,
+                             .img_per_s = img_s,
+                             .time = timer_.interval_mean(),
+                             .grad_norm = grad_norm}));
   }
   if (auto record = gpu_.sample(step)) log_.write(*record);
   timer_.reset_interval();

@@ -14,7 +14,9 @@ using json = nlohmann::json;
 namespace fs = std::filesystem;
 
 ConfigComparison compare_config(const json& written, const json& now, const std::string& file) {
-  auto differs = [&](const char* key) { return written.contains(key) && now.contains(key) && written[key] != now[key]; };
+  auto differs = [&](const char* key) {
+    return written.contains(key) && now.contains(key) && written[key] != now[key];
+  };
   ConfigComparison c;
   for (const char* key : {"arch", "model", "optimizer", "dataset"})
     if (differs(key)) {
@@ -39,12 +41,14 @@ namespace {
 // files of an interrupted write are removed first.
 std::optional<CheckpointDir::Loaded> pick(const TrainerOptions& o, const CheckpointDir& ckpt, std::string& chosen) {
   for (const auto& name : ckpt.remove_stale_temp_files())
-    std::fprintf(stderr, "%s: removed '%s' (left by an interrupted checkpoint write)\n", o.program.c_str(), name.c_str());
+    std::fprintf(stderr, "%s: removed '%s' (left by an interrupted checkpoint write)\n", o.program.c_str(),
+                 name.c_str());
   if (o.resume != "auto") {
     chosen = o.resume;
     return std::nullopt;
   }
-  auto newest = ckpt.load_newest([&](const std::string& w) { std::fprintf(stderr, "%s: warning: %s\n", o.program.c_str(), w.c_str()); });
+  auto newest = ckpt.load_newest(
+      [&](const std::string& w) { std::fprintf(stderr, "%s: warning: %s\n", o.program.c_str(), w.c_str()); });
   if (newest) chosen = newest->path.string();
   return newest;
 }
@@ -75,25 +79,27 @@ std::optional<Resumed> resume_point(const comm::World& world, const TrainerOptio
                                                     s.config.value("accum_steps", json(-1)).dump(), ")");
   if (batch_changed && !o.allow_batch_change)
     RT_THROW_PERMANENT("--resume ", chosen, ": the checkpoint was written with global batch ", written_batch,
-                       "; resume with the same global batch (now ", plan.global_batch, "), or pass --allow-batch-change");
+                       "; resume with the same global batch (now ", plan.global_batch,
+                       "), or pass --allow-batch-change");
   if (batch_changed && world.is_root())
-    std::fprintf(stderr, "%s: warning: --allow-batch-change: resuming %s, written with global batch %s, at global "
-                 "batch %lld: from here this is another training than the checkpoint's\n", o.program.c_str(),
-                 chosen.c_str(), written_batch.c_str(), static_cast<long long>(plan.global_batch));
+    std::fprintf(stderr,
+                 "%s: warning: --allow-batch-change: resuming %s, written with global batch %s, at global "
+                 "batch %lld: from here this is another training than the checkpoint's\n",
+                 o.program.c_str(), chosen.c_str(), written_batch.c_str(), static_cast<long long>(plan.global_batch));
   json now = o.to_json();
   now["dataset"] = dataset_signature;
   const ConfigComparison c = compare_config(s.config, now, chosen);
   if (!c.refusal.empty()) throw PermanentError(c.refusal);
   if (!c.changes.empty() && world.is_root())
-    std::fprintf(stderr, "%s: warning: resuming %s with another run length or schedule than it was written with (%s): "
+    std::fprintf(stderr,
+                 "%s: warning: resuming %s with another run length or schedule than it was written with (%s): "
                  "the learning rate continues from this run's schedule at step %lld\n",
                  o.program.c_str(), chosen.c_str(), c.changes.c_str(), static_cast<long long>(s.step));
   Resumed r;
   r.path = chosen;
   r.at.step = s.step;
-  r.at.position = permanent_errors([&] {
-    return s.position_for(plan.per_step_global, plan.micro_per_epoch, chosen, batch_changed);
-  });
+  r.at.position = permanent_errors(
+      [&] { return s.position_for(plan.per_step_global, plan.micro_per_epoch, chosen, batch_changed); });
   r.loaded = std::move(*loaded);
   return r;
 }

@@ -27,36 +27,51 @@ json plan_record(const PlanRecord& p) {
     buckets.push_back({{"bytes", b.bytes}, {"numel", b.numel}, {"parameters", b.parameters.size()}});
     params += b.numel;
   }
-  return {{"type", "plan"},          {"world_size", p.world_size},   {"nodes", p.nodes},
-          {"arch", p.arch},          {"batch_size", p.batch_size},   {"accum_steps", p.accum_steps},
-          {"global_batch", p.global_batch}, {"backend", p.backend},  {"device", p.device},
-          {"threads", p.threads},    {"params", params},             {"buckets", buckets},
-          {"zero", p.zero},          {"optimizer_state_bytes", p.optimizer_state_bytes}};
+  return {{"type", "plan"},
+          {"world_size", p.world_size},
+          {"nodes", p.nodes},
+          {"arch", p.arch},
+          {"batch_size", p.batch_size},
+          {"accum_steps", p.accum_steps},
+          {"global_batch", p.global_batch},
+          {"backend", p.backend},
+          {"device", p.device},
+          {"threads", p.threads},
+          {"params", params},
+          {"buckets", buckets},
+          {"zero", p.zero},
+          {"optimizer_state_bytes", p.optimizer_state_bytes}};
 }
 
 json train_record(const TrainRecord& t) {
-  json record{{"type", "train"}, {"step", t.step}, {"epoch", t.epoch}, {"lr", t.lr}, {"loss", t.loss},
-              {"img_per_s", t.img_per_s}, {"time", t.time.to_json()}};
+  json record{{"type", "train"}, {"step", t.step},           {"epoch", t.epoch},        {"lr", t.lr},
+              {"loss", t.loss},  {"img_per_s", t.img_per_s}, {"time", t.time.to_json()}};
   if (t.grad_norm) record["grad_norm"] = *t.grad_norm;
   return record;
 }
 
 json eval_record(int64_t step, int64_t epoch, const EvalResult& e) {
-  return {{"type", "eval"},         {"step", step},          {"epoch", epoch},  {"test_top1", e.top1},
-          {"test_top5", e.top5},    {"test_loss", e.loss},   {"images", e.count}};
+  return {{"type", "eval"},      {"step", step},        {"epoch", epoch},   {"test_top1", e.top1},
+          {"test_top5", e.top5}, {"test_loss", e.loss}, {"images", e.count}};
 }
 
 json summary_record(const SummaryRecord& s) {
-  json summary{{"type", "summary"},         {"train_loss", s.train_loss},       {"img_per_s", s.img_per_s},
-               {"median_step_s", s.median_step_s}, {"peak_mem_bytes", s.peak_mem_bytes},
-               {"world_size", s.world_size}, {"steps", s.steps},                {"elapsed_s", s.elapsed_s}};
+  json summary{{"type", "summary"},
+               {"train_loss", s.train_loss},
+               {"img_per_s", s.img_per_s},
+               {"median_step_s", s.median_step_s},
+               {"peak_mem_bytes", s.peak_mem_bytes},
+               {"world_size", s.world_size},
+               {"steps", s.steps},
+               {"elapsed_s", s.elapsed_s}};
   summary["peak_mem_bytes_by_rank"] = s.peak_mem_bytes_by_rank;
   summary["breakdown_s"] = s.breakdown.to_json();
   json by_rank = json::array();
   for (const auto& b : s.breakdown_by_rank) by_rank.push_back(b.to_json());
   summary["breakdown_by_rank_s"] = by_rank;
   json buckets = json::array();
-  for (const auto& b : s.buckets) buckets.push_back({{"bytes", b.bytes}, {"ready_s", b.ready_s}, {"allreduce_s", b.allreduce_s}});
+  for (const auto& b : s.buckets)
+    buckets.push_back({{"bytes", b.bytes}, {"ready_s", b.ready_s}, {"allreduce_s", b.allreduce_s}});
   summary["buckets"] = buckets;
   summary["breakdown_steps"] = s.breakdown_steps;
   summary["precision"] = s.precision;

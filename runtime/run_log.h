@@ -55,7 +55,7 @@ nlohmann::json plan_record(const PlanRecord& p);
 struct TrainRecord {
   int64_t step = 0, epoch = 0;
   double lr = 0, loss = 0, img_per_s = 0;
-  PhaseTimes time;  // per step, over the logged interval
+  PhaseTimes time;                  // per step, over the logged interval
   std::optional<double> grad_norm;  // with --clip-grad-norm: the last step's norm before clipping
 };
 nlohmann::json train_record(const TrainRecord& t);
@@ -71,7 +71,7 @@ struct SummaryRecord {
   std::vector<double> peak_mem_bytes_by_rank;  // peak resident set of each rank's process
   int world_size = 1;
   int64_t steps = 0, breakdown_steps = 0;
-  PhaseTimes breakdown;                     // rank 0's mean step
+  PhaseTimes breakdown;  // rank 0's mean step
   std::vector<PhaseTimes> breakdown_by_rank;
   struct Bucket {
     int64_t bytes = 0;
@@ -79,10 +79,10 @@ struct SummaryRecord {
   };
   std::vector<Bucket> buckets;
   std::string precision, device;
-  std::optional<EvalResult> eval;                    // test_top1, test_top5
-  std::optional<double> loss_scale;                  // with skipped_steps (f16 loss scaling)
+  std::optional<EvalResult> eval;    // test_top1, test_top5
+  std::optional<double> loss_scale;  // with skipped_steps (f16 loss scaling)
   int64_t skipped_steps = 0;
-  std::optional<double> peak_gpu_mem_bytes;          // on a GPU, with cudnn_conv_algorithms
+  std::optional<double> peak_gpu_mem_bytes;  // on a GPU, with cudnn_conv_algorithms
   nlohmann::json cudnn_conv_algorithms;
 };
 nlohmann::json summary_record(const SummaryRecord& s);

@@ -19,7 +19,10 @@ PhaseTimes PhaseTimes::operator/(double n) const {
 }
 
 nlohmann::json PhaseTimes::to_json() const {
-  return {{"data_wait", data_wait}, {"forward", forward}, {"backward", backward}, {"exposed_comm", exposed_comm},
+  return {{"data_wait", data_wait},
+          {"forward", forward},
+          {"backward", backward},
+          {"exposed_comm", exposed_comm},
           {"optimizer", optimizer}};
 }
 
@@ -74,8 +77,9 @@ PhaseTimes StepTimer::breakdown_mean() const {
 }
 
 double StepTimer::bucket_ready_s(size_t bucket) const {
-  return bucket < bucket_ready_.size() ? bucket_ready_[bucket] / static_cast<double>(std::max<int64_t>(1, breakdown_steps_))
-                                       : 0.0;
+  return bucket < bucket_ready_.size()
+             ? bucket_ready_[bucket] / static_cast<double>(std::max<int64_t>(1, breakdown_steps_))
+             : 0.0;
 }
 
 double StepTimer::bucket_allreduce_s(size_t bucket) const {

@@ -43,8 +43,10 @@ std::vector<Host> parse_hostfile(const std::string& text, const std::string& fil
       if (key == "slots") h.slots = n;
     }
     auto same = std::find_if(hosts.begin(), hosts.end(), [&](const Host& o) { return o.name == h.name; });
-    if (same != hosts.end()) same->slots += h.slots;
-    else hosts.push_back(h);
+    if (same != hosts.end())
+      same->slots += h.slots;
+    else
+      hosts.push_back(h);
   }
   RT_CHECK(!hosts.empty(), "hostfile '", file, "' names no host");
   return hosts;
@@ -81,12 +83,17 @@ std::vector<std::string> split_words(const std::string& text) {
   for (size_t i = 0; i < text.size(); ++i) {
     const char c = text[i];
     if (quote == '\'') {
-      if (c == '\'') quote = 0;
-      else word += c;
+      if (c == '\'')
+        quote = 0;
+      else
+        word += c;
     } else if (quote == '"') {
-      if (c == '"') quote = 0;
-      else if (c == '\\' && i + 1 < text.size() && std::string("\"\\$`").find(text[i + 1]) != std::string::npos) word += text[++i];
-      else word += c;
+      if (c == '"')
+        quote = 0;
+      else if (c == '\\' && i + 1 < text.size() && std::string("\"\\$`").find(text[i + 1]) != std::string::npos)
+        word += text[++i];
+      else
+        word += c;
     } else if (c == '\'' || c == '"') {
       quote = c;
       in_word = true;
@@ -117,13 +124,15 @@ MpirunArgs parse_mpirun_args(const std::vector<std::string>& words) {
     };
     for (const char* own : {"-np", "-n", "--np", "--n", "-c", "--host", "-H", "-host"})
       if (w == own)
-        RT_THROW("--mpirun-args: ", w, " is ringtrain_run's to set (it launches --np ranks on the hosts of the "
+        RT_THROW("--mpirun-args: ", w,
+                 " is ringtrain_run's to set (it launches --np ranks on the hosts of the "
                  "hostfile that are alive); give --np and --hostfile to ringtrain_run instead");
     if (w == "--hostfile" || w == "-hostfile" || w == "--machinefile" || w == "-machinefile") {
       out.hostfile = value();
       continue;
     }
-    if ((w == "--mca" || w == "-mca") && i + 2 < words.size() && words[i + 1] == "plm_rsh_agent") out.agent = words[i + 2];
+    if ((w == "--mca" || w == "-mca") && i + 2 < words.size() && words[i + 1] == "plm_rsh_agent")
+      out.agent = words[i + 2];
     out.rest.push_back(w);
   }
   return out;
@@ -144,13 +153,17 @@ JobFlags read_job_flags(const std::vector<std::string>& command) {
       RT_CHECK(i + 1 < command.size(), "the training command's ", flag, " has no value");
       value = command[++i];
     }
-    if (flag == "--checkpoint-dir") f.checkpoint_dir = value;
-    else if (flag == "--log-jsonl") f.log_jsonl = value;
-    else if (flag == "--resume") f.resume = value;
+    if (flag == "--checkpoint-dir")
+      f.checkpoint_dir = value;
+    else if (flag == "--log-jsonl")
+      f.log_jsonl = value;
+    else if (flag == "--resume")
+      f.resume = value;
     else {
-      const bool digits = !value.empty() && value.size() <= 9 && value.find_first_not_of("0123456789") == std::string::npos;
-      RT_CHECK(digits && std::stoll(value) >= 1, "the training command's --accum-steps must be a positive number, got '",
-               value, "'");
+      const bool digits =
+          !value.empty() && value.size() <= 9 && value.find_first_not_of("0123456789") == std::string::npos;
+      RT_CHECK(digits && std::stoll(value) >= 1,
+               "the training command's --accum-steps must be a positive number, got '", value, "'");
       f.accum = std::stoll(value);
     }
   }
@@ -162,8 +175,10 @@ std::optional<World> plan_world(int base_np, int64_t base_accum, int slots, int 
   const int64_t micro = static_cast<int64_t>(base_np) * base_accum;  // micro-batches of the per-rank batch per step
   const int top = std::min(slots, max_np);
   if (top < min_np || top < 1) {
-    why_not = detail::str_cat("only ", std::max(top, 0), " rank slot(s) are left on the hosts that answer, fewer than "
-                              "--min-np ", min_np);
+    why_not = detail::str_cat("only ", std::max(top, 0),
+                              " rank slot(s) are left on the hosts that answer, fewer than "
+                              "--min-np ",
+                              min_np);
     return std::nullopt;
   }
   for (int np = top; np >= std::max(min_np, 1); --np)
@@ -174,13 +189,14 @@ std::optional<World> plan_world(int base_np, int64_t base_accum, int slots, int 
   }
   why_not = detail::str_cat("the global batch (", base_np, " ranks x --accum-steps ", base_accum, " = ", micro,
                             " per-rank batches) cannot be kept on ", std::max(min_np, 1), " to ", top,
-                            " ranks (none divides ", micro, "); pass --allow-batch-change to train on with another "
+                            " ranks (none divides ", micro,
+                            "); pass --allow-batch-change to train on with another "
                             "global batch, or make more slots available");
   return std::nullopt;
 }
 
-std::vector<std::string> relaunch_command(const std::vector<std::string>& command, const JobFlags& flags,
-                                          int64_t accum, bool restart, bool batch_changed) {
+std::vector<std::string> relaunch_command(const std::vector<std::string>& command, const JobFlags& flags, int64_t accum,
+                                          bool restart, bool batch_changed) {
   std::vector<std::string> out = command;
   if (accum != flags.accum) {
     out.push_back("--accum-steps");
@@ -206,8 +222,8 @@ std::optional<json> parse_event(const std::string& line) {
 
 std::string describe(const Failure& f) {
   auto error_text = [](const json& e) {
-    return detail::str_cat("rank ", e.value("rank", -1), " (", e.value("host", std::string("?")), "): ",
-                           e.value("message", std::string("?")));
+    return detail::str_cat("rank ", e.value("rank", -1), " (", e.value("host", std::string("?")),
+                           "): ", e.value("message", std::string("?")));
   };
   for (const auto& e : f.errors)
     if (e.value("permanent", false)) return error_text(e);

@@ -70,8 +70,8 @@ std::optional<World> plan_world(int base_np, int64_t base_accum, int slots, int 
 // The command of a launch: the user's, then "--accum-steps A" when it differs from what the command
 // says, then "--resume auto" on a restart (the last flag given wins), and "--allow-batch-change" when the
 // world cannot keep the global batch and the user allowed that.
-std::vector<std::string> relaunch_command(const std::vector<std::string>& command, const JobFlags& flags,
-                                          int64_t accum, bool restart, bool batch_changed = false);
+std::vector<std::string> relaunch_command(const std::vector<std::string>& command, const JobFlags& flags, int64_t accum,
+                                          bool restart, bool batch_changed = false);
 
 // The JSON of an event line ("ringtrain-event {...}"), or nullopt for any other line (also for a line
 // that starts like one but does not hold a JSON object).
@@ -79,12 +79,12 @@ std::optional<nlohmann::json> parse_event(const std::string& line);
 
 // What one failed launch left behind.
 struct Failure {
-  std::vector<nlohmann::json> errors;     // the ranks' error events, in the order they came
-  std::vector<std::string> lost_hosts;    // hosts that failed the liveness probe
-  bool trained = false;                   // the job reported its plan (it got past startup)
-  int64_t last_step = -1;                 // the last step rank 0 reported (-1: none)
+  std::vector<nlohmann::json> errors;   // the ranks' error events, in the order they came
+  std::vector<std::string> lost_hosts;  // hosts that failed the liveness probe
+  bool trained = false;                 // the job reported its plan (it got past startup)
+  int64_t last_step = -1;               // the last step rank 0 reported (-1: none)
   int exit_status = 1;
-  std::string mpirun_says;                // mpirun's own explanation, if it printed one
+  std::string mpirun_says;  // mpirun's own explanation, if it printed one
 };
 
 // One line naming what failed: the first permanent error, else the first error, else the lost hosts,

@@ -14,7 +14,9 @@ Trace::Trace(std::string path, int64_t max_steps) : path_(std::move(path)), max_
 
 void Trace::span(const std::string& name, Clock::time_point begin, Clock::time_point end, int64_t step, int tid) {
   if (!on() || step >= max_steps_) return;
-  events_.push_back({{"name", name}, {"ph", "X"}, {"tid", tid},
+  events_.push_back({{"name", name},
+                     {"ph", "X"},
+                     {"tid", tid},
                      {"ts", std::chrono::duration<double, std::micro>(begin - origin_).count()},
                      {"dur", std::chrono::duration<double, std::micro>(end - begin).count()},
                      {"args", {{"step", step}}}});
@@ -28,7 +30,9 @@ void Trace::write(const comm::World& world) const {
   if (!world.is_root()) return;
   json merged = json::array();
   for (int r = 0; r < world.size(); ++r) {
-    merged.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", r},
+    merged.push_back({{"name", "process_name"},
+                      {"ph", "M"},
+                      {"pid", r},
                       {"args", {{"name", detail::str_cat("rank ", r, " (", world.hosts()[r], ")")}}}});
     for (auto& e : json::parse(all[r])) merged.push_back(e);
   }

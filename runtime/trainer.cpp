@@ -41,17 +41,19 @@ std::string check_output_file(const std::string& flag, const std::string& path) 
   if (path.empty()) return "";
   const fs::path parent = fs::path(path).has_parent_path() ? fs::path(path).parent_path() : fs::path(".");
   std::error_code ec;
-  if (!fs::is_directory(parent, ec)) return detail::str_cat(flag, ": folder '", parent.string(), "' of '", path, "' does not exist");
-  if (::access(parent.c_str(), W_OK) != 0) return detail::str_cat(flag, ": folder '", parent.string(), "' is not writable");
+  if (!fs::is_directory(parent, ec))
+    return detail::str_cat(flag, ": folder '", parent.string(), "' of '", path, "' does not exist");
+  if (::access(parent.c_str(), W_OK) != 0)
+    return detail::str_cat(flag, ": folder '", parent.string(), "' is not writable");
   if (fs::is_directory(path, ec)) return detail::str_cat(flag, ": '", path, "' is a folder, not a file");
-  if (fs::exists(path, ec) && ::access(path.c_str(), W_OK) != 0) return detail::str_cat(flag, ": '", path, "' is not writable");
+  if (fs::exists(path, ec) && ::access(path.c_str(), W_OK) != 0)
+    return detail::str_cat(flag, ": '", path, "' is not writable");
   return "";
 }
 
 }  // namespace
 
-Trainer::Trainer(comm::World& world, TrainerOptions options)
-    : world_(world), options_(std::move(options)) {
+Trainer::Trainer(comm::World& world, TrainerOptions options) : world_(world), options_(std::move(options)) {
   // Bad flags (and a malformed RINGTRAIN_INJECT) are refused before any work, as errors no restart fixes.
   permanent_errors([this] {
     validate_options(options_);
@@ -80,7 +82,8 @@ Trainer::Trainer(comm::World& world, TrainerOptions options)
     } catch (const std::exception& e) {
       error = e.what();
     }
-    for (const auto& [flag, path] : {std::pair{"--log-jsonl", options_.log_jsonl}, std::pair{"--trace", options_.trace}})
+    for (const auto& [flag, path] :
+         {std::pair{"--log-jsonl", options_.log_jsonl}, std::pair{"--trace", options_.trace}})
       if (error.empty()) error = check_output_file(flag, path);
   }
   comm::agree_or_throw(world_.comm(), error, "checking the output paths", true);
@@ -100,7 +103,6 @@ void Trainer::agree_on_device() {
                        true);
 }
 
-
 // ---------------------------------------------------------------------------------------------------
 // One run of fit(): the loop.
 
@@ -110,11 +112,19 @@ class Run {
  public:
   Run(comm::World& world, const TrainerOptions& o, Device device, int threads, Watchdog& dog, Module& model,
       DataSource& data, StepFn step_fn)
-      : world_(world), o_(o), device_(device), threads_(threads), dog_(dog), model_(model), data_(data),
+      : world_(world),
+        o_(o),
+        device_(device),
+        threads_(threads),
+        dog_(dog),
+        model_(model),
+        data_(data),
         step_fn_(std::move(step_fn)),
         plan_(permanent_errors([&] { return plan_run(o, data.info(), world.size()); })),
-        schedule_(permanent_errors([&] { return schedule_for(o, plan_); })), ckpt_(o.checkpoint_dir, o.keep_last),
-        inject_(FaultInjection::from_env()), sampler_(sampler_options(o, data.info(), world.rank(), world.size())),
+        schedule_(permanent_errors([&] { return schedule_for(o, plan_); })),
+        ckpt_(o.checkpoint_dir, o.keep_last),
+        inject_(FaultInjection::from_env()),
+        sampler_(sampler_options(o, data.info(), world.rank(), world.size())),
         trace_(o.trace, o.trace_steps) {}
 
   TrainResult run();
@@ -180,8 +190,12 @@ TrainResult Run::run() {
   dog_.phase("summary (waiting for other ranks)", at.step);
   const double elapsed_s = seconds(Clock::now() - run_start_);
   trace_.write(world_);
-  TrainResult result = reporter_->summarize({.at = at, .first_step = first_step_, .skipped_steps = skipped_steps_,
-                                             .elapsed_s = elapsed_s, .eval = last_eval_, .replica = replica_.get(),
+  TrainResult result = reporter_->summarize({.at = at,
+                                             .first_step = first_step_,
+                                             .skipped_steps = skipped_steps_,
+                                             .elapsed_s = elapsed_s,
+                                             .eval = last_eval_,
+                                             .replica = replica_.get(),
                                              .resumed_from = resumed_from_});
   // The collective teardown, on the success path only: destructors never communicate.
   dog_.phase("closing the communicators (waiting for other ranks)", at.step);
@@ -217,8 +231,10 @@ Cursor Run::start() {
     // continue them after a crash of this one.
     if (o_.resume != "auto")
       for (const auto& name : ckpt_.supersede_after(at.step))
-        std::fprintf(stderr, "%s: warning: set aside %s: it is newer than the resumed step %lld and belongs to the run "
-                     "this one replaces\n", o_.program.c_str(), name.c_str(), static_cast<long long>(at.step));
+        std::fprintf(stderr,
+                     "%s: warning: set aside %s: it is newer than the resumed step %lld and belongs to the run "
+                     "this one replaces\n",
+                     o_.program.c_str(), name.c_str(), static_cast<long long>(at.step));
     std::printf("resumed from %s: step %lld, epoch %lld, batch %lld\n", resumed_from_.c_str(),
                 static_cast<long long>(at.step), static_cast<long long>(at.position.epoch),
                 static_cast<long long>(at.position.next_batch));
@@ -349,12 +365,14 @@ void Run::save(const Cursor& at) {
     s.per_step_global = plan_.per_step_global;
     s.lr = schedule_.at(std::max<int64_t>(0, at.step - 1));
     s.rng_stream = rng_stream();
-    if (const auto& scaler = replica_->scaler()) s.loss_scale = LossScaleState{scaler->scale(), scaler->growth_tracker()};
+    if (const auto& scaler = replica_->scaler())
+      s.loss_scale = LossScaleState{scaler->scale(), scaler->growth_tracker()};
     s.config = o_.to_json();
     s.config["dataset"] = data_.info().signature;
     SaveOptions seam{.before_rename = [&] { inject_.in_checkpoint_write(world_.rank(), at.step); }};
     try {
-      written = ckpt_.save(at.step, Checkpoint{model_.state_dict(), std::move(optimizer_state), s.to_json()}, seam).string();
+      written =
+          ckpt_.save(at.step, Checkpoint{model_.state_dict(), std::move(optimizer_state), s.to_json()}, seam).string();
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -364,7 +382,8 @@ void Run::save(const Cursor& at) {
   comm::agree_or_throw(world_.comm(), error, "writing the checkpoint");
   last_save_ = Clock::now();
   saved_step_ = at.step;
-  if (world_.is_root()) comm::supervisor_event(json{{"event", "checkpoint"}, {"step", at.step}, {"path", written}}.dump());
+  if (world_.is_root())
+    comm::supervisor_event(json{{"event", "checkpoint"}, {"step", at.step}, {"path", written}}.dump());
 }
 
 }  // namespace

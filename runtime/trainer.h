@@ -38,9 +38,9 @@ namespace ringtrain::runtime {
 using StepFn = std::function<Tensor(Module& model, const data::Batch& batch)>;
 
 struct TrainResult {
-  int64_t steps = 0;          // optimizer steps done at the end (including those before a resume)
-  int64_t steps_run = 0;      // in this process
-  double train_loss = 0;      // the last finite micro-batch loss of rank 0
+  int64_t steps = 0;      // optimizer steps done at the end (including those before a resume)
+  int64_t steps_run = 0;  // in this process
+  double train_loss = 0;  // the last finite micro-batch loss of rank 0
   std::optional<EvalResult> eval;
   double img_per_s = 0, median_step_s = 0, elapsed_s = 0;
   int64_t skipped_steps = 0;  // f16 steps skipped for non-finite gradients

@@ -20,7 +20,7 @@ constexpr int kAskTag = 7301, kAnswerTag = 7302;
 struct Watchdog::Status {
   int64_t question = 0;  // echoes the asker's sequence number (stale answers are dropped)
   int64_t step = 0;
-  double seconds = 0;    // in this phase so far
+  double seconds = 0;  // in this phase so far
   int32_t paused = 0;
   char phase[100] = {};
 };
@@ -31,7 +31,9 @@ struct Watchdog::Reply {
 };
 
 Watchdog::Watchdog(const comm::World& world, double timeout_s, StuckHandler on_stuck)
-    : world_(world), timeout_s_(timeout_s), on_stuck_(std::move(on_stuck)),
+    : world_(world),
+      timeout_s_(timeout_s),
+      on_stuck_(std::move(on_stuck)),
       debug_phases_(std::getenv("RT_DEBUG_PHASES") != nullptr) {
   if (!on_stuck_) on_stuck_ = [this](const std::string& message) { world_.abort(message); };
   if (timeout_s_ <= 0) return;
@@ -72,17 +74,17 @@ void Watchdog::pause() { paused_.store(true); }
 std::string Watchdog::report(double seconds) const {
   const char* phase = phase_.load();
   const bool waiting = std::strstr(phase, "waiting") != nullptr;
-  return detail::str_cat("step ", step_.load(), " stuck in ", phase, " for ", static_cast<int64_t>(seconds),
-                         " s (--timeout ", timeout_s_, ")",
-                         waiting ? ": this rank is waiting for others, so some other rank is behind"
-                                 : ": this rank is the one behind");
+  return detail::str_cat(
+      "step ", step_.load(), " stuck in ", phase, " for ", static_cast<int64_t>(seconds), " s (--timeout ", timeout_s_,
+      ")",
+      waiting ? ": this rank is waiting for others, so some other rank is behind" : ": this rank is the one behind");
 }
 
 void Watchdog::run() {
   // Polls at 100 ms or a tenth of the timeout, whichever is shorter: short test timeouts fire on time and
   // questions from other ranks are answered promptly.
-  const auto poll = std::chrono::milliseconds(
-      std::max<int64_t>(1, std::min<int64_t>(100, static_cast<int64_t>(timeout_s_ * 100))));
+  const auto poll =
+      std::chrono::milliseconds(std::max<int64_t>(1, std::min<int64_t>(100, static_cast<int64_t>(timeout_s_ * 100))));
   uint64_t reported = ~uint64_t{0};  // the phase entry last reported: a handler that returns fires once per entry
   while (!stop_) {
     std::this_thread::sleep_for(poll);

@@ -62,7 +62,7 @@ class Watchdog {
   MPI_Comm peers_ = MPI_COMM_NULL;  // the watchdogs' own communicator (several ranks only)
   int64_t question_ = 0;            // sequence number of the last question to the others
   struct Reply;
-  std::list<Reply> replies_;        // answers being sent (a list: MPI holds their addresses)
+  std::list<Reply> replies_;  // answers being sent (a list: MPI holds their addresses)
   std::thread thread_;
 };
 

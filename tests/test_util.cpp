@@ -34,8 +34,8 @@ namespace ringtrain::testing {
   }
   if (worst > 1.0) {
     return ::testing::AssertionFailure() << "element " << worst_i << ": " << actual[worst_i] << " vs expected "
-                                         << expected[worst_i] << " (error " << worst << "x the tolerance rtol="
-                                         << rtol << " atol=" << atol << ")";
+                                         << expected[worst_i] << " (error " << worst << "x the tolerance rtol=" << rtol
+                                         << " atol=" << atol << ")";
   }
   return ::testing::AssertionSuccess();
 }
@@ -93,8 +93,8 @@ Tensor random_f64(const Shape& shape, uint64_t seed, double low, double high) {
       const double numeric = (up - down) / (2 * eps);
       const double a = ana[static_cast<size_t>(i)];
       if (std::abs(numeric - a) > tol * std::max(1.0, std::abs(numeric))) {
-        return ::testing::AssertionFailure() << "input " << k << " " << x.shape() << " element " << i
-                                             << ": analytic " << a << " vs numeric " << numeric;
+        return ::testing::AssertionFailure() << "input " << k << " " << x.shape() << " element " << i << ": analytic "
+                                             << a << " vs numeric " << numeric;
       }
     }
   }
@@ -128,11 +128,16 @@ Golden load_golden(const std::string& name) {
 
 double cuda_vs_cpu_tolerance(DType t) {
   switch (t) {
-    case DType::F64: return 1e-12;
-    case DType::F32: return 1e-5;
-    case DType::F16: return 2e-3;
-    case DType::BF16: return 1.6e-2;
-    default: return 0;
+    case DType::F64:
+      return 1e-12;
+    case DType::F32:
+      return 1e-5;
+    case DType::F16:
+      return 2e-3;
+    case DType::BF16:
+      return 1.6e-2;
+    default:
+      return 0;
   }
 }
 

@@ -54,8 +54,7 @@ double cuda_vs_cpu_tolerance(DType t);
 }  // namespace ringtrain::testing
 
 // Skips (visibly, with the reason) when there is no usable CUDA device.
-#define RT_REQUIRE_CUDA()                                                                                  \
-  do {                                                                                                     \
-    if (!::ringtrain::cuda_available())                                                                    \
-      GTEST_SKIP() << "no CUDA device: " << ::ringtrain::cuda_status().reason;                             \
+#define RT_REQUIRE_CUDA()                                                                                        \
+  do {                                                                                                           \
+    if (!::ringtrain::cuda_available()) GTEST_SKIP() << "no CUDA device: " << ::ringtrain::cuda_status().reason; \
   } while (0)

@@ -108,8 +108,8 @@ int main(int argc, char** argv) try {
     Tensor predicted = argmax(forward(test.images), 1);
     const double accuracy = sum(eq(predicted, test.labels).to(DType::I64)).item() / test.images.size(0);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::printf("epoch %d: train loss %.4f, test top-1 %.2f%%, %.0f img/s\n", epoch + 1,
-                loss_sum / steps_per_epoch, 100 * accuracy, (epoch + 1) * steps_per_epoch * batch / seconds);
+    std::printf("epoch %d: train loss %.4f, test top-1 %.2f%%, %.0f img/s\n", epoch + 1, loss_sum / steps_per_epoch,
+                100 * accuracy, (epoch + 1) * steps_per_epoch * batch / seconds);
   }
   return 0;
 } catch (const std::exception& e) {

@@ -124,8 +124,9 @@ RT_MULTIVERSION void blocks16_range(const float* nhwc, float* blocked, int64_t i
 
 void blocks16(const Operand& o, float* nhwc, float* blocked, bool to_blocked) {
   const int64_t items = o.blocked_n * (o.blocked_c / 16);
-  parallel_for(items, std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(1, o.blocked_hw * 16)),
-               [&](int64_t lo, int64_t hi) { blocks16_range(nhwc, blocked, lo, hi, o.blocked_hw, o.blocked_c, to_blocked); });
+  parallel_for(
+      items, std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(1, o.blocked_hw * 16)),
+      [&](int64_t lo, int64_t hi) { blocks16_range(nhwc, blocked, lo, hi, o.blocked_hw, o.blocked_c, to_blocked); });
 }
 
 struct PassPlan {
@@ -139,7 +140,8 @@ std::atomic<int>& convolution_choice() {
     const std::string_view v = env ? env : "";
     if (v.empty() || v == "auto") return static_cast<int>(CpuConvolution::Auto);
     if (v == "direct") return static_cast<int>(CpuConvolution::Direct);
-    RT_THROW("RINGTRAIN_CPU_CONV='", v, "' is not a CPU convolution choice: use auto (Winograd where it is faster) or direct");
+    RT_THROW("RINGTRAIN_CPU_CONV='", v,
+             "' is not a CPU convolution choice: use auto (Winograd where it is faster) or direct");
   }();
   return choice;
 }
@@ -148,8 +150,8 @@ std::atomic<int>& convolution_choice() {
 // (ResNet-20's 3x3 layers at batch 32 and 128: it lost at 16 channels; 32 and 64 as above).
 bool winograd_candidate(const ConvGeometry& g, CpuConvolution choice) {
   return choice == CpuConvolution::Auto && g.groups == 1 && g.r == 3 && g.s == 3 && g.stride_h == 1 &&
-         g.stride_w == 1 && g.dilation_h == 1 && g.dilation_w == 1 && g.pad_h <= 1 && g.pad_w <= 1 &&
-         g.c % 16 == 0 && g.k % 16 == 0 && g.c >= kWinogradMinChannels && g.k >= kWinogradMinChannels &&
+         g.stride_w == 1 && g.dilation_h == 1 && g.dilation_w == 1 && g.pad_h <= 1 && g.pad_w <= 1 && g.c % 16 == 0 &&
+         g.k % 16 == 0 && g.c >= kWinogradMinChannels && g.k >= kWinogradMinChannels &&
          (std::min(g.c, g.k) >= kWinogradAlwaysChannels || g.n * g.h * g.w * g.c * 4 <= l2_bytes() / 2) &&
          g.p == g.h + 2 * g.pad_h - 2 && g.q == g.w + 2 * g.pad_w - 2 && g.p >= kWinogradMinSide &&
          g.q >= kWinogradMinSide;
@@ -214,7 +216,8 @@ PassPlan build_plan(const ConvGeometry& g, bool bias, Pass pass, CpuConvolution 
   memory::desc src = d.src, dst = d.dst;
   bool winograd = false;
   if (winograd_candidate(g, choice)) {
-    const memory::desc bsrc({g.n, g.c, g.h, g.w}, dt::f32, tag::nChw16c), bdst({g.n, g.k, g.p, g.q}, dt::f32, tag::nChw16c);
+    const memory::desc bsrc({g.n, g.c, g.h, g.w}, dt::f32, tag::nChw16c),
+        bdst({g.n, g.k, g.p, g.q}, dt::f32, tag::nChw16c);
     try {
       p = pass_descs(d, dnnl::algorithm::convolution_winograd, bsrc, bdst, pass);
       src = bsrc, dst = bdst, winograd = true;
@@ -226,7 +229,8 @@ PassPlan build_plan(const ConvGeometry& g, bool bias, Pass pass, CpuConvolution 
   switch (pass) {
     case Pass::Forward:
       plan.prim = dnnl::convolution_forward(p.fwd);
-      plan.operands = {operand(DNNL_ARG_SRC, false, d.src, src), operand(DNNL_ARG_WEIGHTS, false, d.weights, p.fwd.weights_desc()),
+      plan.operands = {operand(DNNL_ARG_SRC, false, d.src, src),
+                       operand(DNNL_ARG_WEIGHTS, false, d.weights, p.fwd.weights_desc()),
                        operand(DNNL_ARG_DST, true, d.dst, dst)};
       if (bias) plan.operands.push_back(operand(DNNL_ARG_BIAS, false, d.bias, p.fwd.bias_desc()));
       break;
@@ -253,8 +257,25 @@ std::shared_ptr<const PassPlan> plan_for(const ConvGeometry& g, bool bias, Pass 
   const CpuConvolution choice = cpu_convolution();
   static std::mutex mutex;
   static std::map<Key, std::shared_ptr<const PassPlan>> plans;
-  const Key key{g.n, g.h, g.w, g.c, g.k, g.r, g.s, g.p, g.q, g.stride_h, g.stride_w, g.pad_h, g.pad_w,
-                g.dilation_h, g.dilation_w, g.groups, bias, static_cast<int64_t>(pass), omp_get_max_threads(),
+  const Key key{g.n,
+                g.h,
+                g.w,
+                g.c,
+                g.k,
+                g.r,
+                g.s,
+                g.p,
+                g.q,
+                g.stride_h,
+                g.stride_w,
+                g.pad_h,
+                g.pad_w,
+                g.dilation_h,
+                g.dilation_w,
+                g.groups,
+                bias,
+                static_cast<int64_t>(pass),
+                omp_get_max_threads(),
                 static_cast<int64_t>(choice)};
   std::lock_guard<std::mutex> lock(mutex);
   auto it = plans.find(key);
@@ -312,7 +333,9 @@ struct Index {
   const ConvGeometry& g;
   int64_t x(int64_t n, int64_t h, int64_t w, int64_t c) const { return ((n * g.h + h) * g.w + w) * g.c + c; }
   int64_t y(int64_t n, int64_t p, int64_t q, int64_t k) const { return ((n * g.p + p) * g.q + q) * g.k + k; }
-  int64_t f(int64_t k, int64_t r, int64_t s, int64_t c) const { return ((k * g.r + r) * g.s + s) * (g.c / g.groups) + c; }
+  int64_t f(int64_t k, int64_t r, int64_t s, int64_t c) const {
+    return ((k * g.r + r) * g.s + s) * (g.c / g.groups) + c;
+  }
 };
 
 // Calls fn(h, w, r, s, c_in_group, c_global) for every input tap of output (p, q, k).

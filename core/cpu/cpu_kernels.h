@@ -47,13 +47,27 @@ struct TypeTag {
 template <typename Fn>
 void visit_dtype(DType dtype, Fn&& fn) {
   switch (dtype) {
-    case DType::F32: fn(TypeTag<float>{}); return;
-    case DType::F64: fn(TypeTag<double>{}); return;
-    case DType::F16: fn(TypeTag<Half>{}); return;
-    case DType::BF16: fn(TypeTag<BFloat16>{}); return;
-    case DType::I32: fn(TypeTag<int32_t>{}); return;
-    case DType::I64: fn(TypeTag<int64_t>{}); return;
-    case DType::U8: fn(TypeTag<uint8_t>{}); return;
+    case DType::F32:
+      fn(TypeTag<float>{});
+      return;
+    case DType::F64:
+      fn(TypeTag<double>{});
+      return;
+    case DType::F16:
+      fn(TypeTag<Half>{});
+      return;
+    case DType::BF16:
+      fn(TypeTag<BFloat16>{});
+      return;
+    case DType::I32:
+      fn(TypeTag<int32_t>{});
+      return;
+    case DType::I64:
+      fn(TypeTag<int64_t>{});
+      return;
+    case DType::U8:
+      fn(TypeTag<uint8_t>{});
+      return;
   }
   RT_THROW("unknown dtype");
 }
@@ -61,11 +75,20 @@ void visit_dtype(DType dtype, Fn&& fn) {
 template <typename Fn>
 void visit_floating(DType dtype, const char* op, Fn&& fn) {
   switch (dtype) {
-    case DType::F32: fn(TypeTag<float>{}); return;
-    case DType::F64: fn(TypeTag<double>{}); return;
-    case DType::F16: fn(TypeTag<Half>{}); return;
-    case DType::BF16: fn(TypeTag<BFloat16>{}); return;
-    default: RT_THROW("op '", op, "' has no CPU kernel for dtype ", dtype_name(dtype));
+    case DType::F32:
+      fn(TypeTag<float>{});
+      return;
+    case DType::F64:
+      fn(TypeTag<double>{});
+      return;
+    case DType::F16:
+      fn(TypeTag<Half>{});
+      return;
+    case DType::BF16:
+      fn(TypeTag<BFloat16>{});
+      return;
+    default:
+      RT_THROW("op '", op, "' has no CPU kernel for dtype ", dtype_name(dtype));
   }
 }
 

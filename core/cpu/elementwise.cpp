@@ -40,9 +40,15 @@ RT_MULTIVERSION void f32_relu_grad(const float* g, const float* x, float* out, i
 template <typename C, typename Fn>
 void with_unary(UnaryOp op, Fn&& fn) {
   switch (op) {
-    case UnaryOp::Neg: fn([](C x) { return static_cast<C>(-x); }); return;
-    case UnaryOp::Relu: fn([](C x) { return x > C(0) ? x : C(0); }); return;
-    case UnaryOp::Abs: fn([](C x) { return x < C(0) ? static_cast<C>(-x) : x; }); return;
+    case UnaryOp::Neg:
+      fn([](C x) { return static_cast<C>(-x); });
+      return;
+    case UnaryOp::Relu:
+      fn([](C x) { return x > C(0) ? x : C(0); });
+      return;
+    case UnaryOp::Abs:
+      fn([](C x) { return x < C(0) ? static_cast<C>(-x) : x; });
+      return;
     case UnaryOp::Exp:
       if constexpr (std::is_floating_point_v<C>) fn([](C x) { return std::exp(x); });
       return;
@@ -91,9 +97,15 @@ void unary(UnaryOp op, const Tensor& x, Tensor& out) {
 template <typename C, typename Fn>
 void with_binary(BinaryOp op, Fn&& fn) {
   switch (op) {
-    case BinaryOp::Add: fn([](C a, C b) { return static_cast<C>(a + b); }); return;
-    case BinaryOp::Sub: fn([](C a, C b) { return static_cast<C>(a - b); }); return;
-    case BinaryOp::Mul: fn([](C a, C b) { return static_cast<C>(a * b); }); return;
+    case BinaryOp::Add:
+      fn([](C a, C b) { return static_cast<C>(a + b); });
+      return;
+    case BinaryOp::Sub:
+      fn([](C a, C b) { return static_cast<C>(a - b); });
+      return;
+    case BinaryOp::Mul:
+      fn([](C a, C b) { return static_cast<C>(a * b); });
+      return;
     case BinaryOp::Div:
       fn([](C a, C b) {
         if constexpr (std::is_integral_v<C>) {
@@ -102,15 +114,33 @@ void with_binary(BinaryOp op, Fn&& fn) {
         return static_cast<C>(a / b);
       });
       return;
-    case BinaryOp::Maximum: fn([](C a, C b) { return (a >= b || a != a) ? a : b; }); return;
-    case BinaryOp::Minimum: fn([](C a, C b) { return (a <= b || a != a) ? a : b; }); return;
-    case BinaryOp::Eq: fn([](C a, C b) { return C(a == b); }); return;
-    case BinaryOp::Ne: fn([](C a, C b) { return C(a != b); }); return;
-    case BinaryOp::Lt: fn([](C a, C b) { return C(a < b); }); return;
-    case BinaryOp::Le: fn([](C a, C b) { return C(a <= b); }); return;
-    case BinaryOp::Gt: fn([](C a, C b) { return C(a > b); }); return;
-    case BinaryOp::Ge: fn([](C a, C b) { return C(a >= b); }); return;
-    case BinaryOp::ReluGrad: fn([](C g, C x) { return x > C(0) ? g : C(0); }); return;
+    case BinaryOp::Maximum:
+      fn([](C a, C b) { return (a >= b || a != a) ? a : b; });
+      return;
+    case BinaryOp::Minimum:
+      fn([](C a, C b) { return (a <= b || a != a) ? a : b; });
+      return;
+    case BinaryOp::Eq:
+      fn([](C a, C b) { return C(a == b); });
+      return;
+    case BinaryOp::Ne:
+      fn([](C a, C b) { return C(a != b); });
+      return;
+    case BinaryOp::Lt:
+      fn([](C a, C b) { return C(a < b); });
+      return;
+    case BinaryOp::Le:
+      fn([](C a, C b) { return C(a <= b); });
+      return;
+    case BinaryOp::Gt:
+      fn([](C a, C b) { return C(a > b); });
+      return;
+    case BinaryOp::Ge:
+      fn([](C a, C b) { return C(a >= b); });
+      return;
+    case BinaryOp::ReluGrad:
+      fn([](C g, C x) { return x > C(0) ? g : C(0); });
+      return;
   }
 }
 
@@ -122,9 +152,12 @@ void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out, const Br
     const float *pa = a.data<float>(), *pb = b.data<float>();
     float* po = out.data<float>();
     parallel_for(n, kGrain, [&](int64_t lo, int64_t hi) {
-      if (op == BinaryOp::Add) f32_add(pa + lo, pb + lo, po + lo, hi - lo);
-      else if (op == BinaryOp::Mul) f32_mul(pa + lo, pb + lo, po + lo, hi - lo);
-      else f32_relu_grad(pa + lo, pb + lo, po + lo, hi - lo);
+      if (op == BinaryOp::Add)
+        f32_add(pa + lo, pb + lo, po + lo, hi - lo);
+      else if (op == BinaryOp::Mul)
+        f32_mul(pa + lo, pb + lo, po + lo, hi - lo);
+      else
+        f32_relu_grad(pa + lo, pb + lo, po + lo, hi - lo);
     });
     return;
   }
@@ -176,8 +209,10 @@ void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out, const Br
           });
         }
       };
-      if (out.dtype() == DType::U8) kernel(out.data<uint8_t>());
-      else kernel(out.data<S>());
+      if (out.dtype() == DType::U8)
+        kernel(out.data<uint8_t>());
+      else
+        kernel(out.data<S>());
     });
   });
 }
@@ -243,19 +278,29 @@ void scalar(ScalarOp op, const Tensor& x, double s, Tensor& out) {
       });
     };
     switch (op) {
-      case ScalarOp::Add: run([cs](C v) { return static_cast<C>(v + cs); }); break;
-      case ScalarOp::Mul:
-        if constexpr (std::is_integral_v<C>) run([s](C v) { return static_cast<C>(static_cast<double>(v) * s); });
-        else run([cs](C v) { return static_cast<C>(v * cs); });
+      case ScalarOp::Add:
+        run([cs](C v) { return static_cast<C>(v + cs); });
         break;
-      case ScalarOp::RSub: run([cs](C v) { return static_cast<C>(cs - v); }); break;
+      case ScalarOp::Mul:
+        if constexpr (std::is_integral_v<C>)
+          run([s](C v) { return static_cast<C>(static_cast<double>(v) * s); });
+        else
+          run([cs](C v) { return static_cast<C>(v * cs); });
+        break;
+      case ScalarOp::RSub:
+        run([cs](C v) { return static_cast<C>(cs - v); });
+        break;
       case ScalarOp::RDiv:
-        if constexpr (std::is_integral_v<C>) RT_THROW("op 'rdiv' has no CPU kernel for integer dtypes");
-        else run([cs](C v) { return cs / v; });
+        if constexpr (std::is_integral_v<C>)
+          RT_THROW("op 'rdiv' has no CPU kernel for integer dtypes");
+        else
+          run([cs](C v) { return cs / v; });
         break;
       case ScalarOp::Pow:
-        if constexpr (std::is_integral_v<C>) RT_THROW("op 'pow' has no CPU kernel for integer dtypes");
-        else run([cs](C v) { return std::pow(v, cs); });
+        if constexpr (std::is_integral_v<C>)
+          RT_THROW("op 'pow' has no CPU kernel for integer dtypes");
+        else
+          run([cs](C v) { return std::pow(v, cs); });
         break;
     }
   });

@@ -19,8 +19,10 @@ void gemm(const GemmArgs& g, const Tensor& a, const Tensor& b, Tensor& c, int64_
   if (g.m == 0 || g.n == 0) return;
   if (g.k == 0) {
     // An empty inner dimension: BLAS may not touch C; make C = beta * C (all batches) explicit.
-    if (g.beta == 0.0) fill(c, 0.0);
-    else scalar(ScalarOp::Mul, c, g.beta, c);
+    if (g.beta == 0.0)
+      fill(c, 0.0);
+    else
+      scalar(ScalarOp::Mul, c, g.beta, c);
     return;
   }
   switch (a.dtype()) {
@@ -43,20 +45,19 @@ void gemm(const GemmArgs& g, const Tensor& a, const Tensor& b, Tensor& c, int64_
       convert(b, b32);
       if (g.beta != 0.0) convert(c, c32);
       for (int64_t bi = 0; bi < batch; ++bi)
-        cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, static_cast<float>(g.alpha), a32.data<float>() + bi * stride_a,
-                    lda, b32.data<float>() + bi * stride_b, ldb, static_cast<float>(g.beta),
+        cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, static_cast<float>(g.alpha), a32.data<float>() + bi * stride_a, lda,
+                    b32.data<float>() + bi * stride_b, ldb, static_cast<float>(g.beta),
                     c32.data<float>() + bi * stride_c, ldc);
       convert(c32, c);
       return;
     }
-    default: RT_THROW("op 'matmul' has no CPU kernel for dtype ", dtype_name(a.dtype()));
+    default:
+      RT_THROW("op 'matmul' has no CPU kernel for dtype ", dtype_name(a.dtype()));
   }
 }
 
 }  // namespace
 
-void register_gemm_kernels(KernelTable& t) {
-  t.gemm = &gemm;
-}
+void register_gemm_kernels(KernelTable& t) { t.gemm = &gemm; }
 
 }  // namespace ringtrain::cpu

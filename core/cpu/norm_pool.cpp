@@ -20,11 +20,20 @@ constexpr int64_t kRowBlock = 256;  // rows of (M, C) per statistics block
 template <typename Fn>
 void visit_float(DType t, const char* op, Fn&& fn) {
   switch (t) {
-    case DType::F32: fn(float{}); return;
-    case DType::F64: fn(double{}); return;
-    case DType::F16: fn(Half{}); return;
-    case DType::BF16: fn(BFloat16{}); return;
-    default: RT_THROW("op '", op, "' has no CPU kernel for dtype ", dtype_name(t));
+    case DType::F32:
+      fn(float{});
+      return;
+    case DType::F64:
+      fn(double{});
+      return;
+    case DType::F16:
+      fn(Half{});
+      return;
+    case DType::BF16:
+      fn(BFloat16{});
+      return;
+    default:
+      RT_THROW("op '", op, "' has no CPU kernel for dtype ", dtype_name(t));
   }
 }
 
@@ -39,7 +48,8 @@ std::vector<double> blocked_sums(int64_t rows, int64_t channels, int64_t count, 
   const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock, width = count * channels;
   std::vector<double> partial(static_cast<size_t>(std::max<int64_t>(blocks, 1) * width), 0.0);
   parallel_for(blocks, 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t b = lo; b < hi; ++b) add(b * kRowBlock, std::min(rows, (b + 1) * kRowBlock), partial.data() + b * width);
+    for (int64_t b = lo; b < hi; ++b)
+      add(b * kRowBlock, std::min(rows, (b + 1) * kRowBlock), partial.data() + b * width);
   });
   std::vector<double> total(static_cast<size_t>(width), 0.0);
   for (int64_t b = 0; b < blocks; ++b)
@@ -89,9 +99,9 @@ template <bool Relu>
 }
 
 template <bool Relu>
-[[gnu::always_inline]] inline void rows_backward_sums(const float* x, const float* dy, int64_t r0, int64_t r1, int64_t C,
-                                                      const double* mean, const double* invstd, const float* scale,
-                                                      const float* shift, double* acc) {
+[[gnu::always_inline]] inline void rows_backward_sums(const float* x, const float* dy, int64_t r0, int64_t r1,
+                                                      int64_t C, const double* mean, const double* invstd,
+                                                      const float* scale, const float* shift, double* acc) {
   for (int64_t r = r0; r < r1; ++r) {
     const float *xr = x + r * C, *dr = dy + r * C;
     for (int64_t c = 0; c < C; ++c) {
@@ -109,8 +119,10 @@ template <bool Relu>
 RT_MULTIVERSION void f32_rows_backward_sums(const float* x, const float* dy, int64_t r0, int64_t r1, int64_t C,
                                             const double* mean, const double* invstd, const float* scale,
                                             const float* shift, double* acc) {
-  if (scale) rows_backward_sums<true>(x, dy, r0, r1, C, mean, invstd, scale, shift, acc);
-  else rows_backward_sums<false>(x, dy, r0, r1, C, mean, invstd, scale, shift, acc);
+  if (scale)
+    rows_backward_sums<true>(x, dy, r0, r1, C, mean, invstd, scale, shift, acc);
+  else
+    rows_backward_sums<false>(x, dy, r0, r1, C, mean, invstd, scale, shift, acc);
 }
 
 RT_MULTIVERSION void f32_rows_apply(const float* x, const float* residual, float* y, int64_t r0, int64_t r1, int64_t C,
@@ -129,9 +141,9 @@ RT_MULTIVERSION void f32_rows_apply(const float* x, const float* residual, float
 }
 
 template <bool Relu>
-[[gnu::always_inline]] inline void rows_dx(const float* x, const float* dy, float* dx, int64_t r0, int64_t r1, int64_t C,
-                                           const float* mean, const float* invstd, const float* k1, const float* k2,
-                                           const float* k3, const float* scale, const float* shift) {
+[[gnu::always_inline]] inline void rows_dx(const float* x, const float* dy, float* dx, int64_t r0, int64_t r1,
+                                           int64_t C, const float* mean, const float* invstd, const float* k1,
+                                           const float* k2, const float* k3, const float* scale, const float* shift) {
   for (int64_t r = r0; r < r1; ++r) {
     const float *xr = x + r * C, *dr = dy + r * C;
     float* out = dx + r * C;
@@ -143,10 +155,12 @@ template <bool Relu>
 }
 
 RT_MULTIVERSION void f32_rows_dx(const float* x, const float* dy, float* dx, int64_t r0, int64_t r1, int64_t C,
-                                 const float* mean, const float* invstd, const float* k1, const float* k2, const float* k3,
-                                 const float* scale, const float* shift) {
-  if (scale) rows_dx<true>(x, dy, dx, r0, r1, C, mean, invstd, k1, k2, k3, scale, shift);
-  else rows_dx<false>(x, dy, dx, r0, r1, C, mean, invstd, k1, k2, k3, scale, shift);
+                                 const float* mean, const float* invstd, const float* k1, const float* k2,
+                                 const float* k3, const float* scale, const float* shift) {
+  if (scale)
+    rows_dx<true>(x, dy, dx, r0, r1, C, mean, invstd, k1, k2, k3, scale, shift);
+  else
+    rows_dx<false>(x, dy, dx, r0, r1, C, mean, invstd, k1, k2, k3, scale, shift);
 }
 
 // The forward's per-channel scale = gamma * invstd and shift = beta - mean * gamma * invstd, rounded to the
@@ -200,7 +214,8 @@ void mean_and_m2(const S* px, int64_t M, int64_t C, std::vector<double>& mean, s
   }
   for (double& v : mean) v = M > 0 ? v / static_cast<double>(M) : 0.0;
   if constexpr (std::is_same_v<S, float>) {
-    m2 = blocked_sums(M, C, 1, [&](int64_t r0, int64_t r1, double* acc) { f32_rows_m2(px, r0, r1, C, mean.data(), acc); });
+    m2 = blocked_sums(M, C, 1,
+                      [&](int64_t r0, int64_t r1, double* acc) { f32_rows_m2(px, r0, r1, C, mean.data(), acc); });
   } else {
     m2 = channel_sums(M, C, [&](int64_t r, int64_t c) {
       const double d = static_cast<double>(load_as<A>(px[r * C + c])) - mean[static_cast<size_t>(c)];
@@ -210,8 +225,8 @@ void mean_and_m2(const S* px, int64_t M, int64_t C, std::vector<double>& mean, s
 }
 
 void batch_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
-                        const Tensor& running_var, bool training, double eps, bool relu, const Tensor* residual, Tensor& y, Tensor& save_mean,
-                        Tensor& save_invstd) {
+                        const Tensor& running_var, bool training, double eps, bool relu, const Tensor* residual,
+                        Tensor& y, Tensor& save_mean, Tensor& save_invstd) {
   const int64_t C = x.size(-1), M = x.numel() / std::max<int64_t>(C, 1);
   visit_float(x.dtype(), "batch_norm", [&](auto tag) {
     using S = decltype(tag);
@@ -247,7 +262,8 @@ void batch_norm_apply(const Tensor& x, const Tensor& gamma, const Tensor& beta, 
 // The output gradient through a fused ReLU recomputed from x (relu_scale, relu_shift: the forward's, or
 // null for no ReLU), in the accumulator type, for the portable loops.
 template <typename A, typename S>
-A masked_dy_portable(const S* px, const S* pdy, int64_t r, int64_t c, int64_t C, const A* relu_scale, const A* relu_shift) {
+A masked_dy_portable(const S* px, const S* pdy, int64_t r, int64_t c, int64_t C, const A* relu_scale,
+                     const A* relu_shift) {
   const A g = load_as<A>(pdy[r * C + c]);
   if (!relu_scale) return g;
   return load_as<A>(px[r * C + c]) * relu_scale[c] + relu_shift[c] > A(0) ? g : A(0);
@@ -256,8 +272,9 @@ A masked_dy_portable(const S* px, const S* pdy, int64_t r, int64_t c, int64_t C,
 // The backward's per-channel sums over an (M, C) view, in f64: sum dy and sum dy * xhat (dy masked by the
 // fused ReLU when relu_scale is set).
 template <typename S, typename P>
-void backward_sums(const S* px, const S* pdy, const P* pm, const P* pi, int64_t M, int64_t C, const acc_t<S>* relu_scale,
-                   const acc_t<S>* relu_shift, std::vector<double>& sum_dy, std::vector<double>& sum_dy_xhat) {
+void backward_sums(const S* px, const S* pdy, const P* pm, const P* pi, int64_t M, int64_t C,
+                   const acc_t<S>* relu_scale, const acc_t<S>* relu_shift, std::vector<double>& sum_dy,
+                   std::vector<double>& sum_dy_xhat) {
   using A = acc_t<S>;
   // Both sums in one pass over x and dy (each channel's additions in the same order as two passes); the
   // statistics widened to f64 once, exactly, as every product used them.
@@ -314,11 +331,11 @@ void backward_dx(const S* px, const S* pdy, const P* pg, const P* pm, const P* p
 // Both batch-norm backwards; beta set: y was relu(bn(x)) (no residual) and dy is y's gradient, masked with
 // the forward's own arithmetic from x (f32 and f64 only: a 16-bit y's rounding could zero a positive value).
 void batch_norm_backward_impl(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor* beta,
-                              const Tensor& save_mean, const Tensor& save_invstd, bool training, Tensor& dx, Tensor& dgamma,
-                              Tensor& dbeta) {
+                              const Tensor& save_mean, const Tensor& save_invstd, bool training, Tensor& dx,
+                              Tensor& dgamma, Tensor& dbeta) {
   const int64_t C = x.size(-1), M = x.numel() / std::max<int64_t>(C, 1);
-  RT_CHECK(!beta || x.dtype() == DType::F32 || x.dtype() == DType::F64,
-           "batch_norm_relu_backward: x is ", dtype_name(x.dtype()), "; the fused mask needs f32 or f64");
+  RT_CHECK(!beta || x.dtype() == DType::F32 || x.dtype() == DType::F64, "batch_norm_relu_backward: x is ",
+           dtype_name(x.dtype()), "; the fused mask needs f32 or f64");
   visit_float(x.dtype(), "batch_norm_backward", [&](auto tag) {
     using S = decltype(tag);
     using P = std::conditional_t<std::is_same_v<S, double>, double, float>;
@@ -372,8 +389,8 @@ void batch_norm_backward_reduce(const Tensor& x, const Tensor& dy, const Tensor&
     using S = decltype(tag);
     using P = std::conditional_t<std::is_same_v<S, double>, double, float>;
     std::vector<double> sum_dy, sum_dy_xhat;
-    backward_sums(x.data<S>(), dy.data<S>(), save_mean.data<P>(), save_invstd.data<P>(), M, C, nullptr, nullptr,
-                  sum_dy, sum_dy_xhat);
+    backward_sums(x.data<S>(), dy.data<S>(), save_mean.data<P>(), save_invstd.data<P>(), M, C, nullptr, nullptr, sum_dy,
+                  sum_dy_xhat);
     double* out = sums.data<double>();  // [sum dy (C), sum dy * xhat (C)]
     std::copy(sum_dy.begin(), sum_dy.end(), out);
     std::copy(sum_dy_xhat.begin(), sum_dy_xhat.end(), out + C);
@@ -387,8 +404,8 @@ void batch_norm_backward_elemt(const Tensor& x, const Tensor& dy, const Tensor& 
     using S = decltype(tag);
     using P = std::conditional_t<std::is_same_v<S, double>, double, float>;
     const double* ps = sums.data<double>();
-    backward_dx(x.data<S>(), dy.data<S>(), gamma.data<P>(), save_mean.data<P>(), save_invstd.data<P>(), ps,
-                ps + C, count, M, C, nullptr, nullptr, dx.data<S>());
+    backward_dx(x.data<S>(), dy.data<S>(), gamma.data<P>(), save_mean.data<P>(), save_invstd.data<P>(), ps, ps + C,
+                count, M, C, nullptr, nullptr, dx.data<S>());
   });
 }
 

@@ -1,7 +1,7 @@
 // core/cpu/optim.cpp: the CPU fused multi-tensor SGD and AdamW steps, loss-scale unscaling and the exact
 // gradient norm's passes, one pass over each tensor. The per-element updates are core/kernels.h's, shared
-// with the CUDA kernels (core/cuda/optim.cu). Built with -fno-math-errno (core/CMakeLists.txt) so that the AdamW sqrt loop
-// vectorizes.
+// with the CUDA kernels (core/cuda/optim.cu). Built with -fno-math-errno (core/CMakeLists.txt) so that the AdamW sqrt
+// loop vectorizes.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -30,7 +30,8 @@ void sgd_multi_tensor(const std::vector<SgdTensor>& tensors, const SgdArgs& a) {
               keep = static_cast<C>(1.0 - a.dampening), lr = static_cast<C>(a.lr);
       const bool init = t.init_momentum, nesterov = a.nesterov;
       parallel_for(t.param->numel(), kGrain, [&](int64_t b, int64_t e) {
-        for (int64_t i = b; i < e; ++i) sgd_element<S, C>(p[i], g[i], m ? m + i : nullptr, wd, mom, keep, lr, init, nesterov);
+        for (int64_t i = b; i < e; ++i)
+          sgd_element<S, C>(p[i], g[i], m ? m + i : nullptr, wd, mom, keep, lr, init, nesterov);
       });
     });
   }

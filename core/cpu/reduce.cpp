@@ -13,7 +13,7 @@
 namespace ringtrain::cpu {
 namespace {
 
-constexpr int64_t kReduceBlock = 1 << 12;   // fixed block for thread-count-independent sums
+constexpr int64_t kReduceBlock = 1 << 12;  // fixed block for thread-count-independent sums
 
 // Sum with 16 independent lanes (vectorizable, fixed order for a given n).
 RT_MULTIVERSION double f32_sum_block(const float* x, int64_t n) {
@@ -97,8 +97,6 @@ void reduce(ReduceOp op, const Tensor& x, int64_t outer, int64_t n, int64_t inne
 
 }  // namespace
 
-void register_reduce_kernels(KernelTable& t) {
-  t.reduce = &reduce;
-}
+void register_reduce_kernels(KernelTable& t) { t.reduce = &reduce; }
 
 }  // namespace ringtrain::cpu

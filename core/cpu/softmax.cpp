@@ -52,8 +52,7 @@ void softmax_backward(const Tensor& y, const Tensor& dy, int64_t rows, int64_t c
         C dot = 0;
         if (log) {
           for (int64_t c = 0; c < cols; ++c) dot += load_as<C>(gr[c]);
-          for (int64_t c = 0; c < cols; ++c)
-            o[c] = store_as<S>(load_as<C>(gr[c]) - std::exp(load_as<C>(yr[c])) * dot);
+          for (int64_t c = 0; c < cols; ++c) o[c] = store_as<S>(load_as<C>(gr[c]) - std::exp(load_as<C>(yr[c])) * dot);
         } else {
           for (int64_t c = 0; c < cols; ++c) dot += load_as<C>(gr[c]) * load_as<C>(yr[c]);
           for (int64_t c = 0; c < cols; ++c) o[c] = store_as<S>(load_as<C>(yr[c]) * (load_as<C>(gr[c]) - dot));
@@ -65,8 +64,10 @@ void softmax_backward(const Tensor& y, const Tensor& dy, int64_t rows, int64_t c
 
 template <typename Fn>
 void visit_labels(const Tensor& labels, Fn&& fn) {
-  if (labels.dtype() == DType::I32) fn(labels.data<int32_t>());
-  else fn(labels.data<int64_t>());
+  if (labels.dtype() == DType::I32)
+    fn(labels.data<int32_t>());
+  else
+    fn(labels.data<int64_t>());
 }
 
 void cross_entropy(const Tensor& logits, const Tensor& labels, double smoothing, Tensor& log_probs, Tensor& loss,

@@ -19,8 +19,8 @@ namespace ringtrain::cuda_common {
 // ---------------------------------------------------------------------------------------------------
 // Launch helpers
 
-constexpr int kThreads = 256;                // threads per block everywhere (reductions rely on a power of 2)
-constexpr int64_t kMaxBlocks = 65535 * 32;   // grid-stride loops cover anything larger
+constexpr int kThreads = 256;               // threads per block everywhere (reductions rely on a power of 2)
+constexpr int64_t kMaxBlocks = 65535 * 32;  // grid-stride loops cover anything larger
 
 inline cudaStream_t stream_now() { return static_cast<cudaStream_t>(current_stream().handle()); }
 
@@ -52,8 +52,8 @@ class DeviceScope {
   int previous_ = -1;
 };
 
-#define RT_GRID_STRIDE(i, n)                                                                    \
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n);        \
+#define RT_GRID_STRIDE(i, n)                                                             \
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
        i += static_cast<int64_t>(blockDim.x) * gridDim.x)
 
 // out[i] = value: the fill op (core/cuda/elementwise.cu), and cross_entropy's bad-row flag
@@ -78,21 +78,38 @@ struct Tag {
 // The dtype of a compute type (workspaces of partial results).
 template <typename A>
 constexpr DType accumulator_dtype() {
-  if constexpr (std::is_same_v<A, float>) return DType::F32;
-  else if constexpr (std::is_same_v<A, double>) return DType::F64;
-  else return DType::I64;
+  if constexpr (std::is_same_v<A, float>)
+    return DType::F32;
+  else if constexpr (std::is_same_v<A, double>)
+    return DType::F64;
+  else
+    return DType::I64;
 }
 
 template <typename F>
 void dispatch_all(DType t, F&& f) {
   switch (t) {
-    case DType::F32: f(Tag<float>{}); return;
-    case DType::F64: f(Tag<double>{}); return;
-    case DType::F16: f(Tag<Half>{}); return;
-    case DType::BF16: f(Tag<BFloat16>{}); return;
-    case DType::I32: f(Tag<int32_t>{}); return;
-    case DType::I64: f(Tag<int64_t>{}); return;
-    case DType::U8: f(Tag<uint8_t>{}); return;
+    case DType::F32:
+      f(Tag<float>{});
+      return;
+    case DType::F64:
+      f(Tag<double>{});
+      return;
+    case DType::F16:
+      f(Tag<Half>{});
+      return;
+    case DType::BF16:
+      f(Tag<BFloat16>{});
+      return;
+    case DType::I32:
+      f(Tag<int32_t>{});
+      return;
+    case DType::I64:
+      f(Tag<int64_t>{});
+      return;
+    case DType::U8:
+      f(Tag<uint8_t>{});
+      return;
   }
   RT_THROW("unknown dtype ", static_cast<int>(t));
 }
@@ -100,11 +117,20 @@ void dispatch_all(DType t, F&& f) {
 template <typename F>
 void dispatch_floating(DType t, const char* op, F&& f) {
   switch (t) {
-    case DType::F32: f(Tag<float>{}); return;
-    case DType::F64: f(Tag<double>{}); return;
-    case DType::F16: f(Tag<Half>{}); return;
-    case DType::BF16: f(Tag<BFloat16>{}); return;
-    default: raise_unsupported(op, t);
+    case DType::F32:
+      f(Tag<float>{});
+      return;
+    case DType::F64:
+      f(Tag<double>{});
+      return;
+    case DType::F16:
+      f(Tag<Half>{});
+      return;
+    case DType::BF16:
+      f(Tag<BFloat16>{});
+      return;
+    default:
+      raise_unsupported(op, t);
   }
 }
 
@@ -125,14 +151,18 @@ __device__ inline double dev_pow(double x, double y) { return pow(x, y); }
 
 template <typename C>
 __device__ inline C dev_neg_infinity() {
-  if constexpr (std::is_same_v<C, double>) return __longlong_as_double(static_cast<long long>(0xfff0000000000000ull));
-  else return __int_as_float(static_cast<int>(0xff800000u));
+  if constexpr (std::is_same_v<C, double>)
+    return __longlong_as_double(static_cast<long long>(0xfff0000000000000ull));
+  else
+    return __int_as_float(static_cast<int>(0xff800000u));
 }
 
 template <typename C>
 __device__ inline bool dev_isnan(C v) {
-  if constexpr (std::is_floating_point_v<C>) return v != v;
-  else return false;
+  if constexpr (std::is_floating_point_v<C>)
+    return v != v;
+  else
+    return false;
 }
 
 // NaN-propagating max / min, ties keep a: the CPU's (a >= b || a != a) ? a : b and its mirror.
@@ -167,11 +197,15 @@ __device__ T block_reduce(T value, T* shared /* (blockDim.x) */, Op op) {
 
 struct SumOp {
   template <typename T>
-  __device__ T operator()(T a, T b) const { return a + b; }
+  __device__ T operator()(T a, T b) const {
+    return a + b;
+  }
 };
 struct MaxOp {
   template <typename T>
-  __device__ T operator()(T a, T b) const { return nan_max(a, b); }
+  __device__ T operator()(T a, T b) const {
+    return nan_max(a, b);
+  }
 };
 
 }  // namespace ringtrain::cuda_common

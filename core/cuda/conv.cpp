@@ -53,11 +53,16 @@ cudnnHandle_t cudnn_handle(int device) {
 
 cudnnDataType_t cudnn_type(DType t, const char* op) {
   switch (t) {
-    case DType::F32: return CUDNN_DATA_FLOAT;
-    case DType::F16: return CUDNN_DATA_HALF;
-    case DType::BF16: return CUDNN_DATA_BFLOAT16;
-    case DType::F64: return CUDNN_DATA_DOUBLE;
-    default: RT_THROW("op '", op, "': cuDNN convolution does not support dtype ", dtype_name(t));
+    case DType::F32:
+      return CUDNN_DATA_FLOAT;
+    case DType::F16:
+      return CUDNN_DATA_HALF;
+    case DType::BF16:
+      return CUDNN_DATA_BFLOAT16;
+    case DType::F64:
+      return CUDNN_DATA_DOUBLE;
+    default:
+      RT_THROW("op '", op, "': cuDNN convolution does not support dtype ", dtype_name(t));
   }
 }
 
@@ -90,10 +95,10 @@ struct Descriptors {
     CUDNN_CHECK(cudnnSetFilter4dDescriptor(w, type, CUDNN_TENSOR_NHWC, narrow(g.k, "filters"),
                                            narrow(g.c / g.groups, "channels per group"), narrow(g.r, "filter height"),
                                            narrow(g.s, "filter width")));
-    CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv, narrow(g.pad_h, "padding"), narrow(g.pad_w, "padding"),
-                                                narrow(g.stride_h, "stride"), narrow(g.stride_w, "stride"),
-                                                narrow(g.dilation_h, "dilation"), narrow(g.dilation_w, "dilation"),
-                                                CUDNN_CROSS_CORRELATION, is_double ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT));
+    CUDNN_CHECK(cudnnSetConvolution2dDescriptor(
+        conv, narrow(g.pad_h, "padding"), narrow(g.pad_w, "padding"), narrow(g.stride_h, "stride"),
+        narrow(g.stride_w, "stride"), narrow(g.dilation_h, "dilation"), narrow(g.dilation_w, "dilation"),
+        CUDNN_CROSS_CORRELATION, is_double ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT));
     CUDNN_CHECK(cudnnSetConvolutionGroupCount(conv, narrow(g.groups, "groups")));
     CUDNN_CHECK(cudnnSetConvolutionMathType(conv, math_type(dtype)));
   }
@@ -131,7 +136,8 @@ size_t workspace_limit() {
     if (!v || !*v) return size_t{1024} << 20;
     char* end = nullptr;
     const long long mb = std::strtoll(v, &end, 10);
-    RT_CHECK(end && *end == '\0' && mb >= 0, "RINGTRAIN_CUDNN_WORKSPACE_MB must be a number of MiB >= 0, got '", v, "'");
+    RT_CHECK(end && *end == '\0' && mb >= 0, "RINGTRAIN_CUDNN_WORKSPACE_MB must be a number of MiB >= 0, got '", v,
+             "'");
     return static_cast<size_t>(mb) << 20;
   }();
   return limit;
@@ -142,7 +148,9 @@ enum class Pass : int { Forward, BackwardData, BackwardFilter };
 using Key = std::tuple<int, int, int, std::vector<int64_t>>;  // pass, device, dtype + math, geometry
 
 Key make_key(Pass pass, int device, DType dtype, const ConvGeometry& g) {
-  return {static_cast<int>(pass), device, static_cast<int>(dtype) * 4 + static_cast<int>(Descriptors::math_type(dtype)),
+  return {static_cast<int>(pass),
+          device,
+          static_cast<int>(dtype) * 4 + static_cast<int>(Descriptors::math_type(dtype)),
           {g.n, g.h, g.w, g.c, g.k, g.r, g.s, g.p, g.q, g.stride_h, g.stride_w, g.pad_h, g.pad_w, g.dilation_h,
            g.dilation_w, g.groups}};
 }
@@ -157,9 +165,12 @@ std::map<Key, Choice> g_cache;
 
 const char* pass_name(Pass p) {
   switch (p) {
-    case Pass::Forward: return "forward";
-    case Pass::BackwardData: return "backward data";
-    case Pass::BackwardFilter: return "backward filter";
+    case Pass::Forward:
+      return "forward";
+    case Pass::BackwardData:
+      return "backward data";
+    case Pass::BackwardFilter:
+      return "backward filter";
   }
   return "?";
 }
@@ -176,8 +187,8 @@ Choice pick(const std::vector<Perf>& results, int count, Pass pass, const ConvGe
     return {static_cast<int>(r.algo), r.memory};
   }
   RT_THROW("conv2d on CUDA: cuDNN has no ", pass_name(pass), " algorithm for N=", g.n, " H=", g.h, " W=", g.w,
-           " C=", g.c, " K=", g.k, " R=", g.r, " S=", g.s, " within a ", workspace_limit() >> 20,
-           " MiB workspace", deterministic ? " that is deterministic (RINGTRAIN_CUDNN_DETERMINISTIC=1)" : "",
+           " C=", g.c, " K=", g.k, " R=", g.r, " S=", g.s, " within a ", workspace_limit() >> 20, " MiB workspace",
+           deterministic ? " that is deterministic (RINGTRAIN_CUDNN_DETERMINISTIC=1)" : "",
            "; raise RINGTRAIN_CUDNN_WORKSPACE_MB");
 }
 
@@ -292,7 +303,8 @@ void conv2d_backward_weights(const Tensor& x, const Tensor& dy, const ConvGeomet
   CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, d.one(), d.x, x.data_ptr(), d.y, dy.data_ptr(), d.conv,
                                              static_cast<cudnnConvolutionBwdFilterAlgo_t>(c.algo), ws.data_ptr(),
                                              c.workspace, d.zero(), d.w, dw.data_ptr()));
-  if (dbias) CUDNN_CHECK(cudnnConvolutionBackwardBias(h, d.one(), d.y, dy.data_ptr(), d.zero(), d.bias, dbias->data_ptr()));
+  if (dbias)
+    CUDNN_CHECK(cudnnConvolutionBackwardBias(h, d.one(), d.y, dy.data_ptr(), d.zero(), d.bias, dbias->data_ptr()));
 }
 
 }  // namespace
@@ -313,11 +325,12 @@ std::vector<std::string> cuda_conv_algorithms() {
   std::vector<std::string> out;
   for (const auto& [key, choice] : g_cache) {
     const auto& geo = std::get<3>(key);
-    std::string line = std::string(pass_name(static_cast<Pass>(std::get<0>(key)))) + " cuda:" + std::to_string(std::get<1>(key)) +
-                       " N" + std::to_string(geo[0]) + " H" + std::to_string(geo[1]) + " W" + std::to_string(geo[2]) +
-                       " C" + std::to_string(geo[3]) + " K" + std::to_string(geo[4]) + " " + std::to_string(geo[5]) + "x" +
-                       std::to_string(geo[6]) + " stride " + std::to_string(geo[9]) + " groups " + std::to_string(geo[15]) +
-                       ": algo " + std::to_string(choice.algo) + ", workspace " + std::to_string(choice.workspace) + " B";
+    std::string line = std::string(pass_name(static_cast<Pass>(std::get<0>(key)))) +
+                       " cuda:" + std::to_string(std::get<1>(key)) + " N" + std::to_string(geo[0]) + " H" +
+                       std::to_string(geo[1]) + " W" + std::to_string(geo[2]) + " C" + std::to_string(geo[3]) + " K" +
+                       std::to_string(geo[4]) + " " + std::to_string(geo[5]) + "x" + std::to_string(geo[6]) +
+                       " stride " + std::to_string(geo[9]) + " groups " + std::to_string(geo[15]) + ": algo " +
+                       std::to_string(choice.algo) + ", workspace " + std::to_string(choice.workspace) + " B";
     out.push_back(line);
   }
   return out;

@@ -31,19 +31,19 @@ int current_device_or_none() noexcept;
 #define RT_DETAIL_CUDA_DEVICE() ::ringtrain::cuda_detail::current_device_or_none()
 
 // Each wrapper stringizes its own argument (RT_CALL_CHECK_T) so the message shows the call as written.
-#define CUDA_CHECK(call)                                                                            \
+#define CUDA_CHECK(call)                                                                             \
   RT_CALL_CHECK_T("CUDA", call, #call, RT_DETAIL_CUDA_OK, ::ringtrain::cuda_detail::cuda_error_text, \
                   RT_DETAIL_CUDA_DEVICE)
-#define CUDA_CHECK_NOTHROW(call)                                                                            \
+#define CUDA_CHECK_NOTHROW(call)                                                                             \
   RT_CALL_CHECK_NOTHROW_T("CUDA", call, #call, RT_DETAIL_CUDA_OK, ::ringtrain::cuda_detail::cuda_error_text, \
                           RT_DETAIL_CUDA_DEVICE)
 
 #define CUBLAS_CHECK(call)                                                                                 \
   RT_CALL_CHECK_T("cuBLAS", call, #call, RT_DETAIL_CUBLAS_OK, ::ringtrain::cuda_detail::cublas_error_text, \
                   RT_DETAIL_CUDA_DEVICE)
-#define CUBLAS_CHECK_NOTHROW(call)                                                                      \
-  RT_CALL_CHECK_NOTHROW_T("cuBLAS", call, #call, RT_DETAIL_CUBLAS_OK,                                   \
-                          ::ringtrain::cuda_detail::cublas_error_text, RT_DETAIL_CUDA_DEVICE)
+#define CUBLAS_CHECK_NOTHROW(call)                                                                                 \
+  RT_CALL_CHECK_NOTHROW_T("cuBLAS", call, #call, RT_DETAIL_CUBLAS_OK, ::ringtrain::cuda_detail::cublas_error_text, \
+                          RT_DETAIL_CUDA_DEVICE)
 
 #define CUDNN_CHECK(call)                                                                               \
   RT_CALL_CHECK_T("cuDNN", call, #call, RT_DETAIL_CUDNN_OK, ::ringtrain::cuda_detail::cudnn_error_text, \
@@ -52,9 +52,9 @@ int current_device_or_none() noexcept;
   RT_CALL_CHECK_NOTHROW_T("cuDNN", call, #call, RT_DETAIL_CUDNN_OK, ::ringtrain::cuda_detail::cudnn_error_text, \
                           RT_DETAIL_CUDA_DEVICE)
 
-#define NCCL_CHECK(call)                                                                            \
+#define NCCL_CHECK(call)                                                                             \
   RT_CALL_CHECK_T("NCCL", call, #call, RT_DETAIL_NCCL_OK, ::ringtrain::cuda_detail::nccl_error_text, \
                   RT_DETAIL_CUDA_DEVICE)
-#define NCCL_CHECK_NOTHROW(call)                                                                            \
+#define NCCL_CHECK_NOTHROW(call)                                                                             \
   RT_CALL_CHECK_NOTHROW_T("NCCL", call, #call, RT_DETAIL_NCCL_OK, ::ringtrain::cuda_detail::nccl_error_text, \
                           RT_DETAIL_CUDA_DEVICE)

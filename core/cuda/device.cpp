@@ -33,17 +33,26 @@ const char* cuda_error_text(cudaError_t status) noexcept { return cudaGetErrorSt
 const char* cublas_error_text(cublasStatus_t status) noexcept {
   // Our own table so that the text does not depend on the cuBLAS version's wording.
   switch (status) {
-    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
-    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED (cuBLAS library not initialized)";
-    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED (resource allocation failed)";
-    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE (an invalid numeric value was used)";
+    case CUBLAS_STATUS_SUCCESS:
+      return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED:
+      return "CUBLAS_STATUS_NOT_INITIALIZED (cuBLAS library not initialized)";
+    case CUBLAS_STATUS_ALLOC_FAILED:
+      return "CUBLAS_STATUS_ALLOC_FAILED (resource allocation failed)";
+    case CUBLAS_STATUS_INVALID_VALUE:
+      return "CUBLAS_STATUS_INVALID_VALUE (an invalid numeric value was used)";
     case CUBLAS_STATUS_ARCH_MISMATCH:
       return "CUBLAS_STATUS_ARCH_MISMATCH (feature absent from the device architecture)";
-    case CUBLAS_STATUS_MAPPING_ERROR: return "CUBLAS_STATUS_MAPPING_ERROR (access to GPU memory space failed)";
-    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED (GPU program failed to execute)";
-    case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR (an internal cuBLAS operation failed)";
-    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED (functionality not supported)";
-    case CUBLAS_STATUS_LICENSE_ERROR: return "CUBLAS_STATUS_LICENSE_ERROR";
+    case CUBLAS_STATUS_MAPPING_ERROR:
+      return "CUBLAS_STATUS_MAPPING_ERROR (access to GPU memory space failed)";
+    case CUBLAS_STATUS_EXECUTION_FAILED:
+      return "CUBLAS_STATUS_EXECUTION_FAILED (GPU program failed to execute)";
+    case CUBLAS_STATUS_INTERNAL_ERROR:
+      return "CUBLAS_STATUS_INTERNAL_ERROR (an internal cuBLAS operation failed)";
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+      return "CUBLAS_STATUS_NOT_SUPPORTED (functionality not supported)";
+    case CUBLAS_STATUS_LICENSE_ERROR:
+      return "CUBLAS_STATUS_LICENSE_ERROR";
   }
   return "unknown cuBLAS status";
 }
@@ -67,9 +76,7 @@ namespace {
 
 // At process exit the runtime may already be unloaded when a leaked or static handle is released;
 // the resource is gone with it, so that is not worth a message.
-cudaError_t ignore_unloading(cudaError_t status) {
-  return status == cudaErrorCudartUnloading ? cudaSuccess : status;
-}
+cudaError_t ignore_unloading(cudaError_t status) { return status == cudaErrorCudartUnloading ? cudaSuccess : status; }
 
 void check_device_index(Device d, const char* what) {
   const CudaStatus& status = cuda_status();
@@ -328,7 +335,8 @@ void cuda_copy_bytes_async(void* dst, Device dst_device, const void* src, Device
 void* cuda_host_allocate(int64_t nbytes) {
   void* ptr = nullptr;
   // Portable: usable from every device's streams; page-locked so copies run asynchronously at full speed.
-  const cudaError_t status = cudaHostAlloc(&ptr, static_cast<size_t>(std::max<int64_t>(nbytes, 1)), cudaHostAllocPortable);
+  const cudaError_t status =
+      cudaHostAlloc(&ptr, static_cast<size_t>(std::max<int64_t>(nbytes, 1)), cudaHostAllocPortable);
   if (status != cudaSuccess) {
     cudaGetLastError();
     RT_THROW("cannot allocate ", format_bytes(nbytes), " of pinned host memory: ", cudaGetErrorString(status),

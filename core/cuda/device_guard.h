@@ -13,8 +13,10 @@ class DeviceGuard {
  public:
   explicit DeviceGuard(int index) {
     CUDA_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != index) CUDA_CHECK(cudaSetDevice(index));
-    else previous_ = -1;
+    if (previous_ != index)
+      CUDA_CHECK(cudaSetDevice(index));
+    else
+      previous_ = -1;
   }
   ~DeviceGuard() {
     if (previous_ >= 0) CUDA_CHECK_NOTHROW(cudaSetDevice(previous_));

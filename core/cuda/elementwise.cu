@@ -26,10 +26,14 @@ using namespace cuda_common;
 // f64, except integer -> integer, which converts directly (through f64 an i64 above 2^53 would change).
 template <typename D, typename S>
 __device__ inline D convert_value(S v) {
-  if constexpr (std::is_same_v<S, D>) return v;
-  else if constexpr (std::is_integral_v<D> && std::is_integral_v<S>) return static_cast<D>(v);
-  else if constexpr (std::is_integral_v<D>) return static_cast<D>(static_cast<int64_t>(load_as<double>(v)));
-  else return store_as<D>(load_as<double>(v));
+  if constexpr (std::is_same_v<S, D>)
+    return v;
+  else if constexpr (std::is_integral_v<D> && std::is_integral_v<S>)
+    return static_cast<D>(v);
+  else if constexpr (std::is_integral_v<D>)
+    return static_cast<D>(static_cast<int64_t>(load_as<double>(v)));
+  else
+    return store_as<D>(load_as<double>(v));
 }
 
 template <typename S, typename D>
@@ -58,21 +62,33 @@ template <typename C>
 __device__ inline C unary_value(UnaryOp op, C v) {
   if constexpr (std::is_integral_v<C>) {
     switch (op) {
-      case UnaryOp::Neg: return -v;
-      case UnaryOp::Abs: return v < 0 ? -v : v;
-      case UnaryOp::Relu: return v > 0 ? v : C(0);
-      default: return C(0);  // rejected on the host
+      case UnaryOp::Neg:
+        return -v;
+      case UnaryOp::Abs:
+        return v < 0 ? -v : v;
+      case UnaryOp::Relu:
+        return v > 0 ? v : C(0);
+      default:
+        return C(0);  // rejected on the host
     }
   } else {
     switch (op) {
-      case UnaryOp::Neg: return -v;
-      case UnaryOp::Relu: return v > C(0) ? v : C(0);  // as the CPU: NaN -> 0
-      case UnaryOp::Exp: return dev_exp(v);
-      case UnaryOp::Log: return dev_log(v);
-      case UnaryOp::Sqrt: return dev_sqrt(v);
-      case UnaryOp::Abs: return v < C(0) ? -v : v;  // as the CPU: -0 and NaN keep their sign bit
-      case UnaryOp::Tanh: return dev_tanh(v);
-      case UnaryOp::Sigmoid: return C(1) / (C(1) + dev_exp(-v));
+      case UnaryOp::Neg:
+        return -v;
+      case UnaryOp::Relu:
+        return v > C(0) ? v : C(0);  // as the CPU: NaN -> 0
+      case UnaryOp::Exp:
+        return dev_exp(v);
+      case UnaryOp::Log:
+        return dev_log(v);
+      case UnaryOp::Sqrt:
+        return dev_sqrt(v);
+      case UnaryOp::Abs:
+        return v < C(0) ? -v : v;  // as the CPU: -0 and NaN keep their sign bit
+      case UnaryOp::Tanh:
+        return dev_tanh(v);
+      case UnaryOp::Sigmoid:
+        return C(1) / (C(1) + dev_exp(-v));
     }
     return v;
   }
@@ -86,14 +102,22 @@ __global__ void unary_kernel(UnaryOp op, const S* x /* (n) */, S* out /* (n) */,
 
 const char* unary_name(UnaryOp op) {
   switch (op) {
-    case UnaryOp::Neg: return "neg";
-    case UnaryOp::Relu: return "relu";
-    case UnaryOp::Exp: return "exp";
-    case UnaryOp::Log: return "log";
-    case UnaryOp::Sqrt: return "sqrt";
-    case UnaryOp::Abs: return "abs";
-    case UnaryOp::Tanh: return "tanh";
-    case UnaryOp::Sigmoid: return "sigmoid";
+    case UnaryOp::Neg:
+      return "neg";
+    case UnaryOp::Relu:
+      return "relu";
+    case UnaryOp::Exp:
+      return "exp";
+    case UnaryOp::Log:
+      return "log";
+    case UnaryOp::Sqrt:
+      return "sqrt";
+    case UnaryOp::Abs:
+      return "abs";
+    case UnaryOp::Tanh:
+      return "tanh";
+    case UnaryOp::Sigmoid:
+      return "sigmoid";
   }
   return "unary";
 }
@@ -116,22 +140,36 @@ void unary(UnaryOp op, const Tensor& x, Tensor& out) {
 template <typename C>
 __device__ inline C binary_value(BinaryOp op, C a, C b) {
   switch (op) {
-    case BinaryOp::Add: return a + b;
-    case BinaryOp::Sub: return a - b;
-    case BinaryOp::Mul: return a * b;
+    case BinaryOp::Add:
+      return a + b;
+    case BinaryOp::Sub:
+      return a - b;
+    case BinaryOp::Mul:
+      return a * b;
     case BinaryOp::Div:
       // Integer division by zero is undefined in C++ and traps on the CPU; define it as 0 here.
-      if constexpr (std::is_integral_v<C>) return b == 0 ? C(0) : a / b;
-      else return a / b;
-    case BinaryOp::Maximum: return nan_max(a, b);
-    case BinaryOp::Minimum: return nan_min(a, b);
-    case BinaryOp::Eq: return C(a == b);
-    case BinaryOp::Ne: return C(a != b);
-    case BinaryOp::Lt: return C(a < b);
-    case BinaryOp::Le: return C(a <= b);
-    case BinaryOp::Gt: return C(a > b);
-    case BinaryOp::Ge: return C(a >= b);
-    case BinaryOp::ReluGrad: return b > C(0) ? a : C(0);  // as the CPU: masked entries are 0 even if a is inf/NaN
+      if constexpr (std::is_integral_v<C>)
+        return b == 0 ? C(0) : a / b;
+      else
+        return a / b;
+    case BinaryOp::Maximum:
+      return nan_max(a, b);
+    case BinaryOp::Minimum:
+      return nan_min(a, b);
+    case BinaryOp::Eq:
+      return C(a == b);
+    case BinaryOp::Ne:
+      return C(a != b);
+    case BinaryOp::Lt:
+      return C(a < b);
+    case BinaryOp::Le:
+      return C(a <= b);
+    case BinaryOp::Gt:
+      return C(a > b);
+    case BinaryOp::Ge:
+      return C(a >= b);
+    case BinaryOp::ReluGrad:
+      return b > C(0) ? a : C(0);  // as the CPU: masked entries are 0 even if a is inf/NaN
   }
   return C(0);
 }
@@ -202,8 +240,8 @@ void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out, const Br
       binary_kernel<S, uint8_t>
           <<<grid_for(n), kThreads, 0, stream_now()>>>(op, a.data<S>(), b.data<S>(), out.data<uint8_t>(), n, ix);
     } else {
-      binary_kernel<S, S><<<grid_for(n), kThreads, 0, stream_now()>>>(op, a.data<S>(), b.data<S>(), out.data<S>(), n,
-                                                                       ix);
+      binary_kernel<S, S>
+          <<<grid_for(n), kThreads, 0, stream_now()>>>(op, a.data<S>(), b.data<S>(), out.data<S>(), n, ix);
     }
   });
 }
@@ -214,8 +252,7 @@ void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out, const Br
 // As the CPU: s is converted to the compute type (integers: truncated to i64), except that integer Mul
 // scales in f64 (so `x * 0.5` halves) and truncates back through i64.
 template <typename S>
-__global__ void scalar_kernel(ScalarOp op, const S* x /* (n) */, double s, S* out /* (n), may alias x */,
-                              int64_t n) {
+__global__ void scalar_kernel(ScalarOp op, const S* x /* (n) */, double s, S* out /* (n), may alias x */, int64_t n) {
   using C = compute_t<S>;
   const C sv = static_cast<C>(s);
   RT_GRID_STRIDE(i, n) {
@@ -223,18 +260,35 @@ __global__ void scalar_kernel(ScalarOp op, const S* x /* (n) */, double s, S* ou
     C r = v;
     if constexpr (std::is_integral_v<C>) {
       switch (op) {
-        case ScalarOp::Add: r = v + sv; break;
-        case ScalarOp::Mul: r = static_cast<C>(static_cast<double>(v) * s); break;
-        case ScalarOp::RSub: r = sv - v; break;
-        default: break;  // RDiv / Pow: rejected on the host
+        case ScalarOp::Add:
+          r = v + sv;
+          break;
+        case ScalarOp::Mul:
+          r = static_cast<C>(static_cast<double>(v) * s);
+          break;
+        case ScalarOp::RSub:
+          r = sv - v;
+          break;
+        default:
+          break;  // RDiv / Pow: rejected on the host
       }
     } else {
       switch (op) {
-        case ScalarOp::Add: r = v + sv; break;
-        case ScalarOp::Mul: r = v * sv; break;
-        case ScalarOp::RSub: r = sv - v; break;
-        case ScalarOp::RDiv: r = sv / v; break;
-        case ScalarOp::Pow: r = dev_pow(v, sv); break;
+        case ScalarOp::Add:
+          r = v + sv;
+          break;
+        case ScalarOp::Mul:
+          r = v * sv;
+          break;
+        case ScalarOp::RSub:
+          r = sv - v;
+          break;
+        case ScalarOp::RDiv:
+          r = sv / v;
+          break;
+        case ScalarOp::Pow:
+          r = dev_pow(v, sv);
+          break;
       }
     }
     out[i] = store_as<S>(r);

@@ -52,13 +52,15 @@ cublasHandle_t cublas_handle(int device) {
 
 void gemm(const GemmArgs& g, const Tensor& a, const Tensor& b, Tensor& c, int64_t batch, int64_t stride_a,
           int64_t stride_b, int64_t stride_c) {
-  RT_CHECK(a.dtype() == b.dtype() && b.dtype() == c.dtype(), "gemm: dtypes differ: ", a.describe(), ", ",
-           b.describe(), ", ", c.describe());
+  RT_CHECK(a.dtype() == b.dtype() && b.dtype() == c.dtype(), "gemm: dtypes differ: ", a.describe(), ", ", b.describe(),
+           ", ", c.describe());
   if (g.m == 0 || g.n == 0 || batch == 0) return;
   if (g.k == 0) {
     // An empty inner dimension: C = beta * C (all batches), spelled out as on the CPU.
-    if (g.beta == 0.0) fill(c, 0.0);
-    else scalar(ScalarOp::Mul, c, g.beta, c);
+    if (g.beta == 0.0)
+      fill(c, 0.0);
+    else
+      scalar(ScalarOp::Mul, c, g.beta, c);
     return;
   }
   cudaDataType data_type = CUDA_R_32F;
@@ -80,7 +82,8 @@ void gemm(const GemmArgs& g, const Tensor& a, const Tensor& b, Tensor& c, int64_
       data_type = CUDA_R_16BF;
       compute = CUBLAS_COMPUTE_32F;
       break;
-    default: raise_unsupported("matmul", a.dtype());
+    default:
+      raise_unsupported("matmul", a.dtype());
   }
   DeviceScope scope(c);
   cublasHandle_t handle = cublas_handle(c.device().index);
@@ -102,8 +105,6 @@ void gemm(const GemmArgs& g, const Tensor& a, const Tensor& b, Tensor& c, int64_
 
 }  // namespace
 
-void register_gemm_kernels(KernelTable& t) {
-  t.gemm = &gemm;
-}
+void register_gemm_kernels(KernelTable& t) { t.gemm = &gemm; }
 
 }  // namespace ringtrain::cuda

@@ -35,8 +35,8 @@ namespace {
 
 using namespace cuda_common;
 
-constexpr int kLanes = 32;                 // channels per block (threadIdx.x)
-constexpr int kRows = kThreads / kLanes;   // rows of threads per block (threadIdx.y); a power of 2
+constexpr int kLanes = 32;                // channels per block (threadIdx.x)
+constexpr int kRows = kThreads / kLanes;  // rows of threads per block (threadIdx.y); a power of 2
 
 // gamma, beta and all statistics: f64 for f64 inputs, else f32.
 template <typename S>
@@ -64,8 +64,8 @@ RowSplit split_rows(int64_t rows, int64_t channels) {
   constexpr int64_t kMinChunk = 256, kTargetBlocks = 2048, kMaxParts = 1024;
   const int64_t tiles = (channels + kLanes - 1) / kLanes;
   RowSplit split;
-  split.parts = std::max<int64_t>(
-      1, std::min<int64_t>({(rows + kMinChunk - 1) / kMinChunk, std::max<int64_t>(1, kTargetBlocks / tiles), kMaxParts}));
+  split.parts = std::max<int64_t>(1, std::min<int64_t>({(rows + kMinChunk - 1) / kMinChunk,
+                                                        std::max<int64_t>(1, kTargetBlocks / tiles), kMaxParts}));
   split.chunk = std::max<int64_t>(1, (rows + split.parts - 1) / split.parts);
   split.parts = std::max<int64_t>(1, (rows + split.chunk - 1) / split.chunk);  // no empty parts
   return split;
@@ -138,8 +138,7 @@ __global__ void __launch_bounds__(kThreads)
 // Channel c's total over its `parts` partials (partial: (parts, C)): row `row` of the block adds parts
 // row, row + kRows, ... in order, then a fixed tree over the rows. Every thread of a (kLanes, kRows) block
 // must call it; every thread gets the result (meaningful where c < C).
-__device__ double merge_parts(const double* partial, int64_t parts, int64_t C, int64_t c,
-                              double (*shared)[kLanes]) {
+__device__ double merge_parts(const double* partial, int64_t parts, int64_t C, int64_t c, double (*shared)[kLanes]) {
   const unsigned lane = threadIdx.x, row = threadIdx.y;
   double acc = 0.0;
   if (c < C)
@@ -164,8 +163,8 @@ __device__ inline void write_scale_shift(const P* gamma, const P* beta, P mean, 
 // Grid (tiles), block (kLanes, kRows).
 template <typename P>
 __global__ void __launch_bounds__(kThreads)
-    bn_mean_kernel(const double* partial /* (parts, C) */, int64_t parts, int64_t M, int64_t C,
-                   P* save_mean /* (C) */, double* mean64 /* (C): the same, unrounded, for the second pass */) {
+    bn_mean_kernel(const double* partial /* (parts, C) */, int64_t parts, int64_t M, int64_t C, P* save_mean /* (C) */,
+                   double* mean64 /* (C): the same, unrounded, for the second pass */) {
   __shared__ double shared[kRows][kLanes];
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kLanes + threadIdx.x;
   const double total = merge_parts(partial, parts, C, c, shared);
@@ -203,9 +202,8 @@ __global__ void bn_given_params_kernel(const P* mean, const P* invstd, const P* 
 
 // The local sums of the backward into sums = [sum dy (C), sum dy * xhat (C)]. Grid (tiles), block
 // (kLanes, kRows).
-__global__ void __launch_bounds__(kThreads)
-    bn_backward_sums_kernel(const double* partial /* (2, parts, C) */, int64_t parts, int64_t C,
-                            double* sums /* (2C) */) {
+__global__ void __launch_bounds__(kThreads) bn_backward_sums_kernel(const double* partial /* (2, parts, C) */,
+                                                                    int64_t parts, int64_t C, double* sums /* (2C) */) {
   __shared__ double shared[kRows][kLanes];
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kLanes + threadIdx.x;
   const double sum_dy = merge_parts(partial, parts, C, c, shared);
@@ -231,8 +229,8 @@ __global__ void bn_elemt_coef_kernel(const double* sums /* (2C) */, double count
 // Grid (tiles), block (kLanes, kRows).
 template <typename P, typename A>
 __global__ void __launch_bounds__(kThreads)
-    bn_invstd_kernel(const double* partial /* (parts, C): squared deviations */, int64_t parts, int64_t M,
-                     int64_t C, double eps, const P* gamma, const P* beta, const P* save_mean, P* save_invstd,
+    bn_invstd_kernel(const double* partial /* (parts, C): squared deviations */, int64_t parts, int64_t M, int64_t C,
+                     double eps, const P* gamma, const P* beta, const P* save_mean, P* save_invstd,
                      A* coef /* scale (C), shift (C) */) {
   __shared__ double shared[kRows][kLanes];
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kLanes + threadIdx.x;
@@ -282,9 +280,9 @@ __global__ void __launch_bounds__(kThreads)
 // k3 = k1 * mean(dy * xhat) (k2 = k3 = 0 in eval). Grid (tiles), block (kLanes, kRows).
 template <typename P, typename A>
 __global__ void __launch_bounds__(kThreads)
-    bn_backward_coef_kernel(const double* partial /* (2, parts, C): sum dy, sum dy * xhat */, int64_t parts,
-                            int64_t M, int64_t C, bool training, const P* gamma, const P* save_invstd, P* dgamma,
-                            P* dbeta, A* coef /* k1, k2, k3: (3, C) */) {
+    bn_backward_coef_kernel(const double* partial /* (2, parts, C): sum dy, sum dy * xhat */, int64_t parts, int64_t M,
+                            int64_t C, bool training, const P* gamma, const P* save_invstd, P* dgamma, P* dbeta,
+                            A* coef /* k1, k2, k3: (3, C) */) {
   __shared__ double shared[kRows][kLanes];
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kLanes + threadIdx.x;
   const double sum_dy = merge_parts(partial, parts, C, c, shared);
@@ -304,8 +302,8 @@ __global__ void __launch_bounds__(kThreads)
 template <typename S>
 __global__ void __launch_bounds__(kThreads)
     bn_backward_dx_kernel(const S* x /* (M, C) */, const S* dy /* (M, C) */, const param_t<S>* save_mean,
-                          const param_t<S>* save_invstd, const compute_t<S>* coef /* (3, C) */, int64_t M,
-                          int64_t C, S* dx /* (M, C) */) {
+                          const param_t<S>* save_invstd, const compute_t<S>* coef /* (3, C) */, int64_t M, int64_t C,
+                          S* dx /* (M, C) */) {
   using A = compute_t<S>;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kLanes + threadIdx.x;
   if (c >= C) return;
@@ -404,8 +402,8 @@ __global__ void max_pool_backward_kernel(const S* dy /* (N, P, Q, C) */, const i
 // count_include_pad: the sum over the in-bounds part of the window times 1 / (r * s). Dilation is not
 // applied (as on the CPU; pooling geometry always has dilation 1).
 template <typename S>
-__global__ void avg_pool_forward_kernel(const S* x /* (N, H, W, C) */, ConvGeometry g, compute_t<S> inv,
-                                        int64_t total, S* y /* (N, P, Q, C) */) {
+__global__ void avg_pool_forward_kernel(const S* x /* (N, H, W, C) */, ConvGeometry g, compute_t<S> inv, int64_t total,
+                                        S* y /* (N, P, Q, C) */) {
   using A = compute_t<S>;
   RT_GRID_STRIDE(o, total) {
     const Nhwc at = decompose(o, g.p, g.q, g.c);
@@ -446,8 +444,8 @@ __global__ void avg_pool_backward_kernel(const S* dy /* (N, P, Q, C) */, ConvGeo
 // Entry points (registered below)
 
 void batch_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
-                        const Tensor& running_var, bool training, double eps, bool relu, const Tensor* residual, Tensor& y,
-                        Tensor& save_mean, Tensor& save_invstd) {
+                        const Tensor& running_var, bool training, double eps, bool relu, const Tensor* residual,
+                        Tensor& y, Tensor& save_mean, Tensor& save_invstd) {
   const int64_t C = x.size(-1), M = x.numel() / std::max<int64_t>(C, 1);
   DeviceScope scope(x);
   dispatch_floating(x.dtype(), "batch_norm", [&](auto tag) {
@@ -477,12 +475,11 @@ void batch_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta
       channel_partials_kernel<S, StatPass::SquaredDeviation><<<grid, block, 0, stream>>>(
           x.data<S>(), nullptr, nullptr, nullptr, mean64.data<double>(), M, C, split.chunk, ws);
       CUDA_CHECK(cudaGetLastError());
-      bn_invstd_kernel<P, A>
-          <<<tiles, block, 0, stream>>>(ws, split.parts, M, C, eps, pg, pb, pm, pi, coef.data<A>());
+      bn_invstd_kernel<P, A><<<tiles, block, 0, stream>>>(ws, split.parts, M, C, eps, pg, pb, pm, pi, coef.data<A>());
       CUDA_CHECK(cudaGetLastError());
     } else {
-      bn_eval_params_kernel<P, A><<<grid_for(C), kThreads, 0, stream>>>(
-          running_mean.data<P>(), running_var.data<P>(), eps, pg, pb, C, pm, pi, coef.data<A>());
+      bn_eval_params_kernel<P, A><<<grid_for(C), kThreads, 0, stream>>>(running_mean.data<P>(), running_var.data<P>(),
+                                                                        eps, pg, pb, C, pm, pi, coef.data<A>());
       CUDA_CHECK(cudaGetLastError());
     }
     if (M == 0) return;
@@ -509,15 +506,16 @@ void batch_norm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma,
     Tensor partial = Tensor::empty(Shape{2 * split.parts * C}, DType::F64, x.device());
     Tensor coef = Tensor::empty(Shape{3 * C}, accumulator_dtype<A>(), x.device());
     double* ws = partial.data<double>();
-    channel_partials_kernel<S, StatPass::Backward><<<dim3(tiles, static_cast<unsigned>(split.parts)), block, 0, stream>>>(
-        x.data<S>(), dy.data<S>(), pm, pi, nullptr, M, C, split.chunk, ws);
+    channel_partials_kernel<S, StatPass::Backward>
+        <<<dim3(tiles, static_cast<unsigned>(split.parts)), block, 0, stream>>>(x.data<S>(), dy.data<S>(), pm, pi,
+                                                                                nullptr, M, C, split.chunk, ws);
     CUDA_CHECK(cudaGetLastError());
     bn_backward_coef_kernel<P, A><<<tiles, block, 0, stream>>>(ws, split.parts, M, C, training, gamma.data<P>(), pi,
                                                                dgamma.data<P>(), dbeta.data<P>(), coef.data<A>());
     CUDA_CHECK(cudaGetLastError());
     if (M == 0) return;
     bn_backward_dx_kernel<S><<<elementwise_grid(M, C), block, 0, stream>>>(x.data<S>(), dy.data<S>(), pm, pi,
-                                                                          coef.data<A>(), M, C, dx.data<S>());
+                                                                           coef.data<A>(), M, C, dx.data<S>());
     CUDA_CHECK(cudaGetLastError());
   });
 }
@@ -560,9 +558,8 @@ void batch_norm_apply(const Tensor& x, const Tensor& gamma, const Tensor& beta, 
     if (C == 0) return;
     const cudaStream_t stream = stream_now();
     Tensor coef = Tensor::empty(Shape{2 * C}, accumulator_dtype<A>(), x.device());
-    bn_given_params_kernel<P, A><<<grid_for(C), kThreads, 0, stream>>>(mean.data<P>(), invstd.data<P>(),
-                                                                       gamma.data<P>(), beta.data<P>(), C,
-                                                                       coef.data<A>());
+    bn_given_params_kernel<P, A><<<grid_for(C), kThreads, 0, stream>>>(
+        mean.data<P>(), invstd.data<P>(), gamma.data<P>(), beta.data<P>(), C, coef.data<A>());
     CUDA_CHECK(cudaGetLastError());
     if (M == 0) return;
     bn_apply_kernel<S><<<elementwise_grid(M, C), dim3(kLanes, kRows), 0, stream>>>(
@@ -585,8 +582,9 @@ void batch_norm_backward_reduce(const Tensor& x, const Tensor& dy, const Tensor&
     const RowSplit split = split_rows(M, C);
     Tensor partial = Tensor::empty(Shape{2 * split.parts * C}, DType::F64, x.device());
     double* ws = partial.data<double>();
-    channel_partials_kernel<S, StatPass::Backward><<<dim3(tiles, static_cast<unsigned>(split.parts)), block, 0, stream>>>(
-        x.data<S>(), dy.data<S>(), save_mean.data<P>(), save_invstd.data<P>(), nullptr, M, C, split.chunk, ws);
+    channel_partials_kernel<S, StatPass::Backward>
+        <<<dim3(tiles, static_cast<unsigned>(split.parts)), block, 0, stream>>>(
+            x.data<S>(), dy.data<S>(), save_mean.data<P>(), save_invstd.data<P>(), nullptr, M, C, split.chunk, ws);
     CUDA_CHECK(cudaGetLastError());
     bn_backward_sums_kernel<<<tiles, block, 0, stream>>>(ws, split.parts, C, sums.data<double>());
     CUDA_CHECK(cudaGetLastError());
@@ -620,8 +618,8 @@ void max_pool2d_forward(const Tensor& x, const ConvGeometry& g, Tensor& y, Tenso
   dispatch_floating(x.dtype(), "max_pool2d", [&](auto tag) {
     using S = typename decltype(tag)::type;
     if (total == 0) return;
-    max_pool_forward_kernel<S><<<grid_for(total), kThreads, 0, stream_now()>>>(x.data<S>(), g, total, y.data<S>(),
-                                                                               argmax.data<int64_t>());
+    max_pool_forward_kernel<S>
+        <<<grid_for(total), kThreads, 0, stream_now()>>>(x.data<S>(), g, total, y.data<S>(), argmax.data<int64_t>());
     CUDA_CHECK(cudaGetLastError());
   });
 }
@@ -632,8 +630,8 @@ void max_pool2d_backward(const Tensor& dy, const Tensor& argmax, const ConvGeome
   dispatch_floating(dy.dtype(), "max_pool2d_backward", [&](auto tag) {
     using S = typename decltype(tag)::type;
     if (total == 0) return;
-    max_pool_backward_kernel<S><<<grid_for(total), kThreads, 0, stream_now()>>>(dy.data<S>(), argmax.data<int64_t>(),
-                                                                                g, total, dx.data<S>());
+    max_pool_backward_kernel<S>
+        <<<grid_for(total), kThreads, 0, stream_now()>>>(dy.data<S>(), argmax.data<int64_t>(), g, total, dx.data<S>());
     CUDA_CHECK(cudaGetLastError());
   });
 }
@@ -646,8 +644,7 @@ void avg_pool2d_forward(const Tensor& x, const ConvGeometry& g, Tensor& y) {
     using A = compute_t<S>;
     if (total == 0) return;
     const A inv = A(1) / static_cast<A>(g.r * g.s);  // as the CPU computes it
-    avg_pool_forward_kernel<S><<<grid_for(total), kThreads, 0, stream_now()>>>(x.data<S>(), g, inv, total,
-                                                                               y.data<S>());
+    avg_pool_forward_kernel<S><<<grid_for(total), kThreads, 0, stream_now()>>>(x.data<S>(), g, inv, total, y.data<S>());
     CUDA_CHECK(cudaGetLastError());
   });
 }
@@ -660,8 +657,8 @@ void avg_pool2d_backward(const Tensor& dy, const ConvGeometry& g, Tensor& dx) {
     using A = compute_t<S>;
     if (total == 0) return;
     const A inv = A(1) / static_cast<A>(g.r * g.s);
-    avg_pool_backward_kernel<S><<<grid_for(total), kThreads, 0, stream_now()>>>(dy.data<S>(), g, inv, total,
-                                                                                dx.data<S>());
+    avg_pool_backward_kernel<S>
+        <<<grid_for(total), kThreads, 0, stream_now()>>>(dy.data<S>(), g, inv, total, dx.data<S>());
     CUDA_CHECK(cudaGetLastError());
   });
 }

@@ -1,8 +1,8 @@
 // core/cuda/optim.cu: the fused multi-tensor SGD and AdamW steps, loss-scale unscaling and the exact
 // gradient norm's passes. Tensors are processed in lists of up to kMaxTensors per launch (their pointers
-// travel in the kernel's argument block, at most 4 KiB): blockIdx.y picks the tensor, blocks along x stride over its elements.
-// ResNet-50's 161 parameters take 4 launches instead of several element-wise ops each. Same arithmetic,
-// in the same order, as the CPU kernels (core/kernels.h holds the per-element functions both run).
+// travel in the kernel's argument block, at most 4 KiB): blockIdx.y picks the tensor, blocks along x stride over its
+// elements. ResNet-50's 161 parameters take 4 launches instead of several element-wise ops each. Same arithmetic, in
+// the same order, as the CPU kernels (core/kernels.h holds the per-element functions both run).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -70,7 +70,8 @@ __global__ void adamw_kernel(AdamWList<S> list, double beta1_d, double beta2_d, 
           b2 = static_cast<C>(beta2_d), keep2 = static_cast<C>(1.0 - beta2_d), eps = static_cast<C>(eps_d),
           step_size = static_cast<C>(list.step_size[t]), inv_bias2 = static_cast<C>(list.inv_bias2[t]);
   const bool init = list.init[t];
-  RT_GRID_STRIDE(i, n) adamw_element<S, C>(p[i], g[i], m[i], v[i], decay, b1, keep1, b2, keep2, eps, step_size, inv_bias2, init);
+  RT_GRID_STRIDE(i, n)
+  adamw_element<S, C>(p[i], g[i], m[i], v[i], decay, b1, keep1, b2, keep2, eps, step_size, inv_bias2, init);
 }
 
 template <typename S>
@@ -94,7 +95,8 @@ __global__ void unscale_kernel(UnscaleList<S> list, double inv_scale_d, float* f
   if (!finite) *found_inf = 1.0f;
 }
 
-static_assert(sizeof(SgdList<double>) <= 4096 && sizeof(AdamWList<double>) <= 4096 && sizeof(UnscaleList<double>) <= 4096,
+static_assert(sizeof(SgdList<double>) <= 4096 && sizeof(AdamWList<double>) <= 4096 &&
+                  sizeof(UnscaleList<double>) <= 4096,
               "a launch's tensor list must fit the 4 KiB kernel argument block");
 
 // Calls launch(first, count) for consecutive slices of at most kMaxTensors of `items`, after checking
@@ -104,8 +106,8 @@ void in_launch_chunks(const std::vector<Item>& items, const char* op, TensorOf t
   const Tensor& front = tensor_of(items.front());
   for (const Item& item : items) {
     const Tensor& t = tensor_of(item);
-    RT_CHECK(t.dtype() == front.dtype() && t.device() == front.device(), op, ": one fused call needs one dtype and device, got ",
-             t.describe(), " and ", front.describe());
+    RT_CHECK(t.dtype() == front.dtype() && t.device() == front.device(), op,
+             ": one fused call needs one dtype and device, got ", t.describe(), " and ", front.describe());
   }
   for (size_t first = 0; first < items.size(); first += kMaxTensors)
     launch(first, std::min<size_t>(kMaxTensors, items.size() - first));
@@ -121,23 +123,25 @@ void sgd_multi_tensor(const std::vector<SgdTensor>& tensors, const SgdArgs& args
   DeviceScope scope(*tensors.front().param);
   dispatch_floating(tensors.front().param->dtype(), "sgd", [&](auto tag) {
     using S = typename decltype(tag)::type;
-    in_launch_chunks(tensors, "sgd", [](const SgdTensor& t) -> const Tensor& { return *t.param; }, [&](size_t first, size_t count) {
-      SgdList<S> list{};
-      int64_t largest = 0;
-      for (size_t j = 0; j < count; ++j) {
-        const SgdTensor& t = tensors[first + j];
-        list.param[j] = t.param->data<S>();
-        list.grad[j] = t.grad->data<S>();
-        list.momentum[j] = t.momentum ? t.momentum->data<S>() : nullptr;
-        list.numel[j] = t.param->numel();
-        list.weight_decay[j] = t.weight_decay;
-        list.init[j] = t.init_momentum;
-        largest = std::max(largest, t.param->numel());
-      }
-      sgd_kernel<S><<<list_grid(largest, count), kThreads, 0, stream_now()>>>(list, args.lr, args.momentum, args.dampening,
-                                                                              args.nesterov);
-      CUDA_CHECK(cudaGetLastError());
-    });
+    in_launch_chunks(
+        tensors, "sgd", [](const SgdTensor& t) -> const Tensor& { return *t.param; },
+        [&](size_t first, size_t count) {
+          SgdList<S> list{};
+          int64_t largest = 0;
+          for (size_t j = 0; j < count; ++j) {
+            const SgdTensor& t = tensors[first + j];
+            list.param[j] = t.param->data<S>();
+            list.grad[j] = t.grad->data<S>();
+            list.momentum[j] = t.momentum ? t.momentum->data<S>() : nullptr;
+            list.numel[j] = t.param->numel();
+            list.weight_decay[j] = t.weight_decay;
+            list.init[j] = t.init_momentum;
+            largest = std::max(largest, t.param->numel());
+          }
+          sgd_kernel<S><<<list_grid(largest, count), kThreads, 0, stream_now()>>>(list, args.lr, args.momentum,
+                                                                                  args.dampening, args.nesterov);
+          CUDA_CHECK(cudaGetLastError());
+        });
   });
 }
 
@@ -146,25 +150,28 @@ void adamw_multi_tensor(const std::vector<AdamWTensor>& tensors, const AdamWArgs
   DeviceScope scope(*tensors.front().param);
   dispatch_floating(tensors.front().param->dtype(), "adamw", [&](auto tag) {
     using S = typename decltype(tag)::type;
-    in_launch_chunks(tensors, "adamw", [](const AdamWTensor& t) -> const Tensor& { return *t.param; }, [&](size_t first, size_t count) {
-      AdamWList<S> list{};
-      int64_t largest = 0;
-      for (size_t j = 0; j < count; ++j) {
-        const AdamWTensor& t = tensors[first + j];
-        list.param[j] = t.param->data<S>();
-        list.grad[j] = t.grad->data<S>();
-        list.exp_avg[j] = t.exp_avg->data<S>();
-        list.exp_avg_sq[j] = t.exp_avg_sq->data<S>();
-        list.numel[j] = t.param->numel();
-        list.decay[j] = t.decay;
-        list.step_size[j] = t.step_size;
-        list.inv_bias2[j] = t.inv_bias2;
-        list.init[j] = t.init;
-        largest = std::max(largest, t.param->numel());
-      }
-      adamw_kernel<S><<<list_grid(largest, count), kThreads, 0, stream_now()>>>(list, args.beta1, args.beta2, args.eps);
-      CUDA_CHECK(cudaGetLastError());
-    });
+    in_launch_chunks(
+        tensors, "adamw", [](const AdamWTensor& t) -> const Tensor& { return *t.param; },
+        [&](size_t first, size_t count) {
+          AdamWList<S> list{};
+          int64_t largest = 0;
+          for (size_t j = 0; j < count; ++j) {
+            const AdamWTensor& t = tensors[first + j];
+            list.param[j] = t.param->data<S>();
+            list.grad[j] = t.grad->data<S>();
+            list.exp_avg[j] = t.exp_avg->data<S>();
+            list.exp_avg_sq[j] = t.exp_avg_sq->data<S>();
+            list.numel[j] = t.param->numel();
+            list.decay[j] = t.decay;
+            list.step_size[j] = t.step_size;
+            list.inv_bias2[j] = t.inv_bias2;
+            list.init[j] = t.init;
+            largest = std::max(largest, t.param->numel());
+          }
+          adamw_kernel<S>
+              <<<list_grid(largest, count), kThreads, 0, stream_now()>>>(list, args.beta1, args.beta2, args.eps);
+          CUDA_CHECK(cudaGetLastError());
+        });
   });
 }
 
@@ -175,17 +182,20 @@ void unscale_multi_tensor(const std::vector<Tensor*>& grads, double inv_scale, T
            "unscale: found_inf must be one f32 on ", grads.front()->device().str(), ", got ", found_inf.describe());
   dispatch_floating(grads.front()->dtype(), "unscale", [&](auto tag) {
     using S = typename decltype(tag)::type;
-    in_launch_chunks(grads, "unscale", [](const Tensor* t) -> const Tensor& { return *t; }, [&](size_t first, size_t count) {
-      UnscaleList<S> list{};
-      int64_t largest = 0;
-      for (size_t j = 0; j < count; ++j) {
-        list.grad[j] = grads[first + j]->data<S>();
-        list.numel[j] = grads[first + j]->numel();
-        largest = std::max(largest, list.numel[j]);
-      }
-      unscale_kernel<S><<<list_grid(largest, count), kThreads, 0, stream_now()>>>(list, inv_scale, found_inf.data<float>());
-      CUDA_CHECK(cudaGetLastError());
-    });
+    in_launch_chunks(
+        grads, "unscale", [](const Tensor* t) -> const Tensor& { return *t; },
+        [&](size_t first, size_t count) {
+          UnscaleList<S> list{};
+          int64_t largest = 0;
+          for (size_t j = 0; j < count; ++j) {
+            list.grad[j] = grads[first + j]->data<S>();
+            list.numel[j] = grads[first + j]->numel();
+            largest = std::max(largest, list.numel[j]);
+          }
+          unscale_kernel<S>
+              <<<list_grid(largest, count), kThreads, 0, stream_now()>>>(list, inv_scale, found_inf.data<float>());
+          CUDA_CHECK(cudaGetLastError());
+        });
   });
 }
 
@@ -226,10 +236,12 @@ void per_tensor(const std::vector<Tensor*>& grads, const Tensor& out, const char
            ", got ", out.describe());
   dispatch_floating(grads.front()->dtype(), op, [&](auto tag) {
     using S = typename decltype(tag)::type;
-    in_launch_chunks(grads, op, [](const Tensor* t) -> const Tensor& { return *t; }, [&](size_t first, size_t count) {
-      for (size_t j = first; j < first + count; ++j)
-        if (grads[j]->numel() > 0) launch(grads[j]->template data<S>(), grads[j]->numel());
-    });
+    in_launch_chunks(
+        grads, op, [](const Tensor* t) -> const Tensor& { return *t; },
+        [&](size_t first, size_t count) {
+          for (size_t j = first; j < first + count; ++j)
+            if (grads[j]->numel() > 0) launch(grads[j]->template data<S>(), grads[j]->numel());
+        });
   });
 }
 

@@ -44,8 +44,7 @@ __global__ void uniform_kernel(S* out /* (n) */, int64_t n, uint64_t seed, uint6
 // mean + std * sqrt(-2 ln u1) * cos(2 pi u2): f64 throughout for f64; otherwise z in f32 and the affine
 // part in f64, as on the CPU.
 template <typename S>
-__global__ void normal_kernel(S* out /* (n) */, int64_t n, uint64_t seed, uint64_t stream, double mean,
-                              double stddev) {
+__global__ void normal_kernel(S* out /* (n) */, int64_t n, uint64_t seed, uint64_t stream, double mean, double stddev) {
   constexpr double kTwoPi = 6.283185307179586476925286766559;
   RT_GRID_STRIDE(i, n) {
     const uint64_t j = 2 * static_cast<uint64_t>(i);

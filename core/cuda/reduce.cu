@@ -158,8 +158,7 @@ __global__ void reduce_columns_kernel(const S* x /* (outer, n, inner) */, int64_
       if (row < s) {
         if constexpr (kOp == ReduceOp::Sum) {
           values[row][lane] += values[row + s][lane];
-        } else if (max_better(values[row + s][lane], indices[row + s][lane], values[row][lane],
-                              indices[row][lane])) {
+        } else if (max_better(values[row + s][lane], indices[row + s][lane], values[row][lane], indices[row][lane])) {
           values[row][lane] = values[row + s][lane];
           indices[row][lane] = indices[row + s][lane];
         }
@@ -208,8 +207,8 @@ void launch_reduce(const Tensor& x, int64_t outer, int64_t n, int64_t inner, Ten
   const int64_t outputs = outer * inner;
   cudaStream_t stream = stream_now();
   if (n <= 8 || (inner == 1 && n <= 32)) {
-    reduce_serial_kernel<S, kOp><<<grid_for(outputs), kThreads, 0, stream>>>(x.data<S>(), outer, n, inner,
-                                                                               out.data<S>(), argmax);
+    reduce_serial_kernel<S, kOp>
+        <<<grid_for(outputs), kThreads, 0, stream>>>(x.data<S>(), outer, n, inner, out.data<S>(), argmax);
     return;
   }
   // Strided loads waste little while inner is small; from 8 on, coalescing along inner wins.
@@ -217,8 +216,8 @@ void launch_reduce(const Tensor& x, int64_t outer, int64_t n, int64_t inner, Ten
   const int64_t blocks_per_part = columns ? outer * ((inner + kColumnLanes - 1) / kColumnLanes) : outputs;
   // Split long rows when there are too few blocks to fill the GPU.
   constexpr int64_t kMinChunk = 8192, kTargetBlocks = 2048, kMaxParts = 1024;
-  int64_t parts = std::min<int64_t>({(n + kMinChunk - 1) / kMinChunk,
-                                     std::max<int64_t>(1, kTargetBlocks / blocks_per_part), kMaxParts});
+  int64_t parts = std::min<int64_t>(
+      {(n + kMinChunk - 1) / kMinChunk, std::max<int64_t>(1, kTargetBlocks / blocks_per_part), kMaxParts});
   parts = std::max<int64_t>(parts, 1);
   const int64_t chunk = (n + parts - 1) / parts;
   parts = (n + chunk - 1) / chunk;  // no empty parts
@@ -243,13 +242,12 @@ void launch_reduce(const Tensor& x, int64_t outer, int64_t n, int64_t inner, Ten
     reduce_columns_kernel<S, kOp><<<blocks, kThreads, 0, stream>>>(x.data<S>(), outer, n, inner, parts, chunk, out_ptr,
                                                                    argmax_ptr, partial_value_ptr, partial_index_ptr);
   } else {
-    reduce_segments_kernel<S, kOp><<<blocks, kThreads, 0, stream>>>(x.data<S>(), outer, n, inner, parts, chunk,
-                                                                    out_ptr, argmax_ptr, partial_value_ptr,
-                                                                    partial_index_ptr);
+    reduce_segments_kernel<S, kOp><<<blocks, kThreads, 0, stream>>>(x.data<S>(), outer, n, inner, parts, chunk, out_ptr,
+                                                                    argmax_ptr, partial_value_ptr, partial_index_ptr);
   }
   if (parts > 1) {
-    reduce_partials_kernel<S, kOp><<<grid_for(outputs), kThreads, 0, stream>>>(
-        partial_value_ptr, partial_index_ptr, outputs, parts, out.data<S>(), argmax);
+    reduce_partials_kernel<S, kOp><<<grid_for(outputs), kThreads, 0, stream>>>(partial_value_ptr, partial_index_ptr,
+                                                                               outputs, parts, out.data<S>(), argmax);
   }
   // The partial buffers return to the caching allocator under this stream, so whatever reuses them is
   // ordered after the kernels above.
@@ -271,15 +269,15 @@ void reduce(ReduceOp op, const Tensor& x, int64_t outer, int64_t n, int64_t inne
   int64_t* argmax_ptr = argmax && argmax->defined() ? argmax->data<int64_t>() : nullptr;
   dispatch_all(x.dtype(), [&](auto tag) {
     using S = typename decltype(tag)::type;
-    if (op == ReduceOp::Sum) launch_reduce<S, ReduceOp::Sum>(x, outer, n, inner, out, nullptr);
-    else launch_reduce<S, ReduceOp::Max>(x, outer, n, inner, out, argmax_ptr);
+    if (op == ReduceOp::Sum)
+      launch_reduce<S, ReduceOp::Sum>(x, outer, n, inner, out, nullptr);
+    else
+      launch_reduce<S, ReduceOp::Max>(x, outer, n, inner, out, argmax_ptr);
   });
 }
 
 }  // namespace
 
-void register_reduce_kernels(KernelTable& t) {
-  t.reduce = &reduce;
-}
+void register_reduce_kernels(KernelTable& t) { t.reduce = &reduce; }
 
 }  // namespace ringtrain::cuda

@@ -85,15 +85,15 @@ void softmax(const Tensor& x, int64_t rows, int64_t cols, bool log, Tensor& out)
   const char* name = log ? "log_softmax" : "softmax";
   dispatch_floating(x.dtype(), name, [&](auto tag) {
     using S = typename decltype(tag)::type;
-    softmax_kernel<S><<<grid_for(rows, 1), row_threads(cols), 0, stream_now()>>>(x.data<S>(), rows, cols, log,
-                                                                                 out.data<S>());
+    softmax_kernel<S>
+        <<<grid_for(rows, 1), row_threads(cols), 0, stream_now()>>>(x.data<S>(), rows, cols, log, out.data<S>());
   });
 }
 
 void softmax_backward(const Tensor& y, const Tensor& dy, int64_t rows, int64_t cols, bool log, Tensor& dx) {
   if (rows == 0 || cols == 0) return;
-  RT_CHECK(y.dtype() == dy.dtype() && dy.dtype() == dx.dtype(), "softmax_backward: dtypes differ: ", y.describe(),
-           ", ", dy.describe(), ", ", dx.describe());
+  RT_CHECK(y.dtype() == dy.dtype() && dy.dtype() == dx.dtype(), "softmax_backward: dtypes differ: ", y.describe(), ", ",
+           dy.describe(), ", ", dx.describe());
   DeviceScope scope(dx);
   const char* name = log ? "log_softmax_backward" : "softmax_backward";
   dispatch_floating(y.dtype(), name, [&](auto tag) {
@@ -165,9 +165,14 @@ __global__ void cross_entropy_backward_kernel(const S* log_probs /* (rows, cols)
 template <typename F>
 void dispatch_labels(DType t, F&& f) {
   switch (t) {
-    case DType::I32: f(Tag<int32_t>{}); return;
-    case DType::I64: f(Tag<int64_t>{}); return;
-    default: RT_THROW("op 'cross_entropy': labels must be i32 or i64, got ", dtype_name(t));
+    case DType::I32:
+      f(Tag<int32_t>{});
+      return;
+    case DType::I64:
+      f(Tag<int64_t>{});
+      return;
+    default:
+      RT_THROW("op 'cross_entropy': labels must be i32 or i64, got ", dtype_name(t));
   }
 }
 
@@ -193,8 +198,7 @@ void cross_entropy(const Tensor& logits, const Tensor& labels, double smoothing,
     dispatch_labels(labels.dtype(), [&](auto label_tag) {
       using L = typename decltype(label_tag)::type;
       cross_entropy_kernel<S, L><<<grid_for(rows, 1), row_threads(cols), 0, stream>>>(
-          logits.data<S>(), labels.data<L>(), rows, cols, smoothing, log_probs.data<S>(), loss.data<C>(),
-          bad_row_ptr);
+          logits.data<S>(), labels.data<L>(), rows, cols, smoothing, log_probs.data<S>(), loss.data<C>(), bad_row_ptr);
     });
   });
   if (bad_label) {

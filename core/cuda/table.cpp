@@ -33,8 +33,8 @@ bool sync_after_every_op() {
 [[noreturn]] void raise_op_error(const char* op, cudaError_t status, bool synchronized) {
   const int device = cuda_detail::current_device_or_none();
   RT_THROW("CUDA error in op '", op, "': ", cudaGetErrorString(status), " (", cudaGetErrorName(status), ", code ",
-           static_cast<int>(status), ") on ", device == detail::kNoDevice ? std::string("unknown device")
-                                                                          : "cuda:" + std::to_string(device),
+           static_cast<int>(status), ") on ",
+           device == detail::kNoDevice ? std::string("unknown device") : "cuda:" + std::to_string(device),
            synchronized ? " (found by synchronizing after the op because RINGTRAIN_CUDA_SYNC=1)"
                         : ". Kernels run asynchronously, so an earlier op may be the cause: rerun with "
                           "RINGTRAIN_CUDA_SYNC=1 to report each fault against the op that caused it");

@@ -9,8 +9,8 @@ namespace ringtrain {
 namespace {
 
 std::shared_ptr<Conv2d> conv(int64_t in, int64_t out, int64_t k, int64_t stride, int64_t pad, DType dtype) {
-  return std::make_shared<Conv2d>(in, out, Conv2dOptions{.kernel_h = k, .kernel_w = k, .stride = stride,
-                                                          .padding = pad, .dtype = dtype});
+  return std::make_shared<Conv2d>(
+      in, out, Conv2dOptions{.kernel_h = k, .kernel_w = k, .stride = stride, .padding = pad, .dtype = dtype});
 }
 
 // torchvision's init for every convolution of the model.
@@ -40,10 +40,10 @@ struct ArchSpec {
 
 const std::vector<ArchSpec>& specs() {
   static const std::vector<ArchSpec> kSpecs{
-      {"resnet20", true, false, {3, 3, 3}},     {"resnet32", true, false, {5, 5, 5}},
-      {"resnet44", true, false, {7, 7, 7}},     {"resnet56", true, false, {9, 9, 9}},
-      {"resnet110", true, false, {18, 18, 18}}, {"resnet18", false, false, {2, 2, 2, 2}},
-      {"resnet34", false, false, {3, 4, 6, 3}}, {"resnet50", false, true, {3, 4, 6, 3}},
+      {"resnet20", true, false, {3, 3, 3}},      {"resnet32", true, false, {5, 5, 5}},
+      {"resnet44", true, false, {7, 7, 7}},      {"resnet56", true, false, {9, 9, 9}},
+      {"resnet110", true, false, {18, 18, 18}},  {"resnet18", false, false, {2, 2, 2, 2}},
+      {"resnet34", false, false, {3, 4, 6, 3}},  {"resnet50", false, true, {3, 4, 6, 3}},
       {"resnet101", false, true, {3, 4, 23, 3}}, {"resnet152", false, true, {3, 8, 36, 3}},
   };
   return kSpecs;

@@ -70,7 +70,8 @@ int main(int argc, char** argv) {
       }
     }
     if (rtol >= 0) {
-      std::printf("close: %zu tensors, worst %.3g at %s\n", count, worst, worst_name.empty() ? "-" : worst_name.c_str());
+      std::printf("close: %zu tensors, worst %.3g at %s\n", count, worst,
+                  worst_name.empty() ? "-" : worst_name.c_str());
       return 0;
     }
     std::printf("identical: %zu tensors\n", count);

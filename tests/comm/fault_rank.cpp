@@ -10,8 +10,8 @@
 #include "comm/world.h"
 #include "core/check.h"
 #include "core/ops.h"
-#include "optim/optimizer.h"
 #include "layers/linear.h"
+#include "optim/optimizer.h"
 
 using namespace ringtrain;
 

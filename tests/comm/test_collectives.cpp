@@ -5,10 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <chrono>
 #include <span>
 #include <string>
 #include <thread>
@@ -154,21 +154,23 @@ TEST_P(Collectives, ShardHalvesGiveTheAllReducesBits) {
       std::vector<int> covered(static_cast<size_t>(count), 0);
       for (int k = 0; k < n; ++k)
         for (int64_t i = all[2 * k]; i < all[2 * k + 1]; ++i) ++covered[static_cast<size_t>(i)];
-      ASSERT_TRUE(std::all_of(covered.begin(), covered.end(), [](int c) { return c == 1; })) << dt << " count " << count;
+      ASSERT_TRUE(std::all_of(covered.begin(), covered.end(), [](int c) { return c == 1; }))
+          << dt << " count " << count;
       for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Average}) {
         Tensor a = Tensor::uniform(Shape{count}, -1, 1, 77 + r + static_cast<uint64_t>(count), dt);
         Tensor b = a.clone();
         comm->all_reduce(a, op);
         comm->reduce_scatter_shard_async(b, op)->wait();
         const int64_t es = dtype_size(dt);
-        ASSERT_EQ(std::memcmp(static_cast<char*>(a.data_ptr()) + first * es, static_cast<char*>(b.data_ptr()) + first * es,
-                              static_cast<size_t>((last - first) * es)), 0)
+        ASSERT_EQ(std::memcmp(static_cast<char*>(a.data_ptr()) + first * es,
+                              static_cast<char*>(b.data_ptr()) + first * es, static_cast<size_t>((last - first) * es)),
+                  0)
             << dt << " count " << count << ": the reduced shard differs from all_reduce's";
         Tensor c = Tensor::full(Shape{count}, 12345.0, dt);  // what is not this rank's shard: garbage
         if (last > first) c.slice(first, last).copy_(b.slice(first, last));
         comm->all_gather_shard_async(c)->wait();
-        ASSERT_EQ(std::memcmp(a.data_ptr(), c.data_ptr(), a.nbytes()), 0) << dt << " count " << count
-                                                                           << ": the gathered buffer differs";
+        ASSERT_EQ(std::memcmp(a.data_ptr(), c.data_ptr(), a.nbytes()), 0)
+            << dt << " count " << count << ": the gathered buffer differs";
       }
     }
   }
@@ -199,7 +201,8 @@ TEST_P(Collectives, BadArgumentsAreErrorsNamingTheTensor) {
   Tensor ints = Tensor::zeros(Shape{4}, DType::I32);
   e = ringtrain::testing::error_of([&] { comm->all_reduce(ints, ReduceOp::Average); });
   EXPECT_NE(e.find("cannot be averaged"), std::string::npos) << e;
-  e = ringtrain::testing::error_of([&] { comm->all_gather(Tensor::zeros(Shape{3}), Tensor::zeros(Shape{3 * comm->size() + 1})); });
+  e = ringtrain::testing::error_of(
+      [&] { comm->all_gather(Tensor::zeros(Shape{3}), Tensor::zeros(Shape{3 * comm->size() + 1})); });
   EXPECT_NE(e.find("all_gather on rank " + std::to_string(comm->rank())), std::string::npos) << e;
   EXPECT_NE(e.find("must hold"), std::string::npos) << e;
   e = ringtrain::testing::error_of([&] { comm->broadcast(Tensor::zeros(Shape{3}), comm->size()); });
@@ -227,7 +230,8 @@ void check_gpu_all_reduce(Backend backend) {
       Tensor t = filled(count, dt, comm->rank()).to(Device::cuda(0));
       comm->all_reduce(t, ReduceOp::Sum);
       const auto got = as_f64(t.to(Device::cpu()));
-      for (int64_t i = 0; i < count; ++i) ASSERT_EQ(got[i], expected_sum(i, n)) << dt << " count " << count << " at " << i;
+      for (int64_t i = 0; i < count; ++i)
+        ASSERT_EQ(got[i], expected_sum(i, n)) << dt << " count " << count << " at " << i;
     }
   }
   Tensor cpu = Tensor::zeros(Shape{4});
@@ -245,8 +249,8 @@ TEST(GpuCollectives, RingStagesCudaTensorsThroughPinnedMemory) {
 TEST(GpuCollectives, NcclAllReduceIsExact) {
   RT_REQUIRE_CUDA();
   World& w = World::init();
-  if (w.local_size() > cuda_device_count()) GTEST_SKIP() << "NCCL needs one GPU per rank: " << w.local_size()
-                                                         << " ranks, " << cuda_device_count() << " GPU(s)";
+  if (w.local_size() > cuda_device_count())
+    GTEST_SKIP() << "NCCL needs one GPU per rank: " << w.local_size() << " ranks, " << cuda_device_count() << " GPU(s)";
   w.bind(Device::cuda(0));
   check_gpu_all_reduce(Backend::Nccl);
 }
@@ -297,7 +301,8 @@ TEST(WorldInfo, RanksAndNodesAreConsistent) {
     EXPECT_EQ(w.num_nodes(), nodes.nodes);
     EXPECT_EQ(w.local_size(), nodes.per_node);
     EXPECT_EQ(w.local_rank(), w.rank() % nodes.per_node);
-    for (int r = 0; r < w.size(); ++r) EXPECT_EQ(w.hosts()[r], "node" + std::to_string(r / nodes.per_node)) << "rank " << r;
+    for (int r = 0; r < w.size(); ++r)
+      EXPECT_EQ(w.hosts()[r], "node" + std::to_string(r / nodes.per_node)) << "rank " << r;
     EXPECT_EQ(auto_backend(w, Device::cpu()), nodes.per_node > 1 ? Backend::Hierarchical : Backend::Ring);
   }
   EXPECT_EQ(auto_backend(w, Device::cuda(0)), Backend::Nccl);
@@ -400,7 +405,8 @@ TEST(Hierarchical, SaysHowItSpansTheRanks) {
   const std::string real = make_communicator(Backend::Hierarchical, w.comm())->describe();
   const ExpectedNodes nodes = expected_nodes();
   std::string want_real = n > 1 ? "one node" : "flat ring over 1 rank(s)";
-  if (nodes.per_node > 1) want_real = detail::str_cat("hierarchical: ", nodes.nodes, " nodes x ", nodes.per_node, " ranks");
+  if (nodes.per_node > 1)
+    want_real = detail::str_cat("hierarchical: ", nodes.nodes, " nodes x ", nodes.per_node, " ranks");
   if (nodes.per_node == 1 && n > 1) want_real = "one rank per node";
   EXPECT_NE(real.find(want_real), std::string::npos) << real;
   EXPECT_EQ(make_communicator(Backend::Ring, w.comm())->describe(), "ring over " + std::to_string(n) + " rank(s)");

@@ -14,13 +14,13 @@
 #include "comm/world.h"
 #include "core/autograd.h"
 #include "core/ops.h"
-#include "optim/optimizer.h"
 #include "layers/basic.h"
 #include "layers/batchnorm.h"
 #include "layers/conv2d.h"
 #include "layers/linear.h"
 #include "layers/loss.h"
 #include "layers/pooling.h"
+#include "optim/optimizer.h"
 #include "test_util.h"
 
 namespace ringtrain::comm {
@@ -243,8 +243,8 @@ TEST(GradSync, GradientTwiceInOneStepNamesTheParameter) {
 TEST(GradSync, UnusedParameterIsAnErrorUnlessDeclared) {
   World& w = World::init();
   Linear used(4, 3), unused(4, 3);
-  GradSync::Named params = {{"used.weight", used.weight()}, {"used.bias", used.bias()},
-                            {"unused.weight", unused.weight()}};
+  GradSync::Named params = {
+      {"used.weight", used.weight()}, {"used.bias", used.bias()}, {"unused.weight", unused.weight()}};
   Tensor x = Tensor::normal(Shape{2, 4}, 0, 1, 3);
   {
     GradSync sync(params, {}, ring());
@@ -293,7 +293,8 @@ TEST(GradSync, RankWithADifferentModelIsNamed) {
   const std::string e = testing::error_of([&] { GradSync sync(a.named_parameters(), {}, ring()); });
   EXPECT_NE(e.find("model check"), std::string::npos) << e;
   EXPECT_NE(e.find("failed on rank " + std::to_string(odd)), std::string::npos) << e;
-  EXPECT_NE(e.find("parameter 'weight' f32[5, 4] here but parameter 'weight' f32[3, 4] on rank 0"), std::string::npos) << e;
+  EXPECT_NE(e.find("parameter 'weight' f32[5, 4] here but parameter 'weight' f32[3, 4] on rank 0"), std::string::npos)
+      << e;
 }
 
 TEST(SyncBatchNorm, RunningStatisticsMatchTheUnionBatch) {

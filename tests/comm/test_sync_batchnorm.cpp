@@ -15,10 +15,10 @@
 #include "comm/world.h"
 #include "core/autograd.h"
 #include "core/ops.h"
-#include "optim/optimizer.h"
 #include "layers/batchnorm.h"
 #include "layers/loss.h"
 #include "layers/models/resnet.h"
+#include "optim/optimizer.h"
 #include "test_util.h"
 
 namespace ringtrain::comm {
@@ -31,7 +31,8 @@ CommunicatorPtr ring() { return make_communicator(Backend::Ring, world().comm())
 double max_rel_diff(const Tensor& a, const Tensor& b, double floor = 1e-3) {
   const std::vector<double> x = a.to(Device::cpu()).to_vector(), y = b.to(Device::cpu()).to_vector();
   double worst = 0;
-  for (size_t i = 0; i < x.size(); ++i) worst = std::max(worst, std::abs(x[i] - y[i]) / std::max(floor, std::abs(y[i])));
+  for (size_t i = 0; i < x.size(); ++i)
+    worst = std::max(worst, std::abs(x[i] - y[i]) / std::max(floor, std::abs(y[i])));
   return worst;
 }
 
@@ -87,8 +88,8 @@ TEST(SyncBatchNorm, OneResNetStepOnNRanksMatchesOneProcessOnTheUnionBatch) {
     std::copy(xv.begin() + (total - 1 - i) * image, xv.begin() + (total - i) * image, xr.begin() + i * image);
     yr[static_cast<size_t>(i)] = y[static_cast<size_t>(total - 1 - i)];
   }
-  const auto noise = worst_diff(one_step(Tensor::from_vector(xr, x.shape()), Tensor::from_vector(yr, labels.shape(), DType::I64)),
-                                reference);
+  const auto noise = worst_diff(
+      one_step(Tensor::from_vector(xr, x.shape()), Tensor::from_vector(yr, labels.shape(), DType::I64)), reference);
 
   manual_seed(3);
   ResNet model("resnet20", {.in_channels = 3, .num_classes = 10});
@@ -166,7 +167,8 @@ TEST(SyncBatchNorm, GradientsMatchTheUnionBatchWithResidualAndRelu) {
   EXPECT_LT(max_rel_diff(xs.grad(), xa.grad().slice(per * r, per * (r + 1))), 1e-5);
   EXPECT_LT(max_rel_diff(rs.grad(), ra.grad().slice(per * r, per * (r + 1))), 1e-6);
   // Parameter gradients are this rank's share: summed over ranks they are the union's.
-  for (const auto& [mine, whole] : {std::pair{synced.weight(), plain.weight()}, std::pair{synced.bias(), plain.bias()}}) {
+  for (const auto& [mine, whole] :
+       {std::pair{synced.weight(), plain.weight()}, std::pair{synced.bias(), plain.bias()}}) {
     Tensor total = mine.grad().clone();
     ring()->all_reduce(total);
     EXPECT_LT(max_rel_diff(total, whole.grad()), 1e-5);

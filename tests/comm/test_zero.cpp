@@ -8,8 +8,8 @@
 
 #include <cmath>
 #include <cstring>
-#include <optional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "comm/grad_sync.h"
@@ -17,15 +17,15 @@
 #include "comm/zero.h"
 #include "core/autocast.h"
 #include "core/autograd.h"
-#include "optim/clip.h"
-#include "optim/grad_scaler.h"
 #include "core/ops.h"
-#include "optim/optimizer.h"
 #include "layers/basic.h"
 #include "layers/conv2d.h"
 #include "layers/linear.h"
 #include "layers/loss.h"
 #include "layers/pooling.h"
+#include "optim/clip.h"
+#include "optim/grad_scaler.h"
+#include "optim/optimizer.h"
 #include "test_util.h"
 
 namespace ringtrain::comm {
@@ -67,21 +67,23 @@ std::shared_ptr<Sequential> make_model(std::optional<int> scale = std::nullopt) 
 
 Tensor batch(int step, int micro) {
   World& w = World::init();
-  return Tensor::normal(Shape{kPerRank, kHW, kHW, kCh}, 0, 1, 1000 * step + 10 * micro + static_cast<uint64_t>(w.rank()));
+  return Tensor::normal(Shape{kPerRank, kHW, kHW, kCh}, 0, 1,
+                        1000 * step + 10 * micro + static_cast<uint64_t>(w.rank()));
 }
 
 enum class Kind { Sgd, AdamW };
 
 std::unique_ptr<Optimizer> make_optimizer(Kind kind, std::vector<NamedParameter> params) {
   if (kind == Kind::Sgd)
-    return std::make_unique<Sgd>(std::move(params), SgdOptions{.momentum = 0.9, .nesterov = true, .weight_decay = 5e-4});
+    return std::make_unique<Sgd>(std::move(params),
+                                 SgdOptions{.momentum = 0.9, .nesterov = true, .weight_decay = 5e-4});
   return std::make_unique<AdamW>(std::move(params), AdamWOptions{.weight_decay = 0.05});
 }
 
 struct Extras {
-  double clip = 0;             // > 0: clip_grad_norm to this
-  bool f16 = false;            // autocast f16 + a loss scaler that overflows now and then
-  std::optional<int> scale;    // a Scale layer (see make_model)
+  double clip = 0;           // > 0: clip_grad_norm to this
+  bool f16 = false;          // autocast f16 + a loss scaler that overflows now and then
+  std::optional<int> scale;  // a Scale layer (see make_model)
   bool overlap_gather = true;
 };
 
@@ -91,13 +93,16 @@ struct Trained {
   std::unique_ptr<GradSync> sync;
   std::unique_ptr<Optimizer> opt;
   std::optional<GradScaler> scaler;
-  std::vector<double> norms;   // clip_grad_norm's, per step taken
+  std::vector<double> norms;  // clip_grad_norm's, per step taken
   int skipped = 0;
   Trained(Kind kind, bool zero, double bucket_mb, Extras e = {}) : extras(e), model(make_model(e.scale)) {
     // 2^40 overflows the f16 activations' gradients; backing off by 2^-30 makes them finite; growing
     // by 2^30 after 3 clean steps overflows again: steps 0, 4, 8, ... are skipped.
-    if (e.f16) scaler.emplace(GradScalerOptions{.init_scale = std::ldexp(1.0, 40), .growth_factor = std::ldexp(1.0, 30),
-                                                .backoff_factor = std::ldexp(1.0, -30), .growth_interval = 3});
+    if (e.f16)
+      scaler.emplace(GradScalerOptions{.init_scale = std::ldexp(1.0, 40),
+                                       .growth_factor = std::ldexp(1.0, 30),
+                                       .backoff_factor = std::ldexp(1.0, -30),
+                                       .growth_interval = 3});
     GradSyncOptions o;
     o.overlap_gather = e.overlap_gather;
     o.first_bucket_mb = bucket_mb;
@@ -105,7 +110,8 @@ struct Trained {
     o.zero_stage = zero ? 1 : 0;
     sync = std::make_unique<GradSync>(*model, make_communicator(Backend::Ring, World::init().comm()), o);
     if (zero)
-      opt = std::make_unique<ZeroOptimizer>(*sync, [kind](std::vector<NamedParameter> p) { return make_optimizer(kind, std::move(p)); });
+      opt = std::make_unique<ZeroOptimizer>(
+          *sync, [kind](std::vector<NamedParameter> p) { return make_optimizer(kind, std::move(p)); });
     else
       opt = make_optimizer(kind, as_named(model->named_parameters()));
   }
@@ -188,7 +194,8 @@ TEST(Zero, ALayerThatDoesNotSayWhenItReadsItsParametersTurnsTheOverlapOff) {
     e.overlap_gather = overlap;
     Extras quiet = e;
     quiet.scale = 0;  // never calls use_parameters()
-    Trained plain(Kind::Sgd, false, 1e-4, quiet), announced(Kind::Sgd, true, 1e-4, e), silent(Kind::Sgd, true, 1e-4, quiet);
+    Trained plain(Kind::Sgd, false, 1e-4, quiet), announced(Kind::Sgd, true, 1e-4, e),
+        silent(Kind::Sgd, true, 1e-4, quiet);
     plain.steps(0, 6, 1);
     announced.steps(0, 6, 1);
     silent.steps(0, 6, 1);
@@ -209,7 +216,9 @@ TEST(Zero, AReadWithoutTheHookAfterTheOverlapStartedIsAnErrorNamingTheParameter)
     zero.steps(1, 2, 1);
     ADD_FAILURE() << "a stale read went unnoticed";
   } catch (const Error& err) {
-    EXPECT_NE(std::string(err.what()).find("parameter '5.w' got a gradient but its layer did not call use_parameters()"), std::string::npos)
+    EXPECT_NE(
+        std::string(err.what()).find("parameter '5.w' got a gradient but its layer did not call use_parameters()"),
+        std::string::npos)
         << err.what();
   }
 }
@@ -261,8 +270,9 @@ TEST(Zero, StateFallsAsOneOverTheWorld) {
   EXPECT_NO_THROW(zero.opt->state());
 }
 
-INSTANTIATE_TEST_SUITE_P(Optimizers, Zero, ::testing::Values(Kind::Sgd, Kind::AdamW),
-                         [](const auto& info) { return info.param == Kind::Sgd ? std::string("SgdNesterov") : std::string("AdamW"); });
+INSTANTIATE_TEST_SUITE_P(Optimizers, Zero, ::testing::Values(Kind::Sgd, Kind::AdamW), [](const auto& info) {
+  return info.param == Kind::Sgd ? std::string("SgdNesterov") : std::string("AdamW");
+});
 
 }  // namespace
 }  // namespace ringtrain::comm

@@ -140,7 +140,8 @@ long minor_faults() {
 }
 
 TEST(CpuAllocator, ReusesFreedLargeBlocksWithoutPageFaults) {
-  if (!cpu_malloc_reuse()) GTEST_SKIP() << "malloc reuse is off (RINGTRAIN_MALLOC_DEFAULTS=1, AddressSanitizer or old glibc)";
+  if (!cpu_malloc_reuse())
+    GTEST_SKIP() << "malloc reuse is off (RINGTRAIN_MALLOC_DEFAULTS=1, AddressSanitizer or old glibc)";
   const Shape shape{4 << 20};  // 16 MiB of f32: above glibc's default mmap threshold
   { Tensor warm = Tensor::zeros(shape); }
   const long before = minor_faults();

@@ -20,9 +20,10 @@ struct GoldenConv {
 
 TEST(Conv, MatchesPyTorchForwardAndBackward) {
   auto g = load_golden("conv");
-  std::vector<GoldenConv> cases{{"plain", {.pad_h = 1, .pad_w = 1}},
-                                {"strided", {.stride_h = 2, .stride_w = 2}},
-                                {"dilated_grouped", {.pad_h = 2, .pad_w = 2, .dilation_h = 2, .dilation_w = 2, .groups = 2}}};
+  std::vector<GoldenConv> cases{
+      {"plain", {.pad_h = 1, .pad_w = 1}},
+      {"strided", {.stride_h = 2, .stride_w = 2}},
+      {"dilated_grouped", {.pad_h = 2, .pad_w = 2, .dilation_h = 2, .dilation_w = 2, .groups = 2}}};
   for (const auto& c : cases) {
     for (DType dtype : {DType::F64, DType::F32}) {
       const double tol = dtype == DType::F64 ? 1e-12 : 1e-4;
@@ -78,19 +79,22 @@ TEST_P(ConvOneDnnVsReference, ForwardAndBackwardAgree) {
 
 INSTANTIATE_TEST_SUITE_P(
     Geometries, ConvOneDnnVsReference,
-    ::testing::Combine(::testing::Values(Geometry{2, 8, 8, 16, 16, 3, 3, {.pad_h = 1, .pad_w = 1}, false},
-                      Geometry{3, 9, 7, 5, 8, 3, 3, {.stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1}, true},
-                      Geometry{2, 8, 8, 8, 4, 1, 1, {.stride_h = 2, .stride_w = 2}, false},
-                      Geometry{1, 10, 10, 6, 6, 3, 3, {.pad_h = 2, .pad_w = 2, .dilation_h = 2, .dilation_w = 2, .groups = 3}, true},
-                      Geometry{2, 7, 7, 3, 4, 7, 7, {.stride_h = 2, .stride_w = 2, .pad_h = 3, .pad_w = 3}, false},
-                      Geometry{2, 5, 6, 4, 4, 3, 2, {.pad_h = 1, .pad_w = 0, .groups = 4}, true},
-                      // Winograd's shapes (3x3, stride 1, >= 32 channels in multiples of 16, outputs of
-                      // at least 8x8), with and without padding, odd sizes (partial 4x4 tiles), a bias
-                      Geometry{2, 8, 8, 32, 32, 3, 3, {.pad_h = 1, .pad_w = 1}, true},
-                      Geometry{3, 9, 11, 64, 48, 3, 3, {.pad_h = 1, .pad_w = 1}, false},
-                      Geometry{2, 10, 12, 32, 64, 3, 3, {}, false},
-                      Geometry{2, 4, 4, 32, 32, 3, 3, {.pad_h = 1, .pad_w = 1}, false}),  // too small: direct
-                       ::testing::Values(CpuConvolution::Auto, CpuConvolution::Direct)));
+    ::testing::Combine(
+        ::testing::Values(
+            Geometry{2, 8, 8, 16, 16, 3, 3, {.pad_h = 1, .pad_w = 1}, false},
+            Geometry{3, 9, 7, 5, 8, 3, 3, {.stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1}, true},
+            Geometry{2, 8, 8, 8, 4, 1, 1, {.stride_h = 2, .stride_w = 2}, false},
+            Geometry{
+                1, 10, 10, 6, 6, 3, 3, {.pad_h = 2, .pad_w = 2, .dilation_h = 2, .dilation_w = 2, .groups = 3}, true},
+            Geometry{2, 7, 7, 3, 4, 7, 7, {.stride_h = 2, .stride_w = 2, .pad_h = 3, .pad_w = 3}, false},
+            Geometry{2, 5, 6, 4, 4, 3, 2, {.pad_h = 1, .pad_w = 0, .groups = 4}, true},
+            // Winograd's shapes (3x3, stride 1, >= 32 channels in multiples of 16, outputs of
+            // at least 8x8), with and without padding, odd sizes (partial 4x4 tiles), a bias
+            Geometry{2, 8, 8, 32, 32, 3, 3, {.pad_h = 1, .pad_w = 1}, true},
+            Geometry{3, 9, 11, 64, 48, 3, 3, {.pad_h = 1, .pad_w = 1}, false},
+            Geometry{2, 10, 12, 32, 64, 3, 3, {}, false},
+            Geometry{2, 4, 4, 32, 32, 3, 3, {.pad_h = 1, .pad_w = 1}, false}),  // too small: direct
+        ::testing::Values(CpuConvolution::Auto, CpuConvolution::Direct)));
 
 // On a CPU where oneDNN has Winograd (AVX-512), Auto really takes it on its shapes: the rounding differs
 // from direct convolution's (else the tests above would not cover the nChw16c reorders). Both stay within
@@ -144,11 +148,15 @@ TEST(Conv, SixteenBitInputsGoThroughF32) {
 TEST(Conv, BadArgumentsNameTheProblem) {
   Tensor x = Tensor::zeros(Shape{1, 5, 5, 4}), w = Tensor::zeros(Shape{3, 3, 3, 4});
   auto err = testing::error_of;
-  EXPECT_NE(err([&] { conv2d(x, Tensor::zeros(Shape{3, 3, 3, 5}), Tensor(), {}); }).find("weight (K, R, S, 4)"),
+  EXPECT_NE(err([&] {
+              conv2d(x, Tensor::zeros(Shape{3, 3, 3, 5}), Tensor(), {});
+            }).find("weight (K, R, S, 4)"),
             std::string::npos);
   EXPECT_NE(err([&] { conv2d(x, w, Tensor(), {.stride_h = 0}); }).find("stride"), std::string::npos);
   EXPECT_NE(err([&] { conv2d(x, w, Tensor::zeros(Shape{4}), {}); }).find("bias"), std::string::npos);
-  EXPECT_NE(err([&] { conv2d(Tensor::zeros(Shape{1, 2, 2, 4}), w, Tensor(), {}); }).find("smaller than the 3x3"),
+  EXPECT_NE(err([&] {
+              conv2d(Tensor::zeros(Shape{1, 2, 2, 4}), w, Tensor(), {});
+            }).find("smaller than the 3x3"),
             std::string::npos);
   EXPECT_NE(err([&] { conv2d(x.reshape(Shape{25, 4}), w, Tensor(), {}); }).find("(N, H, W, C)"), std::string::npos);
   EXPECT_NE(err([&] { conv2d(x, w, Tensor(), {.groups = 3}); }).find("3 group(s)"), std::string::npos);

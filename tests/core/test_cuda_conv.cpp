@@ -28,22 +28,37 @@ struct ConvCase {
 std::vector<ConvCase> conv_cases() {
   return {
       {"3x3_pad1", Shape{2, 9, 9, 4}, Shape{8, 3, 3, 4}, {.pad_h = 1, .pad_w = 1}},
-      {"3x3_stride2_bias", Shape{3, 11, 10, 5}, Shape{6, 3, 3, 5}, {.stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1}, true},
+      {"3x3_stride2_bias",
+       Shape{3, 11, 10, 5},
+       Shape{6, 3, 3, 5},
+       {.stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1},
+       true},
       {"1x1_stride2_downsample", Shape{2, 8, 8, 16}, Shape{32, 1, 1, 16}, {.stride_h = 2, .stride_w = 2}},
-      {"7x7_stride2_stem", Shape{2, 32, 32, 3}, Shape{16, 7, 7, 3}, {.stride_h = 2, .stride_w = 2, .pad_h = 3, .pad_w = 3}},
+      {"7x7_stride2_stem",
+       Shape{2, 32, 32, 3},
+       Shape{16, 7, 7, 3},
+       {.stride_h = 2, .stride_w = 2, .pad_h = 3, .pad_w = 3}},
       {"grouped", Shape{2, 7, 7, 8}, Shape{12, 3, 3, 4}, {.pad_h = 1, .pad_w = 1, .groups = 2}, true},
       {"depthwise", Shape{2, 6, 6, 8}, Shape{8, 3, 3, 1}, {.pad_h = 1, .pad_w = 1, .groups = 8}},
-      {"dilated_asymmetric", Shape{1, 12, 9, 3}, Shape{4, 3, 2, 3}, {.stride_h = 1, .stride_w = 2, .pad_h = 2, .pad_w = 1, .dilation_h = 2, .dilation_w = 1}},
+      {"dilated_asymmetric",
+       Shape{1, 12, 9, 3},
+       Shape{4, 3, 2, 3},
+       {.stride_h = 1, .stride_w = 2, .pad_h = 2, .pad_w = 1, .dilation_h = 2, .dilation_w = 1}},
   };
 }
 
 double tolerance(DType t) {
   switch (t) {
-    case DType::F64: return 1e-10;
-    case DType::F32: return 2e-5;  // TF32 is switched off below
-    case DType::F16: return 5e-3;
-    case DType::BF16: return 3e-2;
-    default: return 0;
+    case DType::F64:
+      return 1e-10;
+    case DType::F32:
+      return 2e-5;  // TF32 is switched off below
+    case DType::F16:
+      return 5e-3;
+    case DType::BF16:
+      return 3e-2;
+    default:
+      return 0;
   }
 }
 

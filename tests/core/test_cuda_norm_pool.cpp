@@ -54,10 +54,10 @@ std::vector<BnCase> bn_cases() {
       {"train_residual", Shape{2, 3, 5, 24}, true, false, true},
       {"eval", Shape{4, 5, 6, 16}, false},
       {"eval_residual_relu", Shape{3, 4, 5, 33}, false, true, true},
-      {"odd_c7_odd_m", Shape{3, 5, 7, 7}},        // M = 105, C = 7: one partial tile
-      {"one_channel", Shape{5, 3, 3, 1}},         // C = 1
-      {"two_dims", Shape{37, 19}},                // (N, C) input
-      {"several_parts", Shape{7, 13, 17, 40}},    // M = 1547: several row parts with a ragged tail
+      {"odd_c7_odd_m", Shape{3, 5, 7, 7}},             // M = 105, C = 7: one partial tile
+      {"one_channel", Shape{5, 3, 3, 1}},              // C = 1
+      {"two_dims", Shape{37, 19}},                     // (N, C) input
+      {"several_parts", Shape{7, 13, 17, 40}},         // M = 1547: several row parts with a ragged tail
       {"large_m", Shape{64, 28, 28, 64}, true, true},  // M = 50176: many parts per channel tile
   };
 }
@@ -172,8 +172,7 @@ TEST_P(CudaBatchNorm, SyncBatchNormKernelsAgreeWithTheCpu) {
 INSTANTIATE_TEST_SUITE_P(Cases, CudaBatchNorm,
                          ::testing::Combine(::testing::ValuesIn(bn_cases()), ::testing::ValuesIn(kFloatingTypes)),
                          [](const auto& info) {
-                           return std::get<0>(info.param).name + "_" +
-                                  std::string(dtype_name(std::get<1>(info.param)));
+                           return std::get<0>(info.param).name + "_" + std::string(dtype_name(std::get<1>(info.param)));
                          });
 
 TEST(CudaBatchNormMisc, SavedStatisticsMatchTheBatchAndRunningStatisticsAfterOneStep) {
@@ -222,8 +221,10 @@ TEST(CudaBatchNormMisc, RepeatedRunsAreBitwiseIdentical) {
       y.backward(up);
       std::vector<std::vector<double>> got = {y.to_vector(), rm.to_vector(), rv.to_vector(), x.grad().to_vector(),
                                               w.grad().to_vector()};
-      if (run == 0) first = got;
-      else EXPECT_EQ(got, first) << dtype_name(dtype);
+      if (run == 0)
+        first = got;
+      else
+        EXPECT_EQ(got, first) << dtype_name(dtype);
     }
   }
 }
@@ -237,9 +238,8 @@ TEST(CudaBatchNormMisc, KernelsRejectNonFloatingDtypesNamingOpAndDtype) {
   Tensor p = Tensor::ones(Shape{3}, DType::F32, kGpu);
   Tensor y = Tensor::empty(x.shape(), DType::I32, kGpu);
   Tensor mean = Tensor::empty(Shape{3}, DType::F32, kGpu), invstd = Tensor::empty(Shape{3}, DType::F32, kGpu);
-  std::string message = testing::error_of([&] {
-    table->batch_norm_forward(x, p, p, p, p, true, 1e-5, false, nullptr, y, mean, invstd);
-  });
+  std::string message =
+      testing::error_of([&] { table->batch_norm_forward(x, p, p, p, p, true, 1e-5, false, nullptr, y, mean, invstd); });
   EXPECT_NE(message.find("batch_norm"), std::string::npos) << message;
   EXPECT_NE(message.find("i32"), std::string::npos) << message;
   ConvGeometry g;
@@ -297,9 +297,12 @@ std::vector<PoolCase> pool_cases() {
 
 Tensor apply_pool(const PoolCase& c, const Tensor& x) {
   switch (c.kind) {
-    case PoolKind::Max: return max_pool2d(x, c.params);
-    case PoolKind::Avg: return avg_pool2d(x, c.params);
-    case PoolKind::Global: return global_avg_pool(x);
+    case PoolKind::Max:
+      return max_pool2d(x, c.params);
+    case PoolKind::Avg:
+      return avg_pool2d(x, c.params);
+    case PoolKind::Global:
+      return global_avg_pool(x);
   }
   return Tensor();
 }
@@ -337,8 +340,7 @@ TEST_P(CudaPool, ForwardAndBackwardAgree) {
 INSTANTIATE_TEST_SUITE_P(Cases, CudaPool,
                          ::testing::Combine(::testing::ValuesIn(pool_cases()), ::testing::ValuesIn(kFloatingTypes)),
                          [](const auto& info) {
-                           return std::get<0>(info.param).name + "_" +
-                                  std::string(dtype_name(std::get<1>(info.param)));
+                           return std::get<0>(info.param).name + "_" + std::string(dtype_name(std::get<1>(info.param)));
                          });
 
 TEST(CudaPoolMisc, MaxPoolWithInfinitiesAndNaN) {
@@ -351,13 +353,13 @@ TEST(CudaPoolMisc, MaxPoolWithInfinitiesAndNaN) {
   const double ch1[16] = {-inf, -inf, 1, 1, -inf, 2, 2, inf, 0, nan, -inf, -inf, 3, 3, -inf, -1};
   for (int i = 0; i < 16; ++i) v[static_cast<size_t>(2 * i + 1)] = ch1[i];
   for (DType dtype : kFloatingTypes) {
-    for (const Pool2dParams& p : {Pool2dParams{3, 3, 2, 2, 1, 1}, Pool2dParams{2, 2, 2, 2, 0, 0},
-                                  Pool2dParams{3, 3, 1, 1, 1, 1}}) {
+    for (const Pool2dParams& p :
+         {Pool2dParams{3, 3, 2, 2, 1, 1}, Pool2dParams{2, 2, 2, 2, 0, 0}, Pool2dParams{3, 3, 1, 1, 1, 1}}) {
       const Tensor x = Tensor::from_vector(v, Shape{1, 4, 4, 2}, dtype);
       const Tensor xc = x.clone().set_requires_grad(), xg = x.to(kGpu).set_requires_grad();
       const Tensor yc = max_pool2d(xc, p), yg = max_pool2d(xg, p);
-      const std::string what = std::string(dtype_name(dtype)) + " kernel " + std::to_string(p.kernel_h) +
-                               " stride " + std::to_string(p.stride_h);
+      const std::string what = std::string(dtype_name(dtype)) + " kernel " + std::to_string(p.kernel_h) + " stride " +
+                               std::to_string(p.stride_h);
       // all_close: NaN and infinities must sit at the same places and be equal.
       EXPECT_TRUE(all_close(on_cpu(yg), yc, 0, 0)) << what;
       const Tensor up = Tensor::uniform(yc.shape(), 0.5, 1.5, 41, DType::F64).to(dtype);
@@ -376,7 +378,7 @@ TEST(CudaPoolMisc, AveragePoolCountsPaddingAndIsExactOnSmallIntegers) {
     ASSERT_EQ(y.shape(), (Shape{1, 2, 2, 3}));
     const std::vector<double> got = y.to_vector();
     const std::vector<double> expected = {4.0 / 9, 4.0 / 9, 4.0 / 9, 6.0 / 9, 6.0 / 9, 6.0 / 9,
-                                          6.0 / 9, 6.0 / 9, 6.0 / 9, 1.0, 1.0, 1.0};
+                                          6.0 / 9, 6.0 / 9, 6.0 / 9, 1.0,     1.0,     1.0};
     EXPECT_TRUE(all_close(got, expected, tol_for(dtype), tol_for(dtype))) << dtype_name(dtype);
   }
 }

@@ -58,7 +58,11 @@ std::vector<CudaCase> cases() {
       {"argmax", [](const In& x) { return argmax(x[0], 1); }, {Shape{17, 300}}},
       {"matmul", [](const In& x) { return matmul(x[0], x[1]); }, {Shape{65, 130}, Shape{130, 33}}, false, 10},
       {"matmul_batched", [](const In& x) { return matmul(x[0], x[1]); }, {Shape{3, 16, 8}, Shape{3, 8, 5}}, false, 10},
-      {"linear", [](const In& x) { return linear(x[0], x[1], x[2]); }, {Shape{32, 64}, Shape{10, 64}, Shape{10}}, false, 10},
+      {"linear",
+       [](const In& x) { return linear(x[0], x[1], x[2]); },
+       {Shape{32, 64}, Shape{10, 64}, Shape{10}},
+       false,
+       10},
       {"softmax", [](const In& x) { return softmax(x[0]); }, {Shape{33, 1000}}},
       {"log_softmax", [](const In& x) { return log_softmax(x[0]); }, {Shape{33, 1000}}},
       {"dropout", [](const In& x) { return dropout(x[0], 0.3, true, 5, 7); }, {Shape{3000}}},
@@ -114,17 +118,18 @@ INSTANTIATE_TEST_SUITE_P(Ops, CudaVsCpu,
                          ::testing::Combine(::testing::ValuesIn(cases()),
                                             ::testing::Values(DType::F32, DType::F64, DType::F16, DType::BF16)),
                          [](const auto& info) {
-                           return std::get<0>(info.param).name + "_" +
-                                  std::string(dtype_name(std::get<1>(info.param)));
+                           return std::get<0>(info.param).name + "_" + std::string(dtype_name(std::get<1>(info.param)));
                          });
 
 TEST(CudaVsCpuMisc, RandomAndConversionsAreBitwiseIdentical) {
   RT_REQUIRE_CUDA();
   for (DType t : {DType::F32, DType::F64, DType::F16, DType::BF16}) {
     EXPECT_EQ(Tensor::uniform(Shape{1001}, -1, 1, 3, t, kGpu).to_vector(),
-              Tensor::uniform(Shape{1001}, -1, 1, 3, t).to_vector()) << dtype_name(t);
+              Tensor::uniform(Shape{1001}, -1, 1, 3, t).to_vector())
+        << dtype_name(t);
     EXPECT_TRUE(all_close(Tensor::normal(Shape{1001}, 0, 1, 4, t, kGpu).to(Device::cpu()),
-                          Tensor::normal(Shape{1001}, 0, 1, 4, t), tol_for(t), tol_for(t))) << dtype_name(t);
+                          Tensor::normal(Shape{1001}, 0, 1, 4, t), tol_for(t), tol_for(t)))
+        << dtype_name(t);
   }
   Tensor x = Tensor::uniform(Shape{777}, -300, 300, 5, DType::F64);
   for (int a = 0; a < kNumDTypes; ++a) {
@@ -211,7 +216,9 @@ void check_fused_optimizer(const std::function<std::unique_ptr<Optimizer>(std::v
     for (int step = 0; step < 3; ++step) {
       for (size_t i = 0; i < cpu.size(); ++i) {
         if (step == 0 && i >= 48) continue;
-        Tensor g = Tensor::uniform(cpu[i].tensor.shape(), -1, 1, 900 + 100 * static_cast<uint64_t>(step) + i, DType::F64).to(dtype);
+        Tensor g =
+            Tensor::uniform(cpu[i].tensor.shape(), -1, 1, 900 + 100 * static_cast<uint64_t>(step) + i, DType::F64)
+                .to(dtype);
         cpu[i].tensor.set_grad(g);
         gpu[i].tensor.set_grad(g.to(kGpu));
       }
@@ -220,27 +227,36 @@ void check_fused_optimizer(const std::function<std::unique_ptr<Optimizer>(std::v
     }
     const double tol = dtype == DType::F32 ? f32_tol : 1e-2;  // the GPU may contract a * b + c into an FMA
     for (size_t i = 0; i < cpu.size(); ++i)
-      EXPECT_TRUE(all_close(gpu[i].tensor.to(Device::cpu()), cpu[i].tensor, tol, tol)) << cpu[i].name << " " << dtype_name(dtype);
+      EXPECT_TRUE(all_close(gpu[i].tensor.to(Device::cpu()), cpu[i].tensor, tol, tol))
+          << cpu[i].name << " " << dtype_name(dtype);
     auto cpu_state = cpu_opt->state(), gpu_state = gpu_opt->state();
     ASSERT_EQ(cpu_state.size(), gpu_state.size());
     for (size_t i = 0; i < cpu_state.size(); ++i)
-      EXPECT_TRUE(all_close(gpu_state[i].second.to(Device::cpu()), cpu_state[i].second, tol, tol)) << cpu_state[i].first;
+      EXPECT_TRUE(all_close(gpu_state[i].second.to(Device::cpu()), cpu_state[i].second, tol, tol))
+          << cpu_state[i].first;
   }
 }
 
 TEST(CudaVsCpuMisc, FusedSgdMatchesTheCpuAcrossLaunchChunks) {
   RT_REQUIRE_CUDA();
-  check_fused_optimizer([](std::vector<NamedParameter> p) {
-    return std::make_unique<Sgd>(std::move(p), SgdOptions{.momentum = 0.9, .nesterov = true, .weight_decay = 1e-3});
-  }, 1e-6);
+  check_fused_optimizer(
+      [](std::vector<NamedParameter> p) {
+        return std::make_unique<Sgd>(std::move(p), SgdOptions{.momentum = 0.9, .nesterov = true, .weight_decay = 1e-3});
+      },
+      1e-6);
 }
 
 TEST(CudaVsCpuMisc, FusedAdamWMatchesTheCpuAcrossLaunchChunks) {
   RT_REQUIRE_CUDA();
-  check_fused_optimizer([](std::vector<NamedParameter> p) {
-    return std::make_unique<AdamW>(std::move(p), AdamWOptions{.beta1 = 0.85, .beta2 = 0.99, .eps = 1e-6, .weight_decay = 0.05,
-                                                              .decay_policy = DecayPolicy::ExceptBiasAndNorm});
-  }, 1e-5);  // m / sqrt(v) amplifies FMA-contraction differences in the moments
+  check_fused_optimizer(
+      [](std::vector<NamedParameter> p) {
+        return std::make_unique<AdamW>(std::move(p), AdamWOptions{.beta1 = 0.85,
+                                                                  .beta2 = 0.99,
+                                                                  .eps = 1e-6,
+                                                                  .weight_decay = 0.05,
+                                                                  .decay_policy = DecayPolicy::ExceptBiasAndNorm});
+      },
+      1e-5);  // m / sqrt(v) amplifies FMA-contraction differences in the moments
 }
 
 TEST(CudaVsCpuMisc, OptimizerStateLeftOnTheCpuIsAnErrorNotACrash) {
@@ -274,9 +290,11 @@ TEST(CudaVsCpuMisc, FusedUnscaleMatchesTheCpuAndFindsOneInfAmongManyTensors) {
     std::vector<Tensor> cpu, gpu;
     for (int i = 0; i < 100; ++i) {
       const DType dtype = i % 2 == 0 ? DType::F32 : DType::F16;
-      Tensor g = Tensor::uniform(Shape{int64_t{1} + i * 131}, -8, 8, 500 + static_cast<uint64_t>(i), DType::F64).to(dtype);
+      Tensor g =
+          Tensor::uniform(Shape{int64_t{1} + i * 131}, -8, 8, 500 + static_cast<uint64_t>(i), DType::F64).to(dtype);
       if (plant_inf && i == 99) g.slice(7000, 7001).fill_(std::numeric_limits<double>::infinity());
-      Tensor pc = Tensor::zeros(g.shape(), dtype).set_requires_grad(), pg = Tensor::zeros(g.shape(), dtype, kGpu).set_requires_grad();
+      Tensor pc = Tensor::zeros(g.shape(), dtype).set_requires_grad(),
+             pg = Tensor::zeros(g.shape(), dtype, kGpu).set_requires_grad();
       pc.set_grad(g.clone());
       pg.set_grad(g.to(kGpu));
       cpu.push_back(pc);
@@ -286,7 +304,8 @@ TEST(CudaVsCpuMisc, FusedUnscaleMatchesTheCpuAndFindsOneInfAmongManyTensors) {
     EXPECT_EQ(scaler.unscale(cpu), !plant_inf);
     EXPECT_EQ(scaler.unscale(gpu), !plant_inf);
     if (!plant_inf) {
-      for (size_t i = 0; i < cpu.size(); ++i) EXPECT_TRUE(all_close(gpu[i].grad().to(Device::cpu()), cpu[i].grad(), 0, 0)) << i;
+      for (size_t i = 0; i < cpu.size(); ++i)
+        EXPECT_TRUE(all_close(gpu[i].grad().to(Device::cpu()), cpu[i].grad(), 0, 0)) << i;
     }
   }
 }
@@ -299,8 +318,10 @@ TEST(CudaVsCpuMisc, GradNormIsTheCpusBitsAndClipsTheSame) {
   for (int i = 0; i < 60; ++i) {
     const DType dtype = i % 3 == 0 ? DType::F16 : DType::F32;
     Tensor g = Tensor::normal(Shape{int64_t{1} + i * 977}, 0, std::pow(10.0, i % 9 - 4), 900 + static_cast<uint64_t>(i),
-                              DType::F64).to(dtype);
-    Tensor pc = Tensor::zeros(g.shape(), dtype).set_requires_grad(), pg = Tensor::zeros(g.shape(), dtype, kGpu).set_requires_grad();
+                              DType::F64)
+                   .to(dtype);
+    Tensor pc = Tensor::zeros(g.shape(), dtype).set_requires_grad(),
+           pg = Tensor::zeros(g.shape(), dtype, kGpu).set_requires_grad();
     pc.set_grad(g.clone());
     pg.set_grad(g.to(kGpu));
     cpu.push_back(pc);
@@ -310,7 +331,8 @@ TEST(CudaVsCpuMisc, GradNormIsTheCpusBitsAndClipsTheSame) {
   EXPECT_EQ(grad_norm(gpu), norm);
   EXPECT_EQ(clip_grad_norm(gpu, norm / 3), norm);
   EXPECT_EQ(clip_grad_norm(cpu, norm / 3), norm);
-  for (size_t i = 0; i < cpu.size(); ++i) EXPECT_TRUE(all_close(gpu[i].grad().to(Device::cpu()), cpu[i].grad(), 0, 0)) << i;
+  for (size_t i = 0; i < cpu.size(); ++i)
+    EXPECT_TRUE(all_close(gpu[i].grad().to(Device::cpu()), cpu[i].grad(), 0, 0)) << i;
   gpu[5].grad().slice(3, 4).fill_(std::numeric_limits<double>::quiet_NaN());
   EXPECT_TRUE(std::isnan(grad_norm(gpu)));
 }

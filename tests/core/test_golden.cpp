@@ -22,7 +22,8 @@ TEST(Golden, MatmulMatchesPyTorch) {
     EXPECT_TRUE(all_close(a.grad(), g.at("grad_a"), tol, tol)) << dtype_name(dtype);
     EXPECT_TRUE(all_close(b.grad(), g.at("grad_b"), tol, tol)) << dtype_name(dtype);
 
-    Tensor ba = g.at("batched_a").to(dtype).detach().set_requires_grad(), bb = g.at("batched_b").to(dtype).detach().set_requires_grad();
+    Tensor ba = g.at("batched_a").to(dtype).detach().set_requires_grad(),
+           bb = g.at("batched_b").to(dtype).detach().set_requires_grad();
     Tensor bc = matmul(ba, bb);
     EXPECT_TRUE(all_close(bc, g.at("batched_c"), tol, tol));
     sum(bc).backward();

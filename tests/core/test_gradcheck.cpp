@@ -22,84 +22,151 @@ Tensor positive(const Shape& s, uint64_t seed) { return random_f64(s, seed, 0.5,
 std::vector<GradCase> cases() {
   return {
       {"add_broadcast", [](const Inputs& x) { return add(x[0], x[1]); },
-       [] { return Inputs{random_f64(Shape{3, 4}, 1), random_f64(Shape{4}, 2)}; }},
+       [] {
+         return Inputs{random_f64(Shape{3, 4}, 1), random_f64(Shape{4}, 2)};
+       }},
       {"sub_broadcast", [](const Inputs& x) { return sub(x[0], x[1]); },
-       [] { return Inputs{random_f64(Shape{2, 1, 3}, 3), random_f64(Shape{4, 1}, 4)}; }},
+       [] {
+         return Inputs{random_f64(Shape{2, 1, 3}, 3), random_f64(Shape{4, 1}, 4)};
+       }},
       {"mul_broadcast", [](const Inputs& x) { return mul(x[0], x[1]); },
-       [] { return Inputs{random_f64(Shape{3, 4}, 5), random_f64(Shape{3, 1}, 6)}; }},
+       [] {
+         return Inputs{random_f64(Shape{3, 4}, 5), random_f64(Shape{3, 1}, 6)};
+       }},
       {"div_broadcast", [](const Inputs& x) { return div(x[0], x[1]); },
-       [] { return Inputs{random_f64(Shape{3, 4}, 7), positive(Shape{4}, 8)}; }},
+       [] {
+         return Inputs{random_f64(Shape{3, 4}, 7), positive(Shape{4}, 8)};
+       }},
       {"maximum", [](const Inputs& x) { return maximum(x[0], x[1]); },
-       [] { return Inputs{random_f64(Shape{5}, 9), random_f64(Shape{5}, 10)}; }},
+       [] {
+         return Inputs{random_f64(Shape{5}, 9), random_f64(Shape{5}, 10)};
+       }},
       {"minimum", [](const Inputs& x) { return minimum(x[0], x[1]); },
-       [] { return Inputs{random_f64(Shape{5}, 11), random_f64(Shape{5}, 12)}; }},
+       [] {
+         return Inputs{random_f64(Shape{5}, 11), random_f64(Shape{5}, 12)};
+       }},
       {"scalar_ops", [](const Inputs& x) { return rsub(mul(add(x[0], 1.5), 3.0), 2.0); },
        [] { return Inputs{random_f64(Shape{6}, 13)}; }},
       {"rdiv", [](const Inputs& x) { return rdiv(x[0], 2.0); }, [] { return Inputs{positive(Shape{6}, 14)}; }},
       {"pow", [](const Inputs& x) { return pow(x[0], 2.5); }, [] { return Inputs{positive(Shape{6}, 15)}; }},
       {"neg", [](const Inputs& x) { return neg(x[0]); }, [] { return Inputs{random_f64(Shape{4}, 16)}; }},
-      {"relu", [](const Inputs& x) { return relu(x[0]); }, [] { return Inputs{random_f64(Shape{3, 5}, 17)}; }},
+      {"relu", [](const Inputs& x) { return relu(x[0]); },
+       [] {
+         return Inputs{random_f64(Shape{3, 5}, 17)};
+       }},
       {"exp", [](const Inputs& x) { return exp(x[0]); }, [] { return Inputs{random_f64(Shape{5}, 18)}; }},
       {"log", [](const Inputs& x) { return log(x[0]); }, [] { return Inputs{positive(Shape{5}, 19)}; }},
       {"sqrt", [](const Inputs& x) { return sqrt(x[0]); }, [] { return Inputs{positive(Shape{5}, 20)}; }},
       {"abs", [](const Inputs& x) { return abs(x[0]); }, [] { return Inputs{random_f64(Shape{5}, 21)}; }},
       {"tanh", [](const Inputs& x) { return tanh(x[0]); }, [] { return Inputs{random_f64(Shape{5}, 22)}; }},
       {"sigmoid", [](const Inputs& x) { return sigmoid(x[0]); }, [] { return Inputs{random_f64(Shape{5}, 23)}; }},
-      {"sum_all", [](const Inputs& x) { return sum(x[0]); }, [] { return Inputs{random_f64(Shape{2, 3}, 24)}; }},
-      {"sum_dim", [](const Inputs& x) { return sum(x[0], 1); }, [] { return Inputs{random_f64(Shape{2, 3, 2}, 25)}; }},
+      {"sum_all", [](const Inputs& x) { return sum(x[0]); },
+       [] {
+         return Inputs{random_f64(Shape{2, 3}, 24)};
+       }},
+      {"sum_dim", [](const Inputs& x) { return sum(x[0], 1); },
+       [] {
+         return Inputs{random_f64(Shape{2, 3, 2}, 25)};
+       }},
       {"sum_keepdim", [](const Inputs& x) { return sum(x[0], 0, true); },
-       [] { return Inputs{random_f64(Shape{3, 2}, 26)}; }},
-      {"mean_all", [](const Inputs& x) { return mean(x[0]); }, [] { return Inputs{random_f64(Shape{2, 3}, 27)}; }},
-      {"mean_dim", [](const Inputs& x) { return mean(x[0], -1); }, [] { return Inputs{random_f64(Shape{3, 4}, 28)}; }},
-      {"max_all", [](const Inputs& x) { return max(x[0]); }, [] { return Inputs{random_f64(Shape{3, 4}, 29)}; }},
-      {"max_dim", [](const Inputs& x) { return max(x[0], 1); }, [] { return Inputs{random_f64(Shape{3, 4, 2}, 30)}; }},
+       [] {
+         return Inputs{random_f64(Shape{3, 2}, 26)};
+       }},
+      {"mean_all", [](const Inputs& x) { return mean(x[0]); },
+       [] {
+         return Inputs{random_f64(Shape{2, 3}, 27)};
+       }},
+      {"mean_dim", [](const Inputs& x) { return mean(x[0], -1); },
+       [] {
+         return Inputs{random_f64(Shape{3, 4}, 28)};
+       }},
+      {"max_all", [](const Inputs& x) { return max(x[0]); },
+       [] {
+         return Inputs{random_f64(Shape{3, 4}, 29)};
+       }},
+      {"max_dim", [](const Inputs& x) { return max(x[0], 1); },
+       [] {
+         return Inputs{random_f64(Shape{3, 4, 2}, 30)};
+       }},
       {"matmul", [](const Inputs& x) { return matmul(x[0], x[1]); },
-       [] { return Inputs{random_f64(Shape{3, 4}, 31), random_f64(Shape{4, 2}, 32)}; }},
+       [] {
+         return Inputs{random_f64(Shape{3, 4}, 31), random_f64(Shape{4, 2}, 32)};
+       }},
       {"matmul_leading_dims", [](const Inputs& x) { return matmul(x[0], x[1]); },
-       [] { return Inputs{random_f64(Shape{2, 3, 4}, 33), random_f64(Shape{4, 2}, 34)}; }},
+       [] {
+         return Inputs{random_f64(Shape{2, 3, 4}, 33), random_f64(Shape{4, 2}, 34)};
+       }},
       {"matmul_batched", [](const Inputs& x) { return matmul(x[0], x[1]); },
-       [] { return Inputs{random_f64(Shape{2, 3, 4}, 35), random_f64(Shape{2, 4, 2}, 36)}; }},
+       [] {
+         return Inputs{random_f64(Shape{2, 3, 4}, 35), random_f64(Shape{2, 4, 2}, 36)};
+       }},
       {"linear", [](const Inputs& x) { return linear(x[0], x[1], x[2]); },
-       [] { return Inputs{random_f64(Shape{2, 3, 4}, 37), random_f64(Shape{5, 4}, 38), random_f64(Shape{5}, 39)}; }},
+       [] {
+         return Inputs{random_f64(Shape{2, 3, 4}, 37), random_f64(Shape{5, 4}, 38), random_f64(Shape{5}, 39)};
+       }},
       {"linear_no_bias", [](const Inputs& x) { return linear(x[0], x[1]); },
-       [] { return Inputs{random_f64(Shape{3, 4}, 40), random_f64(Shape{2, 4}, 41)}; }},
-      {"softmax", [](const Inputs& x) { return softmax(x[0]); }, [] { return Inputs{random_f64(Shape{3, 5}, 42)}; }},
+       [] {
+         return Inputs{random_f64(Shape{3, 4}, 40), random_f64(Shape{2, 4}, 41)};
+       }},
+      {"softmax", [](const Inputs& x) { return softmax(x[0]); },
+       [] {
+         return Inputs{random_f64(Shape{3, 5}, 42)};
+       }},
       {"log_softmax", [](const Inputs& x) { return log_softmax(x[0]); },
-       [] { return Inputs{random_f64(Shape{3, 5}, 43)}; }},
+       [] {
+         return Inputs{random_f64(Shape{3, 5}, 43)};
+       }},
       {"cross_entropy_smoothing",
        [](const Inputs& x) {
          return cross_entropy(x[0], Tensor::from_vector({2, 0, 4, 1}, Shape{4}, DType::I64), 0.2);
        },
-       [] { return Inputs{random_f64(Shape{4, 5}, 44, -3, 3)}; }},
+       [] {
+         return Inputs{random_f64(Shape{4, 5}, 44, -3, 3)};
+       }},
       {"cross_entropy_scaled_upstream",
        [](const Inputs& x) {
          return mul(cross_entropy(x[0], Tensor::from_vector({1, 0}, Shape{2}, DType::I32)), 3.0);
        },
-       [] { return Inputs{random_f64(Shape{2, 3}, 45)}; }},
+       [] {
+         return Inputs{random_f64(Shape{2, 3}, 45)};
+       }},
       {"dropout", [](const Inputs& x) { return dropout(x[0], 0.3, true, 77, 5); },
-       [] { return Inputs{random_f64(Shape{4, 5}, 46)}; }},
+       [] {
+         return Inputs{random_f64(Shape{4, 5}, 46)};
+       }},
       {"views", [](const Inputs& x) { return x[0].slice(1, 3).reshape(Shape{-1}).flatten(); },
-       [] { return Inputs{random_f64(Shape{4, 3}, 47)}; }},
+       [] {
+         return Inputs{random_f64(Shape{4, 3}, 47)};
+       }},
       {"conv2d_padded_bias", [](const Inputs& x) { return conv2d(x[0], x[1], x[2], {.pad_h = 1, .pad_w = 1}); },
-       [] { return Inputs{random_f64(Shape{2, 4, 3, 3}, 50), random_f64(Shape{2, 3, 3, 3}, 51), random_f64(Shape{2}, 52)}; }},
+       [] {
+         return Inputs{random_f64(Shape{2, 4, 3, 3}, 50), random_f64(Shape{2, 3, 3, 3}, 51), random_f64(Shape{2}, 52)};
+       }},
       {"conv2d_strided_dilated_grouped",
        [](const Inputs& x) {
-         return conv2d(x[0], x[1], Tensor(), {.stride_h = 2, .stride_w = 1, .pad_h = 1, .pad_w = 2, .dilation_h = 1,
-                                              .dilation_w = 2, .groups = 2});
+         return conv2d(
+             x[0], x[1], Tensor(),
+             {.stride_h = 2, .stride_w = 1, .pad_h = 1, .pad_w = 2, .dilation_h = 1, .dilation_w = 2, .groups = 2});
        },
-       [] { return Inputs{random_f64(Shape{1, 5, 4, 4}, 53), random_f64(Shape{4, 2, 3, 2}, 54)}; }},
+       [] {
+         return Inputs{random_f64(Shape{1, 5, 4, 4}, 53), random_f64(Shape{4, 2, 3, 2}, 54)};
+       }},
       {"batch_norm_training",
        [](const Inputs& x) {
          return batch_norm(x[0], x[1], x[2], Tensor::zeros(Shape{3}, DType::F64), Tensor::ones(Shape{3}, DType::F64),
                            true, 0.1, 1e-5);
        },
-       [] { return Inputs{random_f64(Shape{2, 3, 2, 3}, 55), random_f64(Shape{3}, 56), random_f64(Shape{3}, 57)}; }},
+       [] {
+         return Inputs{random_f64(Shape{2, 3, 2, 3}, 55), random_f64(Shape{3}, 56), random_f64(Shape{3}, 57)};
+       }},
       {"batch_norm_eval_relu",
        [](const Inputs& x) {
          return batch_norm(x[0], x[1], x[2], Tensor::full(Shape{2}, 0.1, DType::F64),
                            Tensor::full(Shape{2}, 2.0, DType::F64), false, 0.1, 1e-5, true);
        },
-       [] { return Inputs{random_f64(Shape{2, 2, 2, 2}, 58), random_f64(Shape{2}, 59), random_f64(Shape{2}, 60)}; }},
+       [] {
+         return Inputs{random_f64(Shape{2, 2, 2, 2}, 58), random_f64(Shape{2}, 59), random_f64(Shape{2}, 60)};
+       }},
       {"batch_norm_add_relu",
        [](const Inputs& x) {
          return batch_norm(x[0], x[1], x[2], Tensor::zeros(Shape{3}, DType::F64), Tensor::ones(Shape{3}, DType::F64),
@@ -109,12 +176,24 @@ std::vector<GradCase> cases() {
          return Inputs{random_f64(Shape{2, 2, 2, 3}, 64), random_f64(Shape{3}, 65), random_f64(Shape{3}, 66),
                        random_f64(Shape{2, 2, 2, 3}, 67)};
        }},
-      {"max_pool2d", [](const Inputs& x) { return max_pool2d(x[0], {3, 3, 2, 2, 1, 1}); },
-       [] { return Inputs{random_f64(Shape{2, 5, 4, 2}, 61)}; }},
-      {"avg_pool2d", [](const Inputs& x) { return avg_pool2d(x[0], {3, 2, 2, 1, 1, 1}); },
-       [] { return Inputs{random_f64(Shape{1, 5, 4, 3}, 62)}; }},
+      {"max_pool2d",
+       [](const Inputs& x) {
+         return max_pool2d(x[0], {3, 3, 2, 2, 1, 1});
+       },
+       [] {
+         return Inputs{random_f64(Shape{2, 5, 4, 2}, 61)};
+       }},
+      {"avg_pool2d",
+       [](const Inputs& x) {
+         return avg_pool2d(x[0], {3, 2, 2, 1, 1, 1});
+       },
+       [] {
+         return Inputs{random_f64(Shape{1, 5, 4, 3}, 62)};
+       }},
       {"global_avg_pool", [](const Inputs& x) { return global_avg_pool(x[0]); },
-       [] { return Inputs{random_f64(Shape{2, 3, 2, 4}, 63)}; }},
+       [] {
+         return Inputs{random_f64(Shape{2, 3, 2, 4}, 63)};
+       }},
       {"clone", [](const Inputs& x) { return mul(x[0].clone(), x[0]); },
        [] { return Inputs{random_f64(Shape{3}, 48)}; }},
   };

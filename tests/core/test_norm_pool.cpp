@@ -88,7 +88,8 @@ TEST(BatchNorm, F32KernelsGiveTheBitsOfTheScalarFormulaOnEveryCpu) {
     return static_cast<double>(at(dyv, r, c)) *
            ((static_cast<double>(at(xv, r, c)) - static_cast<double>(mf[k])) * static_cast<double>(inv[k]));
   });
-  const std::vector<double> yo = y.to_vector(), dx = x.grad().to_vector(), dw = w.grad().to_vector(), db = b.grad().to_vector();
+  const std::vector<double> yo = y.to_vector(), dx = x.grad().to_vector(), dw = w.grad().to_vector(),
+                            db = b.grad().to_vector();
   for (int64_t c = 0; c < C; ++c) {
     const size_t k = static_cast<size_t>(c);
     const float scale = gv[k] * inv[k], shift = bv[k] - mf[k] * gv[k] * inv[k];
@@ -180,7 +181,8 @@ TEST(BatchNorm, FusedReluBackwardIsTheComposedReluBitForBit) {
       auto same_bits = [&](const std::vector<double>& a, const std::vector<double>& b, const char* name) {
         ASSERT_EQ(a.size(), b.size());
         for (size_t i = 0; i < a.size(); ++i)
-          ASSERT_TRUE(std::memcmp(&a[i], &b[i], sizeof(double)) == 0) << what << " " << name << "[" << i << "]: " << a[i] << " vs " << b[i];
+          ASSERT_TRUE(std::memcmp(&a[i], &b[i], sizeof(double)) == 0)
+              << what << " " << name << "[" << i << "]: " << a[i] << " vs " << b[i];
       };
       // The forward is not what changed, and differs at NaN only: the fused ReLU keeps NaN (as PyTorch's
       // relu does), the standalone relu zeroes it. Both masks are 0 there.
@@ -230,7 +232,8 @@ TEST(BatchNorm, SyncBatchNormOnOneReplicaIsPlainBatchNormBitForBit) {
       EXPECT_EQ(s.dw.to_vector(), a.dw.to_vector()) << what;
       EXPECT_EQ(s.db.to_vector(), a.db.to_vector()) << what;
       EXPECT_EQ(s.rm.to_vector(), a.rm.to_vector()) << what;
-      EXPECT_TRUE(all_close(s.rv, a.rv, 1e-6, 1e-6)) << what << ": running_var (SyncBN's is exact, plain BN's from invstd)";
+      EXPECT_TRUE(all_close(s.rv, a.rv, 1e-6, 1e-6))
+          << what << ": running_var (SyncBN's is exact, plain BN's from invstd)";
       if (fused) {
         EXPECT_EQ(s.dr.to_vector(), a.dr.to_vector()) << what;
       }

@@ -123,16 +123,20 @@ TEST(Ops, MatmulAndLinearMatchNaiveLoops) {
     for (int i = 0; i < 10; ++i)
       for (int j = 0; j < 3; ++j)
         for (int k = 0; k < 7; ++k)
-          expect[static_cast<size_t>(i * 3 + j)] += va[static_cast<size_t>(i * 7 + k)] * vb[static_cast<size_t>(k * 3 + j)];
+          expect[static_cast<size_t>(i * 3 + j)] +=
+              va[static_cast<size_t>(i * 7 + k)] * vb[static_cast<size_t>(k * 3 + j)];
     EXPECT_TRUE(all_close(vc, expect, dtype == DType::F64 ? 1e-13 : 1e-5, 1e-6)) << dtype_name(dtype);
     Tensor w = random_f64(Shape{4, 7}, 7).to(dtype), bias = random_f64(Shape{4}, 8).to(dtype);
     Tensor y = linear(a, w, bias);
-    Tensor expect_y = add(matmul(a, Tensor::from_vector([&] {
-                                   std::vector<double> wt(28), vw = v(w);
-                                   for (int o = 0; o < 4; ++o)
-                                     for (int i = 0; i < 7; ++i) wt[static_cast<size_t>(i * 4 + o)] = vw[static_cast<size_t>(o * 7 + i)];
-                                   return wt;
-                                 }(), Shape{7, 4}, dtype)),
+    Tensor expect_y = add(matmul(a, Tensor::from_vector(
+                                        [&] {
+                                          std::vector<double> wt(28), vw = v(w);
+                                          for (int o = 0; o < 4; ++o)
+                                            for (int i = 0; i < 7; ++i)
+                                              wt[static_cast<size_t>(i * 4 + o)] = vw[static_cast<size_t>(o * 7 + i)];
+                                          return wt;
+                                        }(),
+                                        Shape{7, 4}, dtype)),
                           bias);
     EXPECT_TRUE(all_close(y, expect_y, 1e-6, 1e-6));
   }

@@ -43,7 +43,8 @@ TEST_F(ParallelFor, EveryIndexExactlyOnce) {
       for (int64_t grain : {1, 3, 64, 1 << 20}) {
         const std::vector<int> hits = counts_after(n, grain);
         for (int64_t i = 0; i < n; ++i)
-          ASSERT_EQ(hits[static_cast<size_t>(i)], 1) << "threads " << threads << " n " << n << " grain " << grain << " index " << i;
+          ASSERT_EQ(hits[static_cast<size_t>(i)], 1)
+              << "threads " << threads << " n " << n << " grain " << grain << " index " << i;
       }
     }
   }

@@ -383,8 +383,8 @@ TEST_F(ConverterCodec, RegionDecodeIsTheSameWindowOfAFullDecode) {
   struct Window {
     int64_t y0, x0, h, w;
   };
-  for (const Window& want : {Window{0, 0, H, W}, Window{17, 33, 50, 90}, Window{150, 250, 53, 51}, Window{-5, -9, 20, 30},
-                             Window{100, 5, 400, 400}, Window{60, 140, 1, 1}}) {
+  for (const Window& want : {Window{0, 0, H, W}, Window{17, 33, 50, 90}, Window{150, 250, 53, 51},
+                             Window{-5, -9, 20, 30}, Window{100, 5, 400, 400}, Window{60, 140, 1, 1}}) {
     int calls = 0;
     const DecodedRegion r = decode_image_region(bytes.data(), bytes.size(), [&](const ImageHeader& h) {
       ++calls;
@@ -400,7 +400,8 @@ TEST_F(ConverterCodec, RegionDecodeIsTheSameWindowOfAFullDecode) {
     EXPECT_EQ(r.scaled_width, W);
     // The region covers the window clamped to the image; rows exactly, columns from an iMCU boundary on.
     const int64_t y0 = std::clamp<int64_t>(want.y0, 0, H - 1), x0 = std::clamp<int64_t>(want.x0, 0, W - 1);
-    const int64_t y1 = std::clamp<int64_t>(want.y0 + want.h, y0 + 1, H), x1 = std::clamp<int64_t>(want.x0 + want.w, x0 + 1, W);
+    const int64_t y1 = std::clamp<int64_t>(want.y0 + want.h, y0 + 1, H),
+                  x1 = std::clamp<int64_t>(want.x0 + want.w, x0 + 1, W);
     EXPECT_EQ(r.y0, y0);
     EXPECT_EQ(r.image.height, y1 - y0);
     EXPECT_LE(r.x0, x0);
@@ -448,7 +449,8 @@ TEST_F(ConverterCodec, DctScaledDecodeIsTheShrunkImage) {
         for (int64_t c = 0; c < 3; ++c) {
           double mean = 0;
           for (int64_t dy = 0; dy < s; ++dy)
-            for (int64_t dx = 0; dx < s; ++dx) mean += full.pixels[static_cast<size_t>(((y * s + dy) * W + x * s + dx) * 3 + c)];
+            for (int64_t dx = 0; dx < s; ++dx)
+              mean += full.pixels[static_cast<size_t>(((y * s + dy) * W + x * s + dx) * 3 + c)];
           mean /= static_cast<double>(s * s);
           total += std::abs(mean - r.image.pixels[static_cast<size_t>((y * r.image.width + x) * 3 + c)]);
           ++count;
@@ -476,14 +478,27 @@ TEST_F(ConverterCodec, DctScaledDecodeIsTheShrunkImage) {
 TEST_F(ConverterCodec, RegionDecodeErrorsAreClear) {
   const std::vector<uint8_t> rgb = textured(64, 64);
   std::vector<uint8_t> bytes = encode_jpeg(rgb.data(), 64, 64, 3, 90);
-  expect_error([&] { decode_image_region(bytes.data(), bytes.size(), [](const ImageHeader&) { return RegionRequest{3, 0, 0, 8, 8}; }); },
-               {"scale must be 1, 2, 4 or 8, got 3"});
-  expect_error([&] {
-    decode_image_region(bytes.data(), bytes.size(), [](const ImageHeader&) -> RegionRequest { RT_THROW("chooser says no"); });
-  }, {"chooser says no"});
+  expect_error(
+      [&] {
+        decode_image_region(bytes.data(), bytes.size(), [](const ImageHeader&) {
+          return RegionRequest{3, 0, 0, 8, 8};
+        });
+      },
+      {"scale must be 1, 2, 4 or 8, got 3"});
+  expect_error(
+      [&] {
+        decode_image_region(bytes.data(), bytes.size(),
+                            [](const ImageHeader&) -> RegionRequest { RT_THROW("chooser says no"); });
+      },
+      {"chooser says no"});
   bytes.resize(bytes.size() / 2);  // cut inside the scan: the rows the window needs are missing
-  expect_error([&] { decode_image_region(bytes.data(), bytes.size(), [](const ImageHeader&) { return RegionRequest{1, 40, 0, 20, 64}; }); },
-               {"corrupt JPEG data"});
+  expect_error(
+      [&] {
+        decode_image_region(bytes.data(), bytes.size(), [](const ImageHeader&) {
+          return RegionRequest{1, 40, 0, 20, 64};
+        });
+      },
+      {"corrupt JPEG data"});
 }
 
 TEST_F(ConverterCodec, CorruptJpegThrowsInsteadOfExiting) {
@@ -770,11 +785,13 @@ TEST_F(ConverterImageFolder, SizeZeroKeepsEveryImageAsItIs) {
   // The mean weighs every pixel once: cat pixels (60) 600 + 960, dog pixels (200, 20, 20) 576 + 512.
   const double cat = 600 + 960, dog = 576 + 512;
   EXPECT_NEAR(train.info().mean[0], (60 * cat + 200 * dog) / (cat + dog) / 255, 0.01);
-  expect_error([&] {
-    ImageFolderOptions raw;
-    raw.size = 0;
-    convert_imagefolder(dir_ / "src", dir_ / "raw", raw, {});
-  }, {"image size 0", "--encode jpeg"});
+  expect_error(
+      [&] {
+        ImageFolderOptions raw;
+        raw.size = 0;
+        convert_imagefolder(dir_ / "src", dir_ / "raw", raw, {});
+      },
+      {"image size 0", "--encode jpeg"});
 }
 
 TEST_F(ConverterImageFolder, SingleSplitLayoutAndGrayscaleOutput) {

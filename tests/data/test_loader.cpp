@@ -170,7 +170,8 @@ TEST(Transform, ResizedCropIsBilinearAtPixelCentresBitwise) {
     t.resized_crop = size;
     std::vector<float> out(static_cast<size_t>(size * size * 3));
     apply_transform(info, t, image.data(), 1, 0, 0, out.data());
-    const double side = static_cast<double>(std::min(h, w)), y0c = std::floor((h - side) / 2), x0c = std::floor((w - side) / 2);
+    const double side = static_cast<double>(std::min(h, w)), y0c = std::floor((h - side) / 2),
+                 x0c = std::floor((w - side) / 2);
     const double step = side / static_cast<double>(size);
     for (int64_t oy = 0; oy < size; ++oy) {
       const double fy = std::clamp(y0c + (oy + 0.5) * step - 0.5, 0.0, static_cast<double>(h - 1));
@@ -388,7 +389,8 @@ class VariedLoaderTest : public ::testing::Test {
       const std::vector<uint8_t> pixels = square_on_gradient(h, wd, r % 20, r % 30, 25);
       const int64_t hwc[3] = {h, wd, 3};
       std::vector<double> sums(3, 0.0), squares(3, 0.0);
-      for (size_t i = 0; i < pixels.size(); ++i) sums[i % 3] += pixels[i] / 255.0, squares[i % 3] += pixels[i] * pixels[i] / 65025.0;
+      for (size_t i = 0; i < pixels.size(); ++i)
+        sums[i % 3] += pixels[i] / 255.0, squares[i % 3] += pixels[i] * pixels[i] / 65025.0;
       w.add_encoded(encode_jpeg(pixels.data(), h, wd, 3, 90), hwc, r % 4, sums, squares);
     }
     w.finish();
@@ -484,7 +486,8 @@ TEST_F(VariedLoaderTest, ARecordThatDisagreesWithItsShapeNamesShardAndRecord) {
 
 TEST(Transform, ResizedCropsOfTinyImagesStayInsideThem) {
   // The AVX2 pass reads 4 bytes per tap and must only do so where rows follow (ASan checks the reads).
-  for (const auto& [h, w, c] : {std::array<int64_t, 3>{2, 1, 1}, {1, 5, 1}, {3, 1, 1}, {1, 1, 3}, {4, 1, 2}, {2, 2, 1}}) {
+  for (const auto& [h, w, c] :
+       {std::array<int64_t, 3>{2, 1, 1}, {1, 5, 1}, {3, 1, 1}, {1, 1, 3}, {4, 1, 2}, {2, 2, 1}}) {
     SplitInfo info;
     info.height = h;
     info.width = w;

@@ -8,9 +8,9 @@
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
-#include "io/hdf5.h"
 #include "data/codec.h"
 #include "data/shards.h"
+#include "io/hdf5.h"
 #include "test_util.h"
 
 namespace ringtrain::data {
@@ -18,7 +18,8 @@ namespace {
 namespace fs = std::filesystem;
 
 // A "train" split of `records` HxWxC images in `shards` files, `classes` classes, source "test".
-WriterOptions split_options(const fs::path& dir, int shards, int64_t records, int64_t h, int64_t w, int64_t c, int classes) {
+WriterOptions split_options(const fs::path& dir, int shards, int64_t records, int64_t h, int64_t w, int64_t c,
+                            int classes) {
   WriterOptions o;
   o.dir = dir;
   o.num_shards = shards;
@@ -151,7 +152,7 @@ TEST_F(Shards, WriterRejectsBadInputAndCleansUp) {
     uint8_t px = 1;
     EXPECT_THROW(w.add(&px, 2), Error);  // label out of range
     w.add(&px, 1);
-    EXPECT_THROW(w.finish(), Error);     // one record short
+    EXPECT_THROW(w.finish(), Error);  // one record short
   }
   // The abandoned writer left no files behind.
   for (const auto& e : fs::directory_iterator(dir_)) ADD_FAILURE() << "left behind: " << e.path();
@@ -176,7 +177,8 @@ SplitInfo write_big(const fs::path& dir) {
   ShardWriter w(split_options(dir, 2, 300, 64, 64, 3, 5));
   std::vector<uint8_t> image(64 * 64 * 3);
   for (int64_t r = 0; r < 300; ++r) {
-    for (size_t i = 0; i < image.size(); ++i) image[i] = static_cast<uint8_t>((r * 131 + static_cast<int64_t>(i) * 7) % 251);
+    for (size_t i = 0; i < image.size(); ++i)
+      image[i] = static_cast<uint8_t>((r * 131 + static_cast<int64_t>(i) * 7) % 251);
     w.add(image.data(), static_cast<int32_t>(r % 5));
   }
   return w.finish();
@@ -307,7 +309,9 @@ TEST_F(Shards, AVersion1EncodedShardIsStillRead) {
     hid_t vlen = H5Tvlen_create(H5T_STD_U8LE);
     hid_t ds = H5Dcreate2(f, "jpeg", vlen, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
     std::vector<hvl_t> values;
-    for (int i = 0; i < 10; ++i) values.push_back({written[static_cast<size_t>(i)].size(), const_cast<uint8_t*>(written[static_cast<size_t>(i)].data())});
+    for (int i = 0; i < 10; ++i)
+      values.push_back(
+          {written[static_cast<size_t>(i)].size(), const_cast<uint8_t*>(written[static_cast<size_t>(i)].data())});
     H5Dwrite(ds, vlen, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data());
     H5Dclose(ds);
     H5Tclose(vlen);
@@ -353,7 +357,8 @@ std::vector<std::vector<uint8_t>> write_varied(const fs::path& dir, int64_t reco
     std::vector<uint8_t> pixels(static_cast<size_t>(hwc[0] * hwc[1] * 3), static_cast<uint8_t>(50 + r));
     all.push_back(encode_jpeg(pixels.data(), hwc[0], hwc[1], 3, 90));
     const double n = static_cast<double>(hwc[0] * hwc[1]);
-    w.add_encoded(all.back(), hwc, static_cast<int32_t>(r % 4), {n * 0.5, n * 0.5, n * 0.5}, {n * 0.25, n * 0.25, n * 0.25});
+    w.add_encoded(all.back(), hwc, static_cast<int32_t>(r % 4), {n * 0.5, n * 0.5, n * 0.5},
+                  {n * 0.25, n * 0.25, n * 0.25});
   }
   w.finish();
   return all;
@@ -428,7 +433,8 @@ TEST_F(Shards, BadShapesOfAVariedSplitAreRefusedNamingFileAndRecord) {
   });
   e = open_error();
   EXPECT_NE(e.find("format_version 2 but the manifest says split 'train' holds images of varied sizes"),
-            std::string::npos) << e;
+            std::string::npos)
+      << e;
 }
 
 TEST_F(Shards, WriterRefusesRecordsOfTheWrongChannelsInAVariedSplit) {
@@ -440,7 +446,8 @@ TEST_F(Shards, WriterRefusesRecordsOfTheWrongChannelsInAVariedSplit) {
     w.add_encoded({1, 2, 3}, gray, 0, {0, 0, 0}, {0, 0, 0});
     ADD_FAILURE() << "a 1-channel record in a 3-channel split";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("decodes to 10x12x1, the split's images are of varied sizes"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("decodes to 10x12x1, the split's images are of varied sizes"),
+              std::string::npos)
         << e.what();
   }
   WriterOptions raw = split_options(dir_ / "raw", 1, 1, 0, 0, 3, 2);
@@ -581,7 +588,8 @@ TEST_F(Shards, ManifestEntriesAreCheckedNamingTheKey) {
   expect(edited([](auto& s) { s["shards"][1]["file"] = "../elsewhere/train-00001-of-00003.h5"; }),
          "key 'shards[1].file' is '../elsewhere/train-00001-of-00003.h5', not a shard file of split 'train'");
   expect(edited([](auto& s) { s["shards"][1]["file"] = "/tmp/train-00001-of-00003.h5"; }), "not a shard file");
-  expect(edited([](auto& s) { s["shards"][1]["file"] = "test-00001-of-00003.h5"; }), "not a shard file of split 'train'");
+  expect(edited([](auto& s) { s["shards"][1]["file"] = "test-00001-of-00003.h5"; }),
+         "not a shard file of split 'train'");
   expect(edited([](auto& s) { s["records"] = 10.5; }), "key 'records' must be a whole number, got 10.5");
   expect(edited([](auto& s) { s["shards"][0]["records"] = -3; }), "key 'shards[0].records' must be from 0 to");
   expect(edited([](auto& s) { s["records"] = 1e300; }), "key 'records' must be a whole number");
@@ -595,7 +603,8 @@ TEST_F(Shards, ManifestEntriesAreCheckedNamingTheKey) {
   write();
   nlohmann::json m = nlohmann::json::parse(std::ifstream(dir_ / "manifest.json"));
   m["splits"]["../outside"] = m["splits"]["train"];
-  m["splits"]["../outside"]["shards"] = {{{"file", "../outside-00000-of-00001.h5"}, {"records", 10}, {"crc32", "00000000"}}};
+  m["splits"]["../outside"]["shards"] = {
+      {{"file", "../outside-00000-of-00001.h5"}, {"records", 10}, {"crc32", "00000000"}}};
   std::ofstream(dir_ / "manifest.json") << m.dump(2);
   const std::string e = testing::error_of([&] { ShardDataset::open(dir_, "../outside"); });
   EXPECT_NE(e.find("split '../outside': the split name must be non-empty, without '/'"), std::string::npos) << e;
@@ -613,7 +622,8 @@ TEST_F(Shards, AShardWhoseAttributesDisagreeWithTheManifestIsRefused) {
   tamper("train-00001-of-00003.h5", [&](hid_t f) { set_int(f, "shard_index", 2); });
   std::string e = open_error();
   EXPECT_NE(e.find("train-00001-of-00003.h5': attributes say shard 2 of 3 but the manifest lists it as shard 1 of 3"),
-            std::string::npos) << e;
+            std::string::npos)
+      << e;
   write();
   tamper("train-00002-of-00003.h5", [&](hid_t f) { set_int(f, "num_shards", 4); });
   EXPECT_NE(open_error().find("shard 2 of 4 but the manifest lists it as shard 2 of 3"), std::string::npos);

@@ -8,12 +8,12 @@
 #include <map>
 
 #include "core/check.h"
-#include "io/checkpoint.h"
 #include "core/hash.h"
 #include "core/ops.h"
-#include "optim/optimizer.h"
+#include "io/checkpoint.h"
 #include "layers/loss.h"
 #include "layers/models/resnet.h"
+#include "optim/optimizer.h"
 #include "test_util.h"
 
 namespace ringtrain {
@@ -37,7 +37,8 @@ class CheckpointTest : public ::testing::Test {
 TEST(Digest64, FlipsThatCancelInWordwiseFnvDoNot) {
   const uint64_t top = uint64_t{1} << 63;
   uint64_t words[4] = {1, 2, 3, 4};
-  const uint64_t fnv = Fnv1a().add_words(words, sizeof words).value(), digest = Digest64().add(words, sizeof words).value();
+  const uint64_t fnv = Fnv1a().add_words(words, sizeof words).value(),
+                 digest = Digest64().add(words, sizeof words).value();
   words[0] ^= top;
   words[2] ^= top;
   EXPECT_EQ(Fnv1a().add_words(words, sizeof words).value(), fnv) << "the weakness this checksum avoids";
@@ -50,7 +51,8 @@ TEST_F(CheckpointTest, AFlippedByteIsCaughtByTheChecksum) {
   std::vector<double> pattern(64);
   for (size_t i = 0; i < pattern.size(); ++i) pattern[i] = 1000.0 + static_cast<double>(i);  // findable bytes
   const Checkpoint c{{{"w", Tensor::from_vector(pattern, Shape{64}, DType::F64)}},
-                     {{"w.momentum", Tensor::zeros(Shape{64}, DType::F64)}}, R"({"step": 123456789})"};
+                     {{"w.momentum", Tensor::zeros(Shape{64}, DType::F64)}},
+                     R"({"step": 123456789})"};
   auto flipped = [&](const std::string& needle_name, const std::string& needle) {
     const fs::path f = dir_ / (needle_name + ".h5");
     save_checkpoint(f, c);

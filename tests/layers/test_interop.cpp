@@ -11,8 +11,8 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "io/checkpoint.h"
 #include "core/ops.h"
+#include "io/checkpoint.h"
 #include "layers/loss.h"
 #include "layers/models/resnet.h"
 #include "test_util.h"
@@ -54,8 +54,9 @@ void check_interop(const std::string& arch, int64_t hw, double conv1_fraction) {
   loss.backward();
   std::map<std::string, Tensor> p;
   for (auto& [n, t] : model.named_parameters()) p[n] = t;
-  EXPECT_TRUE(close_to_scale(p.at("fc.weight").grad().to_vector(),
-                             expected["grad_fc_weight"].get<std::vector<double>>(), 1e-3)) << arch;
+  EXPECT_TRUE(
+      close_to_scale(p.at("fc.weight").grad().to_vector(), expected["grad_fc_weight"].get<std::vector<double>>(), 1e-3))
+      << arch;
   EXPECT_TRUE(close_to_scale(p.at("conv1.weight").grad().to_vector(),
                              expected["grad_conv1_weight"].get<std::vector<double>>(), conv1_fraction))
       << arch;

@@ -150,15 +150,16 @@ TEST(Linear, InitShapesAndInputErrors) {
 
 TEST(Linear, GradientsMatchFiniteDifferencesAndReachTheModulesParameters) {
   Linear fc(4, 3, Bias::With, DType::F64);
-  EXPECT_TRUE(gradients_match([&](const std::vector<Tensor>& in) { return fc(in[0]); },
-                              {testing::random_f64(Shape{5, 4}, 1)}));
+  EXPECT_TRUE(
+      gradients_match([&](const std::vector<Tensor>& in) { return fc(in[0]); }, {testing::random_f64(Shape{5, 4}, 1)}));
   // dL/dW for L = sum(fc(x)) is sum over rows of x, for every output row; dL/db = number of rows.
   fc.zero_grad();
   Tensor x = testing::random_f64(Shape{5, 4}, 2);
   sum(fc(x)).backward();
   std::vector<double> col_sums = sum(x, 0).to_vector(), gw = fc.weight().grad().to_vector();
   for (int o = 0; o < 3; ++o)
-    for (int i = 0; i < 4; ++i) EXPECT_NEAR(gw[static_cast<size_t>(o * 4 + i)], col_sums[static_cast<size_t>(i)], 1e-12);
+    for (int i = 0; i < 4; ++i)
+      EXPECT_NEAR(gw[static_cast<size_t>(o * 4 + i)], col_sums[static_cast<size_t>(i)], 1e-12);
   EXPECT_EQ(fc.bias().grad().to_vector(), std::vector<double>(3, 5.0));
 }
 
@@ -168,7 +169,9 @@ TEST(Module, SmallMlpLearnsAndFlattenWorks) {
                  std::make_shared<Linear>(16, 3)};
   Tensor x = Tensor::normal(Shape{30, 2, 2, 3}, 0, 1, 5);
   std::vector<double> xv = x.to_vector(), yv(30);
-  for (int i = 0; i < 30; ++i) yv[static_cast<size_t>(i)] = xv[static_cast<size_t>(i) * 12] > 0.5 ? 2 : (xv[static_cast<size_t>(i) * 12] < -0.5 ? 0 : 1);
+  for (int i = 0; i < 30; ++i)
+    yv[static_cast<size_t>(i)] =
+        xv[static_cast<size_t>(i) * 12] > 0.5 ? 2 : (xv[static_cast<size_t>(i) * 12] < -0.5 ? 0 : 1);
   Tensor y = Tensor::from_vector(yv, Shape{30}, DType::I64);
   CrossEntropyLoss loss_fn(0.0);
   double first = 0, last = 0;

@@ -10,9 +10,9 @@
 #include "core/autograd.h"
 #include "core/check.h"
 #include "core/ops.h"
-#include "optim/optimizer.h"
 #include "layers/loss.h"
 #include "layers/models/resnet.h"
+#include "optim/optimizer.h"
 #include "test_util.h"
 
 namespace ringtrain {
@@ -33,10 +33,14 @@ void deterministic_state(Module& model) {
     for (int64_t i = 0; i < n; ++i) {
       const double wave = std::sin(0.1 * static_cast<double>(i) + 0.7 * static_cast<double>(index));
       double value;
-      if (name.ends_with("running_var")) value = 1.0 + 0.5 * std::abs(wave);
-      else if (name.ends_with("running_mean") || name.ends_with("bias")) value = 0.1 * wave;
-      else if (t.ndim() == 1) value = 1.0 + 0.2 * wave;
-      else value = wave * std::sqrt(2.0 / static_cast<double>(n / t.size(0)));
+      if (name.ends_with("running_var"))
+        value = 1.0 + 0.5 * std::abs(wave);
+      else if (name.ends_with("running_mean") || name.ends_with("bias"))
+        value = 0.1 * wave;
+      else if (t.ndim() == 1)
+        value = 1.0 + 0.2 * wave;
+      else
+        value = wave * std::sqrt(2.0 / static_cast<double>(n / t.size(0)));
       v[static_cast<size_t>(i)] = value;
     }
     Tensor(t).copy_(Tensor::from_vector(v, t.shape(), t.dtype()));
@@ -59,7 +63,8 @@ void check_against_golden(const std::string& arch, int64_t hw, int64_t classes) 
   loss.backward();
   std::map<std::string, Tensor> params;
   for (auto& [n, t] : model.named_parameters()) params[n] = t;
-  for (const char* name : {"conv1.weight", "layer1.0.bn1.weight", "layer2.0.downsample.0.weight", "fc.weight", "fc.bias"})
+  for (const char* name :
+       {"conv1.weight", "layer1.0.bn1.weight", "layer2.0.downsample.0.weight", "fc.weight", "fc.bias"})
     EXPECT_TRUE(all_close(params.at(name).grad(), g.at(arch + "_grad_" + name), 1e-9, 1e-10)) << arch << " " << name;
   std::map<std::string, Tensor> buffers;
   for (auto& [n, t] : model.named_buffers()) buffers[n] = t;
@@ -75,8 +80,8 @@ TEST(ResNet, ResNet18MatchesTorchvision) { check_against_golden("resnet18", 64, 
 
 TEST(ResNet, ParameterNamesAndCountsMatchTorchvision) {
   // Counts from torchvision.models.resnetXX(num_classes=1000).
-  const std::map<std::string, int64_t> counts{{"resnet18", 11689512}, {"resnet34", 21797672},
-                                              {"resnet50", 25557032}, {"resnet101", 44549160}};
+  const std::map<std::string, int64_t> counts{
+      {"resnet18", 11689512}, {"resnet34", 21797672}, {"resnet50", 25557032}, {"resnet101", 44549160}};
   for (const auto& [arch, count] : counts) {
     ResNet m(arch, {});
     EXPECT_EQ(m.num_parameters(), count) << arch;

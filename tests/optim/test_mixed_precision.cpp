@@ -10,10 +10,10 @@
 #include "core/autograd.h"
 #include "core/check.h"
 #include "core/ops.h"
-#include "optim/grad_scaler.h"
-#include "optim/optimizer.h"
 #include "layers/loss.h"
 #include "layers/models/resnet.h"
+#include "optim/grad_scaler.h"
+#include "optim/optimizer.h"
 #include "test_util.h"
 
 namespace ringtrain {
@@ -128,7 +128,8 @@ TEST(GradScaler, ChecksEveryDtypeAndCatchesOverflowFromUnscalingItself) {
   // a finite f16 gradient of 60000 becomes 240000, past f16's 65504, and that must count as inf too.
   auto grads_of = [](double f16_value, double bf16_value) {
     std::vector<Tensor> params;
-    for (auto [dtype, value] : {std::pair{DType::F32, 1.5}, std::pair{DType::BF16, bf16_value}, std::pair{DType::F16, f16_value}}) {
+    for (auto [dtype, value] :
+         {std::pair{DType::F32, 1.5}, std::pair{DType::BF16, bf16_value}, std::pair{DType::F16, f16_value}}) {
       Tensor p = Tensor::zeros(Shape{300}, dtype).set_requires_grad();
       Tensor g = Tensor::full(Shape{300}, 1.0, dtype);
       g.slice(257, 258).fill_(value);

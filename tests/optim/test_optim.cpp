@@ -54,15 +54,16 @@ TEST(Optim, SgdWithDampeningMatchesPyTorch) {
 
 TEST(Optim, SgdWithoutDecayOnBiasMatchesPyTorchParamGroups) {
   check_trajectory("sgd_nodecay_bias", 0.1, [](std::vector<NamedParameter> p) {
-    return std::make_unique<Sgd>(std::move(p), SgdOptions{.momentum = 0.9, .weight_decay = 0.05,
-                                                          .decay_policy = DecayPolicy::ExceptBiasAndNorm});
+    return std::make_unique<Sgd>(
+        std::move(p),
+        SgdOptions{.momentum = 0.9, .weight_decay = 0.05, .decay_policy = DecayPolicy::ExceptBiasAndNorm});
   });
 }
 
 TEST(Optim, AdamWMatchesPyTorch) {
   check_trajectory("adamw", 0.01, [](std::vector<NamedParameter> p) {
-    return std::make_unique<AdamW>(std::move(p), AdamWOptions{.beta1 = 0.9, .beta2 = 0.99, .eps = 1e-8,
-                                                              .weight_decay = 0.1});
+    return std::make_unique<AdamW>(std::move(p),
+                                   AdamWOptions{.beta1 = 0.9, .beta2 = 0.99, .eps = 1e-8, .weight_decay = 0.1});
   });
 }
 
@@ -92,13 +93,17 @@ TEST(Optim, AdamWBiasCorrectionCountsEachParametersOwnSteps) {
 TEST(Optim, FusedAdamWMatchesTheTextbookRuleInF32AndBf16) {
   // The fused kernel against the rule written out in f64 here, over parameters with different step
   // counts (q has no gradient at the first step), one without decay (1-D), in f32 and bf16 storage.
-  const AdamWOptions o{.beta1 = 0.8, .beta2 = 0.95, .eps = 1e-6, .weight_decay = 0.1,
-                       .decay_policy = DecayPolicy::ExceptBiasAndNorm};
+  const AdamWOptions o{
+      .beta1 = 0.8, .beta2 = 0.95, .eps = 1e-6, .weight_decay = 0.1, .decay_policy = DecayPolicy::ExceptBiasAndNorm};
   const double lr = 0.03;
   for (DType dtype : {DType::F32, DType::BF16}) {
     Tensor p = Tensor::uniform(Shape{37, 5}, -1, 1, 11, DType::F64).to(dtype).set_requires_grad();
     Tensor q = Tensor::uniform(Shape{1031}, -1, 1, 12, DType::F64).to(dtype).set_requires_grad();
-    struct Ref { std::vector<double> p, m, v; int t = 0; bool decays; };
+    struct Ref {
+      std::vector<double> p, m, v;
+      int t = 0;
+      bool decays;
+    };
     Ref rp{p.to_vector(), std::vector<double>(p.numel()), std::vector<double>(p.numel()), 0, true};
     Ref rq{q.to_vector(), std::vector<double>(q.numel()), std::vector<double>(q.numel()), 0, false};
     AdamW opt({{"p", p}, {"q", q}}, o);
@@ -193,9 +198,14 @@ TEST(Optim, ATensorOrNameListedTwiceIsRefused) {
     }
     return std::string("no error");
   };
-  EXPECT_NE(message([&] { Sgd({{"a", a}, {"alias", a}}, SgdOptions{}); }).find("'a' and 'alias' are the same tensor"),
+  EXPECT_NE(message([&] {
+              Sgd({{"a", a}, {"alias", a}}, SgdOptions{});
+            }).find("'a' and 'alias' are the same tensor"),
             std::string::npos);
-  EXPECT_NE(message([&] { AdamW({{"a", a}, {"a", b}}, AdamWOptions{}); }).find("name 'a' is given twice"), std::string::npos);
+  EXPECT_NE(message([&] {
+              AdamW({{"a", a}, {"a", b}}, AdamWOptions{});
+            }).find("name 'a' is given twice"),
+            std::string::npos);
   Tensor empty1 = Tensor::zeros(Shape{0}).set_requires_grad(), empty2 = Tensor::zeros(Shape{0}).set_requires_grad();
   EXPECT_NO_THROW(Sgd({{"a", a}, {"b", b}, {"e1", empty1}, {"e2", empty2}}, SgdOptions{}));
 }
@@ -233,7 +243,6 @@ TEST(Clip, GlobalNormClippingMatchesPyTorchsRule) {
   EXPECT_NEAR(b.grad().to_vector()[0], 4 * factor, 1e-12);
   EXPECT_NEAR(clip_grad_norm({a, b}, 10.0), norm * factor, 1e-9) << "below the limit: unchanged";
 }
-
 
 // A leaf whose gradient holds `values`.
 Tensor with_grad(const std::vector<double>& values, DType dtype = DType::F32) {

@@ -3,13 +3,23 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct { unsigned int gpu, memory; } Utilization;
-typedef struct { unsigned long long total, free, used; } Memory;
+typedef struct {
+  unsigned int gpu, memory;
+} Utilization;
+typedef struct {
+  unsigned long long total, free, used;
+} Memory;
 static int device_token;
 static int initialised;
 
-int nvmlInit_v2(void) { initialised = 1; return 0; }
-int nvmlShutdown(void) { initialised = 0; return 0; }
+int nvmlInit_v2(void) {
+  initialised = 1;
+  return 0;
+}
+int nvmlShutdown(void) {
+  initialised = 0;
+  return 0;
+}
 const char* nvmlErrorString(int rc) { return rc == 6 ? "Not Found" : rc == 1 ? "Uninitialized" : "Unknown Error"; }
 int nvmlDeviceGetHandleByIndex_v2(unsigned int index, void** device) {
   if (!initialised) return 1;
@@ -25,12 +35,15 @@ int nvmlDeviceGetHandleByPciBusId_v2(const char* bus_id, void** device) {
 }
 int nvmlDeviceGetUtilizationRates(void* device, Utilization* u) {
   if (device != &device_token) return 999;
-  u->gpu = 87; u->memory = 40;
+  u->gpu = 87;
+  u->memory = 40;
   return 0;
 }
 int nvmlDeviceGetMemoryInfo(void* device, Memory* m) {
   if (device != &device_token) return 999;
-  m->total = 150ull << 30; m->used = 12ull << 30; m->free = m->total - m->used;
+  m->total = 150ull << 30;
+  m->used = 12ull << 30;
+  m->free = m->total - m->used;
   return 0;
 }
 int nvmlDeviceGetTemperature(void* device, int sensor, unsigned int* t) {

@@ -87,7 +87,8 @@ TEST_F(CheckpointDirTest, CheckpointsNewerThanAnExplicitResumeAreSetAside) {
   CheckpointDir d(dir_);
   for (int64_t s : {100, 200, 300}) d.save(s, checkpoint(s));
   const auto renamed = d.supersede_after(100);
-  EXPECT_EQ(renamed, (std::vector<std::string>{d.path(200).string() + ".superseded", d.path(300).string() + ".superseded"}));
+  EXPECT_EQ(renamed,
+            (std::vector<std::string>{d.path(200).string() + ".superseded", d.path(300).string() + ".superseded"}));
   EXPECT_EQ(steps_on_disk(d), (std::vector<int64_t>{100}));
   EXPECT_TRUE(fs::exists(d.path(300).string() + ".superseded")) << "kept, only no longer picked";
   EXPECT_EQ(d.load_newest({})->state.step, 100);
@@ -129,7 +130,8 @@ TEST_F(CheckpointDirTest, AZombieWritersFileIsStale) {
 TEST_F(CheckpointDirTest, AnUnusableFolderIsAnErrorNamingTheFlag) {
   std::ofstream(dir_ / "file") << "x";
   const std::string e = testing::error_of([&] { CheckpointDir(dir_ / "file" / "sub").check_writable(); });
-  EXPECT_NE(e.find("--checkpoint-dir: cannot create '" + (dir_ / "file" / "sub").string() + "'"), std::string::npos) << e;
+  EXPECT_NE(e.find("--checkpoint-dir: cannot create '" + (dir_ / "file" / "sub").string() + "'"), std::string::npos)
+      << e;
   EXPECT_NO_THROW(CheckpointDir(dir_ / "new" / "deep").check_writable());
   EXPECT_TRUE(fs::is_directory(dir_ / "new" / "deep"));
   EXPECT_TRUE(fs::is_empty(dir_ / "new" / "deep")) << "the probe file is removed";
@@ -159,27 +161,32 @@ TEST(TrainState, RoundTripsAndNamesTheFileAndKeyOfABadField) {
   auto error = [](const std::string& text) { return testing::error_of([&] { TrainState::from_json(text, "f.h5"); }); };
   EXPECT_NE(error("{not json").find("checkpoint 'f.h5': /meta/json is not valid JSON"), std::string::npos);
   const std::string base = R"("step": 1, "world_size": 1, "global_batch": 8, "sampler": {"epoch": 0, "next_batch": )";
-  EXPECT_NE(error("{" + base + "\"3\"}}").find("checkpoint 'f.h5': /meta/json key 'sampler.next_batch' must be an integer"),
-            std::string::npos);
+  EXPECT_NE(
+      error("{" + base + "\"3\"}}").find("checkpoint 'f.h5': /meta/json key 'sampler.next_batch' must be an integer"),
+      std::string::npos);
   EXPECT_NE(error("{" + base + "-1}}").find("key 'sampler.next_batch' must be at least 0, got -1"), std::string::npos);
   EXPECT_NE(error(R"({"step": 1})").find("key 'sampler.epoch' is missing"), std::string::npos);
-  EXPECT_NE(error("{" + base + R"(1}, "per_step_global": 3})").find("does not divide global_batch 8"), std::string::npos);
+  EXPECT_NE(error("{" + base + R"(1}, "per_step_global": 3})").find("does not divide global_batch 8"),
+            std::string::npos);
 }
 
 TEST(TrainState, ThePositionConvertsAcrossWorldSizesAtTheSameGlobalBatch) {
   TrainState s;
-  s.position = {1, 3};   // 3 batches of 2 ranks x 8 = 48 samples into epoch 1
+  s.position = {1, 3};  // 3 batches of 2 ranks x 8 = 48 samples into epoch 1
   s.per_step_global = 16;
-  EXPECT_EQ(s.position_for(8, 100, "f.h5").next_batch, 6);     // 1 rank x 8: 6 batches
+  EXPECT_EQ(s.position_for(8, 100, "f.h5").next_batch, 6);  // 1 rank x 8: 6 batches
   EXPECT_EQ(s.position_for(48, 100, "f.h5").next_batch, 1);
   EXPECT_EQ(s.position_for(16, 3, "f.h5").epoch, 2) << "a complete epoch continues at the next";
   EXPECT_EQ(s.position_for(16, 3, "f.h5").next_batch, 0);
   const std::string e = testing::error_of([&] { s.position_for(32, 100, "f.h5"); });
-  EXPECT_NE(e.find("--resume f.h5: the checkpoint stopped after 48 samples of its epoch, not a multiple of this run's 32"),
-            std::string::npos) << e;
+  EXPECT_NE(
+      e.find("--resume f.h5: the checkpoint stopped after 48 samples of its epoch, not a multiple of this run's 32"),
+      std::string::npos)
+      << e;
   const std::string beyond = testing::error_of([&] { s.position_for(8, 5, "f.h5"); });
   EXPECT_NE(beyond.find("key 'sampler.next_batch' 3 is beyond the end of an epoch (5 batches of 8 images"),
-            std::string::npos) << beyond;
+            std::string::npos)
+      << beyond;
   s.per_step_global = 0;  // written before per_step_global existed: this run's batches
   EXPECT_EQ(s.position_for(8, 100, "f.h5").next_batch, 3);
 }

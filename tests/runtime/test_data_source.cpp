@@ -47,7 +47,8 @@ TEST_F(ShardSourceTest, ATestSplitThatDoesNotFitTheTrainSplitIsRefused) {
   EXPECT_NO_THROW(open_shards(dir_.string(), {.train_transform = {.resized_crop = 4}}));
   write("test", 5, 8, 4);
   e = testing::error_of([&] { open_shards(dir_.string(), {}); });
-  EXPECT_NE(e.find("the test split has 4 classes but the train split (and so the model) has 3"), std::string::npos) << e;
+  EXPECT_NE(e.find("the test split has 4 classes but the train split (and so the model) has 3"), std::string::npos)
+      << e;
 }
 
 TEST_F(ShardSourceTest, AnEmptyTestSplitIsSkippedWithAWarning) {

@@ -23,12 +23,14 @@ TEST(FaultInjection, ParsesTheKinds) {
 }
 
 TEST(FaultInjection, RejectsMalformedValuesNamingTheVariable) {
-  for (const char* bad : {"throw", "throw:1", "throw:1:2:3:4", "throw:1:2:", "throw:1:2:x", "boom:1:2", "hang-checkpoint:1:2", "throw:x:2", "throw:1:", "throw:-1:2",
-                          "throw:1:0", "throw:1:2.5", ":1:2", "throw:1:99999999999999999999"}) {
+  for (const char* bad :
+       {"throw", "throw:1", "throw:1:2:3:4", "throw:1:2:", "throw:1:2:x", "boom:1:2", "hang-checkpoint:1:2",
+        "throw:x:2", "throw:1:", "throw:-1:2", "throw:1:0", "throw:1:2.5", ":1:2", "throw:1:99999999999999999999"}) {
     const std::string e = testing::error_of([&] { FaultInjection::parse(bad); });
     EXPECT_NE(e.find("RINGTRAIN_INJECT"), std::string::npos) << bad << " -> " << e;
   }
-  EXPECT_NE(testing::error_of([] { FaultInjection::parse("boom:1:2"); }).find("unknown kind 'boom'"), std::string::npos);
+  EXPECT_NE(testing::error_of([] { FaultInjection::parse("boom:1:2"); }).find("unknown kind 'boom'"),
+            std::string::npos);
 }
 
 TEST(FaultInjection, FiresOnItsRankAndStepOnly) {

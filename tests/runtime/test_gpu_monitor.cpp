@@ -12,7 +12,8 @@ namespace {
 TEST(GpuMonitor, MissingLibraryIsReportedNotThrown) {
   GpuMonitor m("0000:65:00.0", 0, "/nonexistent/libnvidia-ml.so.1");
   EXPECT_FALSE(m.available());
-  EXPECT_NE(m.reason().find("NVML library '/nonexistent/libnvidia-ml.so.1' not loaded"), std::string::npos) << m.reason();
+  EXPECT_NE(m.reason().find("NVML library '/nonexistent/libnvidia-ml.so.1' not loaded"), std::string::npos)
+      << m.reason();
   EXPECT_FALSE(m.sample().has_value());
 }
 
@@ -43,7 +44,8 @@ TEST(GpuMonitor, AnUnsupportedQueryLeavesOnlyItsFieldEmpty) {
 TEST(GpuMonitor, UnknownDeviceNamesIt) {
   GpuMonitor by_bus("0000:17:00.0", 0, RINGTRAIN_FAKE_NVML);
   EXPECT_FALSE(by_bus.available());
-  EXPECT_NE(by_bus.reason().find("no device at PCI bus id 0000:17:00.0: Not Found"), std::string::npos) << by_bus.reason();
+  EXPECT_NE(by_bus.reason().find("no device at PCI bus id 0000:17:00.0: Not Found"), std::string::npos)
+      << by_bus.reason();
   GpuMonitor by_index("", 2, RINGTRAIN_FAKE_NVML);
   EXPECT_NE(by_index.reason().find("no device index 2"), std::string::npos) << by_index.reason();
   GpuMonitor index0("", 0, RINGTRAIN_FAKE_NVML);

@@ -65,7 +65,9 @@ TEST(RunPlan, TheSamplerBatchIsOneMicroBatchOfEveryRank) {
 TEST(RunPlan, AGlobalBatchLargerThanTheSplitNamesTheFlags) {
   const std::string e = ringtrain::testing::error_of([] { plan_run(options(100, 2), data_of(300), 2); });
   EXPECT_NE(e.find("--batch-size 100 x 2 ranks x --accum-steps 2 = global batch 400 is larger than the training split "
-                   "(300 records)"), std::string::npos) << e;
+                   "(300 records)"),
+            std::string::npos)
+      << e;
 }
 
 TEST(LearningRate, LinearScalingIsByTheGlobalBatch) {
@@ -81,12 +83,14 @@ TEST(LearningRate, LinearScalingIsByTheGlobalBatch) {
 TEST(LearningRate, MultistepMilestonesAreEpochsInSteps) {
   TrainerOptions o = options(10, 1, 8);
   o.lr_schedule = LrShape::MultiStep;
-  const RunPlan p = plan_run(o, data_of(1000), 1);  // 100 steps per epoch
+  const RunPlan p = plan_run(o, data_of(1000), 1);                             // 100 steps per epoch
   EXPECT_EQ(schedule_for(o, p).milestones, (std::vector<int64_t>{400, 600}));  // 50% and 75% of 8 epochs
   o.lr_milestones = "1,2.5";
   EXPECT_EQ(schedule_for(o, p).milestones, (std::vector<int64_t>{100, 250}));
   o.lr_milestones = "3,2";
-  EXPECT_NE(ringtrain::testing::error_of([&] { schedule_for(o, p); }).find("--lr-milestones must be increasing epochs, got '3,2'"),
+  EXPECT_NE(ringtrain::testing::error_of([&] {
+              schedule_for(o, p);
+            }).find("--lr-milestones must be increasing epochs, got '3,2'"),
             std::string::npos);
 }
 
@@ -114,8 +118,11 @@ TEST(LearningRate, ACosineWarmupMustEndBeforeTheRun) {
 TEST(LearningRate, MilestonesThatAreNotEpochsNameTheFlag) {
   EXPECT_EQ(parse_milestones("30,60.5"), (std::vector<double>{30, 60.5}));
   for (const char* bad : {"30,,60", "x", "-1", "nan", "30;60", "1e400"})
-    EXPECT_NE(ringtrain::testing::error_of([&] { parse_milestones(bad); }).find("--lr-milestones: expected comma-separated epochs"),
-              std::string::npos) << bad;
+    EXPECT_NE(ringtrain::testing::error_of([&] {
+                parse_milestones(bad);
+              }).find("--lr-milestones: expected comma-separated epochs"),
+              std::string::npos)
+        << bad;
 }
 
 TEST(Cadence, ReportsEveryLogEveryStepsSinceTheLastAndAtTheEnd) {
@@ -161,8 +168,8 @@ TEST(Cadence, EpochCheckpointsAtCompleteEpochsBeforeTheEndOnce) {
   TrainerOptions o = options(10, 1, 3);
   const RunPlan p = plan_run(o, data_of(100), 1);
   EXPECT_TRUE(after_epoch(o, p, 0, false, true, false).checkpoint);
-  EXPECT_FALSE(after_epoch(o, p, 0, false, true, true).checkpoint);   // the time cadence wrote this step already
-  EXPECT_FALSE(after_epoch(o, p, 2, true, true, false).checkpoint);   // the final one comes after the loop
+  EXPECT_FALSE(after_epoch(o, p, 0, false, true, true).checkpoint);    // the time cadence wrote this step already
+  EXPECT_FALSE(after_epoch(o, p, 2, true, true, false).checkpoint);    // the final one comes after the loop
   EXPECT_FALSE(after_epoch(o, p, 0, false, false, false).checkpoint);  // the epoch's data ran out early
   o.checkpoint_every = 5;
   EXPECT_FALSE(after_epoch(o, p, 0, false, true, false).checkpoint);
@@ -193,7 +200,8 @@ TEST(ResumeConfig, AnotherModelOptimizerOrDatasetIsRefused) {
     const ConfigComparison c = compare_config(written, now, "f.h5");
     EXPECT_NE(c.refusal.find("--resume f.h5: the checkpoint was written with"), std::string::npos) << c.refusal;
     EXPECT_NE(c.refusal.find(std::string(key) == "dataset" ? "the dataset \"a\"" : "--" + std::string(key)),
-              std::string::npos) << c.refusal;
+              std::string::npos)
+        << c.refusal;
   }
 }
 

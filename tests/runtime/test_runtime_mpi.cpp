@@ -15,8 +15,8 @@
 
 #include "comm/host_collectives.h"
 #include "comm/world.h"
-#include "io/checkpoint.h"
 #include "core/ops.h"
+#include "io/checkpoint.h"
 #include "layers/basic.h"
 #include "layers/batchnorm.h"
 #include "layers/conv2d.h"
@@ -48,7 +48,8 @@ fs::path make_dataset(const std::string& what, int64_t train_count, int64_t test
   const fs::path dir = shared_dir(what);
   if (world().is_root()) {
     fs::remove_all(dir);
-    for (const auto& [split, count] : {std::pair{std::string("train"), train_count}, std::pair{std::string("test"), test_count}}) {
+    for (const auto& [split, count] :
+         {std::pair{std::string("train"), train_count}, std::pair{std::string("test"), test_count}}) {
       data::WriterOptions o;
       o.dir = dir;
       o.split = split;
@@ -60,7 +61,8 @@ fs::path make_dataset(const std::string& what, int64_t train_count, int64_t test
       data::ShardWriter w(o);
       std::vector<uint8_t> image(6 * 6 * 3);
       for (int64_t r = 0; r < count; ++r) {
-        for (size_t i = 0; i < image.size(); ++i) image[i] = static_cast<uint8_t>((r * 37 + i * 11 + (i % 3) * r) % 256);
+        for (size_t i = 0; i < image.size(); ++i)
+          image[i] = static_cast<uint8_t>((r * 37 + i * 11 + (i % 3) * r) % 256);
         w.add(image.data(), static_cast<int32_t>((r * 7) % 3));
       }
       w.finish();
@@ -115,7 +117,8 @@ TEST(CheckIn, ARankOutOfStepIsNamedOnEveryRank) {
   const int late = world().size() - 1;
   const std::string e = testing::error_of([&] { check_in_step(world(), world().rank() == late ? 6 : 5, 1234); });
   EXPECT_NE(e.find("ranks are out of step: rank 0 is at step 5, rank " + std::to_string(late) + " at step 6"),
-            std::string::npos) << e;
+            std::string::npos)
+      << e;
   const std::string p = testing::error_of([&] { check_in_step(world(), 5, world().rank() == late ? 99 : 1234); });
   EXPECT_NE(p.find("with a different bucket plan"), std::string::npos) << p;
 }
@@ -245,7 +248,8 @@ TEST(Trainer, ResumesACustomModelBitwiseExactly) {
     auto net = small_net(data->info().channels, data->info().classes);
     const std::string e = testing::error_of([&] { trainer.fit(*net, *data, step); });
     EXPECT_NE(e.find("the checkpoint was written with --optimizer \"sgd\" but this run has \"adamw\""),
-              std::string::npos) << e;
+              std::string::npos)
+        << e;
   }
   // Another run length is allowed but said (the cosine schedule continues from this run's shape).
   {
@@ -261,7 +265,8 @@ TEST(Trainer, ResumesACustomModelBitwiseExactly) {
     EXPECT_EQ(longer.steps, 8);
     if (world().is_root()) {
       EXPECT_NE(warned.find("another run length or schedule than it was written with (--steps 6 -> 8)"),
-                std::string::npos) << warned;
+                std::string::npos)
+          << warned;
     }
   }
   // --resume auto picks the newest (step 6) and, the run being complete, trains nothing more.
@@ -394,14 +399,16 @@ TEST(Trainer, RanksStartedWithDifferentFlagsFailAtOnceNamingTheFlag) {
   o = TrainerOptions{};
   o.timeout = 0;
   if (world().rank() == 1) o.log_jsonl = "/tmp/x.jsonl";  // decides whether GPU records are gathered
-  EXPECT_NE(testing::error_of([&] { Trainer(world(), o); }).find("has --log-jsonl \"(set)\" where rank 0 has \"(unset)\""),
-            std::string::npos);
+  EXPECT_NE(
+      testing::error_of([&] { Trainer(world(), o); }).find("has --log-jsonl \"(set)\" where rank 0 has \"(unset)\""),
+      std::string::npos);
 }
 
 TEST(Trainer, OptionsAreCheckedNamingTheFlag) {
   TrainerOptions o;
   o.resume = "auto";
-  EXPECT_NE(testing::error_of([&] { Trainer(world(), o); }).find("--resume auto needs --checkpoint-dir"), std::string::npos);
+  EXPECT_NE(testing::error_of([&] { Trainer(world(), o); }).find("--resume auto needs --checkpoint-dir"),
+            std::string::npos);
   o = TrainerOptions{};
   o.lr = std::nan("");
   EXPECT_NE(testing::error_of([&] { Trainer(world(), o); }).find("--lr must be a positive number"), std::string::npos);
@@ -413,7 +420,8 @@ TEST(Trainer, OptionsAreCheckedNamingTheFlag) {
   o.log_jsonl = "/nonexistent/folder/run.jsonl";
   const std::string e = testing::error_of([&] { Trainer(world(), o); });
   EXPECT_NE(e.find("--log-jsonl: folder '/nonexistent/folder' of '/nonexistent/folder/run.jsonl' does not exist"),
-            std::string::npos) << e;
+            std::string::npos)
+      << e;
 }
 
 }  // namespace

@@ -20,16 +20,19 @@ TEST(StepTimer, IntervalBreakdownAndMedian) {
   auto bucket = [&](int i, double ready, double run) {
     comm::GradSync::BucketTiming b;
     b.bucket = i;
-    b.launched = t0 + std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(ready));
+    b.launched =
+        t0 + std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(ready));
     b.begin = b.launched;
-    b.end = b.begin + std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(run));
+    b.end =
+        b.begin + std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(run));
     return b;
   };
   for (int s = 0; s < 3; ++s) {
-    timer.current().forward += 1.0 + s;    // micro-batches accumulate
+    timer.current().forward += 1.0 + s;  // micro-batches accumulate
     timer.current().forward += 1.0;
     timer.current().optimizer = 0.5;
-    timer.end_step(10.0 * (s + 1), /*counts_in_breakdown=*/s > 0, t0, {bucket(0, 0.1 * (s + 1), 0.2), bucket(1, 0.3, 0.4)});
+    timer.end_step(10.0 * (s + 1), /*counts_in_breakdown=*/s > 0, t0,
+                   {bucket(0, 0.1 * (s + 1), 0.2), bucket(1, 0.3, 0.4)});
   }
   EXPECT_EQ(timer.interval_steps(), 3);
   EXPECT_DOUBLE_EQ(timer.interval_mean().forward, (2.0 + 3.0 + 4.0) / 3);
@@ -54,28 +57,41 @@ TEST(RunLog, RecordsHaveTheDocumentedFields) {
   b.numel = 10;
   b.bytes = 40;
   b.parameters = {"fc.weight", "fc.bias"};
-  const json plan = plan_record({.world_size = 2, .nodes = 1, .threads = 1, .arch = "net", .backend = "ring",
-                                 .device = "cpu", .batch_size = 8, .accum_steps = 2, .global_batch = 32, .buckets = {b, b},
-                                 .zero = 1, .optimizer_state_bytes = {40, 40}});
+  const json plan = plan_record({.world_size = 2,
+                                 .nodes = 1,
+                                 .threads = 1,
+                                 .arch = "net",
+                                 .backend = "ring",
+                                 .device = "cpu",
+                                 .batch_size = 8,
+                                 .accum_steps = 2,
+                                 .global_batch = 32,
+                                 .buckets = {b, b},
+                                 .zero = 1,
+                                 .optimizer_state_bytes = {40, 40}});
   for (const char* key : {"type", "world_size", "nodes", "arch", "batch_size", "accum_steps", "global_batch", "backend",
                           "device", "threads", "params", "buckets", "zero", "optimizer_state_bytes"})
     EXPECT_TRUE(plan.contains(key)) << key;
   EXPECT_EQ(plan["optimizer_state_bytes"], json::array({40, 40}));
   EXPECT_EQ(plan["params"], 20);
   EXPECT_EQ(plan["buckets"][0]["parameters"], 2);
-  const json train = train_record({.step = 3, .epoch = 0, .lr = 0.1, .loss = 1.5, .img_per_s = 9, .time = {}, .grad_norm = {}});
+  const json train =
+      train_record({.step = 3, .epoch = 0, .lr = 0.1, .loss = 1.5, .img_per_s = 9, .time = {}, .grad_norm = {}});
   EXPECT_EQ(train["type"], "train");
   EXPECT_EQ(train["time"].size(), 5u);
   EXPECT_FALSE(train.contains("grad_norm")) << "only with clipping";
-  EXPECT_EQ(train_record({.step = 3, .epoch = 0, .lr = 0.1, .loss = 1.5, .img_per_s = 9, .time = {}, .grad_norm = 2.5})["grad_norm"], 2.5);
+  EXPECT_EQ(
+      train_record(
+          {.step = 3, .epoch = 0, .lr = 0.1, .loss = 1.5, .img_per_s = 9, .time = {}, .grad_norm = 2.5})["grad_norm"],
+      2.5);
   SummaryRecord s;
   s.breakdown_by_rank = {PhaseTimes{}, PhaseTimes{}};
   s.peak_mem_bytes_by_rank = {1e8, 2e8};
   s.eval = EvalResult{0.5, 0.9, 1.0, 10};
   const json summary = summary_record(s);
-  for (const char* key : {"train_loss", "img_per_s", "median_step_s", "peak_mem_bytes", "peak_mem_bytes_by_rank", "world_size", "steps",
-                          "elapsed_s", "breakdown_s", "breakdown_by_rank_s", "buckets", "breakdown_steps", "precision",
-                          "device", "test_top1", "test_top5"})
+  for (const char* key : {"train_loss", "img_per_s", "median_step_s", "peak_mem_bytes", "peak_mem_bytes_by_rank",
+                          "world_size", "steps", "elapsed_s", "breakdown_s", "breakdown_by_rank_s", "buckets",
+                          "breakdown_steps", "precision", "device", "test_top1", "test_top5"})
     EXPECT_TRUE(summary.contains(key)) << key;
   EXPECT_FALSE(summary.contains("loss_scale")) << "only with f16 loss scaling";
   EXPECT_FALSE(summary.contains("peak_gpu_mem_bytes")) << "only on a GPU";
@@ -83,7 +99,8 @@ TEST(RunLog, RecordsHaveTheDocumentedFields) {
 }
 
 TEST(RunLog, AppendsOneLinePerRecordAndNamesAnUnwritablePath) {
-  const auto path = std::filesystem::path(::testing::TempDir()) / ("rt_runlog_" + std::to_string(::getpid()) + ".jsonl");
+  const auto path =
+      std::filesystem::path(::testing::TempDir()) / ("rt_runlog_" + std::to_string(::getpid()) + ".jsonl");
   std::filesystem::remove(path);
   {
     RunLog log(path.string(), true);

@@ -21,9 +21,11 @@ TEST(Supervisor, ReadsHostfilesNamingTheBadLine) {
   EXPECT_EQ(total_slots(hosts), 7);
   EXPECT_EQ(hostfile_text(hosts_for(hosts, 4)), "node0 slots=3\nnode1 slots=1\n");
   EXPECT_EQ(hostfile_text(hosts_for(hosts, 2)), "node0 slots=2\n");
-  EXPECT_NE(testing::error_of([] { parse_hostfile("a\nb slots=x\n", "hf"); }).find("hostfile 'hf' line 2: slots must be"),
+  EXPECT_NE(
+      testing::error_of([] { parse_hostfile("a\nb slots=x\n", "hf"); }).find("hostfile 'hf' line 2: slots must be"),
+      std::string::npos);
+  EXPECT_NE(testing::error_of([] { parse_hostfile("a cores=2\n", "hf"); }).find("expected 'HOST [slots=N]"),
             std::string::npos);
-  EXPECT_NE(testing::error_of([] { parse_hostfile("a cores=2\n", "hf"); }).find("expected 'HOST [slots=N]"), std::string::npos);
   EXPECT_NE(testing::error_of([] { parse_hostfile("# none\n", "hf"); }).find("names no host"), std::string::npos);
 }
 
@@ -37,8 +39,11 @@ TEST(Supervisor, SplitsMpirunArgsAsShDoes) {
   EXPECT_EQ(m.agent, "/a/agent");
   EXPECT_EQ(m.rest, (std::vector<std::string>{"--mca", "plm_rsh_agent", "/a/agent", "--bind-to", "none"}));
   for (const char* own : {"-np", "-n", "--host", "-H"})
-    EXPECT_NE(testing::error_of([&] { parse_mpirun_args({own, "4"}); }).find(std::string(own) + " is ringtrain_run's to set"),
-              std::string::npos) << own;
+    EXPECT_NE(testing::error_of([&] {
+                parse_mpirun_args({own, "4"});
+              }).find(std::string(own) + " is ringtrain_run's to set"),
+              std::string::npos)
+        << own;
 }
 
 TEST(Supervisor, ReadsTheTrainingCommandsFlagsLastOneWins) {
@@ -49,9 +54,14 @@ TEST(Supervisor, ReadsTheTrainingCommandsFlagsLastOneWins) {
   EXPECT_EQ(f.log_jsonl, "l.jsonl");
   EXPECT_EQ(f.resume, "auto");
   EXPECT_EQ(read_job_flags({"./train"}).accum, 1);
-  EXPECT_NE(testing::error_of([] { read_job_flags({"./t", "--accum-steps", "0"}); }).find("--accum-steps must be"),
+  EXPECT_NE(testing::error_of([] {
+              read_job_flags({"./t", "--accum-steps", "0"});
+            }).find("--accum-steps must be"),
             std::string::npos);
-  EXPECT_NE(testing::error_of([] { read_job_flags({"./t", "--checkpoint-dir"}); }).find("has no value"), std::string::npos);
+  EXPECT_NE(testing::error_of([] {
+              read_job_flags({"./t", "--checkpoint-dir"});
+            }).find("has no value"),
+            std::string::npos);
   EXPECT_EQ(relaunch_command({"./t", "-b", "8"}, JobFlags{}, 2, true),
             (std::vector<std::string>{"./t", "-b", "8", "--accum-steps", "2", "--resume", "auto"}));
   EXPECT_EQ(relaunch_command({"./t"}, JobFlags{}, 1, false), (std::vector<std::string>{"./t"}));
@@ -75,7 +85,8 @@ TEST(Supervisor, PlansTheLargestWorldThatKeepsTheGlobalBatch) {
   EXPECT_EQ(w->np, 8);
   EXPECT_EQ(w->accum, 1);
   EXPECT_FALSE(plan_world(4, 1, 1, 2, 4, false, why));
-  EXPECT_NE(why.find("only 1 rank slot(s) are left on the hosts that answer, fewer than --min-np 2"), std::string::npos) << why;
+  EXPECT_NE(why.find("only 1 rank slot(s) are left on the hosts that answer, fewer than --min-np 2"), std::string::npos)
+      << why;
   EXPECT_FALSE(plan_world(3, 1, 2, 2, 3, false, why));
   EXPECT_NE(why.find("cannot be kept on 2 to 2 ranks"), std::string::npos) << why;
   w = plan_world(3, 1, 2, 2, 3, true, why);
@@ -98,7 +109,8 @@ TEST(Supervisor, ParsesEventLinesOnly) {
 
 TEST(Supervisor, JudgesWhatARestartCanFix) {
   const json transient = {{"event", "error"}, {"rank", 1}, {"host", "n1"}, {"permanent", false}, {"message", "boom"}};
-  const json permanent = {{"event", "error"}, {"rank", 0}, {"host", "n0"}, {"permanent", true}, {"message", "bad shard"}};
+  const json permanent = {
+      {"event", "error"}, {"rank", 0}, {"host", "n0"}, {"permanent", true}, {"message", "bad shard"}};
   Failure f;
   f.trained = true;
   f.errors = {transient};

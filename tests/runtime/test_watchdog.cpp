@@ -35,7 +35,8 @@ TEST(Watchdog, FiresOnceNamingTheStepAndThePhase) {
   std::this_thread::sleep_for(std::chrono::milliseconds(900));
   const auto got = r.get();
   ASSERT_EQ(got.size(), 1u) << "a stuck phase is reported once per entry, not at every poll";
-  EXPECT_NE(got[0].find("step 7 stuck in forward for 0 s (--timeout 0.2): this rank is the one behind"), std::string::npos)
+  EXPECT_NE(got[0].find("step 7 stuck in forward for 0 s (--timeout 0.2): this rank is the one behind"),
+            std::string::npos)
       << got[0];
 }
 
