@@ -2,7 +2,8 @@
 // (forward, softmax cross-entropy, backward, SGD with momentum and weight decay).
 //   bench_step -a resnet20 -b 128 --threads 1 [--hw 32] [--in-ch 3] [--steps 10] [--warmup 2]
 //              [--device cpu] [--precision fp32] [--backend ring] [--bucket-mb 25] [--cpu-conv auto]
-// Prints one line: "ringtrain resnet20 b128 32x32x3 threads=1 median_step_s=... img_per_s=... peak_rss_mb=..."
+// Prints one line: "ringtrain resnet20 b128 32x32x3 threads=1 median_step_s=... img_per_s=... peak_rss_mb=...
+// params=..." (params: the model's parameter count, which scripts/peers/torch_resnet_step.py prints too).
 // --cpu-conv compare alternates the CPU convolution choice step by step (direct, auto, direct, ...) and
 // adds both medians and the median of each pair's auto/direct ratio: a comparison that holds while the
 // machine's speed drifts (median_step_s is then auto's).
@@ -138,6 +139,9 @@ int main(int argc, char** argv) {
                 arch.c_str(), static_cast<long long>(batch), static_cast<long long>(hw), static_cast<long long>(hw),
                 static_cast<long long>(in_ch), num_threads(), median,
                 static_cast<double>(batch) * world.size() / median, rss_mb);
+    int64_t params = 0;
+    for (const auto& [name, p] : model.named_parameters()) params += p.numel();
+    std::printf(" params=%lld", static_cast<long long>(params));
     if (world.size() > 1) std::printf(" ranks=%d backend=%s comm_wait_s=%.4f", world.size(), backend.c_str(), wait);
     if (compare)
       std::printf(" direct_median_step_s=%.4f auto_over_direct=%.3f", direct_times[direct_times.size() / 2],

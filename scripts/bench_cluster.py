@@ -7,7 +7,7 @@ scaling model's step prediction checked against the multi-node runs. Needs root 
                            [--repeats 3] [--max-bytes 64M] [--parts allreduce,weak,model]
 
 allreduce  for every rate: 2 nodes x 1 rank and 2 nodes x 2 ranks; allreduce_bench (ring, hierarchical on 2x2,
-           MPI_Allreduce) and gloo (scripts/torch_gloo_peer.py), 1 MiB ... --max-bytes, the median of
+           MPI_Allreduce) and gloo (scripts/peers/torch_gloo_peer.py), 1 MiB ... --max-bytes, the median of
            --repeats sweeps per size. busbw = algbw * 2(n-1)/n; on 2x1 it is what each link carries, so it
            cannot exceed the shaped rate.
 weak       at --step-rate: bench_step ResNet-110 (32x32, batch 32 per rank, 1 thread, 1 MiB buckets) on 1
@@ -104,7 +104,7 @@ def part_allreduce(a, md):
                                           a.max_bytes, "-f", "4", "-n", "5", "-w", "1", "--check",
                                           "--json", base + ".json"], log=base + ".log")
                 run(layout_args(layout) + ["-x", "GLOO_SOCKET_IFNAME=eth0"],
-                    [SYSPY, os.path.join(ROOT, "scripts", "torch_gloo_peer.py"), "allreduce", "1048576",
+                    [SYSPY, os.path.join(ROOT, "scripts", "peers", "torch_gloo_peer.py"), "allreduce", "1048576",
                      str(parse_bytes(a.max_bytes)), "4", "5", "--json", base + "_gloo.json"], log=base + ".log")
                 files += [base + ".json", base + "_gloo.json"]
             ours_files = [f for f in files if not f.endswith("_gloo.json")]
@@ -144,7 +144,7 @@ def part_weak(a, md):
     up(a.step_rate)
     log = os.path.join(a.out, f"weak_b{a.batch}.log")
     bench = [os.path.join(BUILD, "bench_step"), *step_args(a), "--steps", "10", "--warmup", "2", "--bucket-mb", "1"]
-    gloo = [SYSPY, os.path.join(ROOT, "scripts", "torch_gloo_peer.py"), "step", "110", str(a.batch), "1", "10"]
+    gloo = [SYSPY, os.path.join(ROOT, "scripts", "peers", "torch_gloo_peer.py"), "step", "110", str(a.batch), "1", "10"]
     t = {}
     for rep in range(a.repeats):
         t.setdefault("one", []).append(field(sh([CLUSTER, "exec", "node0", *bench], 600, log), "median_step_s"))

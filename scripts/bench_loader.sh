@@ -2,12 +2,12 @@
 # scripts/bench_loader.sh: the loader's throughput, in one run (BUILD_DIR: default build; WORK: default
 # /tmp/ringtrain-bench, where the data is made once and kept):
 #  1. Fashion-MNIST (Debian's dataset-fashion-mnist) against the rate a CPU training step consumes it
-#     (the PyTorch peer ../shared/peers/torch_resnet_step.py, ResNet-20 batch 128 on 28x28x1);
+#     (the PyTorch peer scripts/peers/torch_resnet_step.py, ResNet-20 batch 128 on 28x28x1);
 #  2. a synthetic 224x224x3 raw split, read with pread and through HDF5's lock, 1 and 2 threads;
 #  3. 3,000 real photographs (scripts/make_photo_folder.py: crops of scikit-image's sample photos, about
 #     400x350, JPEG q90) kept as they are (make_shards imagefolder --size 0 --encode jpeg), with
 #     random-resized crops to 224: DCT-scaled region decode against full-size decode, and the torchvision
-#     peer (scripts/torch_loader_peer.py: ImageFolder + DataLoader, PIL) on the same files;
+#     peer (scripts/peers/torch_loader_peer.py: ImageFolder + DataLoader, PIL) on the same files;
 #  4. 600 larger photographs (--scale 2.5, about 1000x875), where reduced-scale decoding applies;
 #  5. the loader during a real CPU training step (train_resnet on the photographs, 2 loader threads on
 #     this machine's cores): step time with the workers at the compute threads' priority and below it.
@@ -15,7 +15,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 work=${WORK:-/tmp/ringtrain-bench}
 build=${BUILD_DIR:-build}
-peer=${PEER:-../shared/peers/torch_resnet_step.py}
 mkdir -p "$work"
 if ! /usr/bin/python3 -c "import skimage, torchvision" 2> /dev/null; then
   echo "bench_loader.sh: needs scikit-image (its sample photographs) and torchvision (the peer): apt-get install python3-skimage python3-torchvision" >&2
@@ -46,12 +45,12 @@ echo "== loader: 3,000 photographs (JPEG, own sizes), random-resized crop 224 + 
 "$build"/bench_loader --data "$work/photos-orig" --threads 1,2 --resized-crop 224 --hflip --batches 46 --repeats 5 -b 32 \
   --decode scaled,region,whole
 echo "== peer: torchvision ImageFolder + DataLoader on the same 3,000 JPEGs (RandomResizedCrop 224, flip, ToTensor, Normalize)"
-timeout 900 /usr/bin/python3 scripts/torch_loader_peer.py "$work/photos" --workers 1,2 --batch-size 32 --batches 46 --repeats 3
+timeout 900 /usr/bin/python3 scripts/peers/torch_loader_peer.py "$work/photos" --workers 1,2 --batch-size 32 --batches 46 --repeats 3
 echo "== loader: 600 large photographs (about 1000x875), random-resized crop 224 + flip, batch 32; decode modes interleaved"
 "$build"/bench_loader --data "$work/photos-large-orig" --threads 1,2 --resized-crop 224 --hflip --batches 18 --repeats 5 -b 32 \
   --decode scaled,region,whole
 echo "== peer: torchvision on the same 600 large JPEGs"
-timeout 900 /usr/bin/python3 scripts/torch_loader_peer.py "$work/photos-large" --workers 1,2 --batch-size 32 --batches 18 --repeats 3
+timeout 900 /usr/bin/python3 scripts/peers/torch_loader_peer.py "$work/photos-large" --workers 1,2 --batch-size 32 --batches 18 --repeats 3
 
 echo "== a CPU training step with the loader: ResNet-18, 64x64 crops of the photographs, batch 64, 2 loader threads"
 for round in 1 2 3; do
@@ -74,7 +73,7 @@ for nice in (0, 10):
 PY
 
 echo "== consumer: PyTorch ResNet-20, batch 128, 28x28x1, 1 thread"
-torch_line=$(/usr/bin/python3 "$peer" 20 128 1 5 28 1)
+torch_line=$(timeout 600 /usr/bin/python3 scripts/peers/torch_resnet_step.py -a resnet20 -b 128 --threads 1 --steps 5 --hw 28 --channels 1)
 echo "$torch_line"
 loader_rate=$(echo "$fm" | sed -n 's/^threads=1 img_per_s=\([0-9]*\).*/\1/p')
 consumer_rate=$(echo "$torch_line" | sed -n 's/.*img_per_s=\([0-9.]*\).*/\1/p')

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # scripts/bench_vs_pytorch.sh: CPU training-step time of ringtrain's ResNet against PyTorch's in the same
 # run, for each thread count and batch size, with the ratios ringtrain / PyTorch (below 1: ringtrain is
-# faster) and every program's peak RSS. Peers: Debian's PyTorch 1.13 (../shared/peers/torch_resnet_step.py)
-# and, when PEER_PYTHON names its interpreter (default /opt/torch2/bin/python if it exists), a modern
-# PyTorch from PyPI (../shared/peers/torch_resnet_step_modern.py, channels_last eager: the fastest CPU
-# training mode measured; make it with
+# faster) and every program's peak RSS. The peer is scripts/peers/torch_resnet_step.py (the same ResNet, SGD
+# step and batch): run by Debian's PyTorch 1.13 (NCHW eager) and, when PEER_PYTHON names its interpreter
+# (default /opt/torch2/bin/python if it exists), by a modern PyTorch from PyPI (channels_last eager: the
+# fastest CPU training mode measured; make it with
 #   python3 -m venv /opt/torch2 && /opt/torch2/bin/pip install torch==2.15.0 numpy
 # about 5.5 GB, for benchmarks only). ROUNDS interleaved rounds (default 3), medians reported.
 # Usage: scripts/bench_vs_pytorch.sh [ARCH_DEPTH=20] [STEPS=5]   (BUILD_DIR: default build;
@@ -16,8 +16,7 @@ steps=${2:-5}
 build=${BUILD_DIR:-build}
 rounds=${ROUNDS:-3}
 configs=${CONFIGS:-"1:32 1:128 2:32 2:128"}
-peer=${PEER:-../shared/peers/torch_resnet_step.py}
-modern_peer=${MODERN_PEER:-../shared/peers/torch_resnet_step_modern.py}
+peer=scripts/peers/torch_resnet_step.py
 peer_python=${PEER_PYTHON:-}
 [[ -z "$peer_python" && -x /opt/torch2/bin/python ]] && peer_python=/opt/torch2/bin/python
 [[ -x "$build/bench_step" ]] || { echo "$build/bench_step missing: run scripts/setup.sh" >&2; exit 1; }
@@ -34,11 +33,12 @@ field() { sed -n "s/.*$1=\([0-9.]*\).*/\1/p" | head -1; }
 for round in $(seq "$rounds"); do
   for config in $configs; do
     threads=${config%:*}; batch=${config#*:}
-    measure "$build/bench_step" -a "resnet$depth" -b "$batch" --threads "$threads" --steps "$steps" > "$tmp/ours"
-    measure /usr/bin/python3 "$peer" "$depth" "$batch" "$threads" "$steps" > "$tmp/old"
+    measure timeout 900 "$build/bench_step" -a "resnet$depth" -b "$batch" --threads "$threads" --steps "$steps" > "$tmp/ours"
+    measure timeout 900 /usr/bin/python3 "$peer" -a "resnet$depth" -b "$batch" --threads "$threads" --steps "$steps" > "$tmp/old"
     echo "$config $(field median_step_s < "$tmp/ours") $(field rss_mb < "$tmp/ours") $(field median_step_s < "$tmp/old") $(field rss_mb < "$tmp/old")" >> "$tmp/rows"
     if [[ -n "$peer_python" ]]; then
-      measure "$peer_python" "$modern_peer" "$depth" "$batch" "$threads" "$steps" cl eager > "$tmp/new"
+      measure timeout 900 "$peer_python" "$peer" -a "resnet$depth" -b "$batch" --threads "$threads" --steps "$steps" \
+        --format cl > "$tmp/new"
       echo "$config $(field median_step_s < "$tmp/new") $(field rss_mb < "$tmp/new")" >> "$tmp/modern"
     else
       echo "$config nan nan" >> "$tmp/modern"

@@ -24,7 +24,7 @@ for rep in $(seq "$repeats"); do
   # The peer has hung here once (a gloo process left waiting for a partner that had died): a deadline,
   # and a repeat it does not finish is left out of its median.
   for n in 1 "$ranks"; do
-    t=$(timeout -k 10 600 /usr/bin/python3 scripts/torch_ddp_step.py "$n" "$depth" "$batch" "$threads" "$steps" | field median_step_s || true)
+    t=$(timeout -k 10 600 /usr/bin/python3 scripts/peers/torch_ddp_step.py "$n" "$depth" "$batch" "$threads" "$steps" | field median_step_s || true)
     if [[ -z $t ]]; then
       echo "repeat $rep: torch ddp with $n rank(s) failed or passed 600 s; left out" >&2
     elif [[ $n = 1 ]]; then t1+=("$t"); else tN+=("$t"); fi

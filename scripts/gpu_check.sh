@@ -31,7 +31,7 @@
 # convolution, norms and pooling, mixed precision, allocator, pinned loader, NCCL and the host-staged ring
 # with 1 rank, GradSync on the GPU with 1 rank and with 2 ranks sharing the GPU); 4. train_resnet
 # --synthetic on ResNet-50 and ResNet-18 (bf16, batch 256); 5. the PyTorch peer on the same work
-# (scripts/torch_gpu_peer.py); 6. RESULTS_DIR/gpu_check.json with every figure and the ratios, beside
+# (scripts/peers/torch_gpu_peer.py); 6. RESULTS_DIR/gpu_check.json with every figure and the ratios, beside
 # gpu_check.log (everything printed), tests.log, and the runs' JSONL logs. Exit status: 0 when every step
 # passed, 1 when one failed (the others still run and are recorded), 2 for a usage error.
 set -euo pipefail
@@ -423,7 +423,7 @@ if [[ $mode != build ]]; then
       echo "(skipped: no PyTorch)"
       continue
     fi
-    run limit 300 env "${original_env[@]}" "$python" "$repo/scripts/torch_gpu_peer.py" -a "$arch" -b 256 --steps "$steps" \
+    run limit 300 env "${original_env[@]}" "$python" "$repo/scripts/peers/torch_gpu_peer.py" -a "$arch" -b 256 --steps "$steps" \
       --precision bf16 --device cuda --json "$results/peer_$arch.json" || fail "PyTorch peer $arch"
   done
 fi

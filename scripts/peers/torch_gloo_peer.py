@@ -2,45 +2,18 @@
 rank started by mpirun (for instance through scripts/cluster.sh run), so it runs on the same emulated nodes and
 links as ringtrain. Rank and world size come from Open MPI's environment; the rendezvous is rank 0's host
 (MASTER_ADDR, default node0) at MASTER_PORT (default 29533).
-  mpirun ... /usr/bin/python3 scripts/torch_gloo_peer.py allreduce [MIN_BYTES MAX_BYTES FACTOR ITERS] [--json F]
+  mpirun ... /usr/bin/python3 scripts/peers/torch_gloo_peer.py allreduce [MIN_BYTES MAX_BYTES FACTOR ITERS] [--json F]
       all-reduce sweep of f32 tensors: prints allreduce_bench's columns (busbw = algbw * 2(n-1)/n) and writes
       its --json format
-  mpirun ... /usr/bin/python3 scripts/torch_gloo_peer.py step DEPTH BATCH THREADS STEPS [HW]
-      DDP training-step time of ResNet-DEPTH (CIFAR-style 20/32/44/56/110 or torchvision-style 50 when
-      torchvision is missing: built here), BATCH images of HWxHW per rank: prints median_step_s (the slowest
+  mpirun ... /usr/bin/python3 scripts/peers/torch_gloo_peer.py step DEPTH BATCH THREADS STEPS [HW]
+      DDP training-step time of ResNet-DEPTH (CIFAR-style 20/32/44/56/110 or torchvision-style 50, both from
+      scripts/peers/models.py), BATCH images of HWxHW per rank: prints median_step_s (the slowest
       rank's median)"""
 import json, os, sys, time
-import torch, torch.distributed as dist, torch.nn as nn, torch.nn.functional as F
+import torch, torch.distributed as dist, torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_ddp_step import ResNet  # noqa: E402  (the CIFAR ResNets of the single-host peer)
-
-
-class Bottleneck(nn.Module):
-    def __init__(s, i, mid, st):
-        super().__init__(); o = mid * 4
-        s.c1 = nn.Conv2d(i, mid, 1, bias=False); s.b1 = nn.BatchNorm2d(mid)
-        s.c2 = nn.Conv2d(mid, mid, 3, st, 1, bias=False); s.b2 = nn.BatchNorm2d(mid)
-        s.c3 = nn.Conv2d(mid, o, 1, bias=False); s.b3 = nn.BatchNorm2d(o)
-        s.sc = None if (st == 1 and i == o) else nn.Sequential(nn.Conv2d(i, o, 1, st, bias=False), nn.BatchNorm2d(o))
-
-    def forward(s, x):
-        y = F.relu(s.b1(s.c1(x))); y = F.relu(s.b2(s.c2(y))); y = s.b3(s.c3(y))
-        return F.relu(y + (x if s.sc is None else s.sc(x)))
-
-
-class ResNet50(nn.Module):
-    """ResNet-50 as ringtrain builds it (torchvision's layout: 7x7 stem, max pool, 3-4-6-3 bottlenecks)."""
-    def __init__(s, ncls=10):
-        super().__init__()
-        s.stem = nn.Sequential(nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(3, 2, 1))
-        layers, i = [], 64
-        for mid, n, st in [(64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)]:
-            for k in range(n): layers.append(Bottleneck(i, mid, st if k == 0 else 1)); i = mid * 4
-        s.layers = nn.Sequential(*layers); s.fc = nn.Linear(2048, ncls)
-
-    def forward(s, x):
-        x = s.layers(s.stem(x)); return s.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+from models import ResNet, imagenet_resnet  # noqa: E402
 
 
 def init():
@@ -93,7 +66,7 @@ def step(argv):
     depth, batch, threads, steps = (int(a) for a in argv[:4]); hw = int(argv[4]) if len(argv) > 4 else 32
     torch.set_num_threads(threads); torch.manual_seed(0)
     rank, n = init()
-    m = torch.nn.parallel.DistributedDataParallel(ResNet50() if depth == 50 else ResNet(depth))
+    m = torch.nn.parallel.DistributedDataParallel(imagenet_resnet(50, classes=10) if depth == 50 else ResNet(depth))
     opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
     x = torch.randn(batch, 3, hw, hw); y = torch.randint(0, 10, (batch,))
 

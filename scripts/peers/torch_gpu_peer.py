@@ -1,7 +1,7 @@
 """Peer for scripts/gpu_check.sh: what `train_resnet --synthetic` does, in PyTorch eager. torchvision ResNet,
 channels_last, bf16 autocast (or fp16 with a GradScaler, or fp32), SGD (lr 0.1, momentum 0.9, weight decay
 5e-4, train_resnet's defaults) on one fixed random batch resident on the device, 1000 classes.
-  python3 scripts/torch_gpu_peer.py [-a resnet50] [-b 256] [--steps 60] [--precision bf16] [--device cuda]
+  python3 scripts/peers/torch_gpu_peer.py [-a resnet50] [-b 256] [--steps 60] [--precision bf16] [--device cuda]
                                     [--hw 224] [--json FILE]
 Every step is synchronised and timed; prints one line and (with --json) writes one JSON object:
 median_step_s (over all steps but the first 5, or the first one when there are fewer than 10),

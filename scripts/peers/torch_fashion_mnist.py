@@ -1,14 +1,14 @@
 """Peer for docs/RESULTS.md: the demo's recipe in PyTorch, one process. ResNet-20 (the CIFAR ResNet of
-../shared/peers/torch_resnet_step.py with 1 input channel) on Fashion-MNIST from Debian's idx files:
+scripts/peers/models.py with 1 input channel) on Fashion-MNIST from Debian's idx files:
 batch 128, SGD lr 0.1 momentum 0.9 weight decay 5e-4, cosine schedule per step over the run, random crop
 after 4-pixel zero padding and horizontal flips, normalisation with the training set's mean/std.
-  /usr/bin/python3 scripts/torch_fashion_mnist.py [EPOCHS=1] [THREADS=2] [SEED=0]
+  /usr/bin/python3 scripts/peers/torch_fashion_mnist.py [EPOCHS=1] [THREADS=2] [SEED=0]
 Prints the test top-1 after every epoch and the images/s."""
 import gzip, math, os, sys, time
 import numpy as np, torch, torch.nn as nn, torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_ddp_step import ResNet  # same network as the peers
+from models import ResNet  # noqa: E402  (the same network as every peer)
 
 epochs = int(sys.argv[1]) if len(sys.argv) > 1 else 1
 threads = int(sys.argv[2]) if len(sys.argv) > 2 else 2

@@ -1,35 +1,13 @@
-"""Peer for weak scaling: PyTorch DDP (gloo, CPU) training-step time of CIFAR-style ResNet-N, the same
-network, optimizer and data shapes as ../shared/peers/torch_resnet_step.py, on WORLD processes with
-BATCH images and THREADS threads each.
-  /usr/bin/python3 scripts/torch_ddp_step.py WORLD DEPTH BATCH THREADS [STEPS]
+"""Peer for weak scaling (scripts/bench_weak_scaling.sh): PyTorch DDP (gloo, CPU) training-step time of
+CIFAR-style ResNet-N, the same network, optimizer and data shapes as scripts/peers/torch_resnet_step.py, on
+WORLD processes with BATCH images and THREADS threads each.
+  /usr/bin/python3 scripts/peers/torch_ddp_step.py WORLD DEPTH BATCH THREADS [STEPS]
 Prints one line: median_step_s (the slowest rank's median) and img_per_s over all ranks."""
 import os, socket, sys, time
-import torch, torch.distributed as dist, torch.multiprocessing as mp, torch.nn as nn, torch.nn.functional as F
+import torch, torch.distributed as dist, torch.multiprocessing as mp, torch.nn.functional as F
 
-
-class Block(nn.Module):
-    def __init__(s, i, o, st):
-        super().__init__()
-        s.c1 = nn.Conv2d(i, o, 3, st, 1, bias=False); s.b1 = nn.BatchNorm2d(o)
-        s.c2 = nn.Conv2d(o, o, 3, 1, 1, bias=False); s.b2 = nn.BatchNorm2d(o)
-        s.sc = None if (st == 1 and i == o) else nn.Sequential(nn.Conv2d(i, o, 1, st, bias=False), nn.BatchNorm2d(o))
-
-    def forward(s, x):
-        y = F.relu(s.b1(s.c1(x))); y = s.b2(s.c2(y))
-        return F.relu(y + (x if s.sc is None else s.sc(x)))
-
-
-class ResNet(nn.Module):
-    def __init__(s, depth, cin=3, ncls=10):
-        super().__init__(); n = (depth - 2) // 6
-        s.stem = nn.Sequential(nn.Conv2d(cin, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU())
-        layers, i = [], 16
-        for o, st in [(16, 1), (32, 2), (64, 2)]:
-            for k in range(n): layers.append(Block(i, o, st if k == 0 else 1)); i = o
-        s.layers = nn.Sequential(*layers); s.fc = nn.Linear(64, ncls)
-
-    def forward(s, x):
-        x = s.layers(s.stem(x)); return s.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from models import ResNet  # noqa: E402
 
 
 def worker(rank, world, port, depth, batch, threads, steps, out):
