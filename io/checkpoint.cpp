@@ -10,6 +10,7 @@
 
 #include "core/check.h"
 #include "core/hash.h"
+#include "io/files.h"
 #include "io/hdf5.h"
 
 namespace ringtrain {
@@ -203,9 +204,14 @@ void save_checkpoint(const fs::path& path, const Checkpoint& checkpoint, const S
   }
 }
 
-Checkpoint load_checkpoint(const fs::path& path) {
-  if (!fs::exists(path)) RT_THROW("checkpoint '", path.string(), "' does not exist");
-  std::lock_guard<std::recursive_mutex> guard(h5::lock());
+namespace {
+
+// Opens a checkpoint file and checks its format attributes. Errors name the file.
+h5::Id open_checkpoint(const fs::path& path) {
+  if (fs::is_directory(path))
+    RT_THROW("checkpoint '", path.string(), "' is a folder, not a checkpoint file (to continue the newest checkpoint ",
+             "of a folder: --checkpoint-dir ", path.string(), " --resume auto)");
+  io::require_regular_file(path, "checkpoint");
   h5::silence_errors();
   if (H5Fis_hdf5(path.c_str()) <= 0)
     RT_THROW("checkpoint '", path.string(), "' is truncated or not an HDF5 file (HDF5: ", h5::error_text(), ")");
@@ -217,10 +223,11 @@ Checkpoint load_checkpoint(const fs::path& path) {
   if (version.size() != 1 || version[0] != kVersion)
     RT_THROW("checkpoint '", path.string(), "' has format_version ", version.empty() ? -1 : version[0],
              "; this ringtrain reads ", kVersion);
-  Checkpoint c;
-  Digests digests;
-  c.model = read_group(file, "model", path, digests);
-  c.optimizer = read_group(file, "optimizer", path, digests);
+  return file;
+}
+
+// The text of /meta/json.
+std::string read_meta(hid_t file, const fs::path& path) {
   if (!h5::link_exists(file, "meta", in(path))) RT_THROW("checkpoint '", path.string(), "' has no group '/meta'");
   h5::Id meta(h5::check(H5Gopen2(file, "meta", H5P_DEFAULT), in(path, "/meta"), "open group"), H5Gclose);
   const h5::Where meta_json = in(path, "/meta/json");
@@ -233,8 +240,21 @@ Checkpoint load_checkpoint(const fs::path& path) {
   std::string text(H5Tget_size(type), '\0');
   h5::check(H5Dread(json, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, text.data()), meta_json, "read dataset");
   text.erase(std::find(text.begin(), text.end(), '\0'), text.end());
-  c.meta_json = text;
-  if (h5::attribute_exists(file, "checksum", in(path, "/"))) {
+  return text;
+}
+
+}  // namespace
+
+Checkpoint load_checkpoint(const fs::path& path) {
+  std::lock_guard<std::recursive_mutex> guard(h5::lock());
+  h5::Id file = open_checkpoint(path);
+  Checkpoint c;
+  Digests digests;
+  c.model = read_group(file, "model", path, digests);
+  c.optimizer = read_group(file, "optimizer", path, digests);
+  c.meta_json = read_meta(file, path);
+  c.checksummed = h5::attribute_exists(file, "checksum", in(path, "/"));
+  if (c.checksummed) {
     const std::string recorded = h5::read_string_attribute(file, "checksum", in(path, "/"));
     const std::string actual = checksum_text(std::move(digests), c.meta_json);
     if (recorded != actual)
@@ -242,6 +262,12 @@ Checkpoint load_checkpoint(const fs::path& path) {
                " but the file records ", recorded, " (a flipped bit on disk or in transfer?); use an older checkpoint");
   }
   return c;
+}
+
+std::string read_checkpoint_meta(const fs::path& path) {
+  std::lock_guard<std::recursive_mutex> guard(h5::lock());
+  h5::Id file = open_checkpoint(path);
+  return read_meta(file, path);
 }
 
 }  // namespace ringtrain

@@ -26,6 +26,7 @@ struct Checkpoint {
   NamedTensors model;
   NamedTensors optimizer;
   std::string meta_json = "{}";
+  bool checksummed = true;  // loaded: the file carried a checksum (files written before it existed do not)
 };
 
 struct SaveOptions {
@@ -34,7 +35,10 @@ struct SaveOptions {
 };
 
 void save_checkpoint(const std::filesystem::path& path, const Checkpoint& checkpoint, const SaveOptions& options = {});
-// Errors name the file and the object (missing group, unsupported dtype, not a ringtrain checkpoint).
+// Errors name the file and the object (missing group, unsupported dtype, not a ringtrain checkpoint, a
+// folder or FIFO where the file should be).
 Checkpoint load_checkpoint(const std::filesystem::path& path);
+// Only /meta/json (the format checked, no tensor read): what a folder scan needs to tell runs apart.
+std::string read_checkpoint_meta(const std::filesystem::path& path);
 
 }  // namespace ringtrain

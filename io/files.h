@@ -1,0 +1,20 @@
+// io/files.h: what a file must be before ringtrain opens it. A FIFO, a device or a socket where a manifest,
+// hostfile, checkpoint or log belongs would block a read or write forever (or read garbage); a folder where a
+// file belongs gives a misleading "not an HDF5 file". Errors name what the file is for and what it is.
+#pragma once
+
+#include <filesystem>
+#include <string>
+
+namespace ringtrain::io {
+
+// An existing regular file (symbolic links followed). Errors: "<what> '<path>' does not exist", "... is a
+// folder, not a file", "... is a FIFO (named pipe), not a regular file: reading it could block forever".
+void require_regular_file(const std::filesystem::path& path, const std::string& what);
+// The same for a file that may not exist yet (one to write): missing is fine, anything but a regular file
+// is not.
+void require_regular_if_exists(const std::filesystem::path& path, const std::string& what);
+// "a folder", "a FIFO (named pipe)", "a socket", "a character device", "a block device", "a regular file", ...
+std::string kind_of(const std::filesystem::file_status& status);
+
+}  // namespace ringtrain::io
