@@ -40,6 +40,8 @@
 #include <vector>
 
 #include "core/check.h"
+#include "io/files.h"
+#include "runtime/process.h"
 #include "runtime/supervisor.h"
 
 using namespace ringtrain;
@@ -170,6 +172,7 @@ struct Options {
 std::vector<Host> initial_hosts(const Options& o, const MpirunArgs& m, std::string& source) {
   const std::string file = !o.hostfile.empty() ? o.hostfile : m.hostfile;
   if (!file.empty()) {
+    io::require_regular_file(file, "--hostfile");
     std::ifstream in(file);
     RT_CHECK(in.good(), "--hostfile: cannot read '", file, "'");
     std::stringstream text;
@@ -227,9 +230,20 @@ struct TempDir {
   TempDir& operator=(const TempDir&) = delete;
 };
 
+// The restart records. The file must take appends now: a log that cannot be written is an error before
+// anything is launched, not a warning at the end of the run.
 class Log {
  public:
-  explicit Log(const std::string& path) : path_(path) {}
+  Log(const std::string& path, const std::string& flag) : path_(path) {
+    if (path_.empty()) return;
+    io::require_regular_if_exists(path_, flag);
+    std::ofstream out(path_, std::ios::app);
+    if (!out.good())
+      RT_THROW(flag, ": cannot append to '", path_, "': ", std::strerror(errno),
+               fs::exists(fs::path(path_).parent_path().empty() ? fs::path(".") : fs::path(path_).parent_path())
+                   ? ""
+                   : " (its folder does not exist)");
+  }
   void write(json record) {
     if (path_.empty()) return;
     record["time"] = unix_now();
@@ -252,9 +266,13 @@ struct Launch {
   Clock::time_point end, last_step_at, first_step_at;
   bool stepped = false;
   std::vector<std::pair<int64_t, Clock::time_point>> checkpoints;  // (step, when written)
+  std::vector<std::pair<int64_t, std::string>> written;            // (step, path) of the same
+  std::string mismatch;  // the relaunch resumed something else than announced: it was stopped
 };
 
-Launch run_once(const std::vector<std::string>& argv, const std::function<void(Launch&)>& on_first_step) {
+// on_plan: called with the job's plan (it tells where the job resumed); a non-empty answer stops the job.
+Launch run_once(const std::vector<std::string>& argv, const std::function<void(Launch&)>& on_first_step,
+                const std::function<std::string(const Launch&)>& on_plan) {
   Launch l;
   Child c = spawn(argv, true);
   std::string pending[2];
@@ -274,6 +292,10 @@ Launch run_once(const std::vector<std::string>& argv, const std::function<void(L
         l.plan = *e;
         l.resumed_step = e->value("step", int64_t{0});
         l.resumed_from = e->value("resumed_from", std::string());
+        if (const std::string bad = on_plan(l); !bad.empty() && l.mismatch.empty()) {
+          l.mismatch = bad;
+          ::kill(c.pid, SIGTERM);  // stop it before it trains on from the wrong place
+        }
       } else if (kind == "step") {
         l.failure.last_step = e->value("step", int64_t{-1});
         l.last_step_at = Clock::now();
@@ -284,6 +306,7 @@ Launch run_once(const std::vector<std::string>& argv, const std::function<void(L
         }
       } else if (kind == "checkpoint") {
         l.checkpoints.emplace_back(e->value("step", int64_t{-1}), Clock::now());
+        l.written.emplace_back(e->value("step", int64_t{-1}), e->value("path", std::string()));
       } else if (kind == "error") {
         l.failure.errors.push_back(*e);
       }
@@ -362,7 +385,7 @@ struct Relaunch {
   std::vector<Host> hosts;  // every host that answered the probe
   World world;
   std::vector<std::string> dropped, back;  // hosts left out of / back in the relaunch
-  int64_t resume_step = 0;
+  ResumePoint resume;                      // where it starts: announced, then checked
 };
 
 // The elastic supervisor: launches, reads what failed, decides, relaunches. run() is the loop; what it
@@ -399,8 +422,9 @@ class Supervisor {
   int64_t base_micro_ = 0;           // per-rank batches per optimizer step (ranks x accum) of the first launch
   std::optional<Failure> previous_;  // of the launch before the last
   int restarts_ = 0;
-  int64_t newest_checkpoint_ = 0;  // the step of the newest checkpoint any launch resumed or wrote
-  Launch failed_;                  // the launch that failed last (when it ended, its last step)
+  ResumePoint resume_;  // the newest checkpoint any launch of this run resumed or wrote
+  std::string token_;   // RINGTRAIN_SUPERVISOR: this supervisor, for the folder lock's takeover
+  Launch failed_;       // the launch that failed last (when it ended, its last step)
   TimeLost lost_;
 };
 
@@ -409,7 +433,8 @@ Supervisor::Supervisor(Options o)
       m_(parse_mpirun_args(split_words(o_.mpirun_args))),
       flags_(read_job_flags(o_.command)),
       agent_(probe_agent(m_)),
-      log_(!o_.log_jsonl.empty() ? o_.log_jsonl : flags_.log_jsonl) {
+      log_(!o_.log_jsonl.empty() ? o_.log_jsonl : flags_.log_jsonl,
+           !o_.log_jsonl.empty() ? "--log-jsonl" : "the training command's --log-jsonl") {
   if (o_.max_np == 0) o_.max_np = o_.np;
   RT_CHECK(o_.min_np <= o_.np && o_.np <= o_.max_np, "--min-np ", o_.min_np, " <= --np ", o_.np, " <= --max-np ",
            o_.max_np, " does not hold");
@@ -421,6 +446,7 @@ Supervisor::Supervisor(Options o)
   RT_CHECK(total_slots(all_hosts_) >= o_.np, "--np ", o_.np, " needs ", o_.np, " slots but ", source_, " gives ",
            total_slots(all_hosts_), " (", names(all_hosts_), ")");
   alive_ = all_hosts_;
+  token_ = detail::str_cat(runtime::this_host(), ":", ::getpid(), ":", static_cast<int64_t>(unix_now()));
   np_ = o_.np;
   accum_ = flags_.accum;
   base_micro_ = static_cast<int64_t>(o_.np) * flags_.accum;
@@ -435,9 +461,17 @@ int Supervisor::run() {
     if (attempt == 0)
       say(detail::str_cat("launching ", np_, " rank(s) on ", names(use), " (from ", source_, "), up to ",
                           o_.max_restarts, " restart(s)"));
-    Launch l = run_once(launch_argv(attempt, hostfile), [&](Launch& now) { recovered(attempt, now); });
+    const ResumePoint announced = attempt == 0 ? ResumePoint{} : resume_;
+    Launch l = run_once(
+        launch_argv(attempt, hostfile), [&](Launch& now) { recovered(attempt, now); },
+        [&](const Launch& now) {
+          return attempt == 0 ? std::string() : check_resumed(announced, flags_, now.resumed_from, now.resumed_step);
+        });
+    resume_ = newest_resume_point(resume_, l.resumed_from, l.failure.trained ? l.resumed_step : -1, l.written);
     if (l.failure.trained && attempt == 0 && l.plan.contains("world_size") && l.plan.contains("accum_steps"))
       base_micro_ = l.plan["world_size"].get<int64_t>() * l.plan["accum_steps"].get<int64_t>();
+    if (!l.mismatch.empty())
+      return stop({3, "failed", detail::str_cat("not restarting: ", l.mismatch, " — a permanent error")});
     if (l.ok) return finished();
     if (g_signal)
       return stop(
@@ -448,7 +482,9 @@ int Supervisor::run() {
     const std::variant<Stop, Relaunch> next = decide(attempt, l, dead, what);
     if (const Stop* s = std::get_if<Stop>(&next)) return stop(*s);
     relaunch(attempt, l, std::get<Relaunch>(next), what);
-    if (o_.restart_delay > 0) std::this_thread::sleep_for(std::chrono::duration<double>(o_.restart_delay));
+    // The delay ends early on a signal: a SIGTERM must not wait it out.
+    const auto until = Clock::now() + std::chrono::duration<double>(o_.restart_delay);
+    while (!g_signal && Clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(20));
     if (g_signal)
       return stop({128 + g_signal, "interrupted",
                    detail::str_cat("stopped by signal ", g_signal.load(), " before the relaunch; not restarting")});
@@ -459,11 +495,12 @@ int Supervisor::run() {
 std::vector<std::string> Supervisor::launch_argv(int attempt, const fs::path& hostfile) const {
   std::vector<std::string> argv = {o_.mpirun};
   argv.insert(argv.end(), m_.rest.begin(), m_.rest.end());
-  for (const std::string& a :
-       {std::string("--hostfile"), hostfile.string(), std::string("-np"), std::to_string(np_), std::string("-x"),
-        std::string("RINGTRAIN_SUPERVISOR=1"), std::string("-x"), detail::str_cat("RINGTRAIN_RESTART=", attempt)})
+  for (const std::string& a : {std::string("--hostfile"), hostfile.string(), std::string("-np"), std::to_string(np_),
+                               std::string("-x"), std::string("RINGTRAIN_SUPERVISOR=") + token_, std::string("-x"),
+                               detail::str_cat("RINGTRAIN_RESTART=", attempt)})
     argv.push_back(a);
-  const std::vector<std::string> command = relaunch_command(o_.command, flags_, accum_, attempt > 0, batch_changed_);
+  const std::vector<std::string> command =
+      relaunch_command(o_.command, flags_, accum_, attempt > 0 ? resume_ : ResumePoint{}, batch_changed_);
   argv.insert(argv.end(), command.begin(), command.end());
   return argv;
 }
@@ -533,17 +570,16 @@ std::variant<Stop, Relaunch> Supervisor::decide(int attempt, const Launch& l, co
     if (!in(r.hosts, h.name)) r.dropped.push_back(h.name);
   for (const auto& h : r.hosts)
     if (!in(alive_, h.name)) r.back.push_back(h.name);
-  // The checkpoint the relaunch will resume: the newest any launch resumed or wrote.
-  r.resume_step = std::max(newest_checkpoint_, l.resumed_step);
-  for (const auto& c : l.checkpoints) r.resume_step = std::max(r.resume_step, c.first);
+  // The checkpoint the relaunch will resume: the newest any launch of this run resumed or wrote.
+  r.resume = resume_;
   return r;
 }
 
 // Takes the relaunch's world, accounts the lost work, and says so (a line and a restart record).
 void Supervisor::relaunch(int attempt, const Launch& l, const Relaunch& r, const std::string& what) {
   const Failure& f = l.failure;
-  newest_checkpoint_ = r.resume_step;
-  const double lost_s = work_lost_s(l, r.resume_step);
+  const int64_t resume_step = std::max<int64_t>(0, r.resume.step);  // unknown (the command's --resume): 0
+  const double lost_s = work_lost_s(l, resume_step);
   lost_.lost_work_s += lost_s;
   ++restarts_;
   failed_ = l;
@@ -552,7 +588,8 @@ void Supervisor::relaunch(int attempt, const Launch& l, const Relaunch& r, const
   batch_changed_ = batch_changed_ || r.world.batch_changed;
   alive_ = r.hosts;
   previous_ = f;
-  const int64_t lost_steps = f.last_step >= 0 ? std::max<int64_t>(0, f.last_step - r.resume_step) : 0;
+  const int64_t lost_steps =
+      f.last_step >= 0 && r.resume.step >= 0 ? std::max<int64_t>(0, f.last_step - resume_step) : 0;
   const std::string on = names(hosts_for(alive_, np_));
   say(detail::str_cat(
       "restart ", attempt + 1, " of ", o_.max_restarts, ": ", what,
@@ -560,9 +597,8 @@ void Supervisor::relaunch(int attempt, const Launch& l, const Relaunch& r, const
       r.back.empty() ? "" : "; back: " + join(r.back, ", "), "; relaunching ", np_, " rank(s) on ", on,
       " with --accum-steps ", accum_,
       r.world.batch_changed ? " (the global batch CHANGES: --allow-batch-change)" : " (same global batch)",
-      ", --resume auto (",
-      r.resume_step > 0 ? detail::str_cat("step ", r.resume_step) : std::string("no checkpoint yet: from the start"),
-      "; ", lost_steps, " step(s) of work lost, ", tenths(lost_s), " s)"));
+      ", resuming ", describe_resume(r.resume, flags_), " (", lost_steps, " step(s) of work lost, ", tenths(lost_s),
+      " s)"));
   log_.write({{"type", "restart"},
               {"restart", attempt + 1},
               {"max_restarts", o_.max_restarts},
@@ -575,7 +611,8 @@ void Supervisor::relaunch(int attempt, const Launch& l, const Relaunch& r, const
               {"accum_steps", accum_},
               {"global_batch_kept", !r.world.batch_changed},
               {"last_step", f.last_step},
-              {"resume_step", r.resume_step},
+              {"resume_step", r.resume.step},
+              {"resume_from", r.resume.path},
               {"lost_steps", lost_steps},
               {"lost_work_s", lost_s},
               {"detect_s", l.stepped ? seconds(l.last_step_at, l.end) : 0.0}});

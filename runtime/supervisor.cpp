@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <sstream>
 
 #include "comm/world.h"
@@ -195,19 +196,57 @@ std::optional<World> plan_world(int base_np, int64_t base_accum, int slots, int 
   return std::nullopt;
 }
 
+ResumePoint newest_resume_point(const ResumePoint& known, const std::string& resumed_from, int64_t resumed_step,
+                                const std::vector<std::pair<int64_t, std::string>>& written) {
+  ResumePoint best = known;
+  auto consider = [&](int64_t step, const std::string& path) {
+    if (!path.empty() && step >= 0 && step >= best.step) best = {path, step};
+  };
+  consider(resumed_step, resumed_from);
+  for (const auto& [step, path] : written) consider(step, path);
+  return best;
+}
+
+std::string describe_resume(const ResumePoint& p, const JobFlags& flags) {
+  if (!p.path.empty()) return detail::str_cat("step ", p.step, " from ", p.path);
+  if (!flags.resume.empty() && flags.resume != "auto") return detail::str_cat("the command's --resume ", flags.resume);
+  if (flags.resume == "auto") return "the command's --resume auto (no checkpoint of this run reported yet)";
+  return "the start (no checkpoint yet)";
+}
+
 std::vector<std::string> relaunch_command(const std::vector<std::string>& command, const JobFlags& flags, int64_t accum,
-                                          bool restart, bool batch_changed) {
+                                          const ResumePoint& resume, bool batch_changed) {
   std::vector<std::string> out = command;
   if (accum != flags.accum) {
     out.push_back("--accum-steps");
     out.push_back(std::to_string(accum));
   }
-  if (restart) {
+  if (!resume.path.empty()) {
     out.push_back("--resume");
-    out.push_back("auto");
+    out.push_back(resume.path);
   }
   if (batch_changed) out.push_back("--allow-batch-change");
   return out;
+}
+
+std::string check_resumed(const ResumePoint& announced, const JobFlags& flags, const std::string& resumed_from,
+                          int64_t resumed_step) {
+  // The path the relaunch was told, and the step it must then be at (when known).
+  std::string want = announced.path;
+  if (want.empty() && flags.resume != "auto") want = flags.resume;
+  const auto same_file = [](const std::string& a, const std::string& b) {
+    std::error_code ec;
+    return a == b || (!a.empty() && !b.empty() && std::filesystem::equivalent(a, b, ec));
+  };
+  const std::string got = resumed_from.empty() ? std::string("the start") : resumed_from;
+  if (flags.resume == "auto" && announced.path.empty()) return "";  // the command's own choice, nothing announced
+  if (!same_file(want, resumed_from))
+    return detail::str_cat("the relaunch resumed from ", got, " but ", want.empty() ? std::string("the start") : want,
+                           " was announced; it would train on from somewhere else than announced");
+  if (announced.step >= 0 && resumed_step != announced.step)
+    return detail::str_cat("the relaunch resumed ", got, " at step ", resumed_step, " but step ", announced.step,
+                           " was announced");
+  return "";
 }
 
 std::optional<json> parse_event(const std::string& line) {

@@ -1,7 +1,9 @@
 // runtime/supervisor.h: the decisions of the elastic supervisor (apps/ringtrain_run), apart from the
 // processes it drives, so each can be tested alone: which hosts a job may use, how it is relaunched (the
-// same global batch on fewer ranks by raising --accum-steps, from the newest checkpoint with --resume
-// auto), what the job's event lines say (comm::kEventPrefix) and whether a failure is worth a restart.
+// same global batch on fewer ranks by raising --accum-steps, from exactly the checkpoint it announces: the
+// newest one this run resumed or wrote, else the command's own --resume, else the start), whether the
+// relaunch resumed what was announced, what the job's event lines say (comm::kEventPrefix) and whether a
+// failure is worth a restart.
 //
 // A restart is worth it when a host was lost (dropped, the job goes on without it), when a rank reported
 // an error that may be transient (a lost peer, a watchdog timeout, an injected or unknown exception), or
@@ -67,11 +69,33 @@ struct World {
 std::optional<World> plan_world(int base_np, int64_t base_accum, int slots, int min_np, int max_np,
                                 bool allow_batch_change, std::string& why_not);
 
+// Where a relaunch starts. `path` empty: what the command itself says (its own --resume PATH or auto, or
+// nothing: the start). `step` -1 when not known (the command's --resume before any launch reported it).
+struct ResumePoint {
+  std::string path;
+  int64_t step = -1;
+};
+// The newest of `known` and what a launch reported: the checkpoint it resumed (its plan event) and those it
+// wrote (its checkpoint events, step and path).
+ResumePoint newest_resume_point(const ResumePoint& known, const std::string& resumed_from, int64_t resumed_step,
+                                const std::vector<std::pair<int64_t, std::string>>& written);
+// "step 9 from ckpt/ckpt-step00000009.h5", "the command's --resume old/ckpt-step00000006.h5", "the start (no
+// checkpoint yet)".
+std::string describe_resume(const ResumePoint& p, const JobFlags& flags);
+
 // The command of a launch: the user's, then "--accum-steps A" when it differs from what the command
-// says, then "--resume auto" on a restart (the last flag given wins), and "--allow-batch-change" when the
-// world cannot keep the global batch and the user allowed that.
+// says, then "--resume PATH" of `resume` when it names one (the last flag given wins), and
+// "--allow-batch-change" when the world cannot keep the global batch and the user allowed that. A relaunch
+// never adds "--resume auto" of its own: on a folder without this run's checkpoint it would start from
+// random weights where the command said --resume PATH.
 std::vector<std::string> relaunch_command(const std::vector<std::string>& command, const JobFlags& flags, int64_t accum,
-                                          bool restart, bool batch_changed = false);
+                                          const ResumePoint& resume, bool batch_changed = false);
+
+// Whether a relaunch resumed what was announced: "" when it did, else the mismatch (a permanent error: the
+// run would train on from somewhere else than announced). `resumed_from` and `resumed_step` are the
+// relaunch's plan event's.
+std::string check_resumed(const ResumePoint& announced, const JobFlags& flags, const std::string& resumed_from,
+                          int64_t resumed_step);
 
 // The JSON of an event line ("ringtrain-event {...}"), or nullopt for any other line (also for a line
 // that starts like one but does not hold a JSON object).

@@ -65,6 +65,23 @@ grep -q "resumed at step 3 from k/ckpt-step00000003.h5" k.log || { cat k.log; fa
 "$build/tests/compare_checkpoints" u/$final k/$final || fail "checkpoint: the recovered run differs"
 echo "checkpoint: killed mid-write, resumed from the previous checkpoint, bitwise equal"
 
+# ---- resume-path: a job started from --resume PATH that fails before its own first checkpoint is relaunched
+# from that PATH (not --resume auto on its still-empty folder, which would train from random weights), and
+# once it has written one, from that; both end bitwise equal to the run that never failed.
+for fault in 7 10; do
+  RINGTRAIN_INJECT=throw:1:$fault:0 sup --np 2 --mpirun-args "--oversubscribe -x RINGTRAIN_INJECT" -- \
+    "$build/train_resnet" "${common[@]}" --resume u/ckpt-step00000006.h5 --checkpoint-dir p$fault > p$fault.log 2>&1 ||
+    { cat p$fault.log; fail "resume-path: exit non-zero (fault at step $fault)"; }
+  want="resuming step 6 from u/ckpt-step00000006.h5"
+  (( fault == 10 )) && want="resuming step 9 from p$fault/ckpt-step00000009.h5"
+  grep -q "$want" p$fault.log || { cat p$fault.log; fail "resume-path: the relaunch did not announce '$want'"; }
+  grep -q "restart 1 is training again: resumed at step $(( fault == 10 ? 9 : 6 ))" p$fault.log ||
+    { cat p$fault.log; fail "resume-path: not resumed where announced"; }
+  "$build/tests/compare_checkpoints" u/$final p$fault/$final ||
+    fail "resume-path: the relaunched run (fault at step $fault) differs from the run that never failed"
+done
+echo "resume-path: relaunched from the command's --resume PATH, then from its own checkpoint, bitwise equal"
+
 # ---- corrupt: bad data is not retried
 cp -r data bad
 printf 'garbage' | dd of=bad/train-00001-of-00002.h5 bs=1 seek=4000 conv=notrunc 2> /dev/null
@@ -80,7 +97,7 @@ echo "corrupt: not retried, the shard named, $(($(date +%s) - start)) s"
 # ---- more errors no restart fixes: a checkpoint of another model, a diverged run
 if sup --np 2 --mpirun-args --oversubscribe -- "$build/train_resnet" "${common[@]}" -a resnet32 --checkpoint-dir u \
      --resume auto > w.log 2>&1; then fail "wrong model: exit 0"; fi
-grep -q "not restarting: rank [01] ([^)]*): --resume u/ckpt-step00000012.h5: the checkpoint was written with --arch \"resnet20\" but this run has \"resnet32\"" w.log ||
+grep -q "not restarting: rank [01] ([^)]*): --resume u/ckpt-step00000012.h5: the checkpoint was written with -a/--arch \"resnet20\" but this run has \"resnet32\"" w.log ||
   { cat w.log; fail "wrong model: no refusal"; }
 if sup --np 2 --mpirun-args --oversubscribe -- "$build/train_resnet" "${common[@]}" --lr 1e30 --checkpoint-dir d > d.log 2>&1; then
   fail "diverged: exit 0"

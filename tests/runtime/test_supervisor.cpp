@@ -62,11 +62,48 @@ TEST(Supervisor, ReadsTheTrainingCommandsFlagsLastOneWins) {
               read_job_flags({"./t", "--checkpoint-dir"});
             }).find("has no value"),
             std::string::npos);
-  EXPECT_EQ(relaunch_command({"./t", "-b", "8"}, JobFlags{}, 2, true),
-            (std::vector<std::string>{"./t", "-b", "8", "--accum-steps", "2", "--resume", "auto"}));
-  EXPECT_EQ(relaunch_command({"./t"}, JobFlags{}, 1, false), (std::vector<std::string>{"./t"}));
-  EXPECT_EQ(relaunch_command({"./t"}, JobFlags{}, 1, true, true),
-            (std::vector<std::string>{"./t", "--resume", "auto", "--allow-batch-change"}));
+  const ResumePoint at9{"ck/ckpt-step00000009.h5", 9};
+  EXPECT_EQ(relaunch_command({"./t", "-b", "8"}, JobFlags{}, 2, at9),
+            (std::vector<std::string>{"./t", "-b", "8", "--accum-steps", "2", "--resume", "ck/ckpt-step00000009.h5"}));
+  EXPECT_EQ(relaunch_command({"./t"}, JobFlags{}, 1, ResumePoint{}), (std::vector<std::string>{"./t"}));
+  EXPECT_EQ(relaunch_command({"./t"}, JobFlags{}, 1, at9, true),
+            (std::vector<std::string>{"./t", "--resume", "ck/ckpt-step00000009.h5", "--allow-batch-change"}));
+}
+
+// A relaunch resumes exactly what it announces: the newest checkpoint this run resumed or wrote, else the
+// command's own --resume (never an --resume auto of its own, which on a folder without this run's
+// checkpoints starts from random weights), and a relaunch that resumed anything else is a permanent error.
+TEST(Supervisor, ARelaunchResumesWhatItAnnouncesAndIsCheckedAgainstIt) {
+  JobFlags from_path;
+  from_path.resume = "old/ckpt-step00000006.h5";
+  // The first launch failed before it reported anything: the command's --resume stays, nothing is added.
+  ResumePoint p = newest_resume_point({}, "", -1, {});
+  EXPECT_TRUE(p.path.empty());
+  EXPECT_EQ(relaunch_command({"./t", "--resume", "old/ckpt-step00000006.h5"}, from_path, 1, p),
+            (std::vector<std::string>{"./t", "--resume", "old/ckpt-step00000006.h5"}));
+  EXPECT_EQ(describe_resume(p, from_path), "the command's --resume old/ckpt-step00000006.h5");
+  EXPECT_EQ(check_resumed(p, from_path, "old/ckpt-step00000006.h5", 6), "");
+  EXPECT_NE(check_resumed(p, from_path, "", 0)
+                .find("the relaunch resumed from the start but "
+                      "old/ckpt-step00000006.h5 was announced"),
+            std::string::npos);
+  // It reported its resume (step 6), then wrote step 9 and failed: the relaunch resumes step 9, explicitly.
+  p = newest_resume_point(p, "old/ckpt-step00000006.h5", 6, {{9, "new/ckpt-step00000009.h5"}});
+  EXPECT_EQ(p.path, "new/ckpt-step00000009.h5");
+  EXPECT_EQ(p.step, 9);
+  EXPECT_EQ(describe_resume(p, from_path), "step 9 from new/ckpt-step00000009.h5");
+  EXPECT_EQ(check_resumed(p, from_path, "new/ckpt-step00000009.h5", 9), "");
+  EXPECT_NE(check_resumed(p, from_path, "new/ckpt-step00000009.h5", 3).find("at step 3 but step 9 was announced"),
+            std::string::npos);
+  EXPECT_NE(check_resumed(p, from_path, "other/ckpt-step00000012.h5", 12).find("resumed from other/"),
+            std::string::npos);
+  // An older report never replaces a newer one.
+  EXPECT_EQ(newest_resume_point(p, "old/ckpt-step00000006.h5", 6, {}).step, 9);
+  // A fresh run that failed before its first checkpoint starts afresh, and must.
+  const JobFlags fresh{};
+  EXPECT_EQ(describe_resume({}, fresh), "the start (no checkpoint yet)");
+  EXPECT_EQ(check_resumed({}, fresh, "", 0), "");
+  EXPECT_NE(check_resumed({}, fresh, "x/ckpt-step00000003.h5", 3), "");
 }
 
 // The global batch is base_np x base_accum per-rank batches: a relaunch takes the most ranks that divide it.
