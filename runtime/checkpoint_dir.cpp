@@ -1,16 +1,25 @@
 // runtime/checkpoint_dir.cpp: TrainState (de)serialisation, the folder's naming, retention and resume pick.
 #include "runtime/checkpoint_dir.h"
 
-#include <signal.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <cstring>
+#include <ctime>
 #include <fstream>
 #include <iterator>
+#include <map>
+#include <random>
 #include <string>
 
 #include "core/check.h"
+#include "io/files.h"
+#include "runtime/process.h"
 
 namespace ringtrain::runtime {
 namespace fs = std::filesystem;
@@ -86,6 +95,8 @@ std::string TrainState::to_json() const {
             {"lr", lr},
             {"rng", {{"stream", rng_stream}}}};
   if (loss_scale) meta["loss_scale"] = {{"scale", loss_scale->scale}, {"growth_tracker", loss_scale->growth_tracker}};
+  if (!run_id.empty()) meta["run_id"] = run_id;
+  if (!steps_follow_position) meta["steps_follow_position"] = false;
   return meta.dump();
 }
 
@@ -119,6 +130,17 @@ TrainState TrainState::from_json(const std::string& text, const std::string& fil
     if (!m.at("config").is_object()) m.fail("config", "must be an object");
     s.config = m.at("config");
   }
+  if (m.has("steps_follow_position")) {
+    if (!m.at("steps_follow_position").is_boolean()) m.fail("steps_follow_position", "must be true or false");
+    s.steps_follow_position = m.at("steps_follow_position").get<bool>();
+  }
+  if (m.has("run_id")) {
+    const json& id = m.at("run_id");
+    if (!id.is_string() || id.get<std::string>().size() != 16 ||
+        id.get<std::string>().find_first_not_of("0123456789abcdef") != std::string::npos)
+      m.fail("run_id", detail::str_cat("must be 16 hex digits, got ", id.dump()));
+    s.run_id = id.get<std::string>();
+  }
   return s;
 }
 
@@ -150,15 +172,81 @@ fs::path CheckpointDir::path(int64_t step) const {
   return dir_ / name;
 }
 
-std::vector<std::pair<int64_t, fs::path>> CheckpointDir::list() const {
-  std::vector<std::pair<int64_t, fs::path>> out;
+std::vector<std::pair<int64_t, fs::path>> CheckpointDir::list(
+    const std::function<void(const std::string&)>& odd) const {
+  std::vector<std::pair<int64_t, fs::path>> out, odd_ones;
   std::error_code ec;
   if (dir_.empty() || !fs::is_directory(dir_, ec)) return out;
   for (const auto& entry : fs::directory_iterator(dir_, ec)) {
     const int64_t step = step_of(entry.path().filename().string());
-    if (step >= 0 && entry.is_regular_file(ec)) out.emplace_back(step, entry.path());
+    if (step < 0) continue;
+    (entry.is_regular_file(ec) ? out : odd_ones).emplace_back(step, entry.path());
   }
   std::sort(out.begin(), out.end());
+  std::sort(odd_ones.begin(), odd_ones.end());
+  if (odd)
+    for (const auto& [step, path] : odd_ones) {
+      const fs::file_status st = fs::status(path, ec);
+      odd(detail::str_cat(
+          "'", path.string(), "' is named like a checkpoint but is ",
+          st.type() == fs::file_type::not_found ? std::string("a link to nothing readable") : io::kind_of(st),
+          ", not a checkpoint file; it is not used"));
+    }
+  return out;
+}
+
+std::string new_run_id() {
+  std::random_device device;
+  const uint64_t a = (static_cast<uint64_t>(device()) << 32) ^ device();
+  const uint64_t b = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) ^
+                     (static_cast<uint64_t>(::getpid()) << 40);
+  char text[17];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(a ^ (b * 0x9e3779b97f4a7c15ull)));
+  return text;
+}
+
+std::vector<CheckpointDir::Entry> CheckpointDir::scan() const {
+  std::vector<Entry> out;
+  for (const auto& [step, path] : list()) {
+    Entry e{step, path, "", ""};
+    try {
+      e.run_id = TrainState::from_json(read_checkpoint_meta(path), path.string()).run_id;
+    } catch (const std::exception& ex) {
+      e.problem = ex.what();
+    }
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+void CheckpointDir::set_run(std::string run_id, bool owns_unmarked) {
+  run_id_ = std::move(run_id);
+  owns_unmarked_ = owns_unmarked;
+}
+
+std::vector<CheckpointDir::Entry> others_of(const CheckpointDir& dir,
+                                            const std::vector<CheckpointDir::Entry>& entries) {
+  std::vector<CheckpointDir::Entry> out;
+  for (const auto& e : entries)
+    if (!dir.owns(e)) out.push_back(e);
+  return out;
+}
+
+std::string describe_entries(const std::vector<CheckpointDir::Entry>& entries) {
+  // One group per run (unreadable files and files without an identity on their own), steps first-last.
+  std::map<std::string, std::vector<int64_t>> groups;
+  for (const auto& e : entries)
+    groups[!e.problem.empty() ? std::string("unreadable")
+           : e.run_id.empty() ? std::string()
+                              : "run " + e.run_id]
+        .push_back(e.step);
+  std::string out;
+  for (const auto& [name, steps] : groups) {
+    const std::string who = name.empty() ? "files written before runs had an identity" : name;
+    out += detail::str_cat(out.empty() ? "" : "; ", who, " (step", steps.size() > 1 ? "s " : " ", steps.front(),
+                           steps.size() > 1 ? detail::str_cat("-", steps.back()) : std::string(), ", ", steps.size(),
+                           steps.size() == 1 ? " file)" : " files)");
+  }
   return out;
 }
 
@@ -172,7 +260,9 @@ CheckpointDir::Loaded CheckpointDir::load(const fs::path& path) {
 
 std::optional<CheckpointDir::Loaded> CheckpointDir::load_newest(
     const std::function<void(const std::string&)>& warn) const {
-  const auto all = list();
+  const auto all = list([&](const std::string& odd) {
+    if (warn) warn("--resume auto: skipping " + odd);
+  });
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
     try {
       return load(it->second);
@@ -188,47 +278,61 @@ fs::path CheckpointDir::save(int64_t step, const Checkpoint& checkpoint, const S
   const fs::path target = path(step);
   save_checkpoint(target, checkpoint, options);
   if (keep_last_ > 0) {
-    const auto all = list();
+    std::vector<Entry> mine;  // only this run's own files are ever deleted
+    for (auto& e : scan())
+      if (owns(e)) mine.push_back(std::move(e));
     const size_t keep = static_cast<size_t>(keep_last_);
-    for (size_t i = 0; i + keep < all.size(); ++i) {
+    for (size_t i = 0; i + keep < mine.size(); ++i) {
       std::error_code ec;
-      if (all[i].second != target) fs::remove(all[i].second, ec);  // best effort: a file gone already is fine
+      if (mine[i].path != target) fs::remove(mine[i].path, ec);  // best effort: a file gone already is fine
     }
   }
   return target;
 }
 
+namespace {
+
+// Renames `from` to `to`, or to "<to>-2", "<to>-3", ... when a file of that name exists: nothing is replaced.
+fs::path rename_unique(const fs::path& from, const fs::path& to) {
+  for (int n = 1; n < 100000; ++n) {
+    fs::path target = to;
+    if (n > 1) target += detail::str_cat("-", n);
+    if (::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, target.c_str(), RENAME_NOREPLACE) == 0) return target;
+    if (errno != EEXIST)
+      RT_THROW("--checkpoint-dir: cannot set aside '", from.string(), "' as '", target.string(),
+               "': ", std::strerror(errno));
+  }
+  RT_THROW("--checkpoint-dir: cannot set aside '", from.string(), "': 99999 names like '", to.string(), "' are taken");
+}
+
+}  // namespace
+
 std::vector<std::string> CheckpointDir::supersede_after(int64_t step) const {
   std::vector<std::string> renamed;
-  for (const auto& [s, path] : list()) {
-    if (s <= step) continue;
-    fs::path target = path;
+  for (const auto& e : scan()) {
+    if (e.step <= step || !owns(e)) continue;
+    fs::path target = e.path;
     target += ".superseded";
-    std::error_code ec;
-    fs::rename(path, target, ec);
-    if (ec)
-      RT_THROW("--checkpoint-dir: cannot set aside '", path.string(), "' (newer than the resumed step ", step,
-               "): ", ec.message());
-    renamed.push_back(target.string());
+    renamed.push_back(rename_unique(e.path, target).string());
   }
   return renamed;
 }
 
-namespace {
-
-// Whether process `pid` on this host is still running. A killed writer whose parent has not reaped it yet
-// (a zombie: in a container whose init does not reap, for ever) is not: its file is stale.
-bool running(pid_t pid) {
-  if (::kill(pid, 0) != 0) return false;
-  std::ifstream stat(detail::str_cat("/proc/", pid, "/stat"));
-  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-  const size_t paren = text.rfind(')');  // "pid (comm) S ...": the state follows the command's last ')'
-  if (paren == std::string::npos || paren + 2 >= text.size()) return true;
-  const char state = text[paren + 2];
-  return state != 'Z' && state != 'X';
+fs::path CheckpointDir::move_aside(const std::vector<Entry>& files) const {
+  const std::time_t now = std::time(nullptr);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "set-aside-%Y%m%d-%H%M%S", std::localtime(&now));
+  fs::path folder;
+  for (int n = 1;; ++n) {
+    folder = dir_ / (n == 1 ? std::string(stamp) : detail::str_cat(stamp, "-", n));
+    if (::mkdir(folder.c_str(), 0777) == 0) break;
+    if (errno != EEXIST || n > 1000)
+      RT_THROW("--start-over: cannot make '", folder.string(),
+               "' to move the old checkpoints into: ", std::strerror(errno));
+  }
+  for (const auto& e : files) rename_unique(e.path, folder / e.path.filename());
+  return folder;
 }
-
-}  // namespace
 
 std::vector<std::string> CheckpointDir::remove_stale_temp_files() const {
   std::vector<std::string> removed;
@@ -242,25 +346,33 @@ std::vector<std::string> CheckpointDir::remove_stale_temp_files() const {
     // A writer that is still alive on this host is not interrupted (another job sharing the folder).
     const std::string pid = name.substr(tmp + 5);
     if (!pid.empty() && pid.size() < 10 && pid.find_first_not_of("0123456789") == std::string::npos &&
-        std::stol(pid) != ::getpid() && running(static_cast<pid_t>(std::stol(pid))))
+        std::stol(pid) != ::getpid() && process_running(static_cast<pid_t>(std::stol(pid))))
       continue;
     if (fs::remove(entry.path(), ec)) removed.push_back(name);
   }
   return removed;
 }
 
-void CheckpointDir::check_writable() const {
+void CheckpointDir::check_writable(int64_t max_step) const {
   if (!on()) return;
   std::error_code ec;
   fs::create_directories(dir_, ec);
   if (ec) RT_THROW("--checkpoint-dir: cannot create '", dir_.string(), "': ", ec.message());
   if (!fs::is_directory(dir_, ec)) RT_THROW("--checkpoint-dir: '", dir_.string(), "' is not a folder");
-  const fs::path probe = dir_ / detail::str_cat(".write-probe-", ::getpid());
-  {
-    std::ofstream out(probe);
-    out << "probe\n";
-    if (!out.good()) RT_THROW("--checkpoint-dir: '", dir_.string(), "' is not writable");
+  // The longest names written here: ".ckpt-stepNNN.h5.tmp-<pid>" while a checkpoint is written and
+  // "ckpt-stepNNN.h5.superseded-NNNNN" when one is set aside (a set-aside folder's files are shorter).
+  const std::string temp = detail::str_cat(".", path(max_step).filename().string(), ".tmp-", ::getpid());
+  const std::string aside = path(max_step).filename().string() + ".superseded-99999";
+  const fs::path probe = dir_ / (temp.size() >= aside.size() ? temp : aside + ".probe");
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
+  if (fd < 0) {
+    if (errno == ENAMETOOLONG)
+      RT_THROW("--checkpoint-dir: '", dir_.string(), "' is too deep: the names this run writes there (such as '",
+               probe.filename().string(), "', ", probe.string().size(), " characters in all) are too long for its ",
+               "file system; use a shorter path");
+    RT_THROW("--checkpoint-dir: '", dir_.string(), "' is not writable (", std::strerror(errno), ")");
   }
+  ::close(fd);
   fs::remove(probe, ec);
 }
 

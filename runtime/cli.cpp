@@ -1,6 +1,7 @@
 // runtime/cli.cpp: the shared training flags.
 #include "runtime/cli.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace ringtrain::runtime {
@@ -149,6 +150,9 @@ void add_output_flags(CLI::App& app, TrainerOptions& o) {
   app.add_option("--resume", o.resume, "auto (newest in --checkpoint-dir, if any) or a checkpoint path");
   app.add_flag("--allow-batch-change", o.allow_batch_change,
                "resume a checkpoint written at another global batch (the training changes; refused otherwise)");
+  app.add_flag("--start-over", o.start_over,
+               "start a new run in a --checkpoint-dir that holds another run's checkpoints, moving them into a "
+               "set-aside-<date> folder of it first (refused otherwise)");
   app.add_option("--eval-every", o.eval_every, "epochs between evaluations")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1000000}));
@@ -173,13 +177,33 @@ void add_output_flags(CLI::App& app, TrainerOptions& o) {
 
 }  // namespace
 
+nlohmann::json flag_values(const CLI::App& app) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const CLI::Option* opt : app.get_options()) {
+    if (opt->get_lnames().empty() || opt->get_lnames()[0] == "help") continue;
+    std::string key = opt->get_lnames()[0];
+    std::replace(key.begin(), key.end(), '-', '_');
+    if (opt->get_expected_min() == 0) {  // a flag: given or not
+      out[key] = opt->count() > 0 ? "on" : "off";
+      continue;
+    }
+    std::string value;
+    for (const std::string& r : opt->results()) value += (value.empty() ? "" : ",") + r;
+    out[key] = opt->count() > 0 ? value : opt->get_default_str();
+  }
+  return out;
+}
+
 void add_trainer_flags(CLI::App& app, TrainerOptions& options, std::string& data_dir) {
-  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)->always_capture_default();
   add_length_flags(app, options, data_dir);
   add_optimisation_flags(app, options);
   add_device_flags(app, options);
   add_parallel_flags(app, options);
   add_output_flags(app, options);
+  // Every flag of the app (its own too, added after this call) is recorded once parsing is done, so a
+  // checkpoint knows the run's whole command line and a resume that changes any of it is said.
+  app.parse_complete_callback([&app, &options] { options.flags = flag_values(app); });
 }
 
 }  // namespace ringtrain::runtime

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "runtime/trainer.h"
@@ -16,8 +17,14 @@
 namespace ringtrain::runtime {
 
 // Adds --data and every training flag (length and batch, optimisation, device and precision, data
-// parallelism, checkpoints, logs, trace, progress, --timeout, --check). Call before CLI11_PARSE.
+// parallelism, checkpoints, logs, trace, progress, --timeout, --check). Call before CLI11_PARSE; the app's
+// own flags may follow. Parsing records every flag in options.flags (flag_values), which checkpoints keep.
 void add_trainer_flags(CLI::App& app, TrainerOptions& options, std::string& data_dir);
+
+// Every long option of `app` with its value as parsed ("on"/"off" for flags; given value, else the default),
+// keyed as the configuration spells flags ("lr_step_epochs"). add_trainer_flags records it into
+// TrainerOptions::flags when parsing completes.
+nlohmann::json flag_values(const CLI::App& app);
 
 // A CLI11 check that a number is finite (CLI::PositiveNumber and friends let NaN through).
 const CLI::Validator& finite_number();

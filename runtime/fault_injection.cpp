@@ -67,6 +67,11 @@ FaultInjection FaultInjection::from_env() {
   return text && *text ? parse(text, attempt) : FaultInjection{};  // set but empty: off
 }
 
+void FaultInjection::check_world(int world_size) const {
+  RT_CHECK(kind == Kind::None || rank < world_size, "RINGTRAIN_INJECT: rank ", rank, " does not exist: this job has ",
+           world_size, " rank(s) (0 to ", world_size - 1, "), so the fault would never fire");
+}
+
 int64_t FaultInjection::after_step(int rank_here, int64_t step_now) const {
   if (!fires(rank_here, step_now)) return step_now;
   switch (kind) {

@@ -26,6 +26,8 @@ struct FaultInjection {
   static FaultInjection parse(const std::string& text, int64_t this_attempt = 0);
   // From the environment (Kind::None when unset or empty); errors name RINGTRAIN_INJECT or RINGTRAIN_RESTART.
   static FaultInjection from_env();
+  // A fault for a rank the job does not have would never fire: an error naming the variable and the ranks.
+  void check_world(int world_size) const;
 
   // Whether the fault fires on this rank after this step (the Trainer names the watchdog phase first, so
   // an injected hang is reported as one, with its step).

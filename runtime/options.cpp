@@ -104,6 +104,7 @@ json TrainerOptions::to_json() const {
          {"sync_bn", sync_bn},
          {"clip_grad_norm", clip_grad_norm}};
   for (const auto& [key, value] : app_config.items()) j[key] = value;
+  if (!flags.empty()) j["flags"] = flags;
   return j;
 }
 
@@ -142,12 +143,20 @@ void validate_options(const TrainerOptions& o) {
   RT_CHECK(o.zero == 0 || o.compression == comm::Compression::None, "--zero 1 does not combine with --compression");
   RT_CHECK(finite(o.clip_grad_norm) && o.clip_grad_norm >= 0,
            "--clip-grad-norm must be 0 (off) or a positive norm, got ", o.clip_grad_norm);
+  RT_CHECK(!o.start_over || !o.checkpoint_dir.empty(),
+           "--start-over needs --checkpoint-dir (the folder to start over in)");
+  RT_CHECK(!o.start_over || o.resume != "auto",
+           "--start-over does not combine with --resume auto: continue the folder's run with --resume auto, or start "
+           "a new one with --start-over");
+  RT_CHECK(o.lr_milestones.empty() || o.lr_schedule == LrShape::MultiStep, "--lr-milestones ", o.lr_milestones,
+           " applies to --lr-schedule multistep only, but the schedule is ", name_of(o.lr_schedule));
   RT_CHECK(o.checkpoint_every_min == 0 || !o.checkpoint_dir.empty(), "--checkpoint-every-min ", o.checkpoint_every_min,
            " needs --checkpoint-dir (where to write them)");
 }
 
 json rank_agreement(const TrainerOptions& o) {
   nlohmann::json j = o.to_json();
+  j.erase("flags");  // the typed options above are what must agree (a rank's --threads may differ)
   j["log_every"] = o.log_every;
   j["eval_every"] = o.eval_every;
   j["checkpoint_every"] = o.checkpoint_every;

@@ -72,6 +72,7 @@ struct TrainerOptions {
   int64_t keep_last = 0;            // checkpoints kept (0: all)
   std::string resume;               // "auto" (newest valid in checkpoint_dir, if any) or a checkpoint path
   bool allow_batch_change = false;  // resume a checkpoint of another global batch (another training, said)
+  bool start_over = false;          // a new run in a folder of another run's checkpoints: they are moved aside first
   int64_t eval_every = 1;           // epochs between evaluations of the test split
   int64_t log_every = 50;           // steps between progress lines / train records
   std::string log_jsonl, trace;
@@ -83,6 +84,9 @@ struct TrainerOptions {
   std::string model_name = "model";                      // the plan record's "arch" and the startup line
   std::string program = "ringtrain";                     // the startup line's first word
   nlohmann::json app_config = nlohmann::json::object();  // more flags for the checkpoints' "config"
+  // Every flag of the command line as parsed (runtime/cli.h flag_values; empty for a run configured in code):
+  // the checkpoints' "config" keeps it under "flags", and a resume compares it flag by flag.
+  nlohmann::json flags = nlohmann::json::object();
 
   // The flags as the checkpoints' "config" records them (app_config merged in).
   nlohmann::json to_json() const;

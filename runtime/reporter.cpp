@@ -29,7 +29,7 @@ Reporter::Reporter(const comm::World& world, const TrainerOptions& o, Device dev
       timer_(gradient_buckets) {}
 
 void Reporter::announce(const Replica& replica, int threads, const Cursor& at, const std::string& resumed_from,
-                        const std::vector<std::string>& data_warnings) {
+                        const std::string& run_id, const std::vector<std::string>& data_warnings) {
   if (world_.is_root()) {
     for (const auto& w : data_warnings) std::fprintf(stderr, "%s: warning: %s\n", o_.program.c_str(), w.c_str());
     std::printf(
@@ -54,6 +54,7 @@ void Reporter::announce(const Replica& replica, int threads, const Cursor& at, c
         {"step", at.step},
         {"total_steps", plan_.total_steps},
         {"resumed_from", resumed_from},
+        {"run_id", run_id},
         {"checkpoint_dir",
          o_.checkpoint_dir}}.dump());
   }

@@ -36,7 +36,7 @@ class Reporter {
   // Rank 0: the data's warnings, the startup line, the supervisor's "plan" event; collective: the plan record
   // (every rank's optimizer-state bytes).
   void announce(const Replica& replica, int threads, const Cursor& at, const std::string& resumed_from,
-                const std::vector<std::string>& data_warnings);
+                const std::string& run_id, const std::vector<std::string>& data_warnings);
   // A micro-batch's loss: the finite ones make the interval's mean and the last loss.
   void add_loss(double loss);
   // Collective: the interval's loss averaged over ranks; rank 0 prints the progress and writes the train

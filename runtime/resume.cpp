@@ -1,8 +1,12 @@
 // runtime/resume.cpp: choosing, loading and checking the checkpoint a run resumes from.
 #include "runtime/resume.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <iterator>
+#include <map>
 
 #include "comm/host_collectives.h"
 #include "core/check.h"
@@ -13,25 +17,99 @@ namespace ringtrain::runtime {
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 
+namespace {
+
+// Flags that change how a run is carried out but not what it computes: a resume may change them silently.
+// Everything else — every other flag of the command line, the app's own included, and flags added later —
+// is compared, and a change is said.
+constexpr const char* kRuntimeOnly[] = {"data",
+                                        "threads",
+                                        "loader_threads",
+                                        "loader_nice",
+                                        "allow_shared_gpu",
+                                        "checkpoint_dir",
+                                        "checkpoint_every",
+                                        "checkpoint_every_min",
+                                        "keep_last",
+                                        "resume",
+                                        "allow_batch_change",
+                                        "start_over",
+                                        "eval_every",
+                                        "log_every",
+                                        "progress",
+                                        "log_jsonl",
+                                        "trace",
+                                        "trace_steps",
+                                        "check",
+                                        "timeout",
+                                        "zero",
+                                        "strict"};
+// What must be the same for a resume to continue the training at all.
+constexpr const char* kIdentity[] = {"arch", "model", "optimizer", "dataset"};
+
+bool listed(const std::string& key, const auto& list) {
+  return std::find(std::begin(list), std::end(list), key) != std::end(list);
+}
+
+// Equal, or two spellings of one number ("0.1" and "1e-1").
+bool same_value(const json& a, const json& b) {
+  if (a == b) return true;
+  if (!a.is_string() || !b.is_string()) return false;
+  try {
+    size_t ua = 0, ub = 0;
+    const double x = std::stod(a.get<std::string>(), &ua), y = std::stod(b.get<std::string>(), &ub);
+    return ua == a.get<std::string>().size() && ub == b.get<std::string>().size() && x == y;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+std::string shown(const json& v) {
+  if (v.is_null()) return "(none)";
+  if (!v.is_string()) return v.dump();
+  return v.get<std::string>().empty() ? std::string("\"\"") : v.get<std::string>();
+}
+
+std::string what_is(const std::string& key) {
+  if (key == "dataset") return "the dataset";
+  if (key == "model") return "the model";
+  if (key == "arch") return "-a/--arch";
+  return flag_of(key);
+}
+
+// The keys of `a` and `b` that differ, except those in `skip`, as "--flag old -> new".
+std::string differences(const json& a, const json& b) {
+  std::vector<std::string> keys;
+  for (const auto& [k, v] : a.items()) keys.push_back(k);
+  for (const auto& [k, v] : b.items())
+    if (!a.contains(k)) keys.push_back(k);
+  std::sort(keys.begin(), keys.end());
+  std::string out;
+  for (const std::string& k : keys) {
+    if (k == "flags" || listed(k, kRuntimeOnly) || listed(k, kIdentity)) continue;
+    const json x = a.contains(k) ? a[k] : json(), y = b.contains(k) ? b[k] : json();
+    if (!same_value(x, y)) out += detail::str_cat(out.empty() ? "" : ", ", flag_of(k), " ", shown(x), " -> ", shown(y));
+  }
+  return out;
+}
+
+}  // namespace
+
 ConfigComparison compare_config(const json& written, const json& now, const std::string& file) {
-  auto differs = [&](const char* key) {
-    return written.contains(key) && now.contains(key) && written[key] != now[key];
-  };
   ConfigComparison c;
-  for (const char* key : {"arch", "model", "optimizer", "dataset"})
-    if (differs(key)) {
-      const std::string what = std::string(key) == "dataset" ? "the dataset" : flag_of(key);
+  for (const char* key : kIdentity)
+    if (written.contains(key) && now.contains(key) && !same_value(written[key], now[key])) {
+      const std::string what = what_is(key);
       c.refusal = detail::str_cat("--resume ", file, ": the checkpoint was written with ", what, " ",
                                   written[key].dump(), " but this run has ", now[key].dump(),
                                   "; resuming would not continue that training (start a new run, or resume with the ",
                                   "same ", what, ")");
       return c;
     }
-  for (const char* key : {"steps", "epochs", "lr", "lr_schedule", "warmup_epochs", "lr_step_epochs", "lr_milestones",
-                          "lr_gamma", "lr_scaling", "momentum", "wd", "label_smoothing", "precision", "clip_grad_norm"})
-    if (differs(key))
-      c.changes += detail::str_cat(c.changes.empty() ? "" : ", ", flag_of(key), " ", written[key].dump(), " -> ",
-                                   now[key].dump());
+  // The command lines flag by flag when both runs recorded theirs (every flag, the app's own too), else the
+  // typed configuration (a run configured in code, or a checkpoint written before flags were recorded).
+  const bool both_flags = written.contains("flags") && now.contains("flags");
+  c.changes = both_flags ? differences(written["flags"], now["flags"]) : differences(written, now);
   return c;
 }
 
@@ -92,16 +170,76 @@ std::optional<Resumed> resume_point(const comm::World& world, const TrainerOptio
   if (!c.refusal.empty()) throw PermanentError(c.refusal);
   if (!c.changes.empty() && world.is_root())
     std::fprintf(stderr,
-                 "%s: warning: resuming %s with another run length or schedule than it was written with (%s): "
-                 "the learning rate continues from this run's schedule at step %lld\n",
+                 "%s: warning: resuming %s with other flags than it was written with (%s): "
+                 "from here this is not the checkpoint's training continued unchanged; the learning rate continues "
+                 "from this run's schedule at step %lld\n",
                  o.program.c_str(), chosen.c_str(), c.changes.c_str(), static_cast<long long>(s.step));
+  if (s.step > plan.total_steps)
+    RT_THROW_PERMANENT("--resume ", chosen, ": the checkpoint is at step ", s.step, ", past the end of this run (",
+                       plan.total_steps, " steps): resume it with --steps ", s.step,
+                       " or more (or more --epochs), or resume an earlier checkpoint");
   Resumed r;
   r.path = chosen;
   r.at.step = s.step;
   r.at.position = permanent_errors(
       [&] { return s.position_for(plan.per_step_global, plan.micro_per_epoch, chosen, batch_changed); });
+  // A checkpoint's step and sampler position tell the same story at the same global batch: an epoch is
+  // steps_per_epoch steps, a step accum sampler batches. (After an --allow-batch-change resume they need not.)
+  const int64_t told = r.at.position.epoch * plan.steps_per_epoch + r.at.position.next_batch / plan.accum;
+  if (!batch_changed && s.steps_follow_position && (told != s.step || r.at.position.next_batch % plan.accum != 0))
+    RT_THROW_PERMANENT("--resume ", chosen, ": /meta/json says step ", s.step, " but its sampler position (epoch ",
+                       s.position.epoch, ", batch ", s.position.next_batch, ") is step ", told, " of this run (",
+                       plan.steps_per_epoch, " steps per epoch): the checkpoint's metadata is inconsistent (damaged ",
+                       "or edited); resume another checkpoint");
   r.loaded = std::move(*loaded);
+  r.batch_changed = batch_changed;
   return r;
+}
+
+namespace {
+
+// The name of the first tensor of `tensors` holding a NaN or an infinity, or "".
+std::string first_non_finite(const NamedTensors& tensors) {
+  for (const auto& [name, t] : tensors) {
+    if (!is_floating(t.dtype())) continue;
+    for (double v : t.to_vector())
+      if (!std::isfinite(v)) return name;
+  }
+  return "";
+}
+
+}  // namespace
+
+void check_content(const Resumed& r, const std::vector<std::string>& params, const TrainerOptions& o) {
+  const Checkpoint& c = r.loaded.checkpoint;
+  const std::string what = c.checksummed ? "" : " (a file without a checksum, checked as strictly)";
+  if (const std::string bad = first_non_finite(c.model); !bad.empty())
+    RT_THROW_PERMANENT(
+        "--resume ", r.path, ": /model/", bad, " holds NaN or infinite values", what,
+        ": the run it was written by had diverged, or the file is damaged; resume an earlier checkpoint");
+  if (const std::string bad = first_non_finite(c.optimizer); !bad.empty())
+    RT_THROW_PERMANENT("--resume ", r.path, ": /optimizer/", bad, " holds NaN or infinite values", what,
+                       "; resume an earlier checkpoint");
+  std::map<std::string, const Tensor*> state;
+  for (const auto& [name, t] : c.optimizer) state[name] = &t;
+  const auto step = state.find("step");
+  if (step == state.end()) RT_THROW_PERMANENT("--resume ", r.path, ": /optimizer has no 'step' entry", what);
+  const auto taken = static_cast<int64_t>(step->second->item());
+  if (taken < 0 || taken > r.at.step)
+    RT_THROW_PERMANENT("--resume ", r.path, ": /optimizer/step is ", taken, " but the run took ", r.at.step, " step(s)",
+                       what, ": the optimizer state is not this checkpoint's");
+  if (taken == 0) return;
+  // Past the first step every parameter has its state: SGD a momentum buffer (with momentum), AdamW both moments.
+  std::vector<std::string> slots;
+  if (o.optimizer == OptimizerKind::AdamW)
+    slots = {".exp_avg", ".exp_avg_sq", ".step"};
+  else if (o.momentum > 0)
+    slots = {".momentum"};
+  for (const std::string& p : params)
+    for (const std::string& slot : slots)
+      if (!state.contains(p + slot))
+        RT_THROW_PERMANENT("--resume ", r.path, ": /optimizer has no '", p, slot, "' after ", taken, " step(s)", what,
+                           ": the optimizer state is incomplete, and training on would restart it from nothing");
 }
 
 }  // namespace ringtrain::runtime

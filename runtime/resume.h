@@ -23,10 +23,14 @@ struct Resumed {
   std::string path;
   CheckpointDir::Loaded loaded;  // the model, the optimizer state and the TrainState
   Cursor at;                     // the checkpoint's step and position, in this run's sampler batches
+  bool batch_changed = false;    // written at another global batch (--allow-batch-change)
 };
 
 // Collective. nullopt when the run starts afresh (no --resume, or --resume auto on a folder without a
-// checkpoint). Errors about the checkpoint against this run are PermanentErrors naming the file.
+// checkpoint). Errors about the checkpoint against this run are PermanentErrors naming the file: another
+// global batch (unless allowed), model, optimizer or dataset; a step past this run's end; a step that its
+// own sampler position contradicts.
+
 std::optional<Resumed> resume_point(const comm::World& world, const TrainerOptions& o, const CheckpointDir& ckpt,
                                     const RunPlan& plan, const std::string& dataset_signature);
 
@@ -38,5 +42,12 @@ struct ConfigComparison {
   std::string changes;
 };
 ConfigComparison compare_config(const nlohmann::json& written, const nlohmann::json& now, const std::string& file);
+
+// The checkpoint's tensors against the model they are for, as strictly for a file without a checksum
+// (written before checksums existed) as for one with: every weight and optimizer value finite, the
+// optimizer's step count within the run's, and past the first step every parameter's optimizer state
+// present (`params`: the model's parameter names; `o`: which optimizer, with what momentum). Errors
+// (PermanentError) name the file and the tensor.
+void check_content(const Resumed& r, const std::vector<std::string>& params, const TrainerOptions& o);
 
 }  // namespace ringtrain::runtime

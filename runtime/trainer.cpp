@@ -17,10 +17,12 @@
 #include "comm/host_collectives.h"
 #include "core/check.h"
 #include "core/ops.h"
+#include "io/files.h"
 #include "runtime/check_in.h"
 #include "runtime/checkpoint_dir.h"
 #include "runtime/evaluate.h"
 #include "runtime/fault_injection.h"
+#include "runtime/folder_lock.h"
 #include "runtime/plan.h"
 #include "runtime/preflight.h"
 #include "runtime/replica.h"
@@ -46,6 +48,11 @@ std::string check_output_file(const std::string& flag, const std::string& path) 
   if (::access(parent.c_str(), W_OK) != 0)
     return detail::str_cat(flag, ": folder '", parent.string(), "' is not writable");
   if (fs::is_directory(path, ec)) return detail::str_cat(flag, ": '", path, "' is a folder, not a file");
+  try {
+    io::require_regular_if_exists(path, flag);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
   if (fs::exists(path, ec) && ::access(path.c_str(), W_OK) != 0)
     return detail::str_cat(flag, ": '", path, "' is not writable");
   return "";
@@ -57,7 +64,7 @@ Trainer::Trainer(comm::World& world, TrainerOptions options) : world_(world), op
   // Bad flags (and a malformed RINGTRAIN_INJECT) are refused before any work, as errors no restart fixes.
   permanent_errors([this] {
     validate_options(options_);
-    FaultInjection::from_env();
+    FaultInjection::from_env().check_world(world_.size());
   });
   // First of all collectives: ranks with different flags would otherwise hang in one the others skip.
   check_same_config(world_, rank_agreement(options_));
@@ -75,13 +82,16 @@ Trainer::Trainer(comm::World& world, TrainerOptions options) : world_(world), op
     const comm::Backend backend = options_.backend.value_or(comm::auto_backend(world_, device_));
     quick_preflight(world_, backend, device_);
   }
-  std::string error;
+  std::string error, note;
   if (world_.is_root()) {
     try {
-      CheckpointDir(options_.checkpoint_dir, options_.keep_last).check_writable();
+      const CheckpointDir dir(options_.checkpoint_dir, options_.keep_last);
+      dir.check_writable(std::max<int64_t>(options_.steps, 99999999));
+      if (dir.on()) lock_ = FolderLock::acquire(dir.dir(), note);
     } catch (const std::exception& e) {
       error = e.what();
     }
+    if (!note.empty()) std::fprintf(stderr, "%s: note: %s\n", options_.program.c_str(), note.c_str());
     for (const auto& [flag, path] :
          {std::pair{"--log-jsonl", options_.log_jsonl}, std::pair{"--trace", options_.trace}})
       if (error.empty()) error = check_output_file(flag, path);
@@ -110,13 +120,14 @@ namespace {
 
 class Run {
  public:
-  Run(comm::World& world, const TrainerOptions& o, Device device, int threads, Watchdog& dog, Module& model,
-      DataSource& data, StepFn step_fn)
+  Run(comm::World& world, const TrainerOptions& o, Device device, int threads, Watchdog& dog, FolderLock* lock,
+      Module& model, DataSource& data, StepFn step_fn)
       : world_(world),
         o_(o),
         device_(device),
         threads_(threads),
         dog_(dog),
+        lock_(lock),
         model_(model),
         data_(data),
         step_fn_(std::move(step_fn)),
@@ -135,6 +146,8 @@ class Run {
     bool complete = false;  // every micro-batch of the epoch ran
   };
   Cursor start();
+  std::vector<CheckpointDir::Entry> claim_folder(const std::optional<Resumed>& resumed);
+  void tidy_folder(const std::vector<CheckpointDir::Entry>& others, const std::optional<Resumed>& resumed);
   EpochEnd train_epoch(int64_t epoch, Cursor at);
   std::optional<bool> train_step(int64_t epoch, int64_t step, int64_t& micro);
   void evaluate_now(int64_t epoch, int64_t step);
@@ -146,12 +159,13 @@ class Run {
   const Device device_;
   const int threads_;
   Watchdog& dog_;
+  FolderLock* lock_;  // rank 0's lock of --checkpoint-dir (null elsewhere and without checkpoints)
   Module& model_;
   DataSource& data_;
   const StepFn step_fn_;
   const RunPlan plan_;
   const LrSchedule schedule_;
-  const CheckpointDir ckpt_;
+  CheckpointDir ckpt_;  // told the run's identity in start()
   const FaultInjection inject_;
   // What it runs with.
   data::DistributedSampler sampler_;
@@ -160,6 +174,8 @@ class Run {
   Trace trace_;
   uint64_t bucket_plan_ = 0;  // checked at every step's check-in
   // What it has done.
+  std::string run_id_;                 // this run's identity, in every checkpoint it writes
+  bool steps_follow_position_ = true;  // false once a resume changed the global batch (TrainState)
   std::string resumed_from_;
   int64_t first_step_ = 0, saved_step_ = -1, skipped_steps_ = 0;
   double grad_norm_ = 0;  // of the last step taken, before clipping (with --clip-grad-norm)
@@ -175,7 +191,7 @@ TrainResult Run::run() {
   model_.to(device_);
   model_.train();
   Cursor at = start();
-  reporter_->announce(*replica_, threads_, at, resumed_from_, data_.warnings());
+  reporter_->announce(*replica_, threads_, at, resumed_from_, run_id_, data_.warnings());
   run_start_ = last_save_ = Clock::now();
   first_step_ = at.step;
   for (int64_t epoch = at.position.epoch; epoch < plan_.epochs && !finished(at, plan_); ++epoch) {
@@ -205,11 +221,16 @@ TrainResult Run::run() {
 
 // Where the run starts: afresh, or from the checkpoint of --resume (its weights into the model, the
 // generator's stream, the optimizer's state and loss scale into the replica). Builds the replica (rank 0's
-// weights everywhere) and the reporter.
+// weights everywhere) and the reporter, and makes the checkpoint folder this run's.
 Cursor Run::start() {
   std::optional<Resumed> resumed = resume_point(world_, o_, ckpt_, plan_, data_.info().signature);
+  const std::vector<CheckpointDir::Entry> others = claim_folder(resumed);
   ReplicaStart from;
   if (resumed) {
+    std::vector<std::string> params;
+    for (const auto& [name, p] : model_.named_parameters()) params.push_back(name);
+    check_content(*resumed, params, o_);
+    steps_follow_position_ = !resumed->batch_changed && resumed->loaded.state.steps_follow_position;
     Checkpoint& c = resumed->loaded.checkpoint;
     try {
       model_.load_state_dict(c.model);
@@ -223,23 +244,60 @@ Cursor Run::start() {
   replica_ = std::make_unique<Replica>(world_, o_, device_, model_, step_fn_, from);
   reporter_ = std::make_unique<Reporter>(world_, o_, device_, plan_, replica_->sync().buckets().size());
   bucket_plan_ = bucket_plan_hash(replica_->sync().buckets());
+  tidy_folder(others, resumed);
   if (!resumed) return Cursor{};
   resumed_from_ = resumed->path;
   const Cursor at = resumed->at;
-  if (world_.is_root()) {
-    // Later checkpoints in this run's folder belong to the run being replaced: --resume auto must not
-    // continue them after a crash of this one.
-    if (o_.resume != "auto")
-      for (const auto& name : ckpt_.supersede_after(at.step))
-        std::fprintf(stderr,
-                     "%s: warning: set aside %s: it is newer than the resumed step %lld and belongs to the run "
-                     "this one replaces\n",
-                     o_.program.c_str(), name.c_str(), static_cast<long long>(at.step));
+  if (world_.is_root())
     std::printf("resumed from %s: step %lld, epoch %lld, batch %lld\n", resumed_from_.c_str(),
                 static_cast<long long>(at.step), static_cast<long long>(at.position.epoch),
                 static_cast<long long>(at.position.next_batch));
-  }
   return at;
+}
+
+// The run's identity (a resumed one keeps its checkpoint's; a checkpoint from before identities existed
+// makes the folder's files without one this run's too) and the folder's files that belong to another run:
+// a new run refuses them unless --start-over, since its own checkpoints would replace theirs.
+std::vector<CheckpointDir::Entry> Run::claim_folder(const std::optional<Resumed>& resumed) {
+  const bool unmarked = resumed && resumed->loaded.state.run_id.empty();
+  run_id_ = resumed && !unmarked ? resumed->loaded.state.run_id : "";
+  if (run_id_.empty()) run_id_ = comm::broadcast(world_.comm(), world_.is_root() ? new_run_id() : std::string(), 0);
+  ckpt_.set_run(run_id_, unmarked);
+  if (lock_) lock_->set_run(run_id_);
+  std::vector<CheckpointDir::Entry> others;
+  std::string error;
+  if (world_.is_root() && ckpt_.on()) {
+    try {
+      others = others_of(ckpt_, ckpt_.scan());
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    if (error.empty() && !others.empty() && !o_.start_over)
+      error = detail::str_cat(
+          "--checkpoint-dir '", ckpt_.dir().string(), "' holds checkpoints of another run: ", describe_entries(others),
+          ". This ", resumed ? "run (resumed from " + resumed->path + ")" : std::string("new run"),
+          " would mix its checkpoints with them (--resume auto could pick theirs, --keep-last delete them): ",
+          resumed ? "" : "continue that run with --resume auto, ",
+          "pass --start-over to move them into a set-aside folder of it first, or use another --checkpoint-dir");
+  }
+  comm::agree_or_throw(world_.comm(), error, "--checkpoint-dir", true);
+  return others;
+}
+
+// Rank 0, once the run stands: another run's files moved aside (--start-over), and a run resumed from an
+// older checkpoint of its own sets aside the later ones of the run it replaces (--resume auto must not
+// continue them after a crash of this one).
+void Run::tidy_folder(const std::vector<CheckpointDir::Entry>& others, const std::optional<Resumed>& resumed) {
+  if (!world_.is_root() || !ckpt_.on()) return;
+  if (!others.empty())
+    std::fprintf(stderr, "%s: --start-over: moved %s into %s\n", o_.program.c_str(), describe_entries(others).c_str(),
+                 ckpt_.move_aside(others).string().c_str());
+  if (resumed && o_.resume != "auto")
+    for (const auto& name : ckpt_.supersede_after(resumed->at.step))
+      std::fprintf(stderr,
+                   "%s: warning: set aside %s: it is newer than the resumed step %lld and belongs to the run "
+                   "this one replaces\n",
+                   o_.program.c_str(), name.c_str(), static_cast<long long>(resumed->at.step));
 }
 
 // One epoch's optimizer steps from `at`, until the run's last step or the epoch's last complete step, each
@@ -369,6 +427,8 @@ void Run::save(const Cursor& at) {
       s.loss_scale = LossScaleState{scaler->scale(), scaler->growth_tracker()};
     s.config = o_.to_json();
     s.config["dataset"] = data_.info().signature;
+    s.run_id = run_id_;
+    s.steps_follow_position = steps_follow_position_;
     SaveOptions seam{.before_rename = [&] { inject_.in_checkpoint_write(world_.rank(), at.step); }};
     try {
       written =
@@ -395,7 +455,7 @@ TrainResult Trainer::fit(Module& model, DataSource& data, const StepFn& step_fn)
     Watchdog& dog;
     ~Pause() { dog.pause(); }
   } pause{*watchdog_};
-  Run run(world_, options_, device_, threads_, *watchdog_, model, data, step_fn);
+  Run run(world_, options_, device_, threads_, *watchdog_, lock_.get(), model, data, step_fn);
   return run.run();
 }
 

@@ -33,6 +33,8 @@
 
 namespace ringtrain::runtime {
 
+class FolderLock;
+
 // A model's loss for one micro-batch (called under autocast). The default is cross-entropy (with
 // label_smoothing) of model(images) against the labels.
 using StepFn = std::function<Tensor(Module& model, const data::Batch& batch)>;
@@ -61,7 +63,8 @@ class Trainer {
   Watchdog& watchdog() { return *watchdog_; }
 
   // Collective. Moves the model to device(), trains it on `data` and returns the figures rank 0 printed.
-  // May be called again (another model or run) with the same Trainer.
+  // May be called again (another model or run) with the same Trainer; each call is a run of its own (a
+  // fresh one refuses a --checkpoint-dir holding another run's checkpoints, as runtime/resume.h says).
   TrainResult fit(Module& model, DataSource& data, const StepFn& step_fn = {});
 
  private:
@@ -71,6 +74,7 @@ class Trainer {
   Device device_ = Device::cpu();
   int threads_ = 1;
   std::unique_ptr<Watchdog> watchdog_;  // made once the ranks agree on the flags (its making is collective)
+  std::unique_ptr<FolderLock> lock_;    // rank 0: --checkpoint-dir's lock, held while the Trainer lives
 };
 
 }  // namespace ringtrain::runtime

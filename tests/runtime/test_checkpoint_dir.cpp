@@ -25,12 +25,13 @@ class CheckpointDirTest : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
 
-  Checkpoint checkpoint(int64_t step) const {
+  Checkpoint checkpoint(int64_t step, const std::string& run_id = "") const {
     TrainState s;
     s.step = step;
     s.position = {0, step};
     s.global_batch = 16;
     s.per_step_global = 16;
+    s.run_id = run_id;
     return Checkpoint{{{"w", Tensor::full(Shape{3}, static_cast<double>(step))}}, {}, s.to_json()};
   }
   std::vector<int64_t> steps_on_disk(const CheckpointDir& d) const {
@@ -135,6 +136,96 @@ TEST_F(CheckpointDirTest, AnUnusableFolderIsAnErrorNamingTheFlag) {
   EXPECT_NO_THROW(CheckpointDir(dir_ / "new" / "deep").check_writable());
   EXPECT_TRUE(fs::is_directory(dir_ / "new" / "deep"));
   EXPECT_TRUE(fs::is_empty(dir_ / "new" / "deep")) << "the probe file is removed";
+}
+
+// Every checkpoint carries its run: keep_last deletes only this run's own files, a folder scan tells the
+// runs apart, and files of another run (or unreadable ones) are the ones a run may not take as its own.
+TEST_F(CheckpointDirTest, KeepLastDeletesOnlyThisRunsOwnCheckpoints) {
+  const std::string mine = new_run_id(), theirs = new_run_id();
+  ASSERT_NE(mine, theirs);
+  ASSERT_EQ(mine.size(), 16u);
+  CheckpointDir other(dir_);
+  for (int64_t s = 1; s <= 3; ++s) other.save(s, checkpoint(s, theirs));
+  CheckpointDir d(dir_, 2);
+  d.set_run(mine, false);
+  for (int64_t s = 10; s <= 14; ++s) d.save(s, checkpoint(s, mine));
+  EXPECT_EQ(steps_on_disk(d), (std::vector<int64_t>{1, 2, 3, 13, 14})) << "the other run's 1-3 must survive";
+  const auto entries = d.scan();
+  ASSERT_EQ(entries.size(), 5u);
+  EXPECT_EQ(entries[0].run_id, theirs);
+  EXPECT_EQ(entries[4].run_id, mine);
+  const auto others = others_of(d, entries);
+  ASSERT_EQ(others.size(), 3u);
+  EXPECT_EQ(describe_entries(others), "run " + theirs + " (steps 1-3, 3 files)");
+  std::ofstream(d.path(20)) << "not a checkpoint";
+  const auto with_bad = others_of(d, d.scan());
+  ASSERT_EQ(with_bad.size(), 4u);
+  EXPECT_NE(describe_entries(with_bad).find("unreadable (step 20, 1 file)"), std::string::npos)
+      << describe_entries(with_bad);
+}
+
+// A file written before runs had an identity belongs to no run, unless this run was resumed from such a file.
+TEST_F(CheckpointDirTest, FilesWithoutAnIdentityAreOnlyAResumedLegacyRunsOwn) {
+  CheckpointDir legacy(dir_);
+  legacy.save(4, checkpoint(4));
+  CheckpointDir d(dir_, 1);
+  d.set_run(new_run_id(), false);
+  EXPECT_EQ(others_of(d, d.scan()).size(), 1u);
+  EXPECT_EQ(describe_entries(others_of(d, d.scan())), "files written before runs had an identity (step 4, 1 file)");
+  d.set_run(new_run_id(), true);
+  EXPECT_TRUE(others_of(d, d.scan()).empty());
+}
+
+// Setting aside never replaces a file set aside before: the second explicit resume gets a new name.
+TEST_F(CheckpointDirTest, FilesSetAsideAreNeverOverwritten) {
+  CheckpointDir d(dir_);
+  d.save(5, checkpoint(5));
+  d.save(8, checkpoint(8));
+  EXPECT_EQ(d.supersede_after(5), (std::vector<std::string>{(dir_ / "ckpt-step00000008.h5.superseded").string()}));
+  d.save(8, checkpoint(8));  // the resumed run wrote step 8 again; a second resume from 5 sets it aside too
+  EXPECT_EQ(d.supersede_after(5), (std::vector<std::string>{(dir_ / "ckpt-step00000008.h5.superseded-2").string()}));
+  EXPECT_TRUE(fs::exists(dir_ / "ckpt-step00000008.h5.superseded"));
+  // --start-over: into a new folder each time, the files keeping their names.
+  d.save(9, checkpoint(9));
+  const fs::path first = d.move_aside(d.scan());
+  EXPECT_TRUE(fs::exists(first / "ckpt-step00000005.h5"));
+  EXPECT_TRUE(fs::exists(first / "ckpt-step00000009.h5"));
+  d.save(9, checkpoint(9));
+  const fs::path second = d.move_aside(d.scan());
+  EXPECT_NE(first, second);
+  EXPECT_TRUE(fs::exists(first / "ckpt-step00000009.h5") && fs::exists(second / "ckpt-step00000009.h5"));
+  EXPECT_TRUE(d.list().empty());
+}
+
+// A name of a checkpoint that is not a file (a folder, a dangling link) is not skipped in silence.
+TEST_F(CheckpointDirTest, ResumeAutoWarnsAboutEntriesNamedLikeCheckpointsThatAreNotFiles) {
+  CheckpointDir d(dir_);
+  d.save(2, checkpoint(2));
+  fs::create_directories(d.path(7));
+  fs::create_symlink(dir_ / "nowhere.h5", d.path(8));
+  std::vector<std::string> warnings;
+  const auto loaded = d.load_newest([&](const std::string& w) { warnings.push_back(w); });
+  ASSERT_TRUE(loaded);
+  EXPECT_EQ(loaded->state.step, 2);
+  ASSERT_EQ(warnings.size(), 2u);
+  EXPECT_NE(warnings[0].find("ckpt-step00000007.h5' is named like a checkpoint but is a folder"), std::string::npos)
+      << warnings[0];
+  EXPECT_NE(warnings[1].find("ckpt-step00000008.h5' is named like a checkpoint but is a link to nothing readable"),
+            std::string::npos)
+      << warnings[1];
+}
+
+// The probe uses the longest name the run will write, so a folder too deep for it fails at the start.
+TEST_F(CheckpointDirTest, AFolderTooDeepForTheRunsFileNamesFailsAtTheStart) {
+  // A path whose components are short but whose whole length leaves room for a short probe only.
+  fs::path deep = dir_;
+  while (deep.string().size() < 4096 - 40)
+    deep /= std::string(std::min<size_t>(200, 4096 - 40 - deep.string().size() - 1), 'd');
+  std::error_code ec;
+  fs::create_directories(deep, ec);
+  if (ec) GTEST_SKIP() << "cannot make a " << deep.string().size() << "-character path here: " << ec.message();
+  const std::string e = testing::error_of([&] { CheckpointDir(deep).check_writable(); });
+  EXPECT_NE(e.find("is too deep: the names this run writes there"), std::string::npos) << e.substr(e.size() - 300);
 }
 
 TEST(TrainState, RoundTripsAndNamesTheFileAndKeyOfABadField) {
