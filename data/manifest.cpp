@@ -8,6 +8,7 @@
 
 #include "core/check.h"
 #include "data/shard_format.h"
+#include "io/files.h"
 
 namespace ringtrain::data {
 namespace fs = std::filesystem;
@@ -167,6 +168,7 @@ json load_manifest_json(const fs::path& dir) {
   if (!fs::exists(dir)) RT_THROW("dataset folder '", dir.string(), "' does not exist");
   if (!fs::exists(path))
     RT_THROW("dataset folder '", dir.string(), "' has no manifest.json (write one with make_shards)");
+  io::require_regular_file(path, "manifest");
   std::ifstream in(path);
   json j;
   try {

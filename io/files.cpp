@@ -8,15 +8,24 @@ namespace fs = std::filesystem;
 
 std::string kind_of(const fs::file_status& status) {
   switch (status.type()) {
-    case fs::file_type::regular: return "a regular file";
-    case fs::file_type::directory: return "a folder";
-    case fs::file_type::fifo: return "a FIFO (named pipe)";
-    case fs::file_type::socket: return "a socket";
-    case fs::file_type::character: return "a character device";
-    case fs::file_type::block: return "a block device";
-    case fs::file_type::symlink: return "a symbolic link";
-    case fs::file_type::not_found: return "missing";
-    default: return "not a regular file";
+    case fs::file_type::regular:
+      return "a regular file";
+    case fs::file_type::directory:
+      return "a folder";
+    case fs::file_type::fifo:
+      return "a FIFO (named pipe)";
+    case fs::file_type::socket:
+      return "a socket";
+    case fs::file_type::character:
+      return "a character device";
+    case fs::file_type::block:
+      return "a block device";
+    case fs::file_type::symlink:
+      return "a symbolic link";
+    case fs::file_type::not_found:
+      return "missing";
+    default:
+      return "not a regular file";
   }
 }
 
@@ -32,7 +41,8 @@ void check_kind(const fs::path& path, const std::string& what, bool missing_ok) 
   if (ec) RT_THROW(what, " '", path.string(), "': cannot look at it: ", ec.message());
   if (st.type() == fs::file_type::regular) return;
   if (st.type() == fs::file_type::directory) RT_THROW(what, " '", path.string(), "' is a folder, not a file");
-  RT_THROW(what, " '", path.string(), "' is ", kind_of(st), ", not a regular file: opening it could block or read "
+  RT_THROW(what, " '", path.string(), "' is ", kind_of(st),
+           ", not a regular file: opening it could block or read "
            "something else than a file");
 }
 

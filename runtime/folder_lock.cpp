@@ -118,8 +118,8 @@ std::unique_ptr<FolderLock> FolderLock::acquire(const fs::path& dir, std::string
       const json& h = *holder;
       RT_THROW("--checkpoint-dir '", dir.string(), "' is in use by another run: pid ", h.value("pid", int64_t{-1}),
                " on host ", h.value("host", std::string("?")), ", started ", when(h.value("started", int64_t{0})),
-               h.value("run", std::string()).empty() ? "" : ", run " + h.value("run", std::string()),
-               " (lock file '", path.string(), "', refreshed ", static_cast<int64_t>(seconds_since_modified(path)),
+               h.value("run", std::string()).empty() ? "" : ", run " + h.value("run", std::string()), " (lock file '",
+               path.string(), "', refreshed ", static_cast<int64_t>(seconds_since_modified(path)),
                " s ago). Two runs writing one folder replace each other's checkpoints: wait for that run to end or "
                "give this one another --checkpoint-dir (if that process is gone, remove the lock file)");
     }
@@ -132,8 +132,9 @@ std::unique_ptr<FolderLock> FolderLock::acquire(const fs::path& dir, std::string
     const std::optional<json> now = read_lock(path);
     if (now && now->value("host", std::string()) == this_host() && now->value("pid", int64_t{-1}) == ::getpid()) {
       if (holder && gone != "this process")
-        note = detail::str_cat("took over the lock of '", dir.string(), "' from pid ", holder->value("pid", int64_t{-1}),
-                               " on host ", holder->value("host", std::string("?")), ": ", gone);
+        note =
+            detail::str_cat("took over the lock of '", dir.string(), "' from pid ", holder->value("pid", int64_t{-1}),
+                            " on host ", holder->value("host", std::string("?")), ": ", gone);
       return std::unique_ptr<FolderLock>(new FolderLock(path));
     }
   }

@@ -219,8 +219,7 @@ TEST_F(CheckpointDirTest, ResumeAutoWarnsAboutEntriesNamedLikeCheckpointsThatAre
 TEST_F(CheckpointDirTest, AFolderTooDeepForTheRunsFileNamesFailsAtTheStart) {
   // A path whose components are short but whose whole length leaves room for a short probe only.
   fs::path deep = dir_;
-  while (deep.string().size() < 4096 - 40)
-    deep /= std::string(std::min<size_t>(200, 4096 - 40 - deep.string().size() - 1), 'd');
+  while (deep.string().size() < 4070) deep /= std::string(std::min<size_t>(200, 4070 - deep.string().size() - 1), 'd');
   std::error_code ec;
   fs::create_directories(deep, ec);
   if (ec) GTEST_SKIP() << "cannot make a " << deep.string().size() << "-character path here: " << ec.message();

@@ -36,9 +36,12 @@ class FolderLockTest : public ::testing::Test {
   }
   // A lock as another process wrote it.
   void write_lock(const std::string& host, int64_t pid, const std::string& supervisor = "") const {
-    std::ofstream(dir_ / ".ringtrain-lock") << nlohmann::json{{"host", host}, {"pid", pid}, {"started", 1700000000},
-                                                               {"supervisor", supervisor}, {"run", "0123456789abcdef"}}
-                                                   .dump();
+    std::ofstream(dir_ / ".ringtrain-lock") << nlohmann::json{
+        {"host", host},
+        {"pid", pid},
+        {"started", 1700000000},
+        {"supervisor", supervisor},
+        {"run", "0123456789abcdef"}}.dump();
   }
   void age_lock(int seconds) const {
     const auto t = fs::last_write_time(dir_ / ".ringtrain-lock") - std::chrono::seconds(seconds);
@@ -112,8 +115,8 @@ TEST_F(FolderLockTest, TheHolderKeepsItsLockFresh) {
   EXPECT_TRUE(note.empty()) << note;
   age_lock(600);
   std::this_thread::sleep_for(std::chrono::milliseconds(5600));  // one refresh period and a bit
-  const auto age = std::chrono::duration_cast<std::chrono::seconds>(
-      fs::file_time_type::clock::now() - fs::last_write_time(dir_ / ".ringtrain-lock"));
+  const auto age = std::chrono::duration_cast<std::chrono::seconds>(fs::file_time_type::clock::now() -
+                                                                    fs::last_write_time(dir_ / ".ringtrain-lock"));
   EXPECT_LT(age.count(), 10) << "the refresher did not touch the lock";
 }
 

@@ -1,0 +1,171 @@
+#!/usr/bin/env bash
+# tests/apps/hardening.sh BUILD_DIR WORK_DIR [CASE...]: a resume or restart must never train the wrong
+# thing, and no bad input passes quietly. Each case runs the programs as a user would and checks the
+# message (docs/VALIDATION.md lists them all):
+#   folder       a new run refuses a folder of another run's checkpoints (naming the run), --resume auto
+#                continues it, --start-over moves them into a set-aside folder; a second explicit resume
+#                never overwrites what the first set aside
+#   writers      a second run on a folder another live run writes is refused naming its pid; once that run
+#                is killed its lock is taken over, saying so
+#   changes      a resume with another --seed, --nesterov or an app's augmentation flag says so, old and new
+#   content      checkpoints without a checksum checked as strictly: NaN weights, a missing momentum, a step
+#                past the run's end, a step its sampler position contradicts
+#   early        errors at the start, not the end: a folder too deep for the run's file names,
+#                --lr-milestones without multistep, a fault for a rank the job lacks, a FIFO as manifest
+#                or log, a folder given to --resume, ringtrain_run with an unwritable --log-jsonl, SIGTERM
+#                during --restart-delay
+set -euo pipefail
+build=$(cd "$1" && pwd)
+work=$2
+shift 2
+cases=("$@")
+((${#cases[@]})) || cases=(folder writers changes content early)
+rm -rf "$work"
+mkdir -p "$work"
+cd "$work"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+fail() {
+  echo "hardening test: FAIL: $*"
+  exit 1
+}
+expect() {  # expect FILE REGEX WHAT: FILE holds REGEX, else fail printing it
+  grep -Eq -- "$2" "$1" || {
+    cat "$1"
+    fail "$3: no '$2'"
+  }
+}
+"$build/make_shards" synthetic data --shape 12x12x3 --count 400 --classes 5 --shards 2 > /dev/null 2>&1
+train=(timeout -k 5 120 "$build/train_resnet" --data data -a resnet20 -b 8 --lr 0.05 --threads 1 --log-every 100)
+# h5 FILE PYTHON: edits a checkpoint with h5py (as a damaged or hand-edited file would be) and drops its
+# checksum, so it reads as a file written before checksums existed.
+h5() {
+  /usr/bin/python3 - "$1" "$2" << 'PY'
+import h5py, json, numpy, sys
+f = h5py.File(sys.argv[1], "r+")
+exec(sys.argv[2])
+if "checksum" in f.attrs: del f.attrs["checksum"]
+f.close()
+PY
+}
+
+for case in "${cases[@]}"; do
+  case $case in
+    folder)
+      "${train[@]}" --steps 4 --checkpoint-every 2 --checkpoint-dir f > a.log 2>&1 || { cat a.log; fail "folder: run A"; }
+      run=$(/usr/bin/python3 -c "import h5py, json; print(json.loads(h5py.File('f/ckpt-step00000004.h5')['meta/json'][()])['run_id'])")
+      if "${train[@]}" --steps 4 --checkpoint-dir f > b.log 2>&1; then fail "folder: a new run wrote into run A's folder"; fi
+      expect b.log "--checkpoint-dir 'f' holds checkpoints of another run: run $run \(steps 2-4, 2 files\)" folder
+      expect b.log "continue that run with --resume auto, pass --start-over" folder
+      "${train[@]}" --steps 6 --checkpoint-every 2 --checkpoint-dir f --resume auto > c.log 2>&1 || { cat c.log; fail "folder: --resume auto"; }
+      expect c.log "resumed from f/ckpt-step00000004.h5: step 4" folder
+      [[ -f f/ckpt-step00000006.h5 ]] || fail "folder: the continued run wrote no step 6"
+      "${train[@]}" --steps 2 --checkpoint-dir f --start-over > d.log 2>&1 || { cat d.log; fail "folder: --start-over"; }
+      expect d.log "--start-over: moved run $run \(steps 2-6, 3 files\) into f/set-aside-[0-9]{8}-[0-9]{6}" folder
+      aside=$(ls -d f/set-aside-*)
+      [[ -f $aside/ckpt-step00000006.h5 && -f f/ckpt-step00000002.h5 ]] || fail "folder: the old files were not kept aside"
+      # Three explicit resumes from step 2, each writing step 4 again: the second sets the first's step 4
+      # aside, the third the second's, under a name of its own.
+      for n in 1 2 3; do
+        "${train[@]}" --steps 4 --checkpoint-every 2 --checkpoint-dir f --resume f/ckpt-step00000002.h5 > e$n.log 2>&1 ||
+          { cat e$n.log; fail "folder: explicit resume $n"; }
+      done
+      [[ -f f/ckpt-step00000004.h5.superseded && -f f/ckpt-step00000004.h5.superseded-2 ]] ||
+        { ls f; fail "folder: a file set aside was overwritten"; }
+      expect e3.log "set aside f/ckpt-step00000004.h5.superseded-2" folder
+      echo "folder: another run's folder refused, continued with --resume auto, set aside with --start-over"
+      ;;
+    writers)
+      "${train[@]}" --steps 100000 --checkpoint-dir w > w1.log 2>&1 &
+      first=$!
+      for _ in $(seq 300); do [[ -f w/.ringtrain-lock ]] && break; sleep 0.1; done
+      [[ -f w/.ringtrain-lock ]] || { kill $first; cat w1.log; fail "writers: the first run took no lock"; }
+      holder=$(pgrep -f -n "train_resnet .*--checkpoint-dir w" || true)
+      if "${train[@]}" --steps 2 --checkpoint-dir w --resume auto > w2.log 2>&1; then
+        kill $first
+        fail "writers: a second live writer was let in"
+      fi
+      kill -9 "$holder" 2> /dev/null || true
+      wait $first 2> /dev/null || true
+      expect w2.log "--checkpoint-dir 'w' is in use by another run: pid [0-9]+ on host $(hostname)" writers
+      last=$(ls w/ckpt-step*.h5 | tail -1 | sed 's/.*step0*//; s/\.h5//')
+      "${train[@]}" --steps $((last + 2)) --checkpoint-dir w --resume auto > w3.log 2>&1 ||
+        { cat w3.log; fail "writers: after the holder died"; }
+      expect w3.log "took over the lock of 'w' from pid [0-9]+ on host .*no longer runs" writers
+      [[ ! -f w/.ringtrain-lock ]] || fail "writers: the lock outlived its run"
+      echo "writers: a second live writer refused naming the holder; a dead holder's lock taken over"
+      ;;
+    changes)
+      "${train[@]}" --steps 2 --checkpoint-every 1 --checkpoint-dir s > s0.log 2>&1 || { cat s0.log; fail "changes: base run"; }
+      "${train[@]}" --steps 2 --checkpoint-dir s2 --resume s/ckpt-step00000001.h5 --seed 1 --nesterov --no-hflip \
+        > s1.log 2>&1 || { cat s1.log; fail "changes: the resume"; }
+      for want in "--seed 0 -> 1" "--nesterov off -> on" "--no-hflip off -> on"; do
+        expect s1.log "warning: resuming s/ckpt-step00000001.h5 with other flags than it was written with \(.*$want" changes
+      done
+      "${train[@]}" --steps 2 --checkpoint-dir s3 --resume s/ckpt-step00000001.h5 --threads 2 > s2.log 2>&1 ||
+        { cat s2.log; fail "changes: a resume with another --threads"; }
+      grep -q "other flags" s2.log && fail "changes: a runtime-only flag was reported as a change"
+      echo "changes: another --seed, --nesterov and --no-hflip are said, --threads is not"
+      ;;
+    content)
+      "${train[@]}" --steps 4 --checkpoint-every 2 --checkpoint-dir k > k0.log 2>&1 || { cat k0.log; fail "content: base run"; }
+      resume_error() {  # resume_error NAME EDIT REGEX
+        cp k/ckpt-step00000002.h5 "$1.h5"
+        h5 "$1.h5" "$2"
+        if "${train[@]}" --steps 4 --checkpoint-dir "k-$1" --resume "$1.h5" > "$1.log" 2>&1; then
+          fail "content: $1: the damaged checkpoint was accepted"
+        fi
+        expect "$1.log" "$3" "content: $1"
+      }
+      resume_error nan 'd = f["model/fc.weight"]; v = d[()]; v[0, 0] = float("nan"); d[...] = v' \
+        "--resume nan.h5: /model/fc.weight holds NaN or infinite values \(a file without a checksum, checked as strictly\)"
+      resume_error nomomentum 'del f["optimizer/fc.weight.momentum"]' \
+        "--resume nomomentum.h5: /optimizer has no 'fc.weight.momentum' after 2 step\(s\)"
+      resume_error farstep \
+        'm = json.loads(f["meta/json"][()]); m["step"] = 10**12; s = json.dumps(m); del f["meta/json"]; f["meta/json"] = numpy.bytes_(s)' \
+        "--resume farstep.h5: the checkpoint is at step 1000000000000, past the end of this run \(4 steps\)"
+      resume_error farepoch \
+        'm = json.loads(f["meta/json"][()]); m["sampler"]["epoch"] = 3; m["epoch"] = 3; s = json.dumps(m); del f["meta/json"]; f["meta/json"] = numpy.bytes_(s)' \
+        "--resume farepoch.h5: /meta/json says step 2 but its sampler position \(epoch 3, batch 2\) is step [0-9]+ of this run"
+      echo "content: NaN weights, a missing momentum, a far step and a contradicted step are refused"
+      ;;
+    early)
+      deep=$work/$(printf 'd%.0s' $(seq 200))
+      while ((${#deep} < 4040)); do deep=$deep/$(printf 'd%.0s' $(seq 200)); done
+      deep=${deep:0:4070}  # the run's temporary file name no longer fits, a short probe name still does
+      if mkdir -p "$deep" 2> /dev/null; then
+        if "${train[@]}" --steps 2 --checkpoint-dir "$deep" > deep.log 2>&1; then fail "early: a too-deep folder passed"; fi
+        expect deep.log "is too deep: the names this run writes there" early
+      fi
+      if "${train[@]}" --steps 2 --lr-milestones 1,2 > ms.log 2>&1; then fail "early: --lr-milestones without multistep"; fi
+      expect ms.log "--lr-milestones 1,2 applies to --lr-schedule multistep only, but the schedule is cosine" early
+      if RINGTRAIN_INJECT=throw:5:1 "${train[@]}" --steps 2 > inj.log 2>&1; then fail "early: a fault for rank 5 of 1"; fi
+      expect inj.log "RINGTRAIN_INJECT: rank 5 does not exist: this job has 1 rank\(s\)" early
+      cp -r data fifo-data && rm fifo-data/manifest.json && mkfifo fifo-data/manifest.json
+      if timeout 30 "${train[@]}" --steps 2 --data fifo-data > fifo.log 2>&1; then fail "early: a FIFO manifest"; fi
+      expect fifo.log "manifest 'fifo-data/manifest.json' is a FIFO \(named pipe\), not a regular file" early
+      mkfifo log.fifo
+      if timeout 30 "${train[@]}" --steps 2 --log-jsonl log.fifo > lf.log 2>&1; then fail "early: a FIFO log"; fi
+      expect lf.log "--log-jsonl 'log.fifo' is a FIFO \(named pipe\), not a regular file" early
+      mkdir -p not-a-file
+      if "${train[@]}" --steps 2 --resume not-a-file > rf.log 2>&1; then fail "early: a folder as --resume"; fi
+      expect rf.log "checkpoint 'not-a-file' is a folder, not a checkpoint file \(to continue the newest checkpoint of a folder: --checkpoint-dir not-a-file --resume auto\)" early
+      if timeout 60 "$build/ringtrain_run" --np 1 --log-jsonl /nonexistent/run.jsonl -- "${train[@]:4}" --steps 2 \
+        --checkpoint-dir r > rl.log 2>&1; then fail "early: ringtrain_run with an unwritable --log-jsonl"; fi
+      expect rl.log "--log-jsonl: cannot append to '/nonexistent/run.jsonl': .*\(its folder does not exist\)" early
+      grep -q "launching" rl.log && fail "early: ringtrain_run launched before checking its log"
+      # SIGTERM during a long --restart-delay ends the supervisor at once.
+      start=$(date +%s)
+      RINGTRAIN_INJECT=throw:0:1 timeout -k 5 100 "$build/ringtrain_run" --np 1 --restart-delay 600 -- "${train[@]:4}" \
+        --steps 4 --checkpoint-dir rd > rd.log 2>&1 &
+      sup=$!
+      for _ in $(seq 300); do grep -q "restart 1 of" rd.log && break; sleep 0.1; done
+      kill -TERM $sup
+      wait $sup || true
+      (($(date +%s) - start < 60)) || fail "early: SIGTERM waited out --restart-delay"
+      expect rd.log "stopped by signal 15 .*before the relaunch; not restarting" early
+      echo "early: each refused at the start, naming what is wrong"
+      ;;
+    *) fail "unknown case '$case'" ;;
+  esac
+done
+echo "hardening test: PASS"
