@@ -11,6 +11,7 @@
 #include <string>
 
 #include "data/converters.h"
+#include "io/files.h"
 
 using namespace ringtrain;
 using namespace ringtrain::data;
@@ -108,6 +109,8 @@ int main(int argc, char** argv) {
   imagefolder->add_flag("--keep-encoded", keep_encoded, "The same as --encode jpeg");
   imagefolder->add_option("--quality", image_options.jpeg_quality, "JPEG quality for --encode jpeg")
       ->check(CLI::Range(1, 100));
+  imagefolder->add_flag("--strict", image_options.strict,
+                        "Refuse images that decode only with libjpeg warnings (corrupt data) instead of counting them");
   add_common_options(imagefolder, common);
 
   SyntheticSpec spec;
@@ -157,7 +160,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "make_shards: error: out of memory (the images are too large for this machine?)\n");
     return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "make_shards: error: %s\n", e.what());
+    std::fprintf(stderr, "make_shards: error: %s\n", io::explain_write_failure(out, e.what()).c_str());
     return 1;
   }
 }

@@ -24,7 +24,10 @@ using namespace ringtrain;
 int main(int argc, char** argv) {
   CLI::App app{"ringtrain's preflight doctor: machine, libraries, rank map and checks (alone or under mpirun)"};
   std::string data_dir, bytes_text = "16M";
-  app.add_option("--data", data_dir, "also validate every split of this shard folder");
+  bool decode_all = false;
+  app.add_option("--data", data_dir,
+                 "also validate every split of this shard folder, decoding a sample of every shard's encoded records");
+  app.add_flag("--decode-all", decode_all, "with --data: decode every encoded record, not a sample of each shard");
   app.add_option("--bytes", bytes_text, "all-reduce size for the timed check (K/M/G suffixes)")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   return comm::run_main(argc, argv, [&](comm::World& world) {
@@ -76,7 +79,7 @@ int main(int argc, char** argv) {
     }
     if (!data_dir.empty()) {
       std::string detail_text;
-      const std::string failure = runtime::check_data(data_dir, detail_text);
+      const std::string failure = runtime::check_data(data_dir, detail_text, decode_all);
       all_ok &= runtime::report_check(world, "data " + data_dir, failure, detail_text);
     }
     if (world.is_root()) std::printf("%s\n", all_ok ? "all checks passed" : "some checks FAILED");

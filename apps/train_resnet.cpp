@@ -55,7 +55,8 @@ std::unique_ptr<runtime::DataSource> open_data(const comm::World& world, const r
                                  .loader_threads = o.loader_threads,
                                  .loader_nice = o.loader_nice,
                                  .seed = o.seed,
-                                 .device = trainer.device()});
+                                 .device = trainer.device(),
+                                 .strict = o.strict});
   const int64_t side = f.image_size > 0 ? f.image_size : (is_cifar(f.arch) ? 32 : 224);
   return runtime::synthetic_data({.size = f.synthetic_size,
                                   .height = side,

@@ -45,6 +45,7 @@ struct JpegErrorManager {
   jpeg_error_mgr base;  // must be first: libjpeg hands us &base
   std::jmp_buf jump;
   char message[kMessageBytes];
+  char warning[kMessageBytes];  // the first warning's text
 };
 
 void jpeg_error_exit(j_common_ptr cinfo) {
@@ -57,8 +58,10 @@ void jpeg_error_exit(j_common_ptr cinfo) {
 // image, as PIL and torchvision accept them; a premature end of data does not: libjpeg would pad the
 // rest of the image with gray, so a truncated file becomes an error.
 void jpeg_emit_message(j_common_ptr cinfo, int level) {
-  if (level == -1 && cinfo->err->msg_code == JWRN_JPEG_EOF) jpeg_error_exit(cinfo);
-  if (level == -1) cinfo->err->num_warnings++;
+  if (level != -1) return;  // trace messages
+  if (cinfo->err->msg_code == JWRN_JPEG_EOF) jpeg_error_exit(cinfo);
+  if (cinfo->err->num_warnings++ == 0)
+    (*cinfo->err->format_message)(cinfo, reinterpret_cast<JpegErrorManager*>(cinfo->err)->warning);
 }
 
 void install_jpeg_errors(JpegErrorManager* manager, jpeg_error_mgr** slot) {
@@ -66,11 +69,14 @@ void install_jpeg_errors(JpegErrorManager* manager, jpeg_error_mgr** slot) {
   manager->base.error_exit = jpeg_error_exit;
   manager->base.emit_message = jpeg_emit_message;
   manager->message[0] = '\0';
+  manager->warning[0] = '\0';
 }
 
 struct JpegDecodeState {
   bool adobe_cmyk = false;  // CMYK stored inverted (Photoshop's Adobe marker)
   char message[kMessageBytes] = {};
+  int warnings = 0;
+  char warning[kMessageBytes] = {};
   // Filled in by decode_jpeg_raw: where the decoded rows and columns lie in the scaled image.
   int64_t scale = 1, y0 = 0, x0 = 0, scaled_height = 0, scaled_width = 0;
 };
@@ -156,8 +162,15 @@ bool decode_jpeg_raw(const uint8_t* bytes, size_t size, const std::function<Regi
     jpeg_abort_decompress(&cinfo);
   else
     jpeg_finish_decompress(&cinfo);
+  state->warnings = static_cast<int>(errors.base.num_warnings);
+  std::memcpy(state->warning, errors.warning, kMessageBytes);
   jpeg_destroy_decompress(&cinfo);
   return true;
+}
+
+void take_warnings(DecodedImage& image, const JpegDecodeState& state) {
+  image.warnings = state.warnings;
+  image.first_warning = state.warnings > 0 ? state.warning : "";
 }
 
 // CMYK (4 channels) to RGB in place; other channel counts than 1 and 3 are errors.
@@ -185,6 +198,7 @@ DecodedImage decode_jpeg(const uint8_t* bytes, size_t size) {
   JpegDecodeState state;
   if (!decode_jpeg_raw(bytes, size, nullptr, &image, &state)) RT_THROW("corrupt JPEG data: ", state.message);
   finish_jpeg_channels(image, state);
+  take_warnings(image, state);
   return image;
 }
 
@@ -231,6 +245,7 @@ struct PngState {
   const uint8_t* data = nullptr;
   size_t size = 0, offset = 0;
   char message[kMessageBytes] = {};
+  char warning[kMessageBytes] = {};  // the first of libpng's warnings
 };
 
 void png_error_handler(png_structp png, png_const_charp message) {
@@ -239,7 +254,12 @@ void png_error_handler(png_structp png, png_const_charp message) {
   png_longjmp(png, 1);
 }
 
-void png_warning_handler(png_structp, png_const_charp) {}  // ancillary-chunk complaints; the image is fine
+// Most warnings are ancillary-chunk complaints (an incorrect sRGB profile) over a fine image; the first is kept
+// so that one about the image data itself can be made an error.
+void png_warning_handler(png_structp png, png_const_charp message) {
+  auto* state = static_cast<PngState*>(png_get_error_ptr(png));
+  if (state->warning[0] == '\0') std::snprintf(state->warning, kMessageBytes, "%s", message);
+}
 
 void png_read_from_memory(png_structp png, png_bytep out, size_t length) {
   auto* state = static_cast<PngState*>(png_get_io_ptr(png));
@@ -290,6 +310,7 @@ bool decode_png_raw(PngState* state, DecodedImage* out, std::vector<png_bytep>* 
     throw;
   }
   png_read_image(png, rows->data());
+  png_read_end(png, nullptr);  // reads what follows the rows: image data the header has no room for is seen
   png_destroy_read_struct(&png, &info, nullptr);
   return true;
 }
@@ -301,6 +322,11 @@ DecodedImage decode_png(const uint8_t* bytes, size_t size) {
   DecodedImage image;
   std::vector<png_bytep> rows;
   if (!decode_png_raw(&state, &image, &rows)) RT_THROW("corrupt PNG data: ", state.message);
+  const std::string warning = state.warning;
+  if (warning.find("image data") != std::string::npos || warning.find("compressed data") != std::string::npos ||
+      warning.find("IDAT") != std::string::npos)
+    RT_THROW("corrupt PNG data: ", warning, ": the image data disagrees with the ", image.width, "x", image.height,
+             " its header gives");
   if (image.channels == 2 || image.channels == 4) {
     // Drop alpha in place: gray+alpha -> gray, RGBA -> RGB.
     const int64_t n = image.height * image.width, from = image.channels, to = image.channels - 1;
@@ -376,15 +402,9 @@ ImageFormat detect_image_format(const uint8_t* bytes, size_t size) {
   return ImageFormat::kUnknown;
 }
 
-DecodedImage decode_image(const uint8_t* bytes, size_t size) {
-  switch (detect_image_format(bytes, size)) {
-    case ImageFormat::kJpeg:
-      return decode_jpeg(bytes, size);
-    case ImageFormat::kPng:
-      return decode_png(bytes, size);
-    case ImageFormat::kUnknown:
-      break;
-  }
+namespace {
+
+[[noreturn]] void unknown_format(const uint8_t* bytes, size_t size) {
   std::string head;
   for (size_t i = 0; i < std::min<size_t>(size, 8); ++i) {
     char hex[4];
@@ -395,6 +415,82 @@ DecodedImage decode_image(const uint8_t* bytes, size_t size) {
   RT_THROW("not a JPEG or PNG image (", size, " bytes, starting ", size ? head : "<empty>", ")");
 }
 
+}  // namespace
+
+DecodedImage decode_image(const uint8_t* bytes, size_t size) {
+  switch (detect_image_format(bytes, size)) {
+    case ImageFormat::kJpeg:
+      return decode_jpeg(bytes, size);
+    case ImageFormat::kPng:
+      return decode_png(bytes, size);
+    case ImageFormat::kUnknown:
+      break;
+  }
+  unknown_format(bytes, size);
+}
+
+namespace {
+
+// The header of a JPEG; false with `message` set on a libjpeg error. No C++ objects in this frame.
+bool jpeg_header_raw(const uint8_t* bytes, size_t size, ImageHeader* out, char* message) {
+  jpeg_decompress_struct cinfo;
+  std::memset(&cinfo, 0, sizeof cinfo);
+  JpegErrorManager errors;
+  install_jpeg_errors(&errors, &cinfo.err);
+  if (setjmp(errors.jump)) {
+    jpeg_destroy_decompress(&cinfo);
+    std::memcpy(message, errors.message, kMessageBytes);
+    return false;
+  }
+  jpeg_create_decompress(&cinfo);
+  jpeg_mem_src(&cinfo, bytes, static_cast<unsigned long>(size));
+  jpeg_read_header(&cinfo, TRUE);
+  *out = ImageHeader{ImageFormat::kJpeg, cinfo.image_height, cinfo.image_width,
+                     cinfo.jpeg_color_space == JCS_GRAYSCALE ? 1 : 3};
+  jpeg_destroy_decompress(&cinfo);
+  return true;
+}
+
+bool png_header_raw(PngState* state, ImageHeader* out) {
+  png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, state, png_error_handler, png_warning_handler);
+  if (!png) return false;
+  png_infop info = png_create_info_struct(png);
+  if (!info || setjmp(png_jmpbuf(png))) {
+    png_destroy_read_struct(&png, info ? &info : nullptr, nullptr);
+    return false;
+  }
+  png_set_read_fn(png, state, png_read_from_memory);
+  png_read_info(png, info);
+  const int color = png_get_color_type(png, info);
+  *out = ImageHeader{ImageFormat::kPng, png_get_image_height(png, info), png_get_image_width(png, info),
+                     color == PNG_COLOR_TYPE_GRAY || color == PNG_COLOR_TYPE_GRAY_ALPHA ? 1 : 3};
+  png_destroy_read_struct(&png, &info, nullptr);
+  return true;
+}
+
+}  // namespace
+
+ImageHeader read_image_header(const uint8_t* bytes, size_t size) {
+  ImageHeader h;
+  switch (detect_image_format(bytes, size)) {
+    case ImageFormat::kJpeg: {
+      char message[kMessageBytes] = {};
+      if (!jpeg_header_raw(bytes, size, &h, message)) RT_THROW("corrupt JPEG header: ", message);
+      return h;
+    }
+    case ImageFormat::kPng: {
+      PngState state;
+      state.data = bytes;
+      state.size = size;
+      if (!png_header_raw(&state, &h)) RT_THROW("corrupt PNG header: ", state.message);
+      return h;
+    }
+    case ImageFormat::kUnknown:
+      break;
+  }
+  unknown_format(bytes, size);
+}
+
 DecodedRegion decode_image_region(const uint8_t* bytes, size_t size,
                                   const std::function<RegionRequest(const ImageHeader&)>& choose) {
   DecodedRegion region;
@@ -402,6 +498,7 @@ DecodedRegion decode_image_region(const uint8_t* bytes, size_t size,
     JpegDecodeState state;
     if (!decode_jpeg_raw(bytes, size, &choose, &region.image, &state)) RT_THROW("corrupt JPEG data: ", state.message);
     finish_jpeg_channels(region.image, state);
+    take_warnings(region.image, state);
     region.scale = state.scale;
     region.y0 = state.y0;
     region.x0 = state.x0;

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 namespace ringtrain::data {
@@ -15,6 +16,10 @@ namespace ringtrain::data {
 struct DecodedImage {
   int64_t height = 0, width = 0, channels = 0;  // channels: 1 (gray) or 3 (RGB)
   std::vector<uint8_t> pixels;                  // (height, width, channels)
+  // libjpeg's warnings while decoding (corrupt entropy data, extraneous bytes, bad restart markers): the
+  // image decoded, but parts of it may be gray or garbled. Callers count and report them (--strict refuses).
+  int warnings = 0;
+  std::string first_warning;  // libjpeg's text of the first
 };
 
 enum class ImageFormat { kUnknown, kJpeg, kPng };
@@ -24,7 +29,8 @@ ImageFormat detect_image_format(const uint8_t* bytes, size_t size);
 
 // Decodes a JPEG or PNG. Grayscale (with or without alpha) gives 1 channel; everything else 3: alpha
 // is dropped, palettes expanded, 16-bit samples scaled to 8 bits, CMYK JPEGs converted to RGB.
-// Throws for an unknown format, corrupt or truncated data, or an image over 1 GiB decoded.
+// Throws for an unknown format, corrupt or truncated data, a PNG whose image data disagrees with the size
+// its header gives, or an image over 1 GiB decoded. A JPEG's recoverable damage is in `warnings`.
 DecodedImage decode_image(const uint8_t* bytes, size_t size);
 
 // An image's size as its header gives it: channels as decode_image gives them (1 or 3).
@@ -32,6 +38,10 @@ struct ImageHeader {
   ImageFormat format = ImageFormat::kUnknown;
   int64_t height = 0, width = 0, channels = 0;
 };
+
+// The header alone (no pixel decoded): what a check of every record can afford. Throws as decode_image does
+// for an unknown format or a header that does not parse.
+ImageHeader read_image_header(const uint8_t* bytes, size_t size);
 
 // Which part of an image to decode, in the coordinates of the image shrunk by `scale`: rows
 // [y0, y0 + h) and columns [x0, x0 + w), clamped to the image (an empty window is widened to one pixel).

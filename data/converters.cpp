@@ -69,10 +69,10 @@ WriterOptions writer_options(const fs::path& out, const std::string& split, int 
 }
 
 void check_shard_count(const ConvertOptions& options, int64_t largest_records, const std::string& split) {
-  if (options.num_shards < 1) RT_THROW("number of shards must be at least 1, got ", options.num_shards);
+  if (options.num_shards < 1) RT_THROW("--shards must be at least 1, got ", options.num_shards);
   if (options.num_shards > largest_records)
-    RT_THROW("number of shards (", options.num_shards, ") is more than the ", largest_records, " records of split '",
-             split, "'");
+    RT_THROW("--shards ", options.num_shards, " is more than the ", largest_records, " records of split '", split,
+             "': a shard holds at least one record, so use 1 to ", largest_records, " shards");
 }
 
 // ------------------------------------------------------------------------------------------------ idx
@@ -169,13 +169,14 @@ void collect_images(FolderSplit& split, const std::vector<std::string>& classes,
                     std::vector<std::string>& notes) {
   std::map<std::string, int32_t> class_index;
   for (size_t i = 0; i < classes.size(); ++i) class_index[classes[i]] = static_cast<int32_t>(i);
-  int64_t skipped = 0;
-  fs::path first_skipped;
+  int64_t skipped = 0, outside = 0;
+  fs::path first_skipped, first_outside;
   auto skip = [&](const fs::path& path) {
     if (skipped++ == 0) first_skipped = path;
   };
+  // Files beside the class folders belong to no class (whatever their extension).
   for (const auto& entry : fs::directory_iterator(split.dir))
-    if (!entry.is_directory() && !is_hidden(entry.path())) skip(entry.path());
+    if (!entry.is_directory() && !is_hidden(entry.path()) && outside++ == 0) first_outside = entry.path();
   for (const std::string& name : subfolder_names(split.dir)) {
     const fs::path class_dir = split.dir / name;
     auto found = class_index.find(name);
@@ -204,6 +205,9 @@ void collect_images(FolderSplit& split, const std::vector<std::string>& classes,
   if (skipped > 0)
     notes.push_back(detail::str_cat("split '", split.name, "': skipped ", skipped,
                                     " files that are not .jpg/.jpeg/.png (first: ", first_skipped.string(), ")"));
+  if (outside > 0)
+    notes.push_back(detail::str_cat("split '", split.name, "': skipped ", outside, " files outside the class folders, ",
+                                    "which belong to no class (first: ", first_outside.string(), ")"));
 }
 
 // One image ready for the writer: decoded+resized pixels, or encoded bytes plus their decoded shape and
@@ -212,15 +216,21 @@ struct PreparedImage {
   std::vector<uint8_t> data;
   int64_t hwc[3] = {0, 0, 0};
   std::vector<double> sums, squares;
+  std::string warning;  // libjpeg's first warning while decoding it ("" when it decoded clean)
 };
 
 PreparedImage prepare_image(const fs::path& path, const ImageFolderOptions& options) {
   try {
     std::vector<uint8_t> bytes = read_file(path);
     DecodedImage decoded = decode_image(bytes.data(), bytes.size());
+    if (decoded.warnings > 0 && options.strict)
+      RT_THROW("libjpeg: ", decoded.first_warning, " (", decoded.warnings,
+               " warning(s): parts of the image are damaged; ", "--strict refuses such images)");
+    const std::string warning = decoded.warnings > 0 ? decoded.first_warning : "";
     const bool same_channels = decoded.channels == options.channels;
     const DecodedImage image = convert_channels(std::move(decoded), options.channels);
     PreparedImage prepared;
+    prepared.warning = warning;
     const int64_t c = options.channels;
     // The statistics of the pixels stored (before any JPEG encoding): the writer turns them into mean/std.
     auto add_statistics = [&](const std::vector<uint8_t>& pixels) {
@@ -252,7 +262,10 @@ PreparedImage prepare_image(const fs::path& path, const ImageFolderOptions& opti
 
 SplitInfo write_image_split(const FolderSplit& split, const fs::path& out, int shards, int num_classes,
                             const std::vector<std::string>& classes, const std::string& source,
-                            const ImageFolderOptions& image_options, const ConvertOptions& options, uint64_t stream) {
+                            const ImageFolderOptions& image_options, const ConvertOptions& options, uint64_t stream,
+                            std::vector<std::string>& notes) {
+  int64_t damaged = 0;
+  std::string first_damaged;
   WriterOptions w =
       writer_options(out, split.name, shards, static_cast<int64_t>(split.records.size()), image_options.size,
                      image_options.size, image_options.channels, num_classes, classes, source, options.show_progress);
@@ -272,12 +285,17 @@ SplitInfo write_image_split(const FolderSplit& split, const fs::path& out, int s
     for (int64_t i = 0; i < count; ++i) {
       const ImageRecord& record = split.records[static_cast<size_t>(order[static_cast<size_t>(begin + i)])];
       PreparedImage& p = prepared[static_cast<size_t>(i)];
+      if (!p.warning.empty() && damaged++ == 0) first_damaged = detail::str_cat(record.path.string(), ": ", p.warning);
       if (image_options.storage == ImageStorage::kJpeg)
         writer.add_encoded(p.data, p.hwc, record.label, p.sums, p.squares);
       else
         writer.add(p.data.data(), record.label);
     }
   }
+  if (damaged > 0)
+    notes.push_back(detail::str_cat("split '", split.name, "': ", damaged, " image(s) decoded with libjpeg warnings ",
+                                    "(damaged data: parts of them are gray or garbled; first: ", first_damaged,
+                                    "); make_shards imagefolder --strict refuses them"));
   return writer.finish();
 }
 
@@ -450,7 +468,7 @@ ConvertResult convert_imagefolder(const fs::path& src, const fs::path& out, cons
   for (size_t i = 0; i < splits.size(); ++i) {
     const int shards = shards_for_split(options.num_shards, static_cast<int64_t>(splits[i].records.size()), largest);
     result.splits.push_back(write_image_split(splits[i], out, shards, static_cast<int>(classes.size()), classes, source,
-                                              image_options, options, /*stream=*/i));
+                                              image_options, options, /*stream=*/i, result.notes));
   }
   return result;
 }

@@ -57,6 +57,9 @@ struct ImageFolderOptions {
   int64_t channels = 3;  // 1 or 3; images with the other count are converted (gray replicated, RGB to luma)
   ImageStorage storage = ImageStorage::kPixels;
   int jpeg_quality = 95;  // for ImageStorage::kJpeg
+  // An image libjpeg decodes only with warnings (corrupt entropy data) is an error naming it; otherwise such
+  // images are counted per split in the result's notes.
+  bool strict = false;
 };
 
 // src/train/<class>/... plus src/val/<class>/... and src/test/<class>/... when present (splits named

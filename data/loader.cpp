@@ -10,6 +10,7 @@
 #include <cmath>
 #include <memory>
 #include <type_traits>
+#include <utility>
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -58,7 +59,8 @@ Crop resized_crop_window(int64_t height, int64_t width, bool train, uint64_t see
 std::array<int64_t, 3> transformed_shape(const SplitInfo& info, const Transform& t) {
   if (t.resized_crop > 0) return {t.resized_crop, t.resized_crop, info.channels};
   RT_CHECK(!info.varied_size(), "split '", info.split,
-           "' holds images of varied sizes: they have one shape only after ", "a random-resized crop (--image-size)");
+           "' holds images of varied sizes: they have one shape only after ",
+           "a random-resized crop (Transform::resized_crop; train_resnet: --image-size)");
   return {info.height, info.width, info.channels};
 }
 
@@ -291,9 +293,9 @@ void apply_transform(const SplitInfo& info, const Transform& t, const uint8_t* i
   });
 }
 
-void decode_transform(const SplitInfo& info, const Transform& t, const uint8_t* bytes, size_t size,
-                      const std::array<int64_t, 3>& expected, uint64_t seed, int64_t epoch, int64_t sample_index,
-                      void* out) {
+std::string decode_transform(const SplitInfo& info, const Transform& t, const uint8_t* bytes, size_t size,
+                             const std::array<int64_t, 3>& expected, uint64_t seed, int64_t epoch, int64_t sample_index,
+                             void* out) {
   auto check_shape = [&](int64_t h, int64_t w, int64_t c) {
     if (h != expected[0] || w != expected[1] || c != expected[2])
       RT_THROW("decodes to ", shape_text({h, w, c}), ", expected ", shape_text(expected));
@@ -302,7 +304,7 @@ void decode_transform(const SplitInfo& info, const Transform& t, const uint8_t* 
     const DecodedImage image = decode_image(bytes, size);
     check_shape(image.height, image.width, image.channels);
     apply_transform(info, t, image.pixels.data(), seed, epoch, sample_index, out);
-    return;
+    return image.first_warning;
   }
   const int64_t OH = t.resized_crop, OW = t.resized_crop;
   Crop crop{};
@@ -336,6 +338,12 @@ void decode_transform(const SplitInfo& info, const Transform& t, const uint8_t* 
     resized_crop_into(image.pixels.data(), image.height, image.width, image.channels, local, OH, OW, flip, o,
                       n.scale.data(), n.shift.data());
   });
+  return image.first_warning;
+}
+
+DecodeWarnings Loader::take_decode_warnings() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return std::exchange(warnings_, DecodeWarnings{});
 }
 
 Loader::Loader(const ShardDataset& dataset, LoaderOptions options) : dataset_(dataset), options_(options) {
@@ -345,13 +353,14 @@ Loader::Loader(const ShardDataset& dataset, LoaderOptions options) : dataset_(da
   RT_CHECK(t.pad_crop >= 0 && t.resized_crop >= 0, "loader: negative crop size");
   const SplitInfo& info = dataset.info();
   if (info.varied_size())
-    RT_CHECK(t.resized_crop > 0, "loader: split '", info.split,
-             "' holds images of varied sizes (make_shards --size 0), ",
-             "which only a random-resized crop (--image-size) brings to one shape");
+    RT_CHECK(
+        t.resized_crop > 0, "loader: split '", info.split, "' holds images of varied sizes (make_shards --size 0), ",
+        "which only a random-resized crop (Transform::resized_crop; train_resnet: --image-size) brings to one shape");
   // A crop padded by more than the image is mostly padding: almost certainly a wrong flag.
   RT_CHECK(t.pad_crop == 0 || t.pad_crop <= std::min(info.height, info.width), "loader: pad_crop (--pad-crop) ",
            t.pad_crop, " is larger than the ", info.height, "x", info.width, " images of split '", info.split, "'");
-  RT_CHECK(t.resized_crop <= 8192, "loader: resized_crop (--image-size) ", t.resized_crop, " is over 8192 pixels");
+  RT_CHECK(t.resized_crop <= 8192, "loader: Transform::resized_crop (train_resnet: --image-size) ", t.resized_crop,
+           " is over 8192 pixels");
   RT_CHECK(options_.prefetch >= 1, "loader: prefetch must be >= 1, got ", options_.prefetch);
   RT_CHECK(options_.nice >= 0 && options_.nice <= 19, "loader: nice (--loader-nice) must be from 0 to 19, got ",
            options_.nice);
@@ -445,11 +454,19 @@ Batch Loader::build(int64_t t) {
       const int64_t index = real[static_cast<size_t>(k)];
       int32_t label = 0;
       const std::vector<uint8_t> bytes = dataset_.read_encoded(index, &label);
+      std::string warning;
       try {
-        decode_transform(info, transform, bytes.data(), bytes.size(), dataset_.record_shape(index), options_.seed,
-                         epoch_, index, out + k * sample_bytes);
+        warning = decode_transform(info, transform, bytes.data(), bytes.size(), dataset_.record_shape(index),
+                                   options_.seed, epoch_, index, out + k * sample_bytes);
       } catch (const Error& e) {
         RT_THROW(dataset_.record_name(index), ": ", e.what());
+      }
+      if (!warning.empty()) {
+        if (options_.strict)
+          RT_THROW(dataset_.record_name(index), ": libjpeg: ", warning,
+                   " (its data is damaged: parts of the image are gray or garbled; --strict refuses such records)");
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (warnings_.records++ == 0) warnings_.first = detail::str_cat(dataset_.record_name(index), ": ", warning);
       }
       out_labels[k] = label;
     }

@@ -47,10 +47,11 @@ void apply_transform(const SplitInfo& info, const Transform& t, const uint8_t* i
 
 // Decodes one encoded record (JPEG or PNG bytes) whose decoded shape must be `expected` and applies the
 // transform to it. With a random-resized crop only the part of the image the crop needs is decoded, at
-// the DCT scale t.dct_scaling allows; otherwise the whole image, then apply_transform.
-void decode_transform(const SplitInfo& info, const Transform& t, const uint8_t* bytes, size_t size,
-                      const std::array<int64_t, 3>& expected, uint64_t seed, int64_t epoch, int64_t sample_index,
-                      void* out);
+// the DCT scale t.dct_scaling allows; otherwise the whole image, then apply_transform. Returns libjpeg's
+// first warning ("" when the record decoded clean).
+std::string decode_transform(const SplitInfo& info, const Transform& t, const uint8_t* bytes, size_t size,
+                             const std::array<int64_t, 3>& expected, uint64_t seed, int64_t epoch, int64_t sample_index,
+                             void* out);
 
 struct LoaderOptions {
   int threads = 0;   // 0: this rank's cores minus one, at least one
@@ -65,6 +66,15 @@ struct LoaderOptions {
   // cuda:i: batches are collated into pinned host memory and copied on a copy stream; the stream that
   // is current when next() is called waits for the copy through an event (no host synchronisation).
   Device device = Device::cpu();
+  // An encoded record that decodes only with libjpeg's warnings (corrupt data: parts of it gray or garbled)
+  // is an error naming it, instead of being counted (take_decode_warnings).
+  bool strict = false;
+};
+
+// Records an epoch decoded with libjpeg's warnings: how many, and the first ("<record>: <libjpeg's text>").
+struct DecodeWarnings {
+  int64_t records = 0;
+  std::string first;
 };
 
 struct Batch {
@@ -94,6 +104,8 @@ class Loader {
   // Joins every worker (safe mid-epoch, idempotent).
   void stop();
   int threads() const { return threads_; }
+  // The records decoded with warnings since the last call; starts counting again.
+  DecodeWarnings take_decode_warnings();
   // The nice value the workers run at (the caller's when lowering it failed or nice is 0).
   int worker_nice() const { return worker_nice_.load(); }
 
@@ -123,6 +135,7 @@ class Loader {
   bool stopping_ = false;
   bool started_ = false;  // start() was called (next() after stop() then returns nullopt)
   std::exception_ptr error_;
+  DecodeWarnings warnings_;  // under mutex_
   std::vector<std::thread> workers_;
   Stream copy_stream_;
   std::vector<InFlight> in_flight_;

@@ -198,6 +198,14 @@ void save_checkpoint(const fs::path& path, const Checkpoint& checkpoint, const S
     if (options.before_rename) options.before_rename();
     fs::rename(tmp, path);
     fsync_path(dir, true);
+  } catch (const Error& e) {
+    fs::remove(tmp, ec);
+    uint64_t bytes = 0;
+    for (const auto* group : {&checkpoint.model, &checkpoint.optimizer})
+      for (const auto& [name, t] : *group) bytes += static_cast<uint64_t>(t.nbytes());
+    const std::string explained = io::explain_write_failure(dir, e.what(), bytes);
+    if (explained == e.what()) throw;
+    RT_THROW("checkpoint '", path.string(), "': ", explained);
   } catch (...) {
     fs::remove(tmp, ec);
     throw;

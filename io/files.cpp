@@ -1,6 +1,8 @@
 // io/files.cpp: file-kind checks before opening.
 #include "io/files.h"
 
+#include <sys/statvfs.h>
+
 #include "core/check.h"
 
 namespace ringtrain::io {
@@ -49,6 +51,20 @@ void check_kind(const fs::path& path, const std::string& what, bool missing_ok) 
 }  // namespace
 
 void require_regular_file(const fs::path& path, const std::string& what) { check_kind(path, what, false); }
+
+std::string explain_write_failure(const fs::path& dir, const std::string& message, uint64_t bytes_needed) {
+  struct statvfs st {};
+  const bool known = ::statvfs((dir.empty() ? fs::path(".") : dir).c_str(), &st) == 0;
+  const uint64_t free_bytes = known ? static_cast<uint64_t>(st.f_bavail) * st.f_frsize : 0;
+  const bool full = message.find("errno = 28") != std::string::npos ||
+                    message.find("No space left on device") != std::string::npos ||
+                    (known && bytes_needed > 0 && free_bytes < bytes_needed);
+  if (!full) return message;
+  return detail::str_cat("no space left on the device of '", dir.string(), "' (",
+                         known ? std::to_string(free_bytes) : "?", " bytes free",
+                         bytes_needed > 0 ? detail::str_cat(", about ", bytes_needed, " needed") : "",
+                         "): free space or write elsewhere (", message, ")");
+}
 void require_regular_if_exists(const fs::path& path, const std::string& what) { check_kind(path, what, true); }
 
 }  // namespace ringtrain::io

@@ -14,6 +14,12 @@ void require_regular_file(const std::filesystem::path& path, const std::string& 
 // The same for a file that may not exist yet (one to write): missing is fine, anything but a regular file
 // is not.
 void require_regular_if_exists(const std::filesystem::path& path, const std::string& what);
+// A write into `dir` failed with `message`. When the device is full (ENOSPC in the message, where HDF5 puts
+// it at the end of a long chain, or less free space than `bytes_needed`), the cause comes first: "no space
+// left on the device of '<dir>' (N bytes free[, about M needed]): free space or write elsewhere (<message>)";
+// otherwise `message` unchanged.
+std::string explain_write_failure(const std::filesystem::path& dir, const std::string& message,
+                                  uint64_t bytes_needed = 0);
 // "a folder", "a FIFO (named pipe)", "a socket", "a character device", "a block device", "a regular file", ...
 std::string kind_of(const std::filesystem::file_status& status);
 

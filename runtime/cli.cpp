@@ -150,6 +150,8 @@ void add_output_flags(CLI::App& app, TrainerOptions& o) {
   app.add_option("--resume", o.resume, "auto (newest in --checkpoint-dir, if any) or a checkpoint path");
   app.add_flag("--allow-batch-change", o.allow_batch_change,
                "resume a checkpoint written at another global batch (the training changes; refused otherwise)");
+  app.add_flag("--strict", o.strict,
+               "refuse data records that decode only with libjpeg warnings (corrupt data) instead of counting them");
   app.add_flag("--start-over", o.start_over,
                "start a new run in a --checkpoint-dir that holds another run's checkpoints, moving them into a "
                "set-aside-<date> folder of it first (refused otherwise)");

@@ -1,8 +1,10 @@
 // runtime/data_source.cpp: the shard-folder and synthetic DataSources.
 #include "runtime/data_source.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <set>
 #include <vector>
 
 #include "core/check.h"
@@ -11,6 +13,28 @@
 
 namespace ringtrain::runtime {
 namespace {
+
+// Files of the folder named like shards ("<split>-NNNNN-of-NNNNN.h5") that the manifest does not list: a
+// half-copied dataset, or shards of another conversion. They are not read; the user is told.
+std::string unlisted_shard_files(const std::string& dir) {
+  std::set<std::string> listed;
+  for (const auto& split : data::read_manifest(dir))
+    for (const auto& shard : split.shards) listed.insert(shard.file);
+  std::vector<std::string> stray;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    const size_t of = name.find("-of-");
+    if (of == std::string::npos || name.size() < 4 || name.compare(name.size() - 3, 3, ".h5") != 0) continue;
+    if (!listed.count(name)) stray.push_back(name);
+  }
+  if (stray.empty()) return "";
+  std::sort(stray.begin(), stray.end());
+  std::string names;
+  for (size_t i = 0; i < stray.size() && i < 5; ++i) names += (i ? ", " : "") + stray[i];
+  return detail::str_cat(stray.size(), " shard file(s) that manifest.json does not list are not read (", names,
+                         stray.size() > 5 ? ", ..." : "", "): leftovers of another conversion?");
+}
 
 class ShardSource final : public DataSource {
  public:
@@ -43,7 +67,10 @@ class ShardSource final : public DataSource {
              train_->chunk_records(),
              detail::str_cat(split.records, " records of ", split.shape_text(), ", ", split.num_classes,
                              " classes, content ", hex)};
+    if (const std::string stray = unlisted_shard_files(dir); !stray.empty())
+      warnings_.push_back(detail::str_cat("--data '", dir, "': ", stray));
     data::LoaderOptions lo;
+    lo.strict = o.strict;
     lo.threads = o.loader_threads;
     lo.nice = o.loader_nice;
     lo.seed = o.seed;
@@ -68,6 +95,18 @@ class ShardSource final : public DataSource {
   data::SamplerState position() const override { return train_loader_->position(); }
   data::Loader* test_loader() override { return test_loader_.get(); }
   std::vector<std::string> warnings() const override { return warnings_; }
+  std::vector<std::string> take_decode_warnings() override {
+    std::vector<std::string> out;
+    for (const auto& [loader, split] :
+         {std::pair{train_loader_.get(), "train"}, std::pair{test_loader_.get(), "test"}}) {
+      if (!loader) continue;
+      const data::DecodeWarnings w = loader->take_decode_warnings();
+      if (w.records > 0)
+        out.push_back(detail::str_cat("split '", split, "': ", w.records, " record(s) decoded with libjpeg warnings ",
+                                      "(damaged data: parts of them gray or garbled; first: ", w.first, ")"));
+    }
+    return out;
+  }
   void stop() override {
     if (train_loader_) train_loader_->stop();
     if (test_loader_) test_loader_->stop();

@@ -46,6 +46,9 @@ class DataSource {
   // What the user should know but that does not stop the run (e.g. an empty test split skipped); the
   // Trainer prints them on rank 0 when the run starts.
   virtual std::vector<std::string> warnings() const { return {}; }
+  // The records decoded with libjpeg's warnings since the last call, one line per split (the Trainer prints
+  // them after each epoch; with ShardSourceOptions::strict such a record is an error instead).
+  virtual std::vector<std::string> take_decode_warnings() { return {}; }
 };
 
 struct ShardSourceOptions {
@@ -56,6 +59,7 @@ struct ShardSourceOptions {
   int loader_nice = 10;           // loader threads' priority below the compute threads (data::LoaderOptions::nice)
   uint64_t seed = 0;              // augmentation draws
   Device device = Device::cpu();  // batches are delivered here
+  bool strict = false;            // a record that decodes only with libjpeg warnings is an error (--strict)
 };
 // Opens `dir`'s train split and, when the manifest has one, its test split, validating every shard.
 // The test split must fit the train split (same classes, and images of the same shape after the

@@ -72,9 +72,11 @@ struct TrainerOptions {
   int64_t keep_last = 0;            // checkpoints kept (0: all)
   std::string resume;               // "auto" (newest valid in checkpoint_dir, if any) or a checkpoint path
   bool allow_batch_change = false;  // resume a checkpoint of another global batch (another training, said)
-  bool start_over = false;          // a new run in a folder of another run's checkpoints: they are moved aside first
-  int64_t eval_every = 1;           // epochs between evaluations of the test split
-  int64_t log_every = 50;           // steps between progress lines / train records
+  bool start_over = false;
+  bool strict = false;  // data: a record that decodes only with libjpeg's warnings is an error, not counted          //
+                        // a new run in a folder of another run's checkpoints: they are moved aside first
+  int64_t eval_every = 1;  // epochs between evaluations of the test split
+  int64_t log_every = 50;  // steps between progress lines / train records
   std::string log_jsonl, trace;
   int64_t trace_steps = 100;
   ProgressStyle progress = ProgressStyle::Auto;

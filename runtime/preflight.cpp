@@ -16,6 +16,7 @@
 #include "core/check.h"
 #include "core/ops.h"
 #include "core/parallel.h"
+#include "data/codec.h"
 #include "data/shards.h"
 #include "io/hdf5.h"
 
@@ -145,11 +146,50 @@ AllReduceCheck check_all_reduce(const comm::World& world, comm::Backend backend,
   return result;
 }
 
-std::string check_data(const std::string& dir, std::string& detail_text) {
+namespace {
+
+// Decodes records of `ds` (a sample per shard, or all) and checks each against its shape; returns how many.
+int64_t decode_check(const data::ShardDataset& ds, bool all) {
+  const data::SplitInfo& info = ds.info();
+  int64_t first = 0, decoded = 0;
+  for (const auto& shard : info.shards) {
+    const int64_t n = shard.records, take = all ? n : std::min(n, kDecodeSample);
+    for (int64_t k = 0; k < take; ++k) {
+      const int64_t index = first + (take == n ? k : k * (n - 1) / std::max<int64_t>(1, take - 1));
+      int32_t label = 0;
+      const std::vector<uint8_t> bytes = ds.read_encoded(index, &label);
+      data::DecodedImage img;
+      try {
+        img = data::decode_image(bytes.data(), bytes.size());
+      } catch (const std::exception& e) {
+        RT_THROW(ds.record_name(index), ": ", e.what());
+      }
+      const auto want = ds.record_shape(index);
+      if (img.height != want[0] || img.width != want[1] || img.channels != want[2])
+        RT_THROW(ds.record_name(index), ": decodes to ", img.height, "x", img.width, "x", img.channels, ", but ",
+                 info.varied_size() ? "its /shapes row says " : "the split's images are ", want[0], "x", want[1], "x",
+                 want[2]);
+      if (img.warnings > 0)
+        RT_THROW(ds.record_name(index), ": decodes only with libjpeg warnings (", img.first_warning,
+                 "): its data is damaged");
+      ++decoded;
+    }
+    first += n;
+  }
+  return decoded;
+}
+
+}  // namespace
+
+std::string check_data(const std::string& dir, std::string& detail_text, bool decode_all) {
   try {
     for (const auto& split : data::read_manifest(dir)) {
       auto ds = data::ShardDataset::open(dir, split.split);
-      detail_text += detail::str_cat(split.split, " (", ds.size(), " records, ", split.shards.size(), " shards) ");
+      detail_text += detail::str_cat(split.split, " (", ds.size(), " records, ", split.shards.size(), " shards");
+      if (ds.info().encoded)
+        detail_text +=
+            detail::str_cat(", ", decode_check(ds, decode_all), decode_all ? " (all)" : "", " decoded to their shapes");
+      detail_text += ") ";
     }
     detail_text += "valid";
     return "";

@@ -30,7 +30,12 @@ struct AllReduceCheck {
 // `bytes` of f32 reduced once and checked, then timed over `repeats` (collective; the same on every rank).
 AllReduceCheck check_all_reduce(const comm::World& world, comm::Backend backend, Device device, int64_t bytes,
                                 int repeats = 5);
-std::string check_data(const std::string& dir, std::string& detail);
+// Every split of `dir` opens and validates; encoded records are decoded (as the loader will) and checked
+// against their shape (the split's, or their /shapes row): a sample of each shard (its first, last and
+// evenly spread records, kDecodeSample in all), or every record with `decode_all`. A record that does not
+// decode, decodes to another shape, or decodes only with libjpeg warnings fails the check, named.
+constexpr int64_t kDecodeSample = 16;
+std::string check_data(const std::string& dir, std::string& detail, bool decode_all = false);
 
 // Collective: every rank's verdict; rank 0 prints "PASS name: pass_detail" or "FAIL name:" and one line
 // per failing rank ("  rank R (host): reason"). Returns whether every rank passed (the same everywhere).

@@ -17,7 +17,7 @@ namespace {
 
 int parse_slots(const std::string& text, const std::string& where) {
   const bool digits = !text.empty() && text.size() <= 6 && text.find_first_not_of("0123456789") == std::string::npos;
-  RT_CHECK(digits && std::stoi(text) >= 1, where, ": slots must be a positive number, got '", text, "'");
+  RT_CHECK(digits && std::stoi(text) >= 1, where, ": slots must be a whole number from 1 to 999999, got '", text, "'");
   return std::stoi(text);
 }
 

@@ -199,6 +199,9 @@ TrainResult Run::run() {
     at = end.at;
     const AfterEpoch next = after_epoch(o_, plan_, epoch, finished(at, plan_), end.complete, saved_step_ == at.step);
     if (next.evaluate) evaluate_now(epoch, at.step);
+    for (const std::string& w : data_.take_decode_warnings())  // each rank of its own records
+      std::fprintf(stderr, "%s: warning: rank %d, epoch %lld: %s; --strict refuses them\n", o_.program.c_str(),
+                   world_.rank(), static_cast<long long>(epoch + 1), w.c_str());
     if (next.checkpoint) save(at);
   }
   data_.stop();

@@ -42,9 +42,10 @@ int main(int argc, char** argv) {
   return comm::run_main(argc, argv, [&](comm::World& world) {
     RT_CHECK(!data_dir.empty(), "usage: custom_model --data DATA_DIR [flags] (--help lists them)");
     runtime::Trainer trainer(world, options);  // binds this rank, seeds the init, starts the watchdog
-    auto data = runtime::open_shards(
-        data_dir,
-        {.train_transform = {.pad_crop = 2, .hflip = true}, .seed = options.seed, .device = trainer.device()});
+    auto data = runtime::open_shards(data_dir, {.train_transform = {.pad_crop = 2, .hflip = true},
+                                                .seed = options.seed,
+                                                .device = trainer.device(),
+                                                .strict = options.strict});
     auto net = make_net(data->info().channels, data->info().classes);
     trainer.fit(*net, *data);  // SGD, cosine schedule, GradSync, checkpoints, evaluation, summary
     return 0;

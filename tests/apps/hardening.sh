@@ -10,6 +10,10 @@
 #   changes      a resume with another --seed, --nesterov or an app's augmentation flag says so, old and new
 #   content      checkpoints without a checksum checked as strictly: NaN weights, a missing momentum, a step
 #                past the run's end, a step its sampler position contradicts
+#   data         damaged or stray input is not taken quietly: a PNG whose data overruns its header, a JPEG
+#                with corrupt entropy data (counted per split when converting and training, refused with
+#                --strict), shard files the manifest does not list; the doctor decodes records and fails on
+#                one that decodes to another shape than /shapes says
 #   early        errors at the start, not the end: a folder too deep for the run's file names,
 #                --lr-milestones without multistep, a fault for a rank the job lacks, a FIFO as manifest
 #                or log, a folder given to --resume, ringtrain_run with an unwritable --log-jsonl, SIGTERM
@@ -19,7 +23,7 @@ build=$(cd "$1" && pwd)
 work=$2
 shift 2
 cases=("$@")
-((${#cases[@]})) || cases=(folder writers changes content early)
+((${#cases[@]})) || cases=(folder writers changes content data early)
 rm -rf "$work"
 mkdir -p "$work"
 cd "$work"
@@ -128,6 +132,67 @@ for case in "${cases[@]}"; do
         "--resume farepoch.h5: /meta/json says step 2 but its sampler position \(epoch 3, batch 2\) is step [0-9]+ of this run"
       echo "content: NaN weights, a missing momentum, a far step and a contradicted step are refused"
       ;;
+    data)
+      mkdir -p imgs/a imgs/b
+      /usr/bin/python3 - << 'PY'
+import io, struct, zlib
+import numpy as np
+from PIL import Image
+rng = np.random.default_rng(0)
+def jpeg():
+    buf = io.BytesIO()
+    Image.fromarray((rng.random((48, 40, 3)) * 255).astype("uint8")).save(buf, "JPEG", quality=90)
+    return bytearray(buf.getvalue())
+for cls in "ab":
+    for i in range(6):
+        open(f"imgs/{cls}/{i}.jpg", "wb").write(bytes(jpeg()))
+b = jpeg()
+sos = b.find(b"\xff\xda")
+at = sos + (len(b) - sos) // 10  # early in the scan: every crop decodes past it
+open("imgs/a/damaged.jpg", "wb").write(bytes(b[:at]) + b"\xff\xd3" + bytes(b[at:]))
+def chunk(t, d): return struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d) & 0xffffffff)
+raw = b"".join(b"\x00" + bytes(48) for _ in range(32))  # 32 rows of 16 RGB pixels
+png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 16, 16, 8, 2, 0, 0, 0)) + \
+      chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
+open("overrun.png", "wb").write(png)
+PY
+      "$build/make_shards" imagefolder imgs jd --size 0 --encode jpeg > mk.log 2>&1 || { cat mk.log; fail "data: conversion"; }
+      expect mk.log "split 'train': 1 image\(s\) decoded with libjpeg warnings .*imgs/a/damaged.jpg: Corrupt JPEG data" data
+      if "$build/make_shards" imagefolder imgs jd-strict --size 0 --encode jpeg --strict > mks.log 2>&1; then
+        fail "data: make_shards --strict took a damaged JPEG"
+      fi
+      expect mks.log "image '.*damaged.jpg': libjpeg: Corrupt JPEG data.*--strict refuses such images" data
+      mkdir -p pngs/a && cp overrun.png pngs/a/
+      if "$build/make_shards" imagefolder pngs pd --size 16 > png.log 2>&1; then fail "data: a PNG overrunning its header"; fi
+      expect png.log "image 'pngs/a/overrun.png': corrupt PNG data: IDAT: Too much image data: the image data disagrees with the 16x16 its header gives" data
+      "${train[@]}" --data jd --image-size 24 --steps 1 > jt.log 2>&1 || { cat jt.log; fail "data: training on the damaged JPEG"; }
+      expect jt.log "warning: rank 0, epoch 1: split 'train': 1 record\(s\) decoded with libjpeg warnings .*Corrupt JPEG data" data
+      if "${train[@]}" --data jd --image-size 24 --steps 1 --strict > js.log 2>&1; then fail "data: --strict trained on it"; fi
+      expect js.log "libjpeg: Corrupt JPEG data.*--strict refuses such records" data
+      # A shard file the manifest does not list (left from another conversion) is said, not read in silence.
+      cp -r data stray && cp stray/train-00000-of-00002.h5 stray/val-00000-of-00001.h5
+      "${train[@]}" --data stray --steps 1 > stray.log 2>&1 || { cat stray.log; fail "data: training beside a stray shard"; }
+      expect stray.log "1 shard file\(s\) that manifest.json does not list are not read \(val-00000-of-00001.h5\)" data
+      # The doctor decodes: a record whose /shapes row lies passes validation, fails the doctor (as at batch 0).
+      /usr/bin/python3 - << 'PY'
+import h5py, json, zlib
+f = h5py.File("jd/train-00000-of-00001.h5", "r+")
+s = f["shapes"][()]
+s[0, 0] += 1
+f["shapes"][...] = s
+f.close()
+m = json.load(open("jd/manifest.json"))
+crc = zlib.crc32(open("jd/train-00000-of-00001.h5", "rb").read()) & 0xffffffff
+for split in m["splits"].values():
+    for shard in split["shards"]:
+        if shard["file"] == "train-00000-of-00001.h5": shard["crc32"] = f"{crc:08x}"
+json.dump(m, open("jd/manifest.json", "w"))
+PY
+      if timeout 120 "$build/ringtrain_env" --data jd > env.log 2>&1; then cat env.log; fail "data: the doctor passed a lying /shapes"; fi
+      expect env.log "FAIL data jd" data
+      expect env.log "record 0: decodes to 48x40x3, but its /shapes row says 49x40x3" data
+      echo "data: damaged JPEGs counted and refused with --strict, an overrunning PNG refused, stray shards said, the doctor decodes"
+      ;;
     early)
       deep=$work/$(printf 'd%.0s' $(seq 200))
       while ((${#deep} < 4040)); do deep=$deep/$(printf 'd%.0s' $(seq 200)); done
@@ -138,6 +203,9 @@ for case in "${cases[@]}"; do
       fi
       if "${train[@]}" --steps 2 --lr-milestones 1,2 > ms.log 2>&1; then fail "early: --lr-milestones without multistep"; fi
       expect ms.log "--lr-milestones 1,2 applies to --lr-schedule multistep only, but the schedule is cosine" early
+      # A check's place is named in the source tree, not by the build machine's absolute path.
+      expect ms.log "\[check .* at runtime/options.cpp:[0-9]+\]" early
+      grep -q "at /.*runtime/options.cpp" ms.log && fail "early: a check's place is an absolute build path"
       if RINGTRAIN_INJECT=throw:5:1 "${train[@]}" --steps 2 > inj.log 2>&1; then fail "early: a fault for rank 5 of 1"; fi
       expect inj.log "RINGTRAIN_INJECT: rank 5 does not exist: this job has 1 rank\(s\)" early
       cp -r data fifo-data && rm fifo-data/manifest.json && mkfifo fifo-data/manifest.json
@@ -163,6 +231,14 @@ for case in "${cases[@]}"; do
       wait $sup || true
       (($(date +%s) - start < 60)) || fail "early: SIGTERM waited out --restart-delay"
       expect rd.log "stopped by signal 15 .*before the relaunch; not restarting" early
+      # A full disk is said first, not at the end of HDF5's error chain (root: a 1 MiB tmpfs).
+      if [[ $(id -u) -eq 0 ]] && mkdir -p full && mount -t tmpfs -o size=1M tmpfs full 2> /dev/null; then
+        trap 'umount "$work/full" 2> /dev/null || true' EXIT
+        "${train[@]}" --steps 1 --checkpoint-dir full/ck > full.log 2>&1 && { umount full; fail "early: a full disk passed"; }
+        umount full
+        trap - EXIT
+        expect full.log "checkpoint 'full/ck/ckpt-step00000001.h5': no space left on the device of 'full/ck' \([0-9]+ bytes free, about [0-9]+ needed\): free space or write elsewhere" early
+      fi
       echo "early: each refused at the start, naming what is wrong"
       ;;
     *) fail "unknown case '$case'" ;;

@@ -563,11 +563,11 @@ TEST_F(ConverterCodec, ResizeAveragesWhenShrinkingALot) {
 }
 
 TEST_F(ConverterCodec, ConvertChannels) {
-  DecodedImage gray{1, 2, 1, {10, 250}};
+  DecodedImage gray{1, 2, 1, {10, 250}, 0, ""};
   DecodedImage rgb = convert_channels(gray, 3);
   EXPECT_EQ(rgb.channels, 3);
   EXPECT_EQ(rgb.pixels, (std::vector<uint8_t>{10, 10, 10, 250, 250, 250}));
-  DecodedImage back = convert_channels(DecodedImage{1, 1, 3, {255, 0, 0}}, 1);
+  DecodedImage back = convert_channels(DecodedImage{1, 1, 3, {255, 0, 0}, 0, ""}, 1);
   EXPECT_EQ(back.pixels, (std::vector<uint8_t>{76}));  // 0.299 * 255
 }
 
@@ -870,7 +870,7 @@ TEST_F(ConverterImageFolder, LayoutErrorsNameTheFolder) {
   too_many.num_shards = 50;
   fs::remove_all(dir_ / "src" / "train" / "emu");
   expect_error([&] { convert_imagefolder(dir_ / "src", dir_ / "out", image_options, too_many); },
-               {"shards (50)", "4 records"});
+               {"--shards 50 is more than the 4 records", "4 records"});
 }
 
 // ----------------------------------------------------------------------------------------- synthetic
