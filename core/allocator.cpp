@@ -266,6 +266,7 @@ Storage::Storage(void* data, int64_t nbytes, Device device, bool pinned)
     : data_(data), nbytes_(nbytes), device_(device), pinned_(pinned) {}
 
 Storage::~Storage() {
+  if (data_ == nullptr) return;  // a released tensor's (Tensor::release)
   if (pinned_)
     detail::cuda_host_free(data_);
   else if (device_.is_cpu())

@@ -141,8 +141,18 @@ Device Tensor::device() const {
 }
 void* Tensor::data_ptr() const {
   RT_CHECK(impl_, "use of an undefined tensor");
+  if (released())
+    RT_THROW("tensor ", describe(),
+             " was released (a pipeline stage keeps only its own blocks' weights) and has "
+             "no data");
   return static_cast<char*>(impl_->storage->data()) + impl_->offset_bytes;
 }
+void Tensor::release() {
+  RT_CHECK(impl_, "release of an undefined tensor");
+  // A storage without memory on the same device: shape, dtype and device stay answerable.
+  impl_->storage = std::make_shared<Storage>(nullptr, 0, device());
+}
+bool Tensor::released() const { return impl_ && impl_->storage->data() == nullptr && impl_->shape.numel() > 0; }
 bool Tensor::shares_storage_with(const Tensor& other) const {
   return defined() && other.defined() && impl_->storage == other.impl_->storage;
 }

@@ -107,6 +107,11 @@ class Tensor {
     return static_cast<T*>(data_ptr());
   }
   bool shares_storage_with(const Tensor& other) const;
+  // Drops the tensor's memory for every handle of it (a parameter and its module's copy of the handle);
+  // views made before keep theirs. Shape, dtype, device and name stay; reading the data afterwards is an
+  // error naming the tensor. A pipeline stage releases the weights of the blocks other stages hold.
+  void release();
+  bool released() const;
   const std::string& name() const;
   Tensor& set_name(std::string name);
   std::string describe() const;  // "f32[2, 3] on cpu" (+ name)

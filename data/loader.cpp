@@ -341,6 +341,12 @@ std::string decode_transform(const SplitInfo& info, const Transform& t, const ui
   return image.first_warning;
 }
 
+void Loader::set_images(bool images) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  RT_CHECK(workers_.empty(), "Loader::set_images while an epoch is loading (call it between epochs)");
+  options_.images = images;
+}
+
 DecodeWarnings Loader::take_decode_warnings() {
   std::lock_guard<std::mutex> lock(mutex_);
   return std::exchange(warnings_, DecodeWarnings{});
@@ -433,6 +439,13 @@ Batch Loader::build(int64_t t) {
   Batch batch;
   batch.index = first_batch_ + t;
   batch.valid = static_cast<int64_t>(real.size());
+  if (!options_.images) {  // labels only, from memory
+    batch.labels =
+        options_.device.is_cuda() ? Tensor::empty_pinned(Shape{n}, DType::I64) : Tensor::empty(Shape{n}, DType::I64);
+    int64_t* labels = batch.labels.data<int64_t>();
+    for (int64_t k = 0; k < n; ++k) labels[k] = k < batch.valid ? dataset_.label(real[static_cast<size_t>(k)]) : 0;
+    return batch;
+  }
   const Shape image_shape{n, shape[0], shape[1], shape[2]};
   // Every real slot is overwritten by its sample; only padding slots are zeroed below.
   if (options_.device.is_cuda()) {
@@ -568,12 +581,14 @@ Batch Loader::to_device(Batch host) {
   Batch out;
   out.index = host.index;
   out.valid = host.valid;
-  out.images = Tensor::empty(host.images.shape(), host.images.dtype(), d);
+  if (host.images.defined()) out.images = Tensor::empty(host.images.shape(), host.images.dtype(), d);
   out.labels = Tensor::empty(host.labels.shape(), DType::I64, d);
   Event compute_ready = Event::create(d);
   compute_ready.record(compute);
   compute_ready.wait_on(copy_stream_);
-  copy_bytes_async(out.images.data_ptr(), d, host.images.data_ptr(), Device::cpu(), host.images.nbytes(), copy_stream_);
+  if (host.images.defined())
+    copy_bytes_async(out.images.data_ptr(), d, host.images.data_ptr(), Device::cpu(), host.images.nbytes(),
+                     copy_stream_);
   copy_bytes_async(out.labels.data_ptr(), d, host.labels.data_ptr(), Device::cpu(), host.labels.nbytes(), copy_stream_);
   Event copied = Event::create(d);
   copied.record(copy_stream_);

@@ -69,6 +69,9 @@ struct LoaderOptions {
   // An encoded record that decodes only with libjpeg's warnings (corrupt data: parts of it gray or garbled)
   // is an error naming it, instead of being counted (take_decode_warnings).
   bool strict = false;
+  // false: batches carry labels only (Batch::images undefined; nothing is read or decoded): what a
+  // pipeline's last stage needs.
+  bool images = true;
 };
 
 // Records an epoch decoded with libjpeg's warnings: how many, and the first ("<record>: <libjpeg's text>").
@@ -104,6 +107,8 @@ class Loader {
   // Joins every worker (safe mid-epoch, idempotent).
   void stop();
   int threads() const { return threads_; }
+  // LoaderOptions::images, before start().
+  void set_images(bool images);
   // The records decoded with warnings since the last call; starts counting again.
   DecodeWarnings take_decode_warnings();
   // The nice value the workers run at (the caller's when lowering it failed or nice is 0).

@@ -504,6 +504,12 @@ std::array<int64_t, 3> ShardDataset::record_shape(int64_t index) const {
   return {hwc[0], hwc[1], hwc[2]};
 }
 
+int32_t ShardDataset::label(int64_t index) const {
+  RT_CHECK(index >= 0 && index < info_.records, "record ", index, " is out of range for split '", info_.split, "' of ",
+           info_.records, " records");
+  return impl_->labels[static_cast<size_t>(index)];
+}
+
 std::string ShardDataset::record_name(int64_t index) const {
   auto [shard, local] = locate(index);
   return detail::str_cat("shard '", (impl_->dir / info_.shards[static_cast<size_t>(shard)].file).string(), "', '",

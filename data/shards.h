@@ -126,6 +126,8 @@ class ShardDataset {
   void read_indices(const std::vector<int64_t>& indices, uint8_t* images, int32_t* labels) const;
   // For encoded splits: the raw bytes of one record (decoding happens outside the HDF5 lock).
   std::vector<uint8_t> read_encoded(int64_t index, int32_t* label) const;
+  // A record's label alone (held in memory since open: no read).
+  int32_t label(int64_t index) const;
   // Global index -> (shard, index within shard).
   std::pair<int, int64_t> locate(int64_t index) const;
   // The decoded (H, W, C) of a record: the split's shape, or for varied_size() splits the record's own.

@@ -27,4 +27,13 @@ Tensor Sequential::forward(const Tensor& x) {
   return y;
 }
 
+std::vector<Block> Sequential::blocks() {
+  std::vector<Block> out;
+  for (size_t i = 0; i < modules_.size(); ++i) {
+    std::shared_ptr<Module> m = modules_[i];
+    out.push_back({std::to_string(i), {m}, [m](const Tensor& x) { return m->forward(x); }});
+  }
+  return out;
+}
+
 }  // namespace ringtrain

@@ -50,6 +50,7 @@ class Sequential : public Module {
   Tensor forward(const Tensor& x) override;
   std::string type_name() const override { return "Sequential"; }
   size_t size() const { return modules_.size(); }
+  std::vector<Block> blocks() override;  // each child, in order
   Module& operator[](size_t i) const { return *modules_.at(i); }
 
  private:

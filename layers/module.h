@@ -19,6 +19,17 @@ namespace ringtrain {
 // buffers, then each child's entries in registration order.
 using StateDict = std::vector<std::pair<std::string, Tensor>>;
 
+class Module;
+
+// A piece of a model whose composition in order is the model's forward: block i takes block i-1's
+// output. What pipeline stages split a model into (runtime/pipeline.h). `modules` holds the block's
+// parameters and buffers (a module belongs to one block).
+struct Block {
+  std::string name;  // "stem", "layer1.0", "head", or a Sequential's child index
+  std::vector<std::shared_ptr<Module>> modules;
+  std::function<Tensor(const Tensor&)> forward;
+};
+
 enum class StrictLoad : uint8_t { Strict, AllowMissingAndUnexpected };
 
 class Module {
@@ -53,6 +64,10 @@ class Module {
   void zero_grad(bool set_to_none = true);
   // One line per module with its parameter count, indented by depth.
   std::string summary() const;
+
+  // The model as a sequence of blocks whose composition is forward() (Sequential: its children; ResNet:
+  // stem, each residual block, head), for pipeline stages; empty (the default): not such a sequence.
+  virtual std::vector<Block> blocks() { return {}; }
 
   // ZeRO-1's seam (comm/grad_sync.h): a layer calls use_parameters() at the top of its forward, before it
   // reads its own parameters, and the hook set here waits for the all-gather of just those, so the

@@ -159,4 +159,20 @@ Tensor ResNet::forward(const Tensor& x) {
   return fc_->forward(global_avg_pool(y));
 }
 
+std::vector<Block> ResNet::blocks() {
+  std::vector<Block> out;
+  Block stem{"stem", {conv1_, bn1_}, {}};
+  if (maxpool_) stem.modules.push_back(maxpool_);
+  stem.forward = [conv1 = conv1_, bn1 = bn1_, maxpool = maxpool_](const Tensor& x) {
+    Tensor y = bn1->forward_relu(conv1->forward(x));
+    return maxpool ? maxpool->forward(y) : y;
+  };
+  out.push_back(std::move(stem));
+  for (size_t s = 0; s < stages_.size(); ++s)
+    for (const Block& b : stages_[s]->blocks())
+      out.push_back({detail::str_cat("layer", s + 1, ".", b.name), b.modules, b.forward});
+  out.push_back({"head", {fc_}, [fc = fc_](const Tensor& x) { return fc->forward(global_avg_pool(x)); }});
+  return out;
+}
+
 }  // namespace ringtrain

@@ -61,6 +61,8 @@ class ResNet : public Module {
   Tensor forward(const Tensor& x) override;  // x: (N, H, W, in_channels) -> logits (N, num_classes)
   std::string type_name() const override { return "ResNet"; }
   const std::string& arch() const { return arch_; }
+  // stem (conv1, bn1 + ReLU, max pool), each residual block ("layer2.3"), head (global average pool, fc).
+  std::vector<Block> blocks() override;
   bool is_cifar() const { return cifar_; }
 
  private:

@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "core/allocator.h"
 #include "core/check.h"
 #include "core/ops.h"
 #include "core/parallel.h"
@@ -154,6 +155,26 @@ TEST(Tensor, PrintsSmallTensorsReadably) {
   Tensor named = Tensor::zeros(Shape{1}, DType::I64);
   named.set_name("layer1.0.conv1.weight");
   EXPECT_NE(to_string(named).find("'layer1.0.conv1.weight'"), std::string::npos);
+}
+
+// A pipeline stage drops the other stages' weights: the memory goes, the description stays, and a read is
+// an error naming the tensor instead of a crash.
+TEST(Tensor, ReleaseDropsTheMemoryButKeepsTheDescription) {
+  const int64_t before = memory_stats(Device::cpu()).allocated_bytes;
+  Tensor w = Tensor::ones(Shape{256, 256});
+  w.set_name("fc.weight");
+  Tensor same = w;  // another handle of the same tensor (as a module and a list of parameters hold it)
+  EXPECT_GE(memory_stats(Device::cpu()).allocated_bytes - before, 256 * 256 * 4);
+  EXPECT_FALSE(w.released());
+  w.release();
+  EXPECT_TRUE(same.released());
+  EXPECT_EQ(memory_stats(Device::cpu()).allocated_bytes, before);
+  EXPECT_EQ(same.shape(), (Shape{256, 256}));
+  EXPECT_EQ(same.dtype(), DType::F32);
+  EXPECT_EQ(same.name(), "fc.weight");
+  const std::string e = testing::error_of([&] { (void)same.data_ptr(); });
+  EXPECT_NE(e.find("tensor 'fc.weight' f32[256, 256] on cpu was released"), std::string::npos) << e;
+  EXPECT_FALSE(Tensor::zeros(Shape{0}).released());  // empty is not released
 }
 
 }  // namespace

@@ -95,6 +95,34 @@ TEST_F(LoaderTest, BatchesFollowTheSamplerWithTheRightLabelsAndShape) {
   EXPECT_NEAR(batches[0][0], ((order[0] * 3) % 251) / 255.0, 1e-6);
 }
 
+// A pipeline's last stage reads labels only: the same labels in the same batches, no images decoded.
+TEST_F(LoaderTest, LabelsOnlyBatchesCarryTheSameLabelsAndNoImages) {
+  ShardDataset ds = ShardDataset::open(dir_, "train");
+  LoaderOptions lo;
+  lo.threads = 2;
+  std::vector<int64_t> with_images, labels_only;
+  run_epoch(ds, lo, sampler_options(), 2, &with_images);
+  Loader loader(ds, lo);
+  loader.set_images(false);
+  DistributedSampler sampler(sampler_options());
+  loader.start_epoch(sampler, 2);
+  while (auto b = loader.next()) {
+    EXPECT_FALSE(b->images.defined());
+    EXPECT_EQ(b->valid, 8);
+    for (double l : b->labels.to_vector()) labels_only.push_back(static_cast<int64_t>(l));
+  }
+  EXPECT_EQ(labels_only, with_images);
+  // Between epochs only.
+  loader.start_epoch(sampler, 3);
+  std::string error;
+  try {
+    loader.set_images(true);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  EXPECT_NE(error.find("call it between epochs"), std::string::npos) << error;
+}
+
 TEST_F(LoaderTest, AugmentationIsIdenticalForOneAndThreeThreads) {
   ShardDataset ds = ShardDataset::open(dir_, "train");
   LoaderOptions lo;
