@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "comm/communicator.h"
+#include "comm/p2p.h"
 
 namespace ringtrain::comm {
 
@@ -13,5 +14,7 @@ std::unique_ptr<Communicator> make_ring_communicator(MPI_Comm parent, const Comm
 std::unique_ptr<Communicator> make_hierarchical_communicator(MPI_Comm parent, const CommOptions& options);
 std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm parent, const CommOptions& options);
 std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm parent, const CommOptions& options);
+// comm/p2p.h's channel for GPU tensors: NCCL send/recv on a communicator and stream of its own.
+std::unique_ptr<Channel> make_nccl_channel(MPI_Comm parent, const std::string& name, std::chrono::milliseconds timeout);
 
 }  // namespace ringtrain::comm

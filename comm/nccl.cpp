@@ -362,6 +362,24 @@ class NcclCommunicator final : public Communicator {
 
   void barrier() override { all_reduce_async(barrier_buffer_, ReduceOp::Sum)->wait(); }
 
+  // Point-to-point, for comm/p2p.h's channel: bytes to or from `peer` on this communicator's stream.
+  WorkPtr send_async(const Tensor& t, int peer) {
+    check_tensor("send", t);
+    RT_CHECK(peer >= 0 && peer < size_ && peer != rank_, "nccl send on rank ", rank_, ": no peer ", peer);
+    return launch("send", t, {t}, [&](ncclComm_t comm, cudaStream_t stream) {
+      if (t.nbytes() > 0)
+        NCCL_CHECK_PENDING(ncclSend(t.data_ptr(), static_cast<size_t>(t.nbytes()), ncclUint8, peer, comm, stream));
+    });
+  }
+  WorkPtr recv_async(const Tensor& t, int peer) {
+    check_tensor("recv", t);
+    RT_CHECK(peer >= 0 && peer < size_ && peer != rank_, "nccl recv on rank ", rank_, ": no peer ", peer);
+    return launch("recv", t, {t}, [&](ncclComm_t comm, cudaStream_t stream) {
+      if (t.nbytes() > 0)
+        NCCL_CHECK_PENDING(ncclRecv(t.data_ptr(), static_cast<size_t>(t.nbytes()), ncclUint8, peer, comm, stream));
+    });
+  }
+
  private:
   void init(const CommOptions& options) {
     RT_CHECK(options.timeout.count() > 0, "CommOptions.timeout must be positive, got ", options.timeout.count(), " ms");
@@ -540,6 +558,37 @@ class NcclCommunicator final : public Communicator {
 };
 
 }  // namespace
+
+namespace {
+
+// One direction of a pipeline's messages: a NCCL communicator (and stream) of its own, so the other
+// direction's queued operations never hold this one up.
+class NcclChannel final : public Channel {
+ public:
+  NcclChannel(MPI_Comm parent, std::string name, std::chrono::milliseconds timeout) : name_(std::move(name)) {
+    CommOptions options;
+    options.timeout = timeout;
+    comm_ = std::make_unique<NcclCommunicator>(parent, options);
+  }
+  ~NcclChannel() override {
+    if (comm_) comm_->release_local();
+  }
+  WorkPtr send(const Tensor& t, int peer) override { return comm_->send_async(t, peer); }
+  WorkPtr recv(const Tensor& t, int peer) override { return comm_->recv_async(t, peer); }
+  void close() override { comm_->close(); }
+  const std::string& name() const override { return name_; }
+
+ private:
+  std::string name_;
+  std::unique_ptr<NcclCommunicator> comm_;
+};
+
+}  // namespace
+
+std::unique_ptr<Channel> make_nccl_channel(MPI_Comm parent, const std::string& name,
+                                           std::chrono::milliseconds timeout) {
+  return std::make_unique<NcclChannel>(parent, name, timeout);
+}
 
 std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm parent, const CommOptions& options) {
   return std::make_unique<NcclCommunicator>(parent, options);

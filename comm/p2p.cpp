@@ -1,0 +1,330 @@
+// comm/p2p.cpp: the MPI channel (CPU tensors, and GPU tensors through host memory where ranks share a GPU);
+// GPU tensors of ranks with a GPU each go to the NCCL channel (nccl.cpp).
+#include "comm/p2p.h"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "comm/backends.h"
+#include "comm/mpi_check.h"
+#include "core/check.h"
+
+namespace ringtrain::comm {
+namespace {
+
+// A message to a rank on this node goes whole (pieces of at most an int's count of bytes); to another
+// node in pieces below Open MPI's TCP eager limit, as the ring sends them (comm/ring.cpp): a larger message
+// would wait for a rendezvous reply queued behind data on a busy link.
+constexpr int64_t kNodePieceBytes = int64_t{1} << 30;
+constexpr int64_t kNetPieceBytes = 64000;
+
+// One send or receive: its pieces' requests live on the channel's progress thread; the caller's Work
+// watches `state`.
+struct Message {
+  std::string what;
+  Tensor keep;  // alive until the message is done
+  char* bytes = nullptr;
+  int64_t nbytes = 0, piece = 0;
+  int peer = 0;
+  MPI_Comm comm = MPI_COMM_NULL;
+  bool sending = false;
+  std::atomic<int> state{0};  // 0 on its way, 1 done, 2 failed (error says why)
+  std::string error;
+  Tensor device_target;  // a GPU tensor received through host memory (`keep`): copied in once done
+  bool copied = false;
+};
+
+// After a message is done: a staged receive lands in its GPU tensor; a failure is raised.
+void finish(Message& m) {
+  if (m.state.load(std::memory_order_acquire) == 2) RT_THROW(m.error);
+  if (m.device_target.defined() && !m.copied) {
+    Tensor(m.device_target).copy_(m.keep);
+    m.copied = true;
+  }
+}
+
+// The polite wait of the ring (spin, yield, then sleeps of at most 200 us) on a message's state.
+class MpiChannelWork final : public Work {
+ public:
+  explicit MpiChannelWork(std::shared_ptr<Message> m) : m_(std::move(m)) {}
+  void wait() override {
+    using us = std::chrono::microseconds;
+    us pause(10);
+    for (int round = 0;; ++round) {
+      if (test()) break;
+      if (round < 64) continue;
+      if (round < 320) {
+        std::this_thread::yield();
+        continue;
+      }
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, us(200));
+    }
+    finish(*m_);
+  }
+  bool test() override { return m_->state.load(std::memory_order_acquire) != 0; }
+
+ private:
+  std::shared_ptr<Message> m_;
+};
+
+// Sends and receives are posted and driven by a progress thread of the channel's own (MPI_THREAD_MULTIPLE),
+// so a transfer advances while the caller computes: a large message over TCP needs its sender inside MPI to
+// move, and a stage computing its next micro-batch is not. Without MPI_THREAD_MULTIPLE the caller's
+// thread posts and polls them itself (transfers then advance only while it waits).
+class MpiChannel final : public Channel {
+ public:
+  MpiChannel(MPI_Comm parent, std::string name) : name_(std::move(name)) {
+    MPI_CHECK(MPI_Comm_dup(parent, &comm_));
+    MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+    MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+    MPI_CHECK(MPI_Comm_size(comm_, &size_));
+    // Which ranks share this node (their pieces can be large).
+    MPI_Comm node = MPI_COMM_NULL;
+    MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node));
+    MPI_Group mine = MPI_GROUP_NULL, all = MPI_GROUP_NULL;
+    MPI_CHECK(MPI_Comm_group(node, &mine));
+    MPI_CHECK(MPI_Comm_group(comm_, &all));
+    int n = 0;
+    MPI_CHECK(MPI_Group_size(mine, &n));
+    std::vector<int> local(static_cast<size_t>(n)), in_all(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) local[static_cast<size_t>(i)] = i;
+    MPI_CHECK(MPI_Group_translate_ranks(mine, n, local.data(), all, in_all.data()));
+    same_node_.assign(static_cast<size_t>(size_), false);
+    for (int r : in_all) same_node_[static_cast<size_t>(r)] = true;
+    MPI_CHECK(MPI_Group_free(&mine));
+    MPI_CHECK(MPI_Group_free(&all));
+    MPI_CHECK(MPI_Comm_free(&node));
+    int level = MPI_THREAD_SINGLE;
+    MPI_CHECK(MPI_Query_thread(&level));
+    if (level == MPI_THREAD_MULTIPLE) progress_ = std::thread([this] { progress(); });
+  }
+  // Never communicates: the progress thread is told to stop (messages on their way are left, their tensors
+  // kept alive by leaking them: MPI may still touch their memory), the communicator goes with MPI.
+  ~MpiChannel() override { stop_thread(true); }
+
+  WorkPtr send(const Tensor& t, int peer) override { return start("send to", t, peer, true); }
+  WorkPtr recv(const Tensor& t, int peer) override { return start("receive from", t, peer, false); }
+  void close() override {
+    stop_thread(false);
+    if (comm_ != MPI_COMM_NULL) MPI_CHECK(MPI_Comm_free(&comm_));
+  }
+  const std::string& name() const override { return name_; }
+
+ private:
+  // A posted piece.
+  struct Piece {
+    std::shared_ptr<Message> m;
+    MPI_Request request = MPI_REQUEST_NULL;
+    int64_t expected = -1;  // receives: its size
+  };
+  struct Posted {
+    std::vector<Piece> pieces;
+    std::map<const Message*, int> left;  // pieces still on their way, per message
+  };
+
+  WorkPtr start(const char* verb, const Tensor& t, int peer, bool sending) {
+    auto m = std::make_shared<Message>();
+    m->what = detail::str_cat(name_, " channel: ", verb, " rank ", peer, " (", t.describe(), ")");
+    RT_CHECK(comm_ != MPI_COMM_NULL, m->what, ": the channel is closed");
+    RT_CHECK(peer >= 0 && peer < size_ && peer != rank_, m->what, ": no such peer in a chain of ", size_, " ranks");
+    // GPU tensors (ranks sharing a GPU, where NCCL cannot run) go through host memory.
+    Tensor wire = t;
+    if (t.device().is_cuda()) {
+      if (sending) {
+        wire = t.to(Device::cpu());  // waits for what produced t
+      } else {
+        wire = Tensor::empty(t.shape(), t.dtype());
+        m->device_target = t;
+      }
+    }
+    m->keep = wire;
+    m->bytes = static_cast<char*>(wire.data_ptr());
+    m->nbytes = wire.nbytes();
+    m->peer = peer;
+    m->comm = comm_;
+    m->sending = sending;
+    m->piece = same_node_[static_cast<size_t>(peer)] ? kNodePieceBytes : kNetPieceBytes;
+    if (progress_.joinable()) {
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        queue_.push_back(m);
+      }
+      wake_.notify_one();
+    } else {
+      post(m, inline_);
+      return std::make_shared<InlineWork>(this, m);
+    }
+    return std::make_shared<MpiChannelWork>(m);
+  }
+
+  // Posts a message's pieces (pieces of one direction to one peer match in order: MPI's non-overtaking).
+  static void post(const std::shared_ptr<Message>& m, Posted& posted) {
+    int count = 0;
+    for (int64_t at = 0; at < std::max<int64_t>(m->nbytes, 1); at += m->piece) {
+      const int n = static_cast<int>(std::min(m->piece, m->nbytes - at));
+      Piece p{m, MPI_REQUEST_NULL, m->sending ? -1 : n};
+      posted.pieces.push_back(p);
+      ++count;
+      if (m->nbytes == 0) break;
+    }
+    posted.left[m.get()] += count;
+    // The requests are made after the vector stops growing for this message.
+    int64_t at = 0;
+    for (size_t i = posted.pieces.size() - static_cast<size_t>(count); i < posted.pieces.size(); ++i) {
+      Piece& p = posted.pieces[i];
+      const int n = static_cast<int>(std::min(m->piece, m->nbytes - at));
+      const int rc = m->sending ? MPI_Isend(m->bytes + at, n, MPI_BYTE, m->peer, 0, m->comm, &p.request)
+                                : MPI_Irecv(m->bytes + at, n, MPI_BYTE, m->peer, 0, m->comm, &p.request);
+      if (rc != MPI_SUCCESS) fail(*m, detail::str_cat(m->what, ": ", detail::mpi_error_text(rc)));
+      at += m->piece;
+    }
+  }
+
+  static void fail(Message& m, const std::string& error) {
+    if (m.state.load() != 0) return;
+    m.error = error;
+    m.state.store(2, std::memory_order_release);
+  }
+
+  // Tests every posted piece once; true when any finished.
+  static bool poll(Posted& posted) {
+    bool any = false;
+    for (size_t i = 0; i < posted.pieces.size();) {
+      Piece& p = posted.pieces[i];
+      int done = 0;
+      MPI_Status status;
+      const int rc = p.request == MPI_REQUEST_NULL ? MPI_SUCCESS : MPI_Test(&p.request, &done, &status);
+      if (rc != MPI_SUCCESS) {
+        fail(*p.m, detail::str_cat(p.m->what, ": ", detail::mpi_error_text(rc)));
+        done = 1;
+      } else if (p.request == MPI_REQUEST_NULL && !done) {
+        done = 1;  // a piece whose posting failed
+      } else if (done && p.expected >= 0) {
+        int got = 0;
+        MPI_Get_count(&status, MPI_BYTE, &got);
+        if (got != p.expected)
+          fail(*p.m, detail::str_cat(p.m->what, ": received ", got, " bytes from rank ", status.MPI_SOURCE, " where ",
+                                     p.expected, " were expected: the two stages disagree about the tensor at their ",
+                                     "boundary"));
+      }
+      if (!done) {
+        ++i;
+        continue;
+      }
+      any = true;
+      if (--posted.left[p.m.get()] == 0) {
+        posted.left.erase(p.m.get());
+        if (p.m->state.load() == 0) p.m->state.store(1, std::memory_order_release);
+      }
+      posted.pieces.erase(posted.pieces.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+    return any;
+  }
+
+  void progress() {
+    Posted posted;
+    using us = std::chrono::microseconds;
+    us pause(10);
+    int idle = 0;
+    for (;;) {
+      std::deque<std::shared_ptr<Message>> fresh;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        if (posted.pieces.empty()) wake_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (stop_) break;
+        fresh.swap(queue_);
+      }
+      for (auto& m : fresh) post(m, posted);
+      if (!fresh.empty() || poll(posted)) {
+        idle = 0;
+        pause = us(10);
+        continue;
+      }
+      // Nothing moved: spin a little, then yield, then sleep (the compute threads need the core).
+      if (++idle < 64) continue;
+      if (idle < 320) {
+        std::this_thread::yield();
+        continue;
+      }
+      std::unique_lock<std::mutex> lock(mutex_);
+      wake_.wait_for(lock, pause, [&] { return stop_ || !queue_.empty(); });
+      pause = std::min(pause * 2, us(200));
+    }
+    for (auto& p : posted.pieces) new Tensor(p.m->keep);  // NOLINT: MPI may still touch their memory
+  }
+
+  void stop_thread(bool leaving) {
+    if (!progress_.joinable()) return;
+    if (!leaving) {  // the success path: every message done first
+      for (;;) {
+        {
+          std::lock_guard<std::mutex> lock(mutex_);
+          if (queue_.empty()) break;
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_one();
+    progress_.join();
+  }
+
+  // Without MPI_THREAD_MULTIPLE: the caller's thread polls (InlineWork).
+  class InlineWork final : public Work {
+   public:
+    InlineWork(MpiChannel* c, std::shared_ptr<Message> m) : c_(c), m_(std::move(m)) {}
+    void wait() override {
+      while (!test()) std::this_thread::yield();
+      finish(*m_);
+    }
+    bool test() override {
+      if (m_->state.load() == 0) poll(c_->inline_);
+      return m_->state.load() != 0;
+    }
+
+   private:
+    MpiChannel* c_;
+    std::shared_ptr<Message> m_;
+  };
+
+  std::string name_;
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0, size_ = 1;
+  std::vector<bool> same_node_;
+  std::thread progress_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::shared_ptr<Message>> queue_;
+  bool stop_ = false;
+  Posted inline_;
+};
+
+}  // namespace
+
+std::unique_ptr<Channel> make_channel(MPI_Comm parent, Device device, const std::string& name,
+                                      std::chrono::milliseconds timeout) {
+  if (device.is_cuda()) {
+    // NCCL needs a GPU per rank: where ranks of a node share one, every rank stages through host memory.
+    MPI_Comm node = MPI_COMM_NULL;
+    MPI_CHECK(MPI_Comm_split_type(parent, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+    int local = 1;
+    MPI_CHECK(MPI_Comm_size(node, &local));
+    MPI_CHECK(MPI_Comm_free(&node));
+    int shared = local > cuda_device_count() ? 1 : 0;
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &shared, 1, MPI_INT, MPI_MAX, parent));
+    if (!shared) return make_nccl_channel(parent, name, timeout);
+  }
+  return std::make_unique<MpiChannel>(parent, name);
+}
+
+}  // namespace ringtrain::comm
