@@ -418,6 +418,7 @@ class Supervisor {
   std::vector<Host> alive_;
   int np_ = 0;
   int64_t accum_ = 1;
+  int stages_ = 1;  // --pipeline-stages of the next launch
   bool batch_changed_ = false;
   int64_t base_micro_ = 0;           // per-rank batches per optimizer step (ranks x accum) of the first launch
   std::optional<Failure> previous_;  // of the launch before the last
@@ -449,7 +450,10 @@ Supervisor::Supervisor(Options o)
   token_ = detail::str_cat(runtime::this_host(), ":", ::getpid(), ":", static_cast<int64_t>(unix_now()));
   np_ = o_.np;
   accum_ = flags_.accum;
-  base_micro_ = static_cast<int64_t>(o_.np) * flags_.accum;
+  stages_ = flags_.stages;
+  RT_CHECK(o_.np % stages_ == 0, "--np ", o_.np, " is no multiple of the training command's --pipeline-stages ",
+           stages_, " (every stage needs the same number of replicas)");
+  base_micro_ = static_cast<int64_t>(o_.np / stages_) * flags_.accum;
 }
 
 // Launch, and after a failure decide and relaunch, until the job finishes or a stop is decided.
@@ -469,7 +473,8 @@ int Supervisor::run() {
         });
     resume_ = newest_resume_point(resume_, l.resumed_from, l.failure.trained ? l.resumed_step : -1, l.written);
     if (l.failure.trained && attempt == 0 && l.plan.contains("world_size") && l.plan.contains("accum_steps"))
-      base_micro_ = l.plan["world_size"].get<int64_t>() * l.plan["accum_steps"].get<int64_t>();
+      base_micro_ =
+          l.plan.value("replicas", l.plan["world_size"].get<int64_t>()) * l.plan["accum_steps"].get<int64_t>();
     if (!l.mismatch.empty())
       return stop({3, "failed", detail::str_cat("not restarting: ", l.mismatch, " — a permanent error")});
     if (l.ok) return finished();
@@ -500,7 +505,7 @@ std::vector<std::string> Supervisor::launch_argv(int attempt, const fs::path& ho
                                detail::str_cat("RINGTRAIN_RESTART=", attempt)})
     argv.push_back(a);
   const std::vector<std::string> command =
-      relaunch_command(o_.command, flags_, accum_, attempt > 0 ? resume_ : ResumePoint{}, batch_changed_);
+      relaunch_command(o_.command, flags_, accum_, attempt > 0 ? resume_ : ResumePoint{}, batch_changed_, stages_);
   argv.insert(argv.end(), command.begin(), command.end());
   return argv;
 }
@@ -559,8 +564,9 @@ std::variant<Stop, Relaunch> Supervisor::decide(int attempt, const Launch& l, co
   for (const auto& h : all_hosts_)
     if (std::find(dead.begin(), dead.end(), h.name) == dead.end()) r.hosts.push_back(h);
   std::string why_not;
-  const auto world = plan_world(o_.np, std::max<int64_t>(1, base_micro_ / o_.np), total_slots(r.hosts), o_.min_np,
-                                o_.max_np, o_.allow_batch_change, why_not);
+  const int base_replicas = std::max(1, o_.np / flags_.stages);
+  const auto world = plan_world(o_.np, std::max<int64_t>(1, base_micro_ / base_replicas), total_slots(r.hosts),
+                                o_.min_np, o_.max_np, o_.allow_batch_change, why_not, flags_.stages);
   if (!world) return Stop{1, "gave up", detail::str_cat("cannot restart after: ", what, ": ", why_not)};
   r.world = *world;
   const auto in = [](const std::vector<Host>& hosts, const std::string& name) {
@@ -585,6 +591,7 @@ void Supervisor::relaunch(int attempt, const Launch& l, const Relaunch& r, const
   failed_ = l;
   np_ = r.world.np;
   accum_ = r.world.accum;
+  stages_ = r.world.stages;
   batch_changed_ = batch_changed_ || r.world.batch_changed;
   alive_ = r.hosts;
   previous_ = f;
@@ -596,6 +603,9 @@ void Supervisor::relaunch(int attempt, const Launch& l, const Relaunch& r, const
       r.dropped.empty() ? "" : "; dropped " + join(r.dropped, ", "),
       r.back.empty() ? "" : "; back: " + join(r.back, ", "), "; relaunching ", np_, " rank(s) on ", on,
       " with --accum-steps ", accum_,
+      stages_ != flags_.stages ? detail::str_cat(" and --pipeline-stages ", stages_, " (too few ranks for ",
+                                                 flags_.stages, " stages that keep the global batch)")
+                               : std::string(),
       r.world.batch_changed ? " (the global batch CHANGES: --allow-batch-change)" : " (same global batch)",
       ", resuming ", describe_resume(r.resume, flags_), " (", lost_steps, " step(s) of work lost, ", tenths(lost_s),
       " s)"));
@@ -609,6 +619,7 @@ void Supervisor::relaunch(int attempt, const Launch& l, const Relaunch& r, const
               {"hosts", on},
               {"world_size", np_},
               {"accum_steps", accum_},
+              {"pipeline_stages", stages_},
               {"global_batch_kept", !r.world.batch_changed},
               {"last_step", f.last_step},
               {"resume_step", r.resume.step},

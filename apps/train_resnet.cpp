@@ -46,8 +46,8 @@ data::Transform transform_for(const data::SplitInfo& split, const ResNetFlags& f
   return t;
 }
 
-std::unique_ptr<runtime::DataSource> open_data(const comm::World& world, const runtime::Trainer& trainer,
-                                               const std::string& dir, const ResNetFlags& f) {
+std::unique_ptr<runtime::DataSource> open_data(const runtime::Trainer& trainer, const std::string& dir,
+                                               const ResNetFlags& f) {
   const runtime::TrainerOptions& o = trainer.options();
   if (!f.synthetic)
     return runtime::open_shards(dir,
@@ -64,7 +64,7 @@ std::unique_ptr<runtime::DataSource> open_data(const comm::World& world, const r
                                   .channels = 3,
                                   .classes = is_cifar(f.arch) ? 10 : 1000,
                                   .seed = o.seed,
-                                  .rank = world.rank(),
+                                  .rank = trainer.data_rank(),  // the replica's data (a pipeline's stages share it)
                                   .device = trainer.device()});
 }
 
@@ -79,7 +79,7 @@ int train(comm::World& world, runtime::TrainerOptions options, const std::string
                         {"image_size", f.image_size},
                         {"synthetic_size", f.synthetic_size}};
   runtime::Trainer trainer(world, options);  // binds the rank, seeds init, watchdog, preflight (--check)
-  auto data = open_data(world, trainer, data_dir, f);
+  auto data = open_data(trainer, data_dir, f);
   ResNet model(f.arch, {.in_channels = data->info().channels, .num_classes = data->info().classes});
   trainer.fit(model, *data);
   return 0;

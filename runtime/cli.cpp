@@ -130,6 +130,18 @@ void add_parallel_flags(CLI::App& app, TrainerOptions& o) {
                  "ZeRO stage: 1 keeps 1/N of the optimizer state on each rank (bitwise the same training)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1));
+  app.add_option("--pipeline-stages", o.pipeline_stages,
+                 "split the model into this many consecutive stages on consecutive ranks (world = stages x "
+                 "replicas); --accum-steps is the micro-batches in flight")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--pipeline-split", o.pipeline_split,
+                 "each stage's first block, e.g. 0,9,18 (default: balanced on measured block costs)");
+  add_choice(app, "--pipeline-schedule", "1f1b (fewer activations held) or gpipe", name_of(o.pipeline_schedule),
+             {"1f1b", "gpipe"}, [&o](const std::string& v) { o.pipeline_schedule = parse_pipeline_schedule(v); });
+  add_choice(app, "--pipeline-balance", "balance the stages' measured time, or their memory",
+             name_of(o.pipeline_balance), {"time", "memory"},
+             [&o](const std::string& v) { o.pipeline_balance = parse_pipeline_balance(v); });
 }
 
 void add_output_flags(CLI::App& app, TrainerOptions& o) {

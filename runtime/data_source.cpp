@@ -95,6 +95,10 @@ class ShardSource final : public DataSource {
   data::SamplerState position() const override { return train_loader_->position(); }
   data::Loader* test_loader() override { return test_loader_.get(); }
   std::vector<std::string> warnings() const override { return warnings_; }
+  void set_images(bool images) override {
+    train_loader_->set_images(images);
+    if (test_loader_) test_loader_->set_images(images);
+  }
   std::vector<std::string> take_decode_warnings() override {
     std::vector<std::string> out;
     for (const auto& [loader, split] :
@@ -151,6 +155,7 @@ class SyntheticSource final : public DataSource {
                              o.classes, " classes")};
   }
   const DataInfo& info() const override { return info_; }
+  void set_images(bool images) override { images_ = images; }
 
   void start_epoch(data::DistributedSampler& sampler, int64_t epoch) override {
     epoch_ = epoch;
@@ -173,8 +178,9 @@ class SyntheticSource final : public DataSource {
     const uint64_t seed = options_.seed * 1000003u + static_cast<uint64_t>(epoch_) * 7919u +
                           static_cast<uint64_t>(next_) * 131u + static_cast<uint64_t>(options_.rank);
     data::Batch b;
-    b.images = Tensor::normal(Shape{batch, info_.height, info_.width, info_.channels}, 0, 1, seed, DType::F32,
-                              options_.device);
+    if (images_)
+      b.images = Tensor::normal(Shape{batch, info_.height, info_.width, info_.channels}, 0, 1, seed, DType::F32,
+                                options_.device);
     b.labels = labels_;
     b.valid = batch;
     b.index = next_++;
@@ -187,6 +193,7 @@ class SyntheticSource final : public DataSource {
   DataInfo info_;
   Tensor labels_;
   int64_t epoch_ = 0, next_ = 0, batches_ = 0;
+  bool images_ = true;
 };
 
 }  // namespace

@@ -46,6 +46,9 @@ class DataSource {
   // What the user should know but that does not stop the run (e.g. an empty test split skipped); the
   // Trainer prints them on rank 0 when the run starts.
   virtual std::vector<std::string> warnings() const { return {}; }
+  // Whether this rank's batches need images (false: labels only, nothing read or decoded). A pipeline's
+  // last stage needs labels only. Between epochs. A source that ignores it (the default) only does more work.
+  virtual void set_images(bool images) { (void)images; }
   // The records decoded with libjpeg's warnings since the last call, one line per split (the Trainer prints
   // them after each epoch; with ShardSourceOptions::strict such a record is an error instead).
   virtual std::vector<std::string> take_decode_warnings() { return {}; }

@@ -10,6 +10,7 @@
 #include "comm/world.h"
 #include "core/tensor.h"
 #include "data/loader.h"
+#include "layers/loss.h"
 #include "layers/module.h"
 #include "runtime/run_log.h"
 
@@ -24,6 +25,15 @@ struct EvalOptions {
   // Called before each batch, and before the closing all-reduce (the Trainer names its watchdog phases).
   std::function<void()> on_batch = {};
   std::function<void()> on_wait = {};
+};
+
+// The sums an evaluation adds up (a rank's part), scored batch by batch: top-1 and top-5 hits, the summed
+// loss, the images. total() all-reduces them over `comm` (collective) into the result.
+struct EvalSums {
+  double top1 = 0, top5 = 0, loss = 0, count = 0;
+  // logits (N, C) against labels (N).
+  void score(const Tensor& logits, const Tensor& labels, const CrossEntropyLoss& loss_fn);
+  EvalResult total(MPI_Comm comm) const;
 };
 
 // Collective. Puts the model in eval mode for the pass and back in train mode after; no gradients.

@@ -103,6 +103,12 @@ json TrainerOptions::to_json() const {
          {"compression", compression_name(compression)},
          {"sync_bn", sync_bn},
          {"clip_grad_norm", clip_grad_norm}};
+  // How the model is spread over the ranks, not what it computes: recorded, and changeable on resume.
+  if (pipeline_stages > 1)
+    j["pipeline"] = {{"stages", pipeline_stages},
+                     {"split", pipeline_split},
+                     {"schedule", name_of(pipeline_schedule)},
+                     {"balance", name_of(pipeline_balance)}};
   for (const auto& [key, value] : app_config.items()) j[key] = value;
   if (!flags.empty()) j["flags"] = flags;
   return j;
@@ -150,6 +156,9 @@ void validate_options(const TrainerOptions& o) {
            "a new one with --start-over");
   RT_CHECK(o.lr_milestones.empty() || o.lr_schedule == LrShape::MultiStep, "--lr-milestones ", o.lr_milestones,
            " applies to --lr-schedule multistep only, but the schedule is ", name_of(o.lr_schedule));
+  RT_CHECK(o.pipeline_stages >= 1, "--pipeline-stages must be at least 1, got ", o.pipeline_stages);
+  RT_CHECK(o.pipeline_split.empty() || o.pipeline_stages > 1, "--pipeline-split ", o.pipeline_split,
+           " needs --pipeline-stages 2 or more");
   RT_CHECK(o.checkpoint_every_min == 0 || !o.checkpoint_dir.empty(), "--checkpoint-every-min ", o.checkpoint_every_min,
            " needs --checkpoint-dir (where to write them)");
 }
@@ -162,6 +171,10 @@ json rank_agreement(const TrainerOptions& o) {
   j["checkpoint_every"] = o.checkpoint_every;
   j["checkpoint_every_min"] = o.checkpoint_every_min;
   j["zero"] = o.zero;  // the collectives of a step differ
+  j["pipeline_stages"] = o.pipeline_stages;
+  j["pipeline_split"] = o.pipeline_split;
+  j["pipeline_schedule"] = name_of(o.pipeline_schedule);
+  j["pipeline_balance"] = name_of(o.pipeline_balance);
   j["trace_steps"] = o.trace_steps;
   j["check"] = o.check;
   j["timeout"] = o.timeout;  // a watchdog of its own on some ranks but not others makes a collective differ

@@ -11,6 +11,7 @@
 #include "comm/communicator.h"
 #include "comm/grad_sync.h"
 #include "optim/optimizer.h"
+#include "runtime/pipeline_plan.h"
 #include "runtime/progress.h"
 
 namespace ringtrain::runtime {
@@ -65,6 +66,11 @@ struct TrainerOptions {
   comm::Compression compression = comm::Compression::None;
   bool sync_bn = false;
   int zero = 0;  // ZeRO stage: 1 shards the optimizer state across ranks (comm/zero.h)
+  // ---- pipeline parallelism (runtime/pipeline.h): the world is stages x replicas; accum is the micro-batches
+  int pipeline_stages = 1;
+  std::string pipeline_split;  // "0,9,18": each stage's first block (empty: balanced on measured costs)
+  PipelineSchedule pipeline_schedule = PipelineSchedule::OneFOneB;
+  PipelineBalance pipeline_balance = PipelineBalance::Time;
   // ---- outputs and cadence
   std::string checkpoint_dir;       // empty: no checkpoints
   int64_t checkpoint_every = 0;     // optimizer steps between checkpoints (0: end of every epoch)

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "comm/mpi_check.h"
 #include "comm/sync_batchnorm.h"
 #include "comm/zero.h"
 #include "core/autocast.h"
@@ -29,10 +30,29 @@ std::optional<DType> autocast_type(Precision p) {
   return p == Precision::BF16 ? DType::BF16 : DType::F16;
 }
 
+// A result over the gradients held here combined over ZeRO's shards of them first, then over the holders
+// of the other parameters (a pipeline's other stages).
+class CombinedParts final : public GradientParts {
+ public:
+  CombinedParts(const GradientParts* shards, const GradientParts* across) : shards_(shards), across_(across) {}
+  void max(std::span<uint64_t> values) const override {
+    if (shards_) shards_->max(values);
+    if (across_) across_->max(values);
+  }
+  void sum(std::span<uint64_t> values) const override {
+    if (shards_) shards_->sum(values);
+    if (across_) across_->sum(values);
+  }
+
+ private:
+  const GradientParts* shards_;
+  const GradientParts* across_;
+};
+
 }  // namespace
 
 Replica::Replica(comm::World& world, const TrainerOptions& o, Device device, Module& model, StepFn step_fn,
-                 const ReplicaStart& start)
+                 const ReplicaStart& start, const ReplicaScope& scope)
     : world_(world),
       o_(o),
       model_(model),
@@ -43,10 +63,12 @@ Replica::Replica(comm::World& world, const TrainerOptions& o, Device device, Mod
   if (world_.is_root() && autocast_ && device.is_cpu())
     std::printf("note: --precision %s on the CPU runs 16-bit convolutions through f32 kernels: correct, not faster\n",
                 name_of(o_.precision));
-  comm_ = comm::make_communicator(backend_, world_.comm());
+  const MPI_Comm holders = scope.comm != MPI_COMM_NULL ? scope.comm : world_.comm();
+  MPI_CHECK(MPI_Comm_size(holders, &holders_));
+  comm_ = comm::make_communicator(backend_, holders);
   // SyncBatchNorm's all-reduces on a communicator of their own: they must not queue behind gradient buckets.
   if (o_.sync_bn) {
-    bn_comm_ = comm::make_communicator(backend_, world_.comm());
+    bn_comm_ = comm::make_communicator(backend_, holders);
     comm::convert_sync_batchnorm(model_, bn_comm_);
   }
   if (world_.is_root() && o_.compression == comm::Compression::F16 && o_.precision != Precision::FP16)
@@ -58,16 +80,21 @@ Replica::Replica(comm::World& world, const TrainerOptions& o, Device device, Mod
   gso.bucket_mb = o_.bucket_mb;
   gso.compression = o_.compression;
   gso.zero_stage = o_.zero;
-  sync_ = std::make_unique<comm::GradSync>(model_, comm_, gso);  // rank 0's (possibly resumed) weights everywhere
+  // Rank 0's (possibly resumed) weights everywhere. A scope's own list has no per-layer hooks, so ZeRO-1's
+  // all-gather is then waited for at once instead of overlapping the next forward.
+  sync_ = scope.parameters ? std::make_unique<comm::GradSync>(*scope.parameters, *scope.buffers, comm_, gso)
+                           : std::make_unique<comm::GradSync>(model_, comm_, gso);
+  const auto named = scope.parameters ? *scope.parameters : model_.named_parameters();
   if (o_.zero == 1) {
     auto zero = std::make_unique<comm::ZeroOptimizer>(
         *sync_, [o](std::vector<NamedParameter> pieces) { return make_rule(o, std::move(pieces)); });
     zero_ = zero.get();
     opt_ = std::move(zero);
   } else {
-    opt_ = make_rule(o_, as_named(model_.named_parameters()));
+    opt_ = make_rule(o_, as_named(named));
   }
-  for (const auto& [name, tensor] : model_.named_parameters()) parameters_.push_back(tensor);
+  for (const auto& [name, tensor] : named) parameters_.push_back(tensor);
+  if (zero_ || scope.across) parts_ = std::make_unique<CombinedParts>(zero_, scope.across);
   if (start.optimizer_state) {
     try {
       opt_->load_state(*start.optimizer_state);
@@ -104,6 +131,17 @@ void Replica::backward(const Tensor& loss, bool last_micro) {
   objective.backward();
 }
 
+void Replica::backward_from(const Tensor& y, const Tensor& grad, bool last_micro) {
+  if (last_micro) {
+    y.backward(grad);
+    return;
+  }
+  auto guard = sync_->no_sync();
+  y.backward(grad);
+}
+
+Tensor Replica::loss_of(const Tensor& logits, const Tensor& labels) { return loss_fn_(logits, labels); }
+
 void Replica::finish_gradients() { sync_->finish(); }
 
 void Replica::zero_grad() { sync_->zero_grad(); }
@@ -112,7 +150,7 @@ StepOutcome Replica::step(double lr, int64_t step) {
   // The gradients are averaged already, so every rank takes the same decisions. With ZeRO-1 each rank holds
   // its shard of them: the finite check and the norm combine over the shards (one small all-reduce each).
   const std::vector<Tensor>& held = zero_ ? zero_->shard_parameters() : parameters_;
-  const GradientParts* parts = zero_;
+  const GradientParts* parts = parts_.get();
   StepOutcome out;
   out.took = !scaler_ || scaler_->unscale(held, parts);
   if (out.took && o_.clip_grad_norm > 0) {
@@ -137,7 +175,7 @@ int64_t Replica::optimizer_state_bytes() const { return opt_->state_bytes(); }
 std::vector<std::pair<std::string, Tensor>> Replica::optimizer_state() const { return opt_->state(); }
 
 void Replica::average_buffers() {
-  if (!o_.sync_bn && world_.size() > 1) sync_->average_buffers();
+  if (!o_.sync_bn && holders_ > 1) sync_->average_buffers();
 }
 
 void Replica::wait_parameters() { sync_->wait_parameters(); }

@@ -43,6 +43,17 @@ struct ReplicaStart {
   std::string from;  // the checkpoint, for error messages
 };
 
+// Which ranks hold the same parameters, and which parameters (a pipeline stage's: its ranks across the
+// replicas, its blocks' tensors). The default is the whole model on every rank of the world.
+struct ReplicaScope {
+  MPI_Comm comm = MPI_COMM_NULL;  // the ranks holding these parameters (null: the world's)
+  const std::vector<std::pair<std::string, Tensor>>* parameters = nullptr;  // null: the model's
+  const std::vector<std::pair<std::string, Tensor>>* buffers = nullptr;
+  // The holders of the other parameters (other pipeline stages): the clipping norm and the f16 scaler's
+  // finite check combine over them too, so every stage takes the same decision.
+  const GradientParts* across = nullptr;
+};
+
 struct StepOutcome {
   bool took = true;      // false: an f16 step skipped for non-finite gradients
   double grad_norm = 0;  // before clipping (with --clip-grad-norm)
@@ -52,7 +63,7 @@ class Replica {
  public:
   // Collective.
   Replica(comm::World& world, const TrainerOptions& o, Device device, Module& model, StepFn step_fn,
-          const ReplicaStart& start);
+          const ReplicaStart& start, const ReplicaScope& scope = {});
   ~Replica();
   Replica(const Replica&) = delete;
   Replica& operator=(const Replica&) = delete;
@@ -62,6 +73,13 @@ class Replica {
   Tensor forward(const data::Batch& batch);
   // Backward of loss / accum (scaled for f16); gradients accumulate locally (no_sync) unless last_micro.
   void backward(const Tensor& loss, bool last_micro);
+  // A pipeline stage's backward: from its output `y` with the gradient the next stage sent (scaled
+  // already), under no_sync unless last_micro.
+  void backward_from(const Tensor& y, const Tensor& grad, bool last_micro);
+  // The loss of logits against labels (the default loss: cross-entropy with label smoothing); the caller
+  // holds the autocast scope.
+  Tensor loss_of(const Tensor& logits, const Tensor& labels);
+  const std::optional<DType>& autocast() const { return autocast_; }
   // Collective: waits for the last gradient bucket; gradients then hold the average over ranks.
   void finish_gradients();
   // Zeroes the gradient buckets (what step() does after each update; the loop at each epoch's start, where
@@ -100,6 +118,8 @@ class Replica {
   comm::ZeroOptimizer* zero_ = nullptr;  // opt_ with --zero 1
   std::optional<GradScaler> scaler_;
   std::vector<Tensor> parameters_;
+  int holders_ = 1;                             // ranks of the scope's communicator
+  std::unique_ptr<const GradientParts> parts_;  // ZeRO's shards and the scope's other holders, combined
 };
 
 }  // namespace ringtrain::runtime

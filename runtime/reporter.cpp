@@ -7,6 +7,7 @@
 #include <span>
 
 #include "comm/host_collectives.h"
+#include "comm/mpi_check.h"
 #include "core/allocator.h"
 #include "core/check.h"
 #include "runtime/progress.h"
@@ -18,7 +19,7 @@ namespace ringtrain::runtime {
 using json = nlohmann::json;
 
 Reporter::Reporter(const comm::World& world, const TrainerOptions& o, Device device, const RunPlan& plan,
-                   size_t gradient_buckets)
+                   size_t gradient_buckets, json pipeline)
     : world_(world),
       o_(o),
       device_(device),
@@ -26,17 +27,24 @@ Reporter::Reporter(const comm::World& world, const TrainerOptions& o, Device dev
       bar_(use_progress_bar(world, o.progress)),
       log_(o.log_jsonl, world.is_root()),
       gpu_(world, device, !o.log_jsonl.empty()),
-      timer_(gradient_buckets) {}
+      timer_(gradient_buckets),
+      pipeline_(std::move(pipeline)),
+      loss_rank_(pipeline_.is_null() ? 0 : (pipeline_["stages"].get<int>() - 1) * pipeline_["replicas"].get<int>()) {}
 
 void Reporter::announce(const Replica& replica, int threads, const Cursor& at, const std::string& resumed_from,
                         const std::string& run_id, const std::vector<std::string>& data_warnings) {
   if (world_.is_root()) {
     for (const auto& w : data_warnings) std::fprintf(stderr, "%s: warning: %s\n", o_.program.c_str(), w.c_str());
+    const std::string layout = pipeline_.is_null()
+                                   ? std::string()
+                                   : detail::str_cat(" (", pipeline_["stages"].get<int>(), " pipeline stages x ",
+                                                     pipeline_["replicas"].get<int>(), " replica(s))");
     std::printf(
-        "%s: %s on %s, %d rank(s) on %d node(s), %s backend, batch %lld/rank x %lld accum = %lld global, "
+        "%s: %s on %s, %d rank(s) on %d node(s)%s, %s backend, batch %lld/%s x %lld accum = %lld global, "
         "%lld steps/epoch, %lld steps, lr %.4g (%s)%s\n",
         o_.program.c_str(), o_.model_name.c_str(), device_.str().c_str(), world_.size(), world_.num_nodes(),
-        comm::backend_name(replica.backend()), static_cast<long long>(plan_.batch), static_cast<long long>(plan_.accum),
+        layout.c_str(), comm::backend_name(replica.backend()), static_cast<long long>(plan_.batch),
+        pipeline_.is_null() ? "rank" : "replica", static_cast<long long>(plan_.accum),
         static_cast<long long>(plan_.global_batch), static_cast<long long>(plan_.steps_per_epoch),
         static_cast<long long>(plan_.total_steps), base_lr(o_, plan_), name_of(o_.lr_schedule),
         o_.compression == comm::Compression::None
@@ -47,6 +55,8 @@ void Reporter::announce(const Replica& replica, int threads, const Cursor& at, c
     comm::supervisor_event(json{
         {"event", "plan"},
         {"world_size", world_.size()},
+        {"replicas", pipeline_.is_null() ? world_.size() : pipeline_["replicas"].get<int>()},
+        {"pipeline_stages", pipeline_.is_null() ? 1 : pipeline_["stages"].get<int>()},
         {"nodes", world_.num_nodes()},
         {"batch_size", plan_.batch},
         {"accum_steps", plan_.accum},
@@ -59,7 +69,7 @@ void Reporter::announce(const Replica& replica, int threads, const Cursor& at, c
          o_.checkpoint_dir}}.dump());
   }
   const int64_t state_bytes = replica.optimizer_state_bytes();
-  log_.write(plan_record(
+  json record = plan_record(
       {.world_size = world_.size(),
        .nodes = world_.num_nodes(),
        .threads = threads,
@@ -71,7 +81,9 @@ void Reporter::announce(const Replica& replica, int threads, const Cursor& at, c
        .global_batch = plan_.global_batch,
        .buckets = replica.sync().buckets(),
        .zero = o_.zero,
-       .optimizer_state_bytes = comm::all_gather(world_.comm(), std::span<const int64_t>(&state_bytes, 1))}));
+       .optimizer_state_bytes = comm::all_gather(world_.comm(), std::span<const int64_t>(&state_bytes, 1))});
+  if (!pipeline_.is_null()) record["pipeline"] = pipeline_;
+  log_.write(record);
 }
 
 void Reporter::add_loss(double loss) {
@@ -81,7 +93,7 @@ void Reporter::add_loss(double loss) {
   last_loss_ = loss;
 }
 
-void Reporter::report(int64_t epoch, int64_t step, double lr, std::optional<double> grad_norm) {
+void Reporter::report(int64_t epoch, int64_t step, double lr, std::optional<double> grad_norm, const json& extra) {
   double stats[2] = {interval_loss_, interval_weight_};  // the loss averaged over ranks
   comm::all_reduce(world_.comm(), std::span<double>(stats, 2));
   const double mean_loss = stats[0] / stats[1];
@@ -100,13 +112,15 @@ void Reporter::report(int64_t epoch, int64_t step, double lr, std::optional<doub
                       .img_per_s = img_s,
                       .eta_s = static_cast<double>(plan_.total_steps - step) * seconds / n};
     print_progress(bar_, line);
-    log_.write(train_record({.step = step,
-                             .epoch = epoch,
-                             .lr = lr,
-                             .loss = mean_loss,
-                             .img_per_s = img_s,
-                             .time = timer_.interval_mean(),
-                             .grad_norm = grad_norm}));
+    json record = train_record({.step = step,
+                                .epoch = epoch,
+                                .lr = lr,
+                                .loss = mean_loss,
+                                .img_per_s = img_s,
+                                .time = timer_.interval_mean(),
+                                .grad_norm = grad_norm});
+    if (extra.is_object()) record.update(extra);
+    log_.write(record);
   }
   if (auto record = gpu_.sample(step)) log_.write(*record);
   timer_.reset_interval();
@@ -131,7 +145,9 @@ TrainResult Reporter::summarize(const Finish& f) {
   r.elapsed_s = f.elapsed_s;
   r.steps = f.at.step;
   r.steps_run = f.at.step - f.first_step;
-  r.train_loss = last_loss_;
+  double last_loss = last_loss_;  // the last stage's, with pipeline stages
+  if (loss_rank_ != 0) MPI_CHECK(MPI_Bcast(&last_loss, 1, MPI_DOUBLE, loss_rank_, world_.comm()));
+  r.train_loss = last_loss;
   r.eval = f.eval;
   r.img_per_s = static_cast<double>(r.steps_run * plan_.global_batch) / r.elapsed_s;
   r.median_step_s = timer_.median_step_s();
@@ -151,7 +167,7 @@ TrainResult Reporter::summarize(const Finish& f) {
   const std::vector<double> all = comm::gather(world_.comm(), std::span<const double>(mine, PhaseTimes::kCount));
   if (!world_.is_root()) return r;
   SummaryRecord s;
-  s.train_loss = last_loss_;
+  s.train_loss = last_loss;
   s.img_per_s = r.img_per_s;
   s.median_step_s = r.median_step_s;
   s.peak_mem_bytes = *std::max_element(peaks.begin(), peaks.end());
@@ -179,7 +195,7 @@ TrainResult Reporter::summarize(const Finish& f) {
   }
   log_.write(summary_record(s));
   std::printf("done: %lld steps in %s, %.0f img/s, final train loss %.4f", static_cast<long long>(f.at.step),
-              format_duration(r.elapsed_s).c_str(), r.img_per_s, last_loss_);
+              format_duration(r.elapsed_s).c_str(), r.img_per_s, last_loss);
   if (f.eval) std::printf(", test top-1 %.2f%% top-5 %.2f%%", 100 * f.eval->top1, 100 * f.eval->top5);
   std::printf("\n");
   std::fflush(stdout);

@@ -26,8 +26,9 @@ class Reporter {
  public:
   using Clock = std::chrono::steady_clock;
   // Collective (rank 0 decides on the bar; GPU telemetry). An unwritable --log-jsonl is an error naming it.
+  // `pipeline`: Pipeline::plan() with --pipeline-stages (the plan record's "pipeline"), else null.
   Reporter(const comm::World& world, const TrainerOptions& o, Device device, const RunPlan& plan,
-           size_t gradient_buckets);
+           size_t gradient_buckets, nlohmann::json pipeline = nullptr);
 
   bool bar() const { return bar_; }
   StepTimer& timer() { return timer_; }
@@ -41,7 +42,9 @@ class Reporter {
   void add_loss(double loss);
   // Collective: the interval's loss averaged over ranks; rank 0 prints the progress and writes the train
   // record; then the gpu record. Starts the next interval.
-  void report(int64_t epoch, int64_t step, double lr, std::optional<double> grad_norm);
+  // `extra` (an object) is merged into the train record (a pipeline's per-stage figures).
+  void report(int64_t epoch, int64_t step, double lr, std::optional<double> grad_norm,
+              const nlohmann::json& extra = nullptr);
   // Ends the epoch's bar line.
   void end_epoch() const;
   // Rank 0: the evaluation's line and record.
@@ -69,6 +72,8 @@ class Reporter {
   RunLog log_;
   GpuTelemetry gpu_;
   StepTimer timer_;
+  nlohmann::json pipeline_;
+  int loss_rank_ = 0;  // whose losses the closing line shows: the last pipeline stage's first replica
   double interval_loss_ = 0, interval_weight_ = 0, last_loss_ = 0;
   Clock::time_point interval_start_ = Clock::now();
 };

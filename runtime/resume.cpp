@@ -43,6 +43,11 @@ constexpr const char* kRuntimeOnly[] = {"data",
                                         "check",
                                         "timeout",
                                         "zero",
+                                        "pipeline",
+                                        "pipeline_stages",
+                                        "pipeline_split",
+                                        "pipeline_schedule",
+                                        "pipeline_balance",
                                         "strict"};
 // What must be the same for a resume to continue the training at all.
 constexpr const char* kIdentity[] = {"arch", "model", "optimizer", "dataset"};

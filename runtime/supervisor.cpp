@@ -149,7 +149,9 @@ JobFlags read_job_flags(const std::vector<std::string>& command) {
       flag.resize(eq);
       has_value = true;
     }
-    if (flag != "--checkpoint-dir" && flag != "--log-jsonl" && flag != "--accum-steps" && flag != "--resume") continue;
+    if (flag != "--checkpoint-dir" && flag != "--log-jsonl" && flag != "--accum-steps" && flag != "--resume" &&
+        flag != "--pipeline-stages" && flag != "--pipeline-split")
+      continue;
     if (!has_value) {
       RT_CHECK(i + 1 < command.size(), "the training command's ", flag, " has no value");
       value = command[++i];
@@ -160,20 +162,27 @@ JobFlags read_job_flags(const std::vector<std::string>& command) {
       f.log_jsonl = value;
     else if (flag == "--resume")
       f.resume = value;
+    else if (flag == "--pipeline-split")
+      f.split_given = true;
     else {
       const bool digits =
           !value.empty() && value.size() <= 9 && value.find_first_not_of("0123456789") == std::string::npos;
-      RT_CHECK(digits && std::stoll(value) >= 1,
-               "the training command's --accum-steps must be a positive number, got '", value, "'");
-      f.accum = std::stoll(value);
+      RT_CHECK(digits && std::stoll(value) >= 1, "the training command's ", flag, " must be a positive number, got '",
+               value, "'");
+      if (flag == "--accum-steps")
+        f.accum = std::stoll(value);
+      else
+        f.stages = static_cast<int>(std::stoll(value));
     }
   }
   return f;
 }
 
 std::optional<World> plan_world(int base_np, int64_t base_accum, int slots, int min_np, int max_np,
-                                bool allow_batch_change, std::string& why_not) {
-  const int64_t micro = static_cast<int64_t>(base_np) * base_accum;  // micro-batches of the per-rank batch per step
+                                bool allow_batch_change, std::string& why_not, int stages) {
+  stages = std::max(stages, 1);
+  // Micro-batches of the per-rank batch per step.
+  const int64_t micro = static_cast<int64_t>(std::max(base_np / stages, 1)) * base_accum;
   const int top = std::min(slots, max_np);
   if (top < min_np || top < 1) {
     why_not = detail::str_cat("only ", std::max(top, 0),
@@ -182,15 +191,21 @@ std::optional<World> plan_world(int base_np, int64_t base_accum, int slots, int 
                               min_np);
     return std::nullopt;
   }
-  for (int np = top; np >= std::max(min_np, 1); --np)
-    if (micro % np == 0) return World{np, micro / np, false};
+  for (int s = stages; s >= 1; --s)  // the stages kept if any world keeps the batch with them
+    for (int np = top - top % s; np >= std::max(min_np, 1) && np >= s; np -= s)
+      if (micro % (np / s) == 0) return World{np, micro / (np / s), false, s};
   if (allow_batch_change) {
-    const auto accum = std::max<int64_t>(1, std::llround(static_cast<double>(micro) / top));
-    return World{top, accum, true};
+    const int s = std::min(stages, top);
+    const int np = top - top % s;
+    const auto accum = std::max<int64_t>(1, std::llround(static_cast<double>(micro) / (np / s)));
+    return World{np, accum, true, s};
   }
-  why_not = detail::str_cat("the global batch (", base_np, " ranks x --accum-steps ", base_accum, " = ", micro,
-                            " per-rank batches) cannot be kept on ", std::max(min_np, 1), " to ", top,
-                            " ranks (none divides ", micro,
+  why_not = detail::str_cat("the global batch (",
+                            stages > 1 ? detail::str_cat(micro / base_accum, " replicas of ", stages, " stages")
+                                       : detail::str_cat(base_np, " ranks"),
+                            " x --accum-steps ", base_accum, " = ", micro, " per-rank batches) cannot be kept on ",
+                            std::max(min_np, 1), " to ", top, stages > 1 ? " ranks at any stage count" : " ranks",
+                            " (none divides ", micro,
                             "); pass --allow-batch-change to train on with another "
                             "global batch, or make more slots available");
   return std::nullopt;
@@ -215,8 +230,21 @@ std::string describe_resume(const ResumePoint& p, const JobFlags& flags) {
 }
 
 std::vector<std::string> relaunch_command(const std::vector<std::string>& command, const JobFlags& flags, int64_t accum,
-                                          const ResumePoint& resume, bool batch_changed) {
-  std::vector<std::string> out = command;
+                                          const ResumePoint& resume, bool batch_changed, int stages) {
+  std::vector<std::string> out;
+  const bool restage = stages > 0 && stages != flags.stages;
+  for (size_t i = 0; i < command.size(); ++i) {
+    if (restage && command[i] == "--pipeline-split") {  // its split is of the old stage count
+      ++i;
+      continue;
+    }
+    if (restage && command[i].rfind("--pipeline-split=", 0) == 0) continue;
+    out.push_back(command[i]);
+  }
+  if (restage) {
+    out.push_back("--pipeline-stages");
+    out.push_back(std::to_string(stages));
+  }
   if (accum != flags.accum) {
     out.push_back("--accum-steps");
     out.push_back(std::to_string(accum));

@@ -53,6 +53,8 @@ MpirunArgs parse_mpirun_args(const std::vector<std::string>& words);
 struct JobFlags {
   std::string checkpoint_dir, log_jsonl, resume;
   int64_t accum = 1;
+  int stages = 1;            // --pipeline-stages
+  bool split_given = false;  // --pipeline-split (which fits its stage count only)
 };
 JobFlags read_job_flags(const std::vector<std::string>& command);
 
@@ -61,13 +63,18 @@ JobFlags read_job_flags(const std::vector<std::string>& command);
 // largest np with base_np x base_accum divisible by np. With allow_batch_change and no such np, the most
 // ranks that fit, with accum = max(1, round(base_np x base_accum / np)). nullopt, with `why_not` set,
 // when fewer than min_np ranks remain or the global batch cannot be kept.
+//
+// With pipeline stages (base_np = stages x replicas) the per-step micro-batches are replicas x base_accum,
+// np stays a multiple of the stages, and only when no such np keeps the global batch (or fewer ranks are
+// left than stages) are the stages lowered, one at a time.
 struct World {
   int np = 0;
   int64_t accum = 1;
   bool batch_changed = false;
+  int stages = 1;
 };
 std::optional<World> plan_world(int base_np, int64_t base_accum, int slots, int min_np, int max_np,
-                                bool allow_batch_change, std::string& why_not);
+                                bool allow_batch_change, std::string& why_not, int stages = 1);
 
 // Where a relaunch starts. `path` empty: what the command itself says (its own --resume PATH or auto, or
 // nothing: the start). `step` -1 when not known (the command's --resume before any launch reported it).
@@ -84,12 +91,13 @@ ResumePoint newest_resume_point(const ResumePoint& known, const std::string& res
 std::string describe_resume(const ResumePoint& p, const JobFlags& flags);
 
 // The command of a launch: the user's, then "--accum-steps A" when it differs from what the command
-// says, then "--resume PATH" of `resume` when it names one (the last flag given wins), and
+// says ("--pipeline-stages S" likewise, the command's --pipeline-split then left out), then "--resume PATH" of `resume`
+// when it names one (the last flag given wins), and
 // "--allow-batch-change" when the world cannot keep the global batch and the user allowed that. A relaunch
 // never adds "--resume auto" of its own: on a folder without this run's checkpoint it would start from
 // random weights where the command said --resume PATH.
 std::vector<std::string> relaunch_command(const std::vector<std::string>& command, const JobFlags& flags, int64_t accum,
-                                          const ResumePoint& resume, bool batch_changed = false);
+                                          const ResumePoint& resume, bool batch_changed = false, int stages = 0);
 
 // Whether a relaunch resumed what was announced: "" when it did, else the mismatch (a permanent error: the
 // run would train on from somewhere else than announced). `resumed_from` and `resumed_step` are the

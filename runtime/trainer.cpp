@@ -23,6 +23,7 @@
 #include "runtime/evaluate.h"
 #include "runtime/fault_injection.h"
 #include "runtime/folder_lock.h"
+#include "runtime/pipeline.h"
 #include "runtime/plan.h"
 #include "runtime/preflight.h"
 #include "runtime/replica.h"
@@ -65,6 +66,7 @@ Trainer::Trainer(comm::World& world, TrainerOptions options) : world_(world), op
   permanent_errors([this] {
     validate_options(options_);
     FaultInjection::from_env().check_world(world_.size());
+    layout_ = PipelineLayout::of(world_.rank(), world_.size(), options_.pipeline_stages);
   });
   // First of all collectives: ranks with different flags would otherwise hang in one the others skip.
   check_same_config(world_, rank_agreement(options_));
@@ -120,8 +122,8 @@ namespace {
 
 class Run {
  public:
-  Run(comm::World& world, const TrainerOptions& o, Device device, int threads, Watchdog& dog, FolderLock* lock,
-      Module& model, DataSource& data, StepFn step_fn)
+  Run(comm::World& world, const TrainerOptions& o, const PipelineLayout& layout, Device device, int threads,
+      Watchdog& dog, FolderLock* lock, Module& model, DataSource& data, StepFn step_fn)
       : world_(world),
         o_(o),
         device_(device),
@@ -131,11 +133,12 @@ class Run {
         model_(model),
         data_(data),
         step_fn_(std::move(step_fn)),
-        plan_(permanent_errors([&] { return plan_run(o, data.info(), world.size()); })),
+        layout_(layout),
+        plan_(permanent_errors([&] { return plan_run(o, data.info(), layout.replicas); })),
         schedule_(permanent_errors([&] { return schedule_for(o, plan_); })),
         ckpt_(o.checkpoint_dir, o.keep_last),
         inject_(FaultInjection::from_env()),
-        sampler_(sampler_options(o, data.info(), world.rank(), world.size())),
+        sampler_(sampler_options(o, data.info(), layout.replica, layout.replicas)),
         trace_(o.trace, o.trace_steps) {}
 
   TrainResult run();
@@ -150,6 +153,15 @@ class Run {
   void tidy_folder(const std::vector<CheckpointDir::Entry>& others, const std::optional<Resumed>& resumed);
   EpochEnd train_epoch(int64_t epoch, Cursor at);
   std::optional<bool> train_step(int64_t epoch, int64_t step, int64_t& micro);
+  // One step's micro-batches: this rank's forwards and backwards (through the pipeline's stages with
+  // --pipeline-stages). False when the epoch's batches ran out first.
+  struct MicroTimes {
+    Clock::time_point begin, backward_start, backward_end;
+  };
+  bool run_micro_batches(int64_t epoch, int64_t step, int64_t& micro, MicroTimes& t);
+  bool run_pipelined(int64_t epoch, int64_t step, int64_t& micro, MicroTimes& t);
+  std::string non_finite_loss(double loss, int64_t epoch, int64_t step, int64_t micro) const;
+  nlohmann::json pipeline_report();
   void evaluate_now(int64_t epoch, int64_t step);
   void save(const Cursor& at);
 
@@ -163,12 +175,14 @@ class Run {
   Module& model_;
   DataSource& data_;
   const StepFn step_fn_;
+  const PipelineLayout layout_;  // one stage of world-size replicas without --pipeline-stages
   const RunPlan plan_;
   const LrSchedule schedule_;
   CheckpointDir ckpt_;  // told the run's identity in start()
   const FaultInjection inject_;
   // What it runs with.
   data::DistributedSampler sampler_;
+  std::unique_ptr<Pipeline> pipeline_;  // with --pipeline-stages
   std::unique_ptr<Replica> replica_;
   std::unique_ptr<Reporter> reporter_;
   Trace trace_;
@@ -179,6 +193,8 @@ class Run {
   std::string resumed_from_;
   int64_t first_step_ = 0, saved_step_ = -1, skipped_steps_ = 0;
   double grad_norm_ = 0;  // of the last step taken, before clipping (with --clip-grad-norm)
+  // This stage's compute and step time since the last report (with --pipeline-stages).
+  double interval_busy_s_ = 0, interval_step_s_ = 0;
   std::optional<EvalResult> last_eval_;
   Clock::time_point run_start_, last_save_;  // rank 0's last_save_: --checkpoint-every-min counts from it
 };
@@ -219,6 +235,7 @@ TrainResult Run::run() {
   // The collective teardown, on the success path only: destructors never communicate.
   dog_.phase("closing the communicators (waiting for other ranks)", at.step);
   replica_->close();
+  if (pipeline_) pipeline_->close();
   return result;
 }
 
@@ -244,9 +261,32 @@ Cursor Run::start() {
     if (resumed->loaded.state.rng_stream > 0) set_rng_stream(resumed->loaded.state.rng_stream);
     from = {.optimizer_state = &c.optimizer, .loss_scale = resumed->loaded.state.loss_scale, .from = resumed->path};
   }
-  replica_ = std::make_unique<Replica>(world_, o_, device_, model_, step_fn_, from);
-  reporter_ = std::make_unique<Reporter>(world_, o_, device_, plan_, replica_->sync().buckets().size());
+  ReplicaScope scope;
+  if (o_.pipeline_stages > 1) {
+    if (step_fn_)
+      RT_THROW_PERMANENT("--pipeline-stages ", o_.pipeline_stages, ": a custom step function (fit(model, data, ",
+                         "step_fn)) sees the whole model, which no stage holds; pipelines train with the default loss");
+    // The model holds its starting weights everywhere: each stage keeps its blocks' and releases the rest.
+    pipeline_ = std::make_unique<Pipeline>(world_, o_, device_, model_, data_.info(), dog_);
+    data_.set_images(layout_.first());
+    scope = pipeline_->scope();
+    if (world_.is_root()) std::printf("%s\n", pipeline_->describe().c_str());
+  }
+  replica_ = std::make_unique<Replica>(world_, o_, device_, model_, step_fn_, from, scope);
+  reporter_ = std::make_unique<Reporter>(world_, o_, device_, plan_, replica_->sync().buckets().size(),
+                                         pipeline_ ? pipeline_->plan() : json());
+  // Each stage has its own buckets: the check-in compares one hash of every stage's.
   bucket_plan_ = bucket_plan_hash(replica_->sync().buckets());
+  if (pipeline_) {
+    const std::vector<int64_t> all =
+        comm::all_gather(world_.comm(), std::span<const int64_t>(reinterpret_cast<const int64_t*>(&bucket_plan_), 1));
+    uint64_t h = 1469598103934665603ull;
+    for (int s = 0; s < layout_.stages; ++s)
+      h = (h ^ static_cast<uint64_t>(all[static_cast<size_t>(layout_.rank_of(s, 0))])) * 1099511628211ull;
+    // A rank whose plan differs from its stage's first replica's differs from rank 0's hash too.
+    bucket_plan_ =
+        h ^ bucket_plan_ ^ static_cast<uint64_t>(all[static_cast<size_t>(layout_.rank_of(layout_.stage, 0))]);
+  }
   tidy_folder(others, resumed);
   if (!resumed) return Cursor{};
   resumed_from_ = resumed->path;
@@ -309,17 +349,17 @@ Run::EpochEnd Run::train_epoch(int64_t epoch, Cursor at) {
   sampler_.set_epoch(epoch);
   if (epoch == at.position.epoch && at.position.next_batch > 0) sampler_.restore(at.position);
   int64_t micro = sampler_.state().next_batch;  // the epoch's micro-batches taken
-  data_.start_epoch(sampler_, epoch);
+  if (!pipeline_ || pipeline_->reads_data()) data_.start_epoch(sampler_, epoch);
   replica_->zero_grad();
   while (!finished(at, plan_)) {
     const std::optional<bool> checkpoint_requested = train_step(epoch, at.step, micro);
     if (!checkpoint_requested) break;  // the epoch's batches ran out
-    at = {at.step + 1, data_.position()};
+    at = {at.step + 1, pipeline_ ? data::SamplerState{epoch, micro} : data_.position()};
     const AfterStep next =
         after_step(o_, plan_, at.step, reporter_->steps_since_report(), reporter_->bar(), *checkpoint_requested);
     if (next.report)
       reporter_->report(epoch, at.step, schedule_.at(at.step - 1),
-                        o_.clip_grad_norm > 0 ? std::optional<double>(grad_norm_) : std::nullopt);
+                        o_.clip_grad_norm > 0 ? std::optional<double>(grad_norm_) : std::nullopt, pipeline_report());
     if (next.checkpoint) save(at);
   }
   reporter_->end_epoch();
@@ -328,18 +368,21 @@ Run::EpochEnd Run::train_epoch(int64_t epoch, Cursor at) {
   return end;
 }
 
-// The accum micro-batches of one optimizer step (`step`: steps done before it), the step, and the ranks'
-// check-in. nullopt when the epoch's batches ran out first; else whether rank 0 asked for a checkpoint now.
-std::optional<bool> Run::train_step(int64_t epoch, int64_t step, int64_t& micro) {
+std::string Run::non_finite_loss(double loss, int64_t epoch, int64_t step, int64_t micro) const {
+  return detail::str_cat("non-finite loss (", loss, ") at step ", step, " (epoch ", epoch, ", micro-batch ", micro,
+                         "): lower --lr, add --warmup-epochs, or check the data");
+}
+
+bool Run::run_micro_batches(int64_t epoch, int64_t step, int64_t& micro, MicroTimes& m) {
+  if (pipeline_) return run_pipelined(epoch, step, micro, m);
   PhaseTimes& time = reporter_->timer().current();
-  Clock::time_point begin, backward_start, backward_end;
   for (int64_t k = 0; k < plan_.accum; ++k) {
     const auto t0 = Clock::now();
-    if (k == 0) begin = t0;
+    if (k == 0) m.begin = t0;
     dog_.phase("data loading", step);
-    if (micro >= plan_.micro_per_epoch) return std::nullopt;
+    if (micro >= plan_.micro_per_epoch) return false;
     const std::optional<data::Batch> batch = data_.next();
-    if (!batch) return std::nullopt;
+    if (!batch) return false;
     ++micro;
     const auto t1 = Clock::now();
     dog_.phase("forward", step);
@@ -347,8 +390,7 @@ std::optional<bool> Run::train_step(int64_t epoch, int64_t step, int64_t& micro)
     const double loss_value = loss.item();
     // With f16 loss scaling a non-finite loss makes non-finite gradients: the scaler skips that step.
     if (!std::isfinite(loss_value) && !replica_->scaled())
-      RT_THROW_PERMANENT("non-finite loss (", loss_value, ") at step ", step, " (epoch ", epoch, ", micro-batch ",
-                         micro - 1, "): lower --lr, add --warmup-epochs, or check the data");
+      throw PermanentError(non_finite_loss(loss_value, epoch, step, micro - 1));
     const auto t2 = Clock::now();
     dog_.phase("backward", step);
     replica_->backward(loss, k + 1 == plan_.accum);
@@ -360,9 +402,64 @@ std::optional<bool> Run::train_step(int64_t epoch, int64_t step, int64_t& micro)
     trace_.span("data_wait", t0, t1, step);
     trace_.span("forward", t1, t2, step);
     trace_.span("backward", t2, t3, step);
-    backward_start = t2;
-    backward_end = t3;
+    m.backward_start = t2;
+    m.backward_end = t3;
   }
+  return true;
+}
+
+// The step's micro-batches through the stages, in the schedule's order (runtime/pipeline.h). Every stage
+// knows from the plan whether the epoch has a whole step left, so all of them stop together.
+bool Run::run_pipelined(int64_t epoch, int64_t step, int64_t& micro, MicroTimes& m) {
+  m.begin = Clock::now();
+  if (micro + plan_.accum > plan_.micro_per_epoch) return false;
+  const int64_t first = micro;
+  auto next_batch = [&]() -> data::Batch {
+    std::optional<data::Batch> b = data_.next();
+    RT_CHECK(b.has_value(), "pipeline stage ", layout_.stage, ": the data ended at micro-batch ", micro,
+             " of the epoch's ", plan_.micro_per_epoch);
+    ++micro;
+    return std::move(*b);
+  };
+  auto on_loss = [&](int k, double loss) {
+    if (!std::isfinite(loss) && !replica_->scaled())
+      throw PermanentError(non_finite_loss(loss, epoch, step, first + k));
+    reporter_->add_loss(loss);
+  };
+  const Pipeline::StepWork w = pipeline_->run_step(*replica_, step, next_batch, on_loss, trace_);
+  micro = first + plan_.accum;  // the middle stages read nothing
+  PhaseTimes& time = reporter_->timer().current();
+  time.data_wait += w.data_wait_s;
+  time.forward += w.forward_s;
+  time.backward += w.backward_s;
+  time.exposed_comm += w.wait_s;  // waiting for the neighbours: the bubble (the check-in adds its own below)
+  interval_busy_s_ += w.busy_s;
+  m.backward_start = w.backward_start;
+  m.backward_end = w.backward_end;
+  return true;
+}
+
+// Per stage (the first replica's): compute per step over the interval, and the share of the step it left idle.
+nlohmann::json Run::pipeline_report() {
+  if (!pipeline_) return json();
+  const auto n = static_cast<double>(std::max<int64_t>(1, reporter_->steps_since_report()));
+  const std::vector<double> busy = pipeline_->per_stage(interval_busy_s_ / n);
+  const std::vector<double> steps = pipeline_->per_stage(interval_step_s_ / n);
+  interval_busy_s_ = interval_step_s_ = 0;
+  json bubble = json::array();
+  for (size_t s = 0; s < busy.size(); ++s) bubble.push_back(steps[s] > 0 ? 1.0 - busy[s] / steps[s] : 0.0);
+  return json{{"busy_s", busy},
+              {"bubble", bubble},
+              {"ideal_bubble", ideal_bubble(layout_.stages, static_cast<int>(plan_.accum))}};
+}
+
+// The accum micro-batches of one optimizer step (`step`: steps done before it), the step, and the ranks'
+// check-in. nullopt when the epoch's batches ran out first; else whether rank 0 asked for a checkpoint now.
+std::optional<bool> Run::train_step(int64_t epoch, int64_t step, int64_t& micro) {
+  MicroTimes m;
+  if (!run_micro_batches(epoch, step, micro, m)) return std::nullopt;
+  PhaseTimes& time = reporter_->timer().current();
+  const Clock::time_point begin = m.begin, backward_start = m.backward_start, backward_end = m.backward_end;
   dog_.phase("gradient all-reduce (waiting for other ranks)", step);
   replica_->finish_gradients();
   const auto t4 = Clock::now();
@@ -386,7 +483,8 @@ std::optional<bool> Run::train_step(int64_t epoch, int64_t step, int64_t& micro)
   trace_.span("optimizer", t4, t5, step);
   trace_.span("step check-in", t5, t6, step);
   // The check-in waits for the slowest rank: exposed communication, not optimizer time.
-  time.exposed_comm = seconds(t4 - backward_end) + seconds(t6 - t5);
+  time.exposed_comm += seconds(t4 - backward_end) + seconds(t6 - t5);
+  interval_step_s_ += seconds(t6 - begin);
   time.optimizer = seconds(t5 - t4);
   reporter_->timer().end_step(seconds(t6 - begin), counts_in_breakdown(done, first_step_, plan_.total_steps),
                               backward_start, buckets);
@@ -397,6 +495,11 @@ void Run::evaluate_now(int64_t epoch, int64_t step) {
   data::Loader* loader = data_.test_loader();
   if (!loader) return;
   replica_->average_buffers();  // without SyncBatchNorm the running statistics differ per rank
+  if (pipeline_) {
+    last_eval_ = pipeline_->evaluate(loader, data_.info().test_size, o_.batch, o_.label_smoothing, step);
+    reporter_->evaluated(epoch, step, *last_eval_);
+    return;
+  }
   EvalOptions eo;
   eo.batch = o_.batch;
   eo.label_smoothing = o_.label_smoothing;
@@ -415,8 +518,14 @@ void Run::save(const Cursor& at) {
   replica_->average_buffers();
   std::string error, written;
   // ZeRO: gathering the sharded state to rank 0 is collective.
-  std::vector<std::pair<std::string, Tensor>> optimizer_state;
-  if (world_.is_root() || o_.zero == 1) optimizer_state = replica_->optimizer_state();
+  std::vector<std::pair<std::string, Tensor>> optimizer_state, model_state;
+  if (pipeline_) {  // every stage's part, gathered on rank 0 (collective)
+    model_state = pipeline_->gather_model();
+    optimizer_state = pipeline_->gather_optimizer(replica_->optimizer_state());
+  } else {
+    if (world_.is_root() || o_.zero == 1) optimizer_state = replica_->optimizer_state();
+    if (world_.is_root()) model_state = model_.state_dict();
+  }
   if (world_.is_root()) {
     TrainState s;
     s.step = at.step;
@@ -434,8 +543,8 @@ void Run::save(const Cursor& at) {
     s.steps_follow_position = steps_follow_position_;
     SaveOptions seam{.before_rename = [&] { inject_.in_checkpoint_write(world_.rank(), at.step); }};
     try {
-      written =
-          ckpt_.save(at.step, Checkpoint{model_.state_dict(), std::move(optimizer_state), s.to_json()}, seam).string();
+      written = ckpt_.save(at.step, Checkpoint{std::move(model_state), std::move(optimizer_state), s.to_json()}, seam)
+                    .string();
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -458,7 +567,7 @@ TrainResult Trainer::fit(Module& model, DataSource& data, const StepFn& step_fn)
     Watchdog& dog;
     ~Pause() { dog.pause(); }
   } pause{*watchdog_};
-  Run run(world_, options_, device_, threads_, *watchdog_, lock_.get(), model, data, step_fn);
+  Run run(world_, options_, layout_, device_, threads_, *watchdog_, lock_.get(), model, data, step_fn);
   return run.run();
 }
 

@@ -61,6 +61,10 @@ class Trainer {
   int threads() const { return threads_; }
   const TrainerOptions& options() const { return options_; }
   Watchdog& watchdog() { return *watchdog_; }
+  // Where this rank sits with --pipeline-stages (one stage of one replica; without stages, the world's
+  // rank of world-size replicas). Per-replica data (a synthetic source's rank) is the replica's.
+  const PipelineLayout& layout() const { return layout_; }
+  int data_rank() const { return layout_.replica; }
 
   // Collective. Moves the model to device(), trains it on `data` and returns the figures rank 0 printed.
   // May be called again (another model or run) with the same Trainer; each call is a run of its own (a
@@ -71,6 +75,7 @@ class Trainer {
   void agree_on_device();
   comm::World& world_;
   TrainerOptions options_;
+  PipelineLayout layout_;
   Device device_ = Device::cpu();
   int threads_ = 1;
   std::unique_ptr<Watchdog> watchdog_;  // made once the ranks agree on the flags (its making is collective)

@@ -22,7 +22,7 @@ struct Watchdog::Status {
   int64_t step = 0;
   double seconds = 0;  // in this phase so far
   int32_t paused = 0;
-  char phase[100] = {};
+  char phase[240] = {};
 };
 
 struct Watchdog::Reply {
@@ -59,9 +59,27 @@ Watchdog::~Watchdog() {
   if (peers_ != MPI_COMM_NULL) MPI_Comm_free(&peers_);
 }
 
+void Watchdog::phase(const char* name, int64_t step, const std::string& detail) {
+  {
+    std::lock_guard<std::mutex> lock(detail_mutex_);
+    detail_ = detail;
+    has_detail_.store(true);
+  }
+  phase(name, step);
+  has_detail_.store(true);  // phase() cleared it
+}
+
+std::string Watchdog::phase_text() const {
+  const char* name = phase_.load();
+  if (!has_detail_.load()) return name;
+  std::lock_guard<std::mutex> lock(detail_mutex_);
+  return detail_.empty() ? std::string(name) : detail::str_cat(name, " (", detail_, ")");
+}
+
 void Watchdog::phase(const char* name, int64_t step) {
   if (debug_phases_)
     std::fprintf(stderr, "[rank %d] step %lld: %s\n", world_.rank(), static_cast<long long>(step), name);
+  has_detail_.store(false);
   phase_.store(name);
   step_.store(step);
   since_.store(Clock::now().time_since_epoch().count());
@@ -75,8 +93,8 @@ std::string Watchdog::report(double seconds) const {
   const char* phase = phase_.load();
   const bool waiting = std::strstr(phase, "waiting") != nullptr;
   return detail::str_cat(
-      "step ", step_.load(), " stuck in ", phase, " for ", static_cast<int64_t>(seconds), " s (--timeout ", timeout_s_,
-      ")",
+      "step ", step_.load(), " stuck in ", phase_text(), " for ", static_cast<int64_t>(seconds), " s (--timeout ",
+      timeout_s_, ")",
       waiting ? ": this rank is waiting for others, so some other rank is behind" : ": this rank is the one behind");
 }
 
@@ -134,7 +152,7 @@ void Watchdog::serve_requests() {
     status.seconds =
         std::chrono::duration<double>(Clock::now() - Clock::time_point(Clock::duration(since_.load()))).count();
     status.paused = paused_.load() ? 1 : 0;
-    std::snprintf(status.phase, sizeof status.phase, "%s", phase_.load());
+    std::snprintf(status.phase, sizeof status.phase, "%s", phase_text().c_str());
     MPI_CHECK(MPI_Isend(&status, sizeof(Status), MPI_BYTE, probe.MPI_SOURCE, kAnswerTag, peers_, &reply.request));
   }
 }

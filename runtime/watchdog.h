@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <list>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -34,6 +35,9 @@ class Watchdog {
   // Enters a phase (restarting the clock). `name` must outlive the watchdog (a string literal). A name
   // containing "waiting" marks a phase that waits for other ranks: if it times out, another rank is behind.
   void phase(const char* name, int64_t step);
+  // The same with a detail the reports add after the name ("stage 1, micro-batch 3, from stage 0 (rank
+  // 2)"), copied: it may be built on the fly.
+  void phase(const char* name, int64_t step, const std::string& detail);
   // Stops the clock until the next phase() (between runs: nothing is being waited for).
   void pause();
   const char* current_phase() const { return phase_.load(); }
@@ -57,7 +61,11 @@ class Watchdog {
   std::atomic<Clock::rep> since_{Clock::now().time_since_epoch().count()};
   std::atomic<uint64_t> generation_{0};  // phase entries so far
   std::atomic<bool> paused_{false};
-  const bool debug_phases_;  // RT_DEBUG_PHASES: every phase entry printed (read once, not per phase)
+  mutable std::mutex detail_mutex_;
+  std::string detail_;  // of the current phase, under detail_mutex_
+  std::atomic<bool> has_detail_{false};
+  std::string phase_text() const;  // the phase's name, and its detail in parentheses
+  const bool debug_phases_;        // RT_DEBUG_PHASES: every phase entry printed (read once, not per phase)
   std::atomic<bool> stop_{false};
   MPI_Comm peers_ = MPI_COMM_NULL;  // the watchdogs' own communicator (several ranks only)
   int64_t question_ = 0;            // sequence number of the last question to the others

@@ -337,7 +337,7 @@ t0=$(date +%s)
 built=1
 # Only what the check runs (the CPU-only tests and tools are CI's).
 targets=(ringtrain_env train_resnet test_cuda_vs_cpu test_cuda_conv test_cuda_norm_pool test_mixed_precision test_core_basics
-  test_module test_loader test_gpu_monitor test_comm test_grad_sync)
+  test_module test_loader test_gpu_monitor test_comm test_grad_sync test_pipeline_mpi)
 if ! { run cmake "${cmake_args[@]}" && run cmake --build "$build_dir" -j "$jobs" --target "${targets[@]}"; }; then
   fail "build"
   built=0
@@ -406,6 +406,7 @@ if [[ $mode != build ]]; then
   gtest comm_np2 2 test_comm --gtest_filter='GpuCollectives.*'
   gtest grad_sync_np1 1 test_grad_sync --gtest_filter='GradSyncGpu.*'
   gtest grad_sync_np2 2 test_grad_sync --gtest_filter='GradSyncGpu.*'
+  gtest pipeline_np2 2 test_pipeline_mpi --gtest_filter='Channel.CarriesGpuTensors:Pipeline.TrainsOnTheGpu'
 
   section "4. train_resnet --synthetic (bf16, batch 256, $steps steps)"
   for arch in resnet50 resnet18; do

@@ -133,6 +133,64 @@ TEST(Supervisor, PlansTheLargestWorldThatKeepsTheGlobalBatch) {
   EXPECT_EQ(w->accum, 2);
 }
 
+// With pipeline stages the world stays stages x replicas: the replicas shrink first (accum grows to keep
+// the batch); only when no multiple of the stages keeps it are the stages lowered.
+TEST(Supervisor, PlansAPipelinedWorldLoweringReplicasBeforeStages) {
+  std::string why;
+  auto w = plan_world(8, 1, 7, 1, 8, false, why, 2);  // 2 stages x 4 replicas, 7 slots: 2 x 2, accum 2
+  ASSERT_TRUE(w);
+  EXPECT_EQ(w->np, 4);
+  EXPECT_EQ(w->stages, 2);
+  EXPECT_EQ(w->accum, 2);
+  w = plan_world(4, 2, 3, 1, 4, false, why, 2);  // 2 x 2 x accum 2 on 3 slots: 2 x 1 x accum 4
+  ASSERT_TRUE(w);
+  EXPECT_EQ(w->np, 2);
+  EXPECT_EQ(w->stages, 2);
+  EXPECT_EQ(w->accum, 4);
+  w = plan_world(4, 1, 3, 1, 4, false, why, 4);  // 4 stages on 3 slots: 3 ranks cannot hold 4 stages
+  ASSERT_TRUE(w);
+  EXPECT_EQ(w->stages, 3);
+  EXPECT_EQ(w->np, 3);
+  EXPECT_EQ(w->accum, 1);
+  w = plan_world(2, 4, 1, 1, 2, false, why, 2);  // 1 slot left: no stages
+  ASSERT_TRUE(w);
+  EXPECT_EQ(w->stages, 1);
+  EXPECT_EQ(w->np, 1);
+  EXPECT_EQ(w->accum, 4);
+  w = plan_world(6, 1, 4, 1, 6, false, why, 2);  // 2 x 3 replicas on 4 slots: 2 x 1 x accum 3 (the stages kept)
+  ASSERT_TRUE(w);
+  EXPECT_EQ(w->stages, 2);
+  EXPECT_EQ(w->np, 2);
+  EXPECT_EQ(w->accum, 3);
+  EXPECT_FALSE(plan_world(6, 1, 4, 4, 6, false, why, 2));
+  EXPECT_NE(why.find("the global batch (3 replicas of 2 stages x --accum-steps 1 = 3 per-rank batches) cannot be kept "
+                     "on 4 to 4 ranks at any stage count"),
+            std::string::npos)
+      << why;
+  w = plan_world(6, 1, 4, 4, 6, true, why, 2);
+  ASSERT_TRUE(w);
+  EXPECT_TRUE(w->batch_changed);
+  EXPECT_EQ(w->np, 4);
+  EXPECT_EQ(w->stages, 2);
+  EXPECT_EQ(w->accum, 2);  // round(3 / 2)
+  // The command's stages, and a relaunch at other stages drops the old split.
+  const JobFlags f = read_job_flags({"./t", "--pipeline-stages", "2", "--pipeline-split=0,5", "--accum-steps", "2"});
+  EXPECT_EQ(f.stages, 2);
+  EXPECT_TRUE(f.split_given);
+  EXPECT_EQ(read_job_flags({"./t"}).stages, 1);
+  EXPECT_NE(testing::error_of([] {
+              read_job_flags({"./t", "--pipeline-stages", "x"});
+            }).find("the training command's --pipeline-stages must be a positive number, got 'x'"),
+            std::string::npos);
+  EXPECT_EQ(relaunch_command({"./t", "--pipeline-stages", "2", "--pipeline-split=0,5", "--accum-steps", "2"}, f, 4,
+                             ResumePoint{}, false, 1),
+            (std::vector<std::string>{"./t", "--pipeline-stages", "2", "--accum-steps", "2", "--pipeline-stages", "1",
+                                      "--accum-steps", "4"}));
+  EXPECT_EQ(
+      relaunch_command({"./t", "--pipeline-stages", "2", "--pipeline-split", "0,5"}, f, 2, ResumePoint{}, false, 2),
+      (std::vector<std::string>{"./t", "--pipeline-stages", "2", "--pipeline-split", "0,5"}));
+}
+
 TEST(Supervisor, ParsesEventLinesOnly) {
   auto e = parse_event("ringtrain-event {\"event\":\"step\",\"step\":7}");
   ASSERT_TRUE(e);
