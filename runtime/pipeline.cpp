@@ -113,8 +113,9 @@ Pipeline::Pipeline(comm::World& world, const TrainerOptions& o, Device device, M
       schedule_(o.pipeline_schedule) {
   permanent_errors([&] {
     blocks_ = model_.blocks();
-    RT_CHECK(!blocks_.empty(), "--pipeline-stages ", layout_.stages, ": the model (", model_.type_name(), ") is no ",
-             "sequence of blocks to split into stages (give it a Sequential at the top, or implement Module::blocks())");
+    RT_CHECK(
+        !blocks_.empty(), "--pipeline-stages ", layout_.stages, ": the model (", model_.type_name(), ") is no ",
+        "sequence of blocks to split into stages (give it a Sequential at the top, or implement Module::blocks())");
     RT_CHECK(static_cast<int>(blocks_.size()) >= layout_.stages, "--pipeline-stages ", layout_.stages,
              ": the model has only ", blocks_.size(), " blocks (each stage needs at least one)");
   });
@@ -281,11 +282,12 @@ json Pipeline::plan() const {
       params += c.param_bytes;
       acts += c.activation_bytes;
     }
-    stages.push_back({{"blocks", blocks},
-                      {"seconds", secs},
-                      {"param_bytes", params},
-                      {"activation_bytes_per_micro_batch", acts},
-                      {"micro_batches_in_flight", in_flight(schedule_, layout_.stages, s, static_cast<int>(o_.accum))}});
+    stages.push_back(
+        {{"blocks", blocks},
+         {"seconds", secs},
+         {"param_bytes", params},
+         {"activation_bytes_per_micro_batch", acts},
+         {"micro_batches_in_flight", in_flight(schedule_, layout_.stages, s, static_cast<int>(o_.accum))}});
   }
   return json{{"stages", layout_.stages},
               {"replicas", layout_.replicas},
@@ -304,14 +306,14 @@ std::string Pipeline::describe() const {
                                     split_text(split_), " (", p["balance"].get<std::string>(), ")");
   for (int s = 0; s < layout_.stages; ++s) {
     const json& st = p["stage"][static_cast<size_t>(s)];
-    out += detail::str_cat("\n  stage ", s, ": ", st["blocks"].size(), " block(s) ", st["blocks"].front().get<std::string>(),
-                           "..", st["blocks"].back().get<std::string>(), ", ",
+    out += detail::str_cat("\n  stage ", s, ": ", st["blocks"].size(), " block(s) ",
+                           st["blocks"].front().get<std::string>(), "..", st["blocks"].back().get<std::string>(), ", ",
                            format_bytes(st["param_bytes"].get<int64_t>()), " of parameters");
     if (costs_.front().seconds > 0 || costs_.back().seconds > 0)
-      out += detail::str_cat(", ", std::lround(st["seconds"].get<double>() * 1e4) / 10.0, " ms and ",
-                             format_bytes(st["activation_bytes_per_micro_batch"].get<int64_t>()),
-                             " of activations a micro-batch (", st["micro_batches_in_flight"].get<int>(),
-                             " in flight)");
+      out +=
+          detail::str_cat(", ", std::lround(st["seconds"].get<double>() * 1e4) / 10.0, " ms and ",
+                          format_bytes(st["activation_bytes_per_micro_batch"].get<int64_t>()),
+                          " of activations a micro-batch (", st["micro_batches_in_flight"].get<int>(), " in flight)");
   }
   return out;
 }
@@ -334,13 +336,17 @@ Pipeline::StepWork Pipeline::run_step(Replica& replica, int64_t step, const std:
   const int m = static_cast<int>(o_.accum), s = layout_.stage;
   const Boundary* in = layout_.first() ? nullptr : &outputs_[static_cast<size_t>(split_[static_cast<size_t>(s)] - 1)];
   const Boundary& out = outputs_[static_cast<size_t>(split_[static_cast<size_t>(s) + 1] - 1)];
-  std::vector<Tensor> inputs(static_cast<size_t>(m)), outputs(static_cast<size_t>(m)),
-      losses(static_cast<size_t>(m)), labels(static_cast<size_t>(m));
+  std::vector<Tensor> inputs(static_cast<size_t>(m)), outputs(static_cast<size_t>(m)), losses(static_cast<size_t>(m)),
+      labels(static_cast<size_t>(m));
   std::vector<comm::WorkPtr> sends;
   StepWork w;
+  // What the schedule keeps alive: memory held above the step's start, sampled after every forward.
+  const int64_t start_bytes = memory_stats(device_).allocated_bytes;
   const auto where = [&](const char* what, int micro, int peer_stage) {
-    return detail::str_cat("stage ", s, ", micro-batch ", micro, peer_stage < 0 ? "" : detail::str_cat(
-                               ", ", what, " stage ", peer_stage, " (rank ", layout_.rank_of(peer_stage, layout_.replica), ")"));
+    return detail::str_cat("stage ", s, ", micro-batch ", micro,
+                           peer_stage < 0 ? ""
+                                          : detail::str_cat(", ", what, " stage ", peer_stage, " (rank ",
+                                                            layout_.rank_of(peer_stage, layout_.replica), ")"));
   };
   for (const PipelineOp& op : pipeline_order(schedule_, layout_.stages, s, m)) {
     const auto i = static_cast<size_t>(op.micro);
@@ -382,6 +388,7 @@ Pipeline::StepWork Pipeline::run_step(Replica& replica, int64_t step, const std:
         outputs[i] = y;
       }
       inputs[i] = x;
+      w.held_bytes = std::max(w.held_bytes, memory_stats(device_).allocated_bytes - start_bytes);
       continue;
     }
     const bool last_micro = op.micro == m - 1;
@@ -431,12 +438,14 @@ EvalResult Pipeline::evaluate(data::Loader* loader, int64_t test_size, int64_t b
   const Boundary* in = layout_.first() ? nullptr : &outputs_[static_cast<size_t>(split_[static_cast<size_t>(s)] - 1)];
   std::vector<comm::WorkPtr> sends;
   for (size_t k = 0; k < batches.size(); ++k) {
-    const auto valid = static_cast<int64_t>(std::count_if(batches[k].begin(), batches[k].end(), [](int64_t i) { return i >= 0; }));
+    const auto valid =
+        static_cast<int64_t>(std::count_if(batches[k].begin(), batches[k].end(), [](int64_t i) { return i >= 0; }));
     std::optional<data::Batch> b;
     if (reads_data()) {
       dog_.phase("evaluation", step, detail::str_cat("stage ", s, ", batch ", k));
       b = loader->next();
-      RT_CHECK(b.has_value(), "pipeline evaluation: the test loader ended after ", k, " of ", batches.size(), " batches");
+      RT_CHECK(b.has_value(), "pipeline evaluation: the test loader ended after ", k, " of ", batches.size(),
+               " batches");
     }
     if (valid == 0) continue;
     Tensor x;
@@ -492,8 +501,10 @@ Pipeline::Named Pipeline::gather_optimizer(const Named& part) {
   for (int s = 1; s < layout_.stages; ++s)
     for (auto& [name, t] : recv_named(pipe_comm_, s)) {
       const bool seen = std::any_of(all.begin(), all.end(), [&](const auto& e) { return e.first == name; });
-      if (!seen) all.emplace_back(std::move(name), std::move(t));
-      else if (name == last_name) shared.emplace(name, t);
+      if (!seen)
+        all.emplace_back(std::move(name), std::move(t));
+      else if (name == last_name)
+        shared.emplace(name, t);
     }
   if (shared) {  // the first stage's last entry is every stage's: last again
     const auto it = std::find_if(all.begin(), all.end(), [&](const auto& e) { return e.first == last_name; });

@@ -66,10 +66,11 @@ class Pipeline {
   // gives this rank's next micro-batch (first stage: images; last: labels). `on_loss` sees each micro-batch's
   // loss on the last stage (and may throw: a non-finite loss). Collective over the replica's stages.
   struct StepWork {
-    double busy_s = 0;        // this stage's compute
-    double data_wait_s = 0;   // waiting for next_batch
+    double busy_s = 0;       // this stage's compute
+    double data_wait_s = 0;  // waiting for next_batch
     double forward_s = 0, backward_s = 0;
-    double wait_s = 0;        // waiting for the neighbours' activations and gradients
+    double wait_s = 0;       // waiting for the neighbours' activations and gradients
+    int64_t held_bytes = 0;  // the most memory the step's micro-batches held at once (their activations)
     Clock::time_point backward_start, backward_end;  // of the last micro-batch
   };
   StepWork run_step(Replica& replica, int64_t step, const std::function<data::Batch()>& next_batch,
@@ -110,9 +111,9 @@ class Pipeline {
   PipelineSchedule schedule_;
   std::vector<Block> blocks_;
   PipelineSplit split_;
-  std::vector<BlockCost> costs_;    // measured on rank 0 (empty with an explicit split)
-  std::vector<Boundary> outputs_;   // each block's output, for one micro-batch
-  Named params_, buffers_;          // this stage's
+  std::vector<BlockCost> costs_;   // measured on rank 0 (empty with an explicit split)
+  std::vector<Boundary> outputs_;  // each block's output, for one micro-batch
+  Named params_, buffers_;         // this stage's
   MPI_Comm stage_comm_ = MPI_COMM_NULL, pipe_comm_ = MPI_COMM_NULL;
   std::unique_ptr<comm::Channel> forward_, backward_;
   std::unique_ptr<GradientParts> across_;

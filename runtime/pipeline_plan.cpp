@@ -62,8 +62,8 @@ PipelineSplit parse_pipeline_split(const std::string& text, int blocks, int stag
   RT_CHECK(split.front() == 0, "--pipeline-split '", text, "' must start at block 0 (the first stage's first block)");
   for (size_t s = 1; s < split.size(); ++s)
     RT_CHECK(split[s] > split[s - 1], "--pipeline-split '", text, "' must be increasing: every stage needs a block");
-  RT_CHECK(split.back() < blocks, "--pipeline-split '", text, "': the model has ", blocks, " blocks (0 to ",
-           blocks - 1, "), so stage ", stages - 1, " would hold none");
+  RT_CHECK(split.back() < blocks, "--pipeline-split '", text, "': the model has ", blocks, " blocks (0 to ", blocks - 1,
+           "), so stage ", stages - 1, " would hold none");
   split.push_back(blocks);
   return split;
 }
@@ -77,7 +77,8 @@ PipelineSplit minimise_max(int n, int stages, const std::function<double(int, in
            " pipeline stages (each needs at least one)");
   constexpr double kInf = std::numeric_limits<double>::infinity();
   // best[s][i]: the smallest largest cost of stages 0..s holding blocks [0, i); from[s][i]: where stage s starts.
-  std::vector<std::vector<double>> best(static_cast<size_t>(stages), std::vector<double>(static_cast<size_t>(n) + 1, kInf));
+  std::vector<std::vector<double>> best(static_cast<size_t>(stages),
+                                        std::vector<double>(static_cast<size_t>(n) + 1, kInf));
   std::vector<std::vector<int>> from(static_cast<size_t>(stages), std::vector<int>(static_cast<size_t>(n) + 1, 0));
   for (int i = 1; i <= n; ++i) best[0][static_cast<size_t>(i)] = cost(0, 0, i);
   for (int s = 1; s < stages; ++s)
@@ -103,8 +104,9 @@ PipelineSplit minimise_max(int n, int stages, const std::function<double(int, in
 PipelineSplit balance_time(const std::vector<BlockCost>& blocks, int stages) {
   std::vector<double> prefix(blocks.size() + 1, 0.0);
   for (size_t i = 0; i < blocks.size(); ++i) prefix[i + 1] = prefix[i] + blocks[i].seconds;
-  return minimise_max(static_cast<int>(blocks.size()), stages,
-                      [&](int, int a, int b) { return prefix[static_cast<size_t>(b)] - prefix[static_cast<size_t>(a)]; });
+  return minimise_max(static_cast<int>(blocks.size()), stages, [&](int, int a, int b) {
+    return prefix[static_cast<size_t>(b)] - prefix[static_cast<size_t>(a)];
+  });
 }
 
 PipelineSplit balance_memory(const std::vector<BlockCost>& blocks, int stages, PipelineSchedule schedule,

@@ -15,7 +15,7 @@
 namespace ringtrain::runtime {
 
 enum class PipelineSchedule : uint8_t { OneFOneB, GPipe };
-const char* name_of(PipelineSchedule s);                                                          // "1f1b" | "gpipe"
+const char* name_of(PipelineSchedule s);  // "1f1b" | "gpipe"
 PipelineSchedule parse_pipeline_schedule(const std::string& text, const std::string& flag = "--pipeline-schedule");
 enum class PipelineBalance : uint8_t { Time, Memory };
 const char* name_of(PipelineBalance b);  // "time" | "memory"

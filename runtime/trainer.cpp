@@ -195,6 +195,7 @@ class Run {
   double grad_norm_ = 0;  // of the last step taken, before clipping (with --clip-grad-norm)
   // This stage's compute and step time since the last report (with --pipeline-stages).
   double interval_busy_s_ = 0, interval_step_s_ = 0;
+  int64_t interval_held_bytes_ = 0;  // the most activation memory a step of the interval held
   std::optional<EvalResult> last_eval_;
   Clock::time_point run_start_, last_save_;  // rank 0's last_save_: --checkpoint-every-min counts from it
 };
@@ -434,6 +435,7 @@ bool Run::run_pipelined(int64_t epoch, int64_t step, int64_t& micro, MicroTimes&
   time.backward += w.backward_s;
   time.exposed_comm += w.wait_s;  // waiting for the neighbours: the bubble (the check-in adds its own below)
   interval_busy_s_ += w.busy_s;
+  interval_held_bytes_ = std::max(interval_held_bytes_, w.held_bytes);
   m.backward_start = w.backward_start;
   m.backward_end = w.backward_end;
   return true;
@@ -445,11 +447,14 @@ nlohmann::json Run::pipeline_report() {
   const auto n = static_cast<double>(std::max<int64_t>(1, reporter_->steps_since_report()));
   const std::vector<double> busy = pipeline_->per_stage(interval_busy_s_ / n);
   const std::vector<double> steps = pipeline_->per_stage(interval_step_s_ / n);
+  const std::vector<double> held = pipeline_->per_stage(static_cast<double>(interval_held_bytes_));
   interval_busy_s_ = interval_step_s_ = 0;
+  interval_held_bytes_ = 0;
   json bubble = json::array();
   for (size_t s = 0; s < busy.size(); ++s) bubble.push_back(steps[s] > 0 ? 1.0 - busy[s] / steps[s] : 0.0);
   return json{{"busy_s", busy},
               {"bubble", bubble},
+              {"activation_bytes", held},
               {"ideal_bubble", ideal_bubble(layout_.stages, static_cast<int>(plan_.accum))}};
 }
 

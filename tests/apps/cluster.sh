@@ -10,6 +10,8 @@
 #   doctor       ringtrain_env across 2x2: the rank -> host map, every all-reduce check passes
 #   resnet       train_resnet on 2x2: the flat ring gives the same bits as on one host (with and without
 #                --sync-bn); auto picks hierarchical and agrees with it to float noise
+#   pipeline     train_resnet with 2 and 4 pipeline stages (1F1B and GPipe) on 2x2, stages on both nodes: the
+#                same bits as on one host, no hang
 #   bench        scripts/bench_cluster.py, briefly: its all-reduce table (ring within the link rate, gloo beside)
 #   kill         cluster.sh kill node1 mid-training: non-zero exit within 30 s naming node1
 #   partition    cluster.sh partition node1 mid-training: non-zero exit within --timeout + 30 s naming node1
@@ -193,6 +195,36 @@ sys.exit('connected')" || fail "a partitioned node answered"
       fail "SyncBatchNorm over TCP is not bitwise SyncBatchNorm on one host"
     "$build/tests/compare_checkpoints" "$work/one/ckpt-step00000001.h5" "$work/auto/ckpt-step00000001.h5" --rtol 1e-4 ||
       fail "one step of hierarchical across nodes is not the one-host step to float noise"
+    ;;
+  pipeline)
+    # Stages on both nodes (stage-major ranks: 2 stages x 2 replicas puts stage 0 on node0 and stage 1 on
+    # node1; 4 stages put stages 0-1 on node0 and 2-3 on node1): activations and gradients cross the link in
+    # pieces below the TCP eager limit, each stage's all-reduce stays inside its node. The same bits as on
+    # one host (the same ops in the same order), and no hang.
+    args=(--synthetic -a resnet20 -b 8 --image-size 16 --synthetic-size 256 --steps 4 --accum-steps 4 --threads 1
+          --log-every 100 --seed 5)
+    for s in 2 4; do
+      split=(); [[ $s = 4 ]] && split=(--pipeline-split 0,4,7,9)
+      timeout -k 5 300 mpirun -np 4 --allow-run-as-root --oversubscribe "$build/train_resnet" "${args[@]}" \
+        "${split[@]}" --pipeline-stages $s --checkpoint-dir "$work/one$s" > "$work/one$s.log" 2>&1 ||
+        { cat "$work/one$s.log"; fail "$s stages on one host"; }
+    done
+    up 2 --slots 2 --rate 1gbit
+    for s in 2 4; do
+      split=(); [[ $s = 4 ]] && split=(--pipeline-split 0,4,7,9)
+      for sched in 1f1b gpipe; do
+        start=$(date +%s.%N)
+        run 300 -np 4 -- "$build/train_resnet" "${args[@]}" "${split[@]}" --pipeline-stages $s \
+          --pipeline-schedule $sched --checkpoint-dir "$work/two$s$sched" > "$work/two$s$sched.log" 2>&1 ||
+          { cat "$work/two$s$sched.log"; fail "$s stages ($sched) across 2 nodes"; }
+        echo "$s stages, $sched, across 2 nodes: $(since "$start") s"
+        "$build/tests/compare_checkpoints" "$work/one$s/ckpt-step00000004.h5" "$work/two$s$sched/ckpt-step00000004.h5" ||
+          fail "$s stages ($sched) across nodes differ from one host"
+      done
+    done
+    grep -q "4 rank(s) on 2 node(s) (2 pipeline stages x 2 replica(s))" "$work/two21f1b.log" ||
+      { head -5 "$work/two21f1b.log"; fail "the 2x2 plan line"; }
+    grep -q "4 rank(s) on 2 node(s) (4 pipeline stages x 1 replica(s))" "$work/two4gpipe.log" || fail "the 4-stage plan line"
     ;;
   bench)
     BUILD_DIR=$build timeout -k 5 400 /usr/bin/python3 "$src/scripts/bench_cluster.py" --out "$work/bench" --rates 1gbit \

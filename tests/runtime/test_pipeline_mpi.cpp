@@ -315,7 +315,11 @@ class HidesAParameter : public NoBlocks {
   HidesAParameter() : extra_(register_module("extra", std::make_shared<Linear>(3, 3))) {}
   std::vector<Block> blocks() override {
     auto fc = fc_;
-    return {{"flat", {}, [](const Tensor& x) { return x.reshape(Shape{x.shape()[0], 6 * 6 * 3}); }},
+    return {{"flat",
+             {},
+             [](const Tensor& x) {
+               return x.reshape(Shape{x.shape()[0], 6 * 6 * 3});
+             }},
             {"fc", {fc}, [fc](const Tensor& x) { return fc->forward(x); }}};
   }
   std::string type_name() const override { return "HidesAParameter"; }
@@ -340,7 +344,9 @@ TEST(Pipeline, WhatAPipelineCannotRunIsRefusedNamingIt) {
   if (n > 2) {
     EXPECT_NE(e.find("the model has only 2 blocks (each stage needs at least one)"), std::string::npos) << e;
   } else {
-    EXPECT_NE(e.find("'extra.weight' of the model (HidesAParameter) belongs to none of its blocks()"), std::string::npos) << e;
+    EXPECT_NE(e.find("'extra.weight' of the model (HidesAParameter) belongs to none of its blocks()"),
+              std::string::npos)
+        << e;
   }
   auto model = net(3, 3);
   e = error_with(*model, [](Module& m, const data::Batch& b) { return mean(m(b.images)); });
@@ -349,8 +355,9 @@ TEST(Pipeline, WhatAPipelineCannotRunIsRefusedNamingIt) {
   TrainerOptions o = pipelined("", n);
   o.pipeline_stages = n + 1;
   e = testing::error_of([&] { Trainer(world(), o); });
-  EXPECT_NE(e.find("--pipeline-stages " + std::to_string(n + 1) + " does not divide the " + std::to_string(n) + " ranks"),
-            std::string::npos)
+  EXPECT_NE(
+      e.find("--pipeline-stages " + std::to_string(n + 1) + " does not divide the " + std::to_string(n) + " ranks"),
+      std::string::npos)
       << e;
   comm::barrier(world().comm());
   if (world().is_root()) fs::remove_all(dir);

@@ -76,7 +76,8 @@ TEST(PipelineLayout, RanksAreStageMajor) {
   const std::string e = ringtrain::testing::error_of([] { PipelineLayout::of(0, 6, 4); });
   EXPECT_NE(e.find("--pipeline-stages 4 does not divide the 6 ranks"), std::string::npos) << e;
   EXPECT_NE(e.find("e.g. 4 or 8"), std::string::npos) << e;
-  EXPECT_NE(ringtrain::testing::error_of([] { PipelineLayout::of(0, 2, 4); }).find("(run 4 x D ranks, e.g. 4)"), std::string::npos);
+  EXPECT_NE(ringtrain::testing::error_of([] { PipelineLayout::of(0, 2, 4); }).find("(run 4 x D ranks, e.g. 4)"),
+            std::string::npos);
 }
 
 TEST(PipelineSplit, AGivenSplitIsCheckedNamingTheFlag) {
@@ -115,10 +116,12 @@ TEST(PipelineSplit, BalancingByTimeMinimisesTheSlowestStage) {
   // One heavy block stands alone; light ones share.
   EXPECT_EQ(balance_time(costs_of({1, 1, 1, 1, 8, 1, 1, 1}), 3), (PipelineSplit{0, 4, 5, 8}));
   EXPECT_EQ(even_split(8, 3), (PipelineSplit{0, 2, 5, 8}));
-  EXPECT_NE(ringtrain::testing::error_of([] { balance_time(costs_of({1, 1}), 3); })
-                .find("the model has 2 blocks, too few for 3 pipeline stages"),
+  EXPECT_NE(ringtrain::testing::error_of([] {
+              balance_time(costs_of({1, 1}), 3);
+            }).find("the model has 2 blocks, too few for 3 pipeline stages"),
             std::string::npos);
-  EXPECT_NE(ringtrain::testing::error_of([] { even_split(2, 3); }).find("too few for 3 pipeline stages"), std::string::npos);
+  EXPECT_NE(ringtrain::testing::error_of([] { even_split(2, 3); }).find("too few for 3 pipeline stages"),
+            std::string::npos);
 }
 
 // Memory: parameters x the state factor plus activations x what the schedule holds at that stage. With
@@ -162,9 +165,14 @@ TEST(PipelineOrder, EveryMicroBatchForwardThenBackwardInOrder) {
           EXPECT_EQ(backwards, in_order);
         }
   using Op = PipelineOp;
-  EXPECT_EQ(pipeline_order(PipelineSchedule::OneFOneB, 3, 0, 4),
-            (std::vector<Op>{{Op::Forward, 0}, {Op::Forward, 1}, {Op::Forward, 2}, {Op::Backward, 0}, {Op::Forward, 3},
-                             {Op::Backward, 1}, {Op::Backward, 2}, {Op::Backward, 3}}));
+  EXPECT_EQ(pipeline_order(PipelineSchedule::OneFOneB, 3, 0, 4), (std::vector<Op>{{Op::Forward, 0},
+                                                                                  {Op::Forward, 1},
+                                                                                  {Op::Forward, 2},
+                                                                                  {Op::Backward, 0},
+                                                                                  {Op::Forward, 3},
+                                                                                  {Op::Backward, 1},
+                                                                                  {Op::Backward, 2},
+                                                                                  {Op::Backward, 3}}));
   EXPECT_EQ(pipeline_order(PipelineSchedule::OneFOneB, 3, 2, 2),
             (std::vector<Op>{{Op::Forward, 0}, {Op::Backward, 0}, {Op::Forward, 1}, {Op::Backward, 1}}));
 }
@@ -217,8 +225,11 @@ TEST(PipelineNames, SchedulesAndBalancesParseNamingTheFlag) {
   EXPECT_EQ(parse_pipeline_schedule("gpipe"), PipelineSchedule::GPipe);
   EXPECT_STREQ(name_of(parse_pipeline_schedule("1f1b")), "1f1b");
   EXPECT_EQ(parse_pipeline_balance("memory"), PipelineBalance::Memory);
-  EXPECT_NE(ringtrain::testing::error_of([] { parse_pipeline_schedule("zb"); }).find("--pipeline-schedule: 'zb' is not one of"),
+  EXPECT_NE(ringtrain::testing::error_of([] {
+              parse_pipeline_schedule("zb");
+            }).find("--pipeline-schedule: 'zb' is not one of"),
             std::string::npos);
-  EXPECT_NE(ringtrain::testing::error_of([] { parse_pipeline_balance("x"); }).find("--pipeline-balance: 'x' is not one of"),
-            std::string::npos);
+  EXPECT_NE(
+      ringtrain::testing::error_of([] { parse_pipeline_balance("x"); }).find("--pipeline-balance: 'x' is not one of"),
+      std::string::npos);
 }
