@@ -298,8 +298,24 @@ AllocatorStats memory_stats(Device device) {
   return device.is_cpu() ? cpu_allocator_stats() : cuda_allocator(device.index).stats();
 }
 
+void reset_peak_memory(Device device) {
+  if (device.is_cuda()) {
+    cuda_allocator(device.index).reset_peak();
+    return;
+  }
+  g_cpu_peak.store(g_cpu_allocated.load());
+}
+
 void empty_cache(Device device) {
-  if (device.is_cuda()) cuda_allocator(device.index).empty_cache();
+  if (device.is_cuda()) {
+    cuda_allocator(device.index).empty_cache();
+    return;
+  }
+#if !defined(__SANITIZE_ADDRESS__)
+  // The heap keeps what tensors freed (tune_malloc: no trimming, so the next step reuses it); here its
+  // whole free pages go back to the system, wherever they lie in the heap.
+  malloc_trim(0);
+#endif
 }
 
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, int64_t nbytes) {

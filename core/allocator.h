@@ -103,6 +103,11 @@ bool cpu_malloc_reuse();
 // The caching allocator of CUDA device `index` (throws when built without CUDA or no such device).
 CachingAllocator& cuda_allocator(int index);
 AllocatorStats memory_stats(Device device);
+// Starts a new high-water mark: peak_allocated_bytes becomes what is allocated now.
+void reset_peak_memory(Device device);
+// Returns memory no tensor holds to the system: a CUDA device's cached blocks; on the CPU the heap's free
+// pages (malloc_trim). For after a large release (a pipeline stage dropping the other stages' weights),
+// not for every step: the next allocations page-fault their memory in again.
 void empty_cache(Device device);
 
 // Copies bytes between any two devices (synchronous with respect to the host).
