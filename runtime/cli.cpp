@@ -142,6 +142,9 @@ void add_parallel_flags(CLI::App& app, TrainerOptions& o) {
   add_choice(app, "--pipeline-balance", "balance the stages' measured time, or their memory",
              name_of(o.pipeline_balance), {"time", "memory"},
              [&o](const std::string& v) { o.pipeline_balance = parse_pipeline_balance(v); });
+  app.add_flag("--pipeline-recompute", o.pipeline_recompute,
+               "stages keep only each micro-batch's input and run its forward again in backward: one micro-batch's "
+               "activations held instead of up to --pipeline-stages (the same training, bit for bit)");
 }
 
 void add_output_flags(CLI::App& app, TrainerOptions& o) {

@@ -108,7 +108,8 @@ json TrainerOptions::to_json() const {
     j["pipeline"] = {{"stages", pipeline_stages},
                      {"split", pipeline_split},
                      {"schedule", name_of(pipeline_schedule)},
-                     {"balance", name_of(pipeline_balance)}};
+                     {"balance", name_of(pipeline_balance)},
+                     {"recompute", pipeline_recompute}};
   for (const auto& [key, value] : app_config.items()) j[key] = value;
   if (!flags.empty()) j["flags"] = flags;
   return j;
@@ -159,6 +160,7 @@ void validate_options(const TrainerOptions& o) {
   RT_CHECK(o.pipeline_stages >= 1, "--pipeline-stages must be at least 1, got ", o.pipeline_stages);
   RT_CHECK(o.pipeline_split.empty() || o.pipeline_stages > 1, "--pipeline-split ", o.pipeline_split,
            " needs --pipeline-stages 2 or more");
+  RT_CHECK(!o.pipeline_recompute || o.pipeline_stages > 1, "--pipeline-recompute needs --pipeline-stages 2 or more");
   RT_CHECK(o.checkpoint_every_min == 0 || !o.checkpoint_dir.empty(), "--checkpoint-every-min ", o.checkpoint_every_min,
            " needs --checkpoint-dir (where to write them)");
 }
@@ -175,6 +177,7 @@ json rank_agreement(const TrainerOptions& o) {
   j["pipeline_split"] = o.pipeline_split;
   j["pipeline_schedule"] = name_of(o.pipeline_schedule);
   j["pipeline_balance"] = name_of(o.pipeline_balance);
+  j["pipeline_recompute"] = o.pipeline_recompute;
   j["trace_steps"] = o.trace_steps;
   j["check"] = o.check;
   j["timeout"] = o.timeout;  // a watchdog of its own on some ranks but not others makes a collective differ

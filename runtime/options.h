@@ -71,6 +71,7 @@ struct TrainerOptions {
   std::string pipeline_split;  // "0,9,18": each stage's first block (empty: balanced on measured costs)
   PipelineSchedule pipeline_schedule = PipelineSchedule::OneFOneB;
   PipelineBalance pipeline_balance = PipelineBalance::Time;
+  bool pipeline_recompute = false;  // stages keep only their inputs and recompute the forward in backward
   // ---- outputs and cadence
   std::string checkpoint_dir;       // empty: no checkpoints
   int64_t checkpoint_every = 0;     // optimizer steps between checkpoints (0: end of every epoch)

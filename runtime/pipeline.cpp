@@ -110,7 +110,8 @@ Pipeline::Pipeline(comm::World& world, const TrainerOptions& o, Device device, M
       model_(model),
       dog_(dog),
       layout_(PipelineLayout::of(world.rank(), world.size(), o.pipeline_stages)),
-      schedule_(o.pipeline_schedule) {
+      schedule_(o.pipeline_schedule),
+      recompute_(o.pipeline_recompute) {
   permanent_errors([&] {
     blocks_ = model_.blocks();
     RT_CHECK(
@@ -124,6 +125,8 @@ Pipeline::Pipeline(comm::World& world, const TrainerOptions& o, Device device, M
   MPI_CHECK(MPI_Comm_split(world_.comm(), layout_.replica, layout_.stage, &pipe_comm_));
   decide_split(o, info);
   keep_my_blocks();
+  if (recompute_)
+    for (const auto& [name, b] : buffers_) buffer_copies_.push_back(Tensor::empty(b.shape(), b.dtype(), device_));
   dog_.phase("startup: connecting the pipeline's stages (waiting for other ranks)", 0);
   forward_ = comm::make_channel(pipe_comm_, device_, "activations");
   backward_ = comm::make_channel(pipe_comm_, device_, "gradients");
@@ -153,11 +156,13 @@ void Pipeline::decide_split(const TrainerOptions& o, const DataInfo& info) {
           for (const auto& [n, p] : m->named_parameters()) costs[i].param_bytes += p.nbytes();
       }
       const int rounds = measure ? 3 : 1;
+      std::vector<uint64_t> draws(blocks_.size(), 0);  // generator streams each block's forward takes (dropout)
       for (int round = 0; round < rounds; ++round) {
         Tensor prev = x;
         for (size_t i = 0; i < blocks_.size(); ++i) {
           Tensor in = prev.detach();
           Tensor y;
+          const uint64_t stream_before = rng_stream();
           if (!measure) {
             NoGradGuard no_grad;
             AutocastGuard autocast(autocast_of(o.precision));
@@ -173,8 +178,13 @@ void Pipeline::decide_split(const TrainerOptions& o, const DataInfo& info) {
             synchronize(device_);
             const auto t1 = Clock::now();
             const int64_t kept = memory_stats(device_).allocated_bytes - before;
+            reset_peak_memory(device_);
             // A block with nothing to train before any that has (a parameter-free first block) has no backward.
             if (y.requires_grad()) y.backward(Tensor::ones(y.shape(), y.dtype(), device_));
+            costs[i].backward_bytes =
+                std::max(costs[i].backward_bytes, memory_stats(device_).peak_allocated_bytes - before - kept);
+            // Its gradients go at once: measuring holds one block's, not the model's.
+            for (const auto& mod : blocks_[i].modules) mod->zero_grad(true);
             synchronize(device_);
             const double s = seconds(Clock::now() - t0);
             (void)t1;
@@ -182,7 +192,10 @@ void Pipeline::decide_split(const TrainerOptions& o, const DataInfo& info) {
             if (round == 1 || (round > 1 && s < costs[i].seconds)) costs[i].seconds = s;
             costs[i].activation_bytes = std::max(costs[i].activation_bytes, kept);
           }
-          if (round == 0) outputs.push_back({{"shape", shape_json(y.shape())}, {"dtype", dtype_name(y.dtype())}});
+          if (round == 0) {
+            outputs.push_back({{"shape", shape_json(y.shape())}, {"dtype", dtype_name(y.dtype())}});
+            draws[i] = rng_stream() - stream_before;
+          }
           prev = y.detach();
         }
         model_.zero_grad();
@@ -196,7 +209,14 @@ void Pipeline::decide_split(const TrainerOptions& o, const DataInfo& info) {
         split = parse_pipeline_split(o.pipeline_split, n, layout_.stages);
       } else if (o.pipeline_balance == PipelineBalance::Memory) {
         const double slots = o.optimizer == OptimizerKind::AdamW ? 2 : (o.momentum > 0 ? 1 : 0);
-        split = balance_memory(costs, layout_.stages, schedule_, static_cast<int>(o.accum), 2 + slots);
+        for (size_t i = 0; i < costs.size(); ++i) {
+          const json& out = outputs[i];
+          int64_t numel = 1;
+          for (const auto& d : out["shape"]) numel *= d.get<int64_t>();
+          costs[i].output_bytes =
+              numel * static_cast<int64_t>(dtype_size(parse_dtype(out["dtype"].get<std::string>())));
+        }
+        split = balance_memory(costs, layout_.stages, schedule_, static_cast<int>(o.accum), 2 + slots, recompute_);
       } else {
         split = balance_time(costs, layout_.stages);
       }
@@ -205,8 +225,9 @@ void Pipeline::decide_split(const TrainerOptions& o, const DataInfo& info) {
         c.push_back({{"name", b.name},
                      {"seconds", b.seconds},
                      {"param_bytes", b.param_bytes},
-                     {"activation_bytes", b.activation_bytes}});
-      text = json{{"split", split}, {"outputs", outputs}, {"costs", c}, {"measured", measure}}.dump();
+                     {"activation_bytes", b.activation_bytes},
+                     {"backward_bytes", b.backward_bytes}});
+      text = json{{"split", split}, {"outputs", outputs}, {"costs", c}, {"measured", measure}, {"draws", draws}}.dump();
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -216,6 +237,13 @@ void Pipeline::decide_split(const TrainerOptions& o, const DataInfo& info) {
   comm::agree_or_throw(world_.comm(), error, "--pipeline-stages (splitting the model)", true);
   const json plan = json::parse(comm::broadcast(world_.comm(), text, 0));
   split_ = plan["split"].get<PipelineSplit>();
+  // One process draws a step's generator streams micro-batch by micro-batch, block by block: a stage's
+  // forward of micro-batch i starts at step_base + i x (all blocks' draws) + (the earlier stages' draws).
+  const auto draws = plan["draws"].get<std::vector<uint64_t>>();
+  for (size_t b = 0; b < draws.size(); ++b) {
+    draws_per_micro_ += draws[b];
+    if (static_cast<int>(b) < split_[static_cast<size_t>(layout_.stage)]) draws_before_ += draws[b];
+  }
   for (const json& out : plan["outputs"])
     outputs_.push_back({shape_of(out["shape"]), parse_dtype(out["dtype"].get<std::string>())});
   for (const json& b : plan["costs"])
@@ -258,6 +286,10 @@ void Pipeline::keep_my_blocks() {
   };
   sort_out(model_.named_parameters(), params_);
   sort_out(model_.named_buffers(), buffers_);
+  // What the other stages' weights took goes back to the system now, before the gradients, optimizer
+  // state and activations of this stage are allocated (else the heap's holes would count on top of them).
+  empty_cache(device_);
+  if (device_.is_cuda()) empty_cache(Device::cpu());
 }
 
 ReplicaScope Pipeline::scope() const {
@@ -295,25 +327,29 @@ json Pipeline::plan() const {
               {"balance", o_.pipeline_split.empty() ? name_of(o_.pipeline_balance) : "given"},
               {"split", split_text(split_)},
               {"micro_batches", o_.accum},
+              {"recompute", recompute_},
               {"ideal_bubble", ideal_bubble(layout_.stages, static_cast<int>(o_.accum))},
               {"stage", stages}};
 }
 
 std::string Pipeline::describe() const {
   const json p = plan();
-  std::string out = detail::str_cat("pipeline: ", layout_.stages, " stages x ", layout_.replicas, " replica(s), ",
-                                    name_of(schedule_), ", ", o_.accum, " micro-batches per step, split ",
-                                    split_text(split_), " (", p["balance"].get<std::string>(), ")");
+  std::string out =
+      detail::str_cat("pipeline: ", layout_.stages, " stages x ", layout_.replicas, " replica(s), ", name_of(schedule_),
+                      ", ", o_.accum, " micro-batches per step, split ", split_text(split_), " (",
+                      p["balance"].get<std::string>(), ")", recompute_ ? ", forwards recomputed in backward" : "");
   for (int s = 0; s < layout_.stages; ++s) {
     const json& st = p["stage"][static_cast<size_t>(s)];
     out += detail::str_cat("\n  stage ", s, ": ", st["blocks"].size(), " block(s) ",
                            st["blocks"].front().get<std::string>(), "..", st["blocks"].back().get<std::string>(), ", ",
                            format_bytes(st["param_bytes"].get<int64_t>()), " of parameters");
     if (costs_.front().seconds > 0 || costs_.back().seconds > 0)
-      out +=
-          detail::str_cat(", ", std::lround(st["seconds"].get<double>() * 1e4) / 10.0, " ms and ",
-                          format_bytes(st["activation_bytes_per_micro_batch"].get<int64_t>()),
-                          " of activations a micro-batch (", st["micro_batches_in_flight"].get<int>(), " in flight)");
+      out += detail::str_cat(
+          ", ", std::lround(st["seconds"].get<double>() * 1e4) / 10.0, " ms and ",
+          format_bytes(st["activation_bytes_per_micro_batch"].get<int64_t>()), " of activations a micro-batch (",
+          recompute_ ? detail::str_cat("one at a time, inputs of ", st["micro_batches_in_flight"].get<int>())
+                     : detail::str_cat(st["micro_batches_in_flight"].get<int>()),
+          " in flight)");
   }
   return out;
 }
@@ -339,6 +375,8 @@ Pipeline::StepWork Pipeline::run_step(Replica& replica, int64_t step, const std:
   std::vector<Tensor> inputs(static_cast<size_t>(m)), outputs(static_cast<size_t>(m)), losses(static_cast<size_t>(m)),
       labels(static_cast<size_t>(m));
   std::vector<comm::WorkPtr> sends;
+  std::vector<uint64_t> rng_at(static_cast<size_t>(m), 0);
+  const uint64_t step_stream = rng_stream();  // the same on every rank: each step ends where one process's does
   StepWork w;
   // What the schedule keeps alive: memory held above the step's start, sampled after every forward.
   const int64_t start_bytes = memory_stats(device_).allocated_bytes;
@@ -372,6 +410,12 @@ Pipeline::StepWork Pipeline::run_step(Replica& replica, int64_t step, const std:
       const auto t0 = Clock::now();
       Tensor y;
       {
+        // --pipeline-recompute: nothing kept for the backward but the stage's input (and where the generator
+        // stood, so dropout draws the same masks again).
+        std::optional<NoGradGuard> keep_nothing;
+        if (recompute_) keep_nothing.emplace();
+        rng_at[i] = step_stream + i * draws_per_micro_ + draws_before_;
+        set_rng_stream(rng_at[i]);
         AutocastGuard autocast(replica.autocast());
         y = run_blocks(x);
         if (layout_.last()) losses[i] = replica.loss_of(y, labels[i]);
@@ -384,8 +428,8 @@ Pipeline::StepWork Pipeline::run_step(Replica& replica, int64_t step, const std:
         RT_CHECK(y.shape() == out.shape && y.dtype() == out.dtype, "pipeline stage ", s, ": micro-batch ", op.micro,
                  " gave ", y.describe(), " where the split's measurement gave ", dtype_name(out.dtype), out.shape.str(),
                  " (a block whose output shape depends on its input's values?)");
-        sends.push_back(forward_->send(y, s + 1));
-        outputs[i] = y;
+        sends.push_back(forward_->send(y, s + 1));  // the send keeps y alive until it is taken
+        if (!recompute_) outputs[i] = y;
       }
       inputs[i] = x;
       w.held_bytes = std::max(w.held_bytes, memory_stats(device_).allocated_bytes - start_bytes);
@@ -402,6 +446,23 @@ Pipeline::StepWork Pipeline::run_step(Replica& replica, int64_t step, const std:
     }
     dog_.phase("backward", step, where("", op.micro, -1));
     const auto t2 = Clock::now();
+    if (recompute_) {
+      // The forward again, now keeping its activations: the same inputs, weights and generator position give
+      // the same bits. Its second update of the BatchNorm running statistics is undone (they are put back as
+      // they were), so they are updated once per micro-batch, as without recompute.
+      for (size_t k = 0; k < buffers_.size(); ++k) Tensor(buffer_copies_[k]).copy_(buffers_[k].second);
+      const uint64_t now = rng_stream();
+      set_rng_stream(rng_at[i]);
+      {
+        AutocastGuard autocast(replica.autocast());
+        outputs[i] = run_blocks(inputs[i]);
+        if (layout_.last()) losses[i] = replica.loss_of(outputs[i], labels[i]);
+      }
+      set_rng_stream(now);
+      for (size_t k = 0; k < buffers_.size(); ++k) Tensor(buffers_[k].second).copy_(buffer_copies_[k]);
+      w.recompute_s += seconds(Clock::now() - t2);
+      w.held_bytes = std::max(w.held_bytes, memory_stats(device_).allocated_bytes - start_bytes);
+    }
     if (layout_.last())
       replica.backward(losses[i], last_micro);
     else
@@ -417,6 +478,7 @@ Pipeline::StepWork Pipeline::run_step(Replica& replica, int64_t step, const std:
   dog_.phase("pipeline: waiting for this step's messages to be taken", step,
              detail::str_cat("stage ", s, ", by stage ", s - 1, " and ", s + 1));
   for (auto& send : sends) send->wait();
+  set_rng_stream(step_stream + static_cast<uint64_t>(m) * draws_per_micro_);
   w.busy_s = w.forward_s + w.backward_s;
   return w;
 }

@@ -69,6 +69,7 @@ class Pipeline {
     double busy_s = 0;       // this stage's compute
     double data_wait_s = 0;  // waiting for next_batch
     double forward_s = 0, backward_s = 0;
+    double recompute_s = 0;  // --pipeline-recompute: the forwards run again (part of backward_s)
     double wait_s = 0;       // waiting for the neighbours' activations and gradients
     int64_t held_bytes = 0;  // the most memory the step's micro-batches held at once (their activations)
     Clock::time_point backward_start, backward_end;  // of the last micro-batch
@@ -109,6 +110,10 @@ class Pipeline {
   Watchdog& dog_;
   PipelineLayout layout_;
   PipelineSchedule schedule_;
+  bool recompute_ = false;             // --pipeline-recompute
+  uint64_t draws_per_micro_ = 0;       // generator streams one micro-batch's forward takes (dropout), all blocks
+  uint64_t draws_before_ = 0;          // ... in the blocks before this stage
+  std::vector<Tensor> buffer_copies_;  // the stage's buffers, kept across a recomputed forward
   std::vector<Block> blocks_;
   PipelineSplit split_;
   std::vector<BlockCost> costs_;   // measured on rank 0 (empty with an explicit split)

@@ -37,6 +37,8 @@ struct BlockCost {
   double seconds = 0;            // forward + backward
   int64_t param_bytes = 0;       // its parameters
   int64_t activation_bytes = 0;  // what its forward keeps for the backward (its output included)
+  int64_t output_bytes = 0;      // its output: what a stage starting after it receives and keeps
+  int64_t backward_bytes = 0;    // what its backward needs above the activations kept (gradients, scratch)
 };
 
 // A split: stage s holds blocks [begin[s], begin[s + 1]); begin.front() == 0, begin.back() == blocks.
@@ -49,9 +51,10 @@ PipelineSplit parse_pipeline_split(const std::string& text, int blocks, int stag
 PipelineSplit balance_time(const std::vector<BlockCost>& blocks, int stages);
 // The one that minimises the largest stage's memory: its parameters times `state_factor` (weights,
 // gradients and optimizer state: 2 + the optimizer's slots) plus its activations times what the schedule
-// keeps in flight at that stage.
+// keeps in flight at that stage — with `recompute`, one micro-batch's activations plus the stage's input
+// for every micro-batch in flight — plus the most any of its blocks' backward needs on top.
 PipelineSplit balance_memory(const std::vector<BlockCost>& blocks, int stages, PipelineSchedule schedule,
-                             int micro_batches, double state_factor);
+                             int micro_batches, double state_factor, bool recompute = false);
 // Even: as equal block counts as can be (the baseline the balancer is compared with).
 PipelineSplit even_split(int blocks, int stages);
 std::string split_text(const PipelineSplit& split);  // "0,9,18"

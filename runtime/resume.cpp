@@ -48,6 +48,7 @@ constexpr const char* kRuntimeOnly[] = {"data",
                                         "pipeline_split",
                                         "pipeline_schedule",
                                         "pipeline_balance",
+                                        "pipeline_recompute",
                                         "strict"};
 // What must be the same for a resume to continue the training at all.
 constexpr const char* kIdentity[] = {"arch", "model", "optimizer", "dataset"};

@@ -17,15 +17,17 @@
 
 using namespace ringtrain;
 
-// conv-bn-relu, pool, conv-bn-relu, global average pool, linear. Modules registered in a Sequential get
-// dotted names ("0.weight", "1.running_mean", ...) for state dicts and checkpoints.
-std::shared_ptr<Sequential> make_net(int64_t channels, int64_t classes) {
+// conv-bn-relu, pool, conv-bn-relu, global average pool, (dropout,) linear. Modules registered in a
+// Sequential get dotted names ("0.weight", "1.running_mean", ...) for state dicts and checkpoints.
+std::shared_ptr<Sequential> make_net(int64_t channels, int64_t classes, double dropout) {
   auto conv = [](int64_t in, int64_t out) { return std::make_shared<Conv2d>(in, out, Conv2dOptions{.padding = 1}); };
   auto net = std::make_shared<Sequential>();
   net->add(conv(channels, 32)).add(std::make_shared<BatchNorm2d>(32)).add(std::make_shared<ReLU>());
   net->add(std::make_shared<MaxPool2d>(2, 2));
   net->add(conv(32, 64)).add(std::make_shared<BatchNorm2d>(64)).add(std::make_shared<ReLU>());
-  net->add(std::make_shared<GlobalAvgPool>()).add(std::make_shared<Linear>(64, classes));
+  net->add(std::make_shared<GlobalAvgPool>());
+  if (dropout > 0) net->add(std::make_shared<Dropout>(dropout));
+  net->add(std::make_shared<Linear>(64, classes));
   return net;
 }
 
@@ -37,7 +39,11 @@ int main(int argc, char** argv) {
   options.epochs = 2;
   options.batch = 64;
   std::string data_dir;
+  double dropout = 0;
   runtime::add_trainer_flags(app, options, data_dir);
+  app.add_option("--dropout", dropout, "dropout before the classifier (0: none)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 0.95));
   CLI11_PARSE(app, argc, argv);
   return comm::run_main(argc, argv, [&](comm::World& world) {
     RT_CHECK(!data_dir.empty(), "usage: custom_model --data DATA_DIR [flags] (--help lists them)");
@@ -46,7 +52,7 @@ int main(int argc, char** argv) {
                                                 .seed = options.seed,
                                                 .device = trainer.device(),
                                                 .strict = options.strict});
-    auto net = make_net(data->info().channels, data->info().classes);
+    auto net = make_net(data->info().channels, data->info().classes, dropout);
     trainer.fit(*net, *data);  // SGD, cosine schedule, GradSync, checkpoints, evaluation, summary
     return 0;
   });

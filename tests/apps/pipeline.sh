@@ -2,7 +2,8 @@
 # tests/apps/pipeline.sh BUILD_DIR WORK_DIR [CASE...]: --pipeline-stages through the apps, on this host.
 #   exact      ResNet-20 on shard data (-b 8, --accum-steps 4, evaluation on): 2 stages and 4 stages, 1F1B and
 #              GPipe, train bitwise like 1 process (checkpoints and test accuracy); the custom model too;
-#              2 stages x 2 replicas equal 2 replicas without stages (the same per-replica batch)
+#              2 stages x 2 replicas equal 2 replicas without stages (the same per-replica batch); dropout
+#              and --pipeline-recompute too
 #   resume     a 2-stage checkpoint continued by 1 process, and a 1-process one by 4 stages: bitwise the
 #              uninterrupted run
 #   records    the plan record's split and per-stage costs, the train records' per-stage busy time and bubble
@@ -49,6 +50,17 @@ for case in "${cases[@]}"; do
       mpi 1 "${custom[@]}" --checkpoint-dir c1 > c1.log 2>&1 || { cat c1.log; fail "custom model, 1 process"; }
       mpi 2 "${custom[@]}" --pipeline-stages 2 --checkpoint-dir c2 > c2.log 2>&1 || { cat c2.log; fail "custom, 2 stages"; }
       same c1/ckpt-step00000005.h5 c2/ckpt-step00000005.h5 "the custom model in 2 stages"
+      # Dropout in the last stage draws where one process draws (the generator's streams follow the blocks).
+      mpi 1 "${custom[@]}" --dropout 0.3 --checkpoint-dir d1 > d1.log 2>&1 || { cat d1.log; fail "dropout, 1 process"; }
+      mpi 2 "${custom[@]}" --dropout 0.3 --pipeline-stages 2 --pipeline-split 0,5 --checkpoint-dir d2 > d2.log 2>&1 ||
+        { cat d2.log; fail "dropout, 2 stages"; }
+      mpi 4 "${custom[@]}" --dropout 0.3 --pipeline-stages 4 --pipeline-recompute --checkpoint-dir d4 > d4.log 2>&1 ||
+        { cat d4.log; fail "dropout, 4 stages recomputed"; }
+      same d1/ckpt-step00000005.h5 d2/ckpt-step00000005.h5 "the custom model with dropout in 2 stages"
+      same d1/ckpt-step00000005.h5 d4/ckpt-step00000005.h5 "the custom model with dropout in 4 stages, recomputed"
+      mpi 4 "${resnet[@]}" --pipeline-stages 4 --pipeline-recompute --checkpoint-dir p4r > p4r.log 2>&1 ||
+        { cat p4r.log; fail "4 stages recomputed"; }
+      same one/$final p4r/$final "4 stages with --pipeline-recompute"
       echo "exact: 2 and 4 stages, 1F1B and GPipe, bitwise 1 process (ResNet-20 and the custom model); 2x2 = 2 replicas"
       ;;
     resume)
@@ -62,7 +74,15 @@ for case in "${cases[@]}"; do
       mpi 4 "${resnet[@]}" --pipeline-stages 4 --checkpoint-dir four --resume auto > rest4.log 2>&1 ||
         { cat rest4.log; fail "resumed by 4 stages"; }
       same one/$final four/$final "a 1-process checkpoint continued by 4 stages"
-      echo "resume: 2 stages -> 1 process and 1 process -> 4 stages, bitwise"
+      # With dropout in a later stage the checkpoint's generator position is every stage's.
+      custom=("$build/custom_model" --data data -b 8 --accum-steps 2 --steps 6 --threads 1 --log-every 6 --dropout 0.3
+              --checkpoint-every 3)
+      mpi 1 "${custom[@]}" --checkpoint-dir cd1 > cd1.log 2>&1 || { cat cd1.log; fail "custom, 1 process"; }
+      mpi 2 "${custom[@]}" --pipeline-stages 2 --checkpoint-dir cd2 > cd2.log 2>&1 || { cat cd2.log; fail "custom, 2 stages"; }
+      mkdir -p cdr && cp cd2/ckpt-step00000003.h5 cdr/
+      mpi 1 "${custom[@]}" --checkpoint-dir cdr --resume auto > cdr.log 2>&1 || { cat cdr.log; fail "custom resumed"; }
+      same cd1/ckpt-step00000006.h5 cdr/ckpt-step00000006.h5 "a 2-stage checkpoint of a model with dropout, resumed by 1"
+      echo "resume: 2 stages -> 1 process and 1 process -> 4 stages, bitwise (dropout too)"
       ;;
     records)
       mpi 2 "${resnet[@]}" --pipeline-stages 2 --log-every 1 --log-jsonl r.jsonl --checkpoint-dir r > r.log 2>&1 ||

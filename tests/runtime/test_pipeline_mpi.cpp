@@ -72,7 +72,7 @@ fs::path make_dataset(const std::string& what, int64_t train_count, int64_t test
   return dir;
 }
 
-// Seven blocks (conv, bn, relu, conv, relu, pool, linear): enough for 4 stages.
+// Eight blocks (conv, bn, relu, conv, relu, dropout, pool, linear): enough for 4 stages.
 std::shared_ptr<Sequential> net(int64_t channels, int64_t classes) {
   auto n = std::make_shared<Sequential>();
   n->add(std::make_shared<Conv2d>(channels, 8, Conv2dOptions{.padding = 1}))
@@ -80,6 +80,7 @@ std::shared_ptr<Sequential> net(int64_t channels, int64_t classes) {
       .add(std::make_shared<ReLU>())
       .add(std::make_shared<Conv2d>(8, 8, Conv2dOptions{.padding = 1}))
       .add(std::make_shared<ReLU>())
+      .add(std::make_shared<Dropout>(0.25))
       .add(std::make_shared<GlobalAvgPool>())
       .add(std::make_shared<Linear>(8, classes));
   return n;
@@ -256,14 +257,28 @@ TEST(Pipeline, SchedulesTrainTheSameBitsAndStagesHoldTheirWeightsOnly) {
   EXPECT_GT(onef.result.train_loss, 0);  // the last stage's loss, on every rank's result
   ASSERT_TRUE(onef.result.eval);
   EXPECT_EQ(onef.result.eval->count, 10);
-  EXPECT_GT(onef.held, 0);
+  // Every parameter is held by exactly one stage (a stage may hold none: ReLU or dropout only).
+  const int64_t held_anywhere = comm::all_reduce(world().comm(), static_cast<double>(onef.held), comm::HostOp::Sum);
+  EXPECT_EQ(held_anywhere, onef.held + onef.released);
   EXPECT_GT(onef.released, 0);
   // An explicit split trains the same as the balanced one when it is the same split; the first stage
   // taking only the first conv is another split, still exact.
   o = pipelined(dir / "given", n);
-  o.pipeline_split = n == 2 ? "0,1" : "0,1,2,6";
+  o.pipeline_split = n == 2 ? "0,1" : "0,1,2,7";
   const Trained given = train(dir, o);
   expect_same_checkpoints(dir / "onef" / "ckpt-step00000006.h5", dir / "given" / "ckpt-step00000006.h5");
+  // --pipeline-recompute: the forward again in backward, with the same dropout masks and the BatchNorm
+  // statistics updated once: the same bits, both schedules.
+  for (const auto sched : {PipelineSchedule::OneFOneB, PipelineSchedule::GPipe}) {
+    o = pipelined(dir / "recompute", n);
+    o.pipeline_recompute = true;
+    o.pipeline_schedule = sched;
+    o.pipeline_split = n == 2 ? "0,5" : "0,3,5,7";  // the dropout with its stage's other layers
+    const Trained again = train(dir, o);
+    expect_same_checkpoints(dir / "onef" / "ckpt-step00000006.h5", dir / "recompute" / "ckpt-step00000006.h5");
+    EXPECT_EQ(again.result.train_loss, onef.result.train_loss);
+    if (world().is_root()) fs::remove_all(dir / "recompute");
+  }
   // Stages x replicas against replicas without stages (the same per-replica batch, so the same BatchNorm
   // statistics): tests/apps/pipeline.sh, which can run both world sizes.
   comm::barrier(world().comm());
@@ -291,7 +306,7 @@ TEST(Pipeline, ACheckpointIsTheWholeModelAndResumesBitwise) {
   if (n == 4) {
     o = pipelined(dir / "other", 4);
     o.pipeline_schedule = PipelineSchedule::GPipe;
-    o.pipeline_split = "0,2,3,6";
+    o.pipeline_split = "0,2,3,7";
     o.resume = (dir / "full" / "ckpt-step00000003.h5").string();
     train(dir, o);
     expect_same_checkpoints(dir / "full" / "ckpt-step00000006.h5", dir / "other" / "ckpt-step00000006.h5");

@@ -134,6 +134,12 @@ TEST(PipelineSplit, BalancingByMemoryWeighsWhatEachStageHolds) {
   EXPECT_EQ(onef, (PipelineSplit{0, 2, 6}));
   // GPipe holds all 8 everywhere: an even split.
   EXPECT_EQ(balance_memory(blocks, 2, PipelineSchedule::GPipe, 8, 4), (PipelineSplit{0, 3, 6}));
+  // With recompute a stage holds one micro-batch's activations plus the inputs in flight: even again.
+  EXPECT_EQ(balance_memory(blocks, 2, PipelineSchedule::OneFOneB, 8, 4, true), (PipelineSplit{0, 3, 6}));
+  // A block whose backward needs much more than it keeps (its gradients' scratch) counts that once.
+  std::vector<BlockCost> scratch = blocks;
+  scratch[5].backward_bytes = 250;
+  EXPECT_EQ(balance_memory(scratch, 2, PipelineSchedule::GPipe, 1, 4), (PipelineSplit{0, 4, 6}));
   // Parameters only (a head of large weights): it gets a stage of its own.
   std::vector<BlockCost> heavy_head(5, BlockCost{"b", 1.0, 10, 0});
   heavy_head.back().param_bytes = 1000;
