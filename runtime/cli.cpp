@@ -143,8 +143,9 @@ void add_parallel_flags(CLI::App& app, TrainerOptions& o) {
              name_of(o.pipeline_balance), {"time", "memory"},
              [&o](const std::string& v) { o.pipeline_balance = parse_pipeline_balance(v); });
   app.add_flag("--pipeline-recompute", o.pipeline_recompute,
-               "stages keep only each micro-batch's input and run its forward again in backward: one micro-batch's "
-               "activations held instead of up to --pipeline-stages (the same training, bit for bit)");
+               "stages keep only each micro-batch's input and, in backward, run the forward again block by block: "
+               "one block's activations held instead of up to --pipeline-stages micro-batches' (the same training, "
+               "bit for bit, for two more forwards)");
 }
 
 void add_output_flags(CLI::App& app, TrainerOptions& o) {

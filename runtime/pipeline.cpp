@@ -347,8 +347,9 @@ std::string Pipeline::describe() const {
       out += detail::str_cat(
           ", ", std::lround(st["seconds"].get<double>() * 1e4) / 10.0, " ms and ",
           format_bytes(st["activation_bytes_per_micro_batch"].get<int64_t>()), " of activations a micro-batch (",
-          recompute_ ? detail::str_cat("one at a time, inputs of ", st["micro_batches_in_flight"].get<int>())
-                     : detail::str_cat(st["micro_batches_in_flight"].get<int>()),
+          recompute_
+              ? detail::str_cat("recomputed block by block, inputs of ", st["micro_batches_in_flight"].get<int>())
+              : detail::str_cat(st["micro_batches_in_flight"].get<int>()),
           " in flight)");
   }
   return out;
@@ -446,24 +447,9 @@ Pipeline::StepWork Pipeline::run_step(Replica& replica, int64_t step, const std:
     }
     dog_.phase("backward", step, where("", op.micro, -1));
     const auto t2 = Clock::now();
-    if (recompute_) {
-      // The forward again, now keeping its activations: the same inputs, weights and generator position give
-      // the same bits. Its second update of the BatchNorm running statistics is undone (they are put back as
-      // they were), so they are updated once per micro-batch, as without recompute.
-      for (size_t k = 0; k < buffers_.size(); ++k) Tensor(buffer_copies_[k]).copy_(buffers_[k].second);
-      const uint64_t now = rng_stream();
-      set_rng_stream(rng_at[i]);
-      {
-        AutocastGuard autocast(replica.autocast());
-        outputs[i] = run_blocks(inputs[i]);
-        if (layout_.last()) losses[i] = replica.loss_of(outputs[i], labels[i]);
-      }
-      set_rng_stream(now);
-      for (size_t k = 0; k < buffers_.size(); ++k) Tensor(buffers_[k].second).copy_(buffer_copies_[k]);
-      w.recompute_s += seconds(Clock::now() - t2);
-      w.held_bytes = std::max(w.held_bytes, memory_stats(device_).allocated_bytes - start_bytes);
-    }
-    if (layout_.last())
+    if (recompute_)
+      recomputed_backward(replica, inputs[i], rng_at[i], labels[i], g, last_micro, w, start_bytes);
+    else if (layout_.last())
       replica.backward(losses[i], last_micro);
     else
       replica.backward_from(outputs[i], g, last_micro);
@@ -481,6 +467,55 @@ Pipeline::StepWork Pipeline::run_step(Replica& replica, int64_t step, const std:
   set_rng_stream(step_stream + static_cast<uint64_t>(m) * draws_per_micro_);
   w.busy_s = w.forward_s + w.backward_s;
   return w;
+}
+
+// --pipeline-recompute: the stage's forward again, block by block. A pass without gradients keeps each
+// block's input; then from the last block back, each block runs once more keeping its activations and its
+// backward follows at once, handing its input's gradient to the block before. So the stage holds its
+// blocks' inputs and one block's activations, not all of them. The same inputs, weights and generator
+// positions give the same bits, and each parameter's gradient comes from its one block as in the whole
+// backward: the gradients are those of the run without recompute. The BatchNorm running statistics the
+// two passes would update again are put back as they were, so they move once per micro-batch.
+void Pipeline::recomputed_backward(Replica& replica, const Tensor& input, uint64_t rng_at, const Tensor& labels,
+                                   const Tensor& grad, bool last_micro, StepWork& w, int64_t start_bytes) {
+  const auto t0 = Clock::now();
+  const int first = split_[static_cast<size_t>(layout_.stage)], end = split_[static_cast<size_t>(layout_.stage) + 1];
+  const auto n = static_cast<size_t>(end - first);
+  for (size_t k = 0; k < buffers_.size(); ++k) Tensor(buffer_copies_[k]).copy_(buffers_[k].second);
+  const uint64_t now = rng_stream();
+  AutocastGuard autocast(replica.autocast());
+  std::vector<Tensor> x(n);
+  std::vector<uint64_t> at(n);
+  x[0] = input;
+  set_rng_stream(rng_at);
+  {
+    NoGradGuard no_grad;
+    for (size_t j = 0; j + 1 < n; ++j) {
+      at[j] = rng_stream();
+      x[j + 1] = blocks_[static_cast<size_t>(first) + j].forward(x[j]);
+    }
+  }
+  at[n - 1] = rng_stream();
+  w.recompute_s += seconds(Clock::now() - t0);
+  Tensor g = grad;
+  for (size_t j = n; j-- > 0;) {
+    const auto t1 = Clock::now();
+    if (j > 0) x[j].set_requires_grad(true);
+    set_rng_stream(at[j]);
+    Tensor y = blocks_[static_cast<size_t>(first) + j].forward(x[j]);
+    Tensor loss;
+    if (layout_.last() && j == n - 1) loss = replica.loss_of(y, labels);
+    w.recompute_s += seconds(Clock::now() - t1);
+    w.held_bytes = std::max(w.held_bytes, memory_stats(device_).allocated_bytes - start_bytes);
+    if (loss.defined())
+      replica.backward(loss, last_micro);
+    else
+      replica.backward_from(y, g, last_micro);
+    if (j > 0) g = x[j].grad();
+    x[j] = Tensor();
+  }
+  set_rng_stream(now);
+  for (size_t k = 0; k < buffers_.size(); ++k) Tensor(buffers_[k].second).copy_(buffer_copies_[k]);
 }
 
 EvalResult Pipeline::evaluate(data::Loader* loader, int64_t test_size, int64_t batch, double label_smoothing,

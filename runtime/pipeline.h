@@ -101,6 +101,8 @@ class Pipeline {
   std::map<const TensorImpl*, int> owners() const;
   void keep_my_blocks();
   Tensor run_blocks(const Tensor& x) const;
+  void recomputed_backward(Replica& replica, const Tensor& input, uint64_t rng_at, const Tensor& labels,
+                           const Tensor& grad, bool last_micro, StepWork& w, int64_t start_bytes);
   Shape with_batch(const Boundary& b, int64_t n) const;
 
   comm::World& world_;

@@ -111,23 +111,29 @@ PipelineSplit balance_time(const std::vector<BlockCost>& blocks, int stages) {
 
 PipelineSplit balance_memory(const std::vector<BlockCost>& blocks, int stages, PipelineSchedule schedule,
                              int micro_batches, double state_factor, bool recompute) {
-  std::vector<double> params(blocks.size() + 1, 0.0), acts(blocks.size() + 1, 0.0);
-  // The largest backward of blocks [a, b): a table, n is small (a model's blocks).
   const size_t n = blocks.size();
-  std::vector<std::vector<double>> peak(n + 1, std::vector<double>(n + 1, 0.0));
+  std::vector<double> params(n + 1, 0.0), acts(n + 1, 0.0), outs(n + 1, 0.0);
+  // The largest backward scratch, and the largest activations, of blocks [a, b): tables, n is small.
+  std::vector<std::vector<double>> peak(n + 1, std::vector<double>(n + 1, 0.0)), widest = peak;
   for (size_t a = 0; a < n; ++a)
-    for (size_t b = a + 1; b <= n; ++b)
+    for (size_t b = a + 1; b <= n; ++b) {
       peak[a][b] = std::max(peak[a][b - 1], static_cast<double>(blocks[b - 1].backward_bytes));
-  for (size_t i = 0; i < blocks.size(); ++i) {
+      widest[a][b] = std::max(widest[a][b - 1], static_cast<double>(blocks[b - 1].activation_bytes));
+    }
+  for (size_t i = 0; i < n; ++i) {
     params[i + 1] = params[i] + static_cast<double>(blocks[i].param_bytes);
     acts[i + 1] = acts[i] + static_cast<double>(blocks[i].activation_bytes);
+    outs[i + 1] = outs[i] + static_cast<double>(blocks[i].output_bytes);
   }
   return minimise_max(static_cast<int>(blocks.size()), stages, [&](int s, int a, int b) {
     const auto ua = static_cast<size_t>(a), ub = static_cast<size_t>(b);
     const auto held = static_cast<double>(in_flight(schedule, stages, s, micro_batches));
     const double input = a > 0 ? static_cast<double>(blocks[ua - 1].output_bytes) : 0.0;
-    return state_factor * (params[ub] - params[ua]) +
-           (recompute ? (acts[ub] - acts[ua]) + held * input : held * (acts[ub] - acts[ua])) + peak[ua][ub];
+    // Recomputed block by block: the inputs in flight, then in backward one micro-batch's block inputs
+    // (the outputs of blocks a .. b-2) and the widest block's activations.
+    const double kept =
+        recompute ? held * input + (outs[ub - 1] - outs[ua]) + widest[ua][ub] : held * (acts[ub] - acts[ua]);
+    return state_factor * (params[ub] - params[ua]) + kept + peak[ua][ub];
   });
 }
 

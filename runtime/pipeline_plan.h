@@ -51,8 +51,9 @@ PipelineSplit parse_pipeline_split(const std::string& text, int blocks, int stag
 PipelineSplit balance_time(const std::vector<BlockCost>& blocks, int stages);
 // The one that minimises the largest stage's memory: its parameters times `state_factor` (weights,
 // gradients and optimizer state: 2 + the optimizer's slots) plus its activations times what the schedule
-// keeps in flight at that stage — with `recompute`, one micro-batch's activations plus the stage's input
-// for every micro-batch in flight — plus the most any of its blocks' backward needs on top.
+// keeps in flight at that stage — with `recompute`, the stage's input for every micro-batch in flight plus,
+// in backward, one micro-batch's block inputs and its widest block's activations — plus the most any of its
+// blocks' backward needs on top.
 PipelineSplit balance_memory(const std::vector<BlockCost>& blocks, int stages, PipelineSchedule schedule,
                              int micro_batches, double state_factor, bool recompute = false);
 // Even: as equal block counts as can be (the baseline the balancer is compared with).

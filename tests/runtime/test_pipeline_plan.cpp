@@ -134,8 +134,13 @@ TEST(PipelineSplit, BalancingByMemoryWeighsWhatEachStageHolds) {
   EXPECT_EQ(onef, (PipelineSplit{0, 2, 6}));
   // GPipe holds all 8 everywhere: an even split.
   EXPECT_EQ(balance_memory(blocks, 2, PipelineSchedule::GPipe, 8, 4), (PipelineSplit{0, 3, 6}));
-  // With recompute a stage holds one micro-batch's activations plus the inputs in flight: even again.
-  EXPECT_EQ(balance_memory(blocks, 2, PipelineSchedule::OneFOneB, 8, 4, true), (PipelineSplit{0, 3, 6}));
+  // With recompute a stage holds its input for every micro-batch in flight, and in backward one micro-batch's
+  // block inputs and one block's activations. GPipe at 8 micro-batches: stage 1 holds 8 inputs, so it takes
+  // one block (counting no inputs would give 0,3,6); at 2 it takes two.
+  std::vector<BlockCost> outputs = blocks;
+  for (BlockCost& b : outputs) b.output_bytes = 10;
+  EXPECT_EQ(balance_memory(outputs, 2, PipelineSchedule::GPipe, 8, 4, true), (PipelineSplit{0, 5, 6}));
+  EXPECT_EQ(balance_memory(outputs, 2, PipelineSchedule::GPipe, 2, 4, true), (PipelineSplit{0, 4, 6}));
   // A block whose backward needs much more than it keeps (its gradients' scratch) counts that once.
   std::vector<BlockCost> scratch = blocks;
   scratch[5].backward_bytes = 250;
