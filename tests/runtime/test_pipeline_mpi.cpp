@@ -18,6 +18,7 @@
 #include "layers/conv2d.h"
 #include "layers/linear.h"
 #include "layers/pooling.h"
+#include "mpi_datasets.h"
 #include "runtime/data_source.h"
 #include "runtime/trainer.h"
 #include "test_util.h"
@@ -39,37 +40,8 @@ bool same_bits(const Tensor& a, const Tensor& b) {
   return a.nbytes() == b.nbytes() && std::memcmp(a.data_ptr(), b.data_ptr(), static_cast<size_t>(a.nbytes())) == 0;
 }
 
-fs::path shared_dir(const std::string& what) {
-  const int64_t pid = comm::broadcast(world().comm(), int64_t{::getpid()}, 0);
-  return fs::path(::testing::TempDir()) / ("rt_pipeline_" + what + "_" + std::to_string(pid));
-}
-
 fs::path make_dataset(const std::string& what, int64_t train_count, int64_t test_count) {
-  const fs::path dir = shared_dir(what);
-  if (world().is_root()) {
-    fs::remove_all(dir);
-    for (const auto& [split, count] :
-         {std::pair{std::string("train"), train_count}, std::pair{std::string("test"), test_count}}) {
-      data::WriterOptions o;
-      o.dir = dir;
-      o.split = split;
-      o.num_shards = 2;
-      o.total_records = count;
-      o.height = o.width = 6;
-      o.channels = 3;
-      o.num_classes = 3;
-      data::ShardWriter w(o);
-      std::vector<uint8_t> image(6 * 6 * 3);
-      for (int64_t r = 0; r < count; ++r) {
-        for (size_t i = 0; i < image.size(); ++i)
-          image[i] = static_cast<uint8_t>((r * 37 + i * 11 + (i % 3) * r) % 256);
-        w.add(image.data(), static_cast<int32_t>((r * 7) % 3));
-      }
-      w.finish();
-    }
-  }
-  comm::barrier(world().comm());
-  return dir;
+  return ringtrain::testing::make_dataset("rt_pipeline", what, train_count, test_count);
 }
 
 // Eight blocks (conv, bn, relu, conv, relu, dropout, pool, linear): enough for 4 stages.

@@ -23,6 +23,7 @@
 #include "layers/linear.h"
 #include "layers/loss.h"
 #include "layers/pooling.h"
+#include "mpi_datasets.h"
 #include "runtime/check_in.h"
 #include "runtime/checkpoint_dir.h"
 #include "runtime/data_source.h"
@@ -37,39 +38,8 @@ namespace fs = std::filesystem;
 
 comm::World& world() { return comm::World::init(); }
 
-// A folder every rank sees, named by rank 0 (all ranks run on this machine under CTest).
-fs::path shared_dir(const std::string& what) {
-  const int64_t pid = comm::broadcast(world().comm(), int64_t{::getpid()}, 0);
-  return fs::path(::testing::TempDir()) / ("rt_runtime_" + what + "_" + std::to_string(pid));
-}
-
-// Rank 0 writes `count` random records of 6x6x3 with 3 classes per split; everyone waits for it.
 fs::path make_dataset(const std::string& what, int64_t train_count, int64_t test_count) {
-  const fs::path dir = shared_dir(what);
-  if (world().is_root()) {
-    fs::remove_all(dir);
-    for (const auto& [split, count] :
-         {std::pair{std::string("train"), train_count}, std::pair{std::string("test"), test_count}}) {
-      data::WriterOptions o;
-      o.dir = dir;
-      o.split = split;
-      o.num_shards = 2;
-      o.total_records = count;
-      o.height = o.width = 6;
-      o.channels = 3;
-      o.num_classes = 3;
-      data::ShardWriter w(o);
-      std::vector<uint8_t> image(6 * 6 * 3);
-      for (int64_t r = 0; r < count; ++r) {
-        for (size_t i = 0; i < image.size(); ++i)
-          image[i] = static_cast<uint8_t>((r * 37 + i * 11 + (i % 3) * r) % 256);
-        w.add(image.data(), static_cast<int32_t>((r * 7) % 3));
-      }
-      w.finish();
-    }
-  }
-  comm::barrier(world().comm());
-  return dir;
+  return ringtrain::testing::make_dataset("rt_runtime", what, train_count, test_count);
 }
 
 // Logits = per-channel means of the image: classes == channels, each image scored on its own (no GEMM,
