@@ -94,6 +94,8 @@ void FunctionNode::release() {
 bool grad_enabled() { return t_grad_enabled; }
 NoGradGuard::NoGradGuard() : previous_(t_grad_enabled) { t_grad_enabled = false; }
 NoGradGuard::~NoGradGuard() { t_grad_enabled = previous_; }
+EnableGradGuard::EnableGradGuard() : previous_(t_grad_enabled) { t_grad_enabled = true; }
+EnableGradGuard::~EnableGradGuard() { t_grad_enabled = previous_; }
 
 bool needs_grad(std::initializer_list<const Tensor*> inputs) {
   if (!t_grad_enabled) return false;
@@ -103,6 +105,10 @@ bool needs_grad(std::initializer_list<const Tensor*> inputs) {
 }
 
 Tensor record(const char* op, std::initializer_list<const Tensor*> inputs, Tensor output, BackwardFn fn) {
+  return record(op, std::vector<const Tensor*>(inputs), std::move(output), std::move(fn));
+}
+
+Tensor record(const char* op, const std::vector<const Tensor*>& inputs, Tensor output, BackwardFn fn) {
   auto node = std::make_shared<FunctionNode>();
   node->op = op;
   node->backward = std::move(fn);

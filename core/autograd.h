@@ -61,11 +61,25 @@ class NoGradGuard {
   bool previous_;
 };
 
+// Gradient mode on for a scope, also inside backward (which runs under no_grad): a node's backward that
+// runs a forward again to differentiate it (layers/checkpoint.h).
+class EnableGradGuard {
+ public:
+  EnableGradGuard();
+  ~EnableGradGuard();
+  EnableGradGuard(const EnableGradGuard&) = delete;
+  EnableGradGuard& operator=(const EnableGradGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
 // True when ops on these inputs must be recorded (grad mode on and some input requires grad).
 bool needs_grad(std::initializer_list<const Tensor*> inputs);
 
 // Records `fn` as the producer of `output` with the given inputs; returns output (now requiring grad).
 Tensor record(const char* op, std::initializer_list<const Tensor*> inputs, Tensor output, BackwardFn fn);
+Tensor record(const char* op, const std::vector<const Tensor*>& inputs, Tensor output, BackwardFn fn);
 
 // The engine entry point (Tensor::backward forwards here).
 void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph);

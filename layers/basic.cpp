@@ -23,7 +23,7 @@ Sequential& Sequential::add(std::shared_ptr<Module> module) {
 
 Tensor Sequential::forward(const Tensor& x) {
   Tensor y = x;
-  for (auto& m : modules_) y = m->forward(y);
+  for (auto& m : modules_) y = (*m)(y);
   return y;
 }
 
@@ -31,7 +31,7 @@ std::vector<Block> Sequential::blocks() {
   std::vector<Block> out;
   for (size_t i = 0; i < modules_.size(); ++i) {
     std::shared_ptr<Module> m = modules_[i];
-    out.push_back({std::to_string(i), {m}, [m](const Tensor& x) { return m->forward(x); }});
+    out.push_back({std::to_string(i), {m}, [m](const Tensor& x) { return (*m)(x); }, {}});
   }
   return out;
 }

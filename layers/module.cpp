@@ -6,6 +6,7 @@
 
 #include "core/autograd.h"
 #include "core/check.h"
+#include "layers/checkpoint.h"
 
 namespace ringtrain {
 namespace {
@@ -135,6 +136,8 @@ void Module::load_state_dict(const StateDict& state, StrictLoad strict) {
     if (it != given.end()) Tensor(target).copy_(*it->second);
   }
 }
+
+Tensor Module::operator()(const Tensor& x) { return recompute_ && grad_enabled() ? checkpoint(*this, x) : forward(x); }
 
 void Module::train(bool on) {
   training_ = on;

@@ -28,6 +28,9 @@ struct Block {
   std::string name;  // "stem", "layer1.0", "head", or a Sequential's child index
   std::vector<std::shared_ptr<Module>> modules;
   std::function<Tensor(const Tensor&)> forward;
+  // A block of several modules that can recompute (layers/checkpoint.h): switches it on or off. Empty for
+  // a block that is one module (its set_recompute is the switch) or cannot.
+  std::function<void(bool)> set_recompute;
 };
 
 enum class StrictLoad : uint8_t { Strict, AllowMissingAndUnexpected };
@@ -40,7 +43,9 @@ class Module {
   Module& operator=(const Module&) = delete;
 
   virtual Tensor forward(const Tensor& x) = 0;
-  Tensor operator()(const Tensor& x) { return forward(x); }
+  // forward(x), or with set_recompute(true) and gradients on, checkpoint(*this, x) (layers/checkpoint.h):
+  // what containers (Sequential, so a ResNet's residual blocks) call on their children.
+  Tensor operator()(const Tensor& x);
   // "Linear", "Conv2d", ... (printing and errors)
   virtual std::string type_name() const = 0;
 
@@ -62,6 +67,11 @@ class Module {
   // Moves every parameter and buffer to `device` in place (the Tensor handles stay the same).
   void to(Device device);
   void zero_grad(bool set_to_none = true);
+  // Activation recompute for this module (--recompute): its forward keeps only its input, and its
+  // backward runs the forward again to differentiate it. The same gradients, bit for bit, for one more
+  // forward. Takes effect where the module is called through operator() (containers do).
+  void set_recompute(bool on = true) { recompute_ = on; }
+  bool recomputes() const { return recompute_; }
   // One line per module with its parameter count, indented by depth.
   std::string summary() const;
 
@@ -105,6 +115,7 @@ class Module {
   std::vector<std::pair<std::string, Tensor>> parameters_, buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   bool training_ = true;
+  bool recompute_ = false;
   mutable std::weak_ptr<const UseHook> use_hook_;  // instrumentation, not state: settable on a const model
 };
 

@@ -4,6 +4,7 @@
 #include "core/autograd.h"
 #include "core/check.h"
 #include "core/ops.h"
+#include "layers/checkpoint.h"
 
 namespace ringtrain {
 namespace {
@@ -152,26 +153,34 @@ ResNet::ResNet(const std::string& arch, ResNetOptions o) : arch_(arch) {
   for (auto& init : inits) init(o.zero_init_residual);
 }
 
+Tensor ResNet::stem(const Tensor& x) {
+  auto plain = [conv1 = conv1_.get(), bn1 = bn1_.get(), maxpool = maxpool_.get()](const Tensor& in) {
+    Tensor y = bn1->forward_relu(conv1->forward(in));
+    return maxpool ? maxpool->forward(y) : y;
+  };
+  if (!recompute_stem_ || !grad_enabled()) return plain(x);
+  std::vector<const Module*> modules{conv1_.get(), bn1_.get()};
+  if (maxpool_) modules.push_back(maxpool_.get());
+  return checkpoint(plain, x, modules);
+}
+
 Tensor ResNet::forward(const Tensor& x) {
-  Tensor y = bn1_->forward_relu(conv1_->forward(x));
-  if (maxpool_) y = maxpool_->forward(y);
+  Tensor y = stem(x);
   for (auto& stage : stages_) y = stage->forward(y);
-  return fc_->forward(global_avg_pool(y));
+  return (*fc_)(global_avg_pool(y));
 }
 
 std::vector<Block> ResNet::blocks() {
   std::vector<Block> out;
-  Block stem{"stem", {conv1_, bn1_}, {}};
+  Block stem{"stem", {conv1_, bn1_}, {}, {}};
   if (maxpool_) stem.modules.push_back(maxpool_);
-  stem.forward = [conv1 = conv1_, bn1 = bn1_, maxpool = maxpool_](const Tensor& x) {
-    Tensor y = bn1->forward_relu(conv1->forward(x));
-    return maxpool ? maxpool->forward(y) : y;
-  };
+  stem.forward = [this](const Tensor& x) { return this->stem(x); };
+  stem.set_recompute = [this](bool on) { recompute_stem_ = on; };
   out.push_back(std::move(stem));
   for (size_t s = 0; s < stages_.size(); ++s)
     for (const Block& b : stages_[s]->blocks())
-      out.push_back({detail::str_cat("layer", s + 1, ".", b.name), b.modules, b.forward});
-  out.push_back({"head", {fc_}, [fc = fc_](const Tensor& x) { return fc->forward(global_avg_pool(x)); }});
+      out.push_back({detail::str_cat("layer", s + 1, ".", b.name), b.modules, b.forward, b.set_recompute});
+  out.push_back({"head", {fc_}, [fc = fc_](const Tensor& x) { return (*fc)(global_avg_pool(x)); }, {}});
   return out;
 }
 

@@ -73,6 +73,8 @@ class ResNet : public Module {
   std::shared_ptr<MaxPool2d> maxpool_;
   std::vector<std::shared_ptr<Sequential>> stages_;
   std::shared_ptr<Linear> fc_;
+  bool recompute_stem_ = false;  // --recompute: the stem's block checkpointed too
+  Tensor stem(const Tensor& x);
 };
 
 // Names accepted by ResNet, in order.

@@ -306,8 +306,9 @@ class HidesAParameter : public NoBlocks {
              {},
              [](const Tensor& x) {
                return x.reshape(Shape{x.shape()[0], 6 * 6 * 3});
-             }},
-            {"fc", {fc}, [fc](const Tensor& x) { return fc->forward(x); }}};
+             },
+             {}},
+            {"fc", {fc}, [fc](const Tensor& x) { return fc->forward(x); }, {}}};
   }
   std::string type_name() const override { return "HidesAParameter"; }
 

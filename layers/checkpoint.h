@@ -1,0 +1,34 @@
+// layers/checkpoint.h: activation recompute (checkpointing). checkpoint(m, x) runs m's forward keeping
+// nothing but x; the backward runs the forward again from x — with gradients on, the same generator
+// position (dropout draws the same masks) and the same autocast — and backpropagates through it at once.
+// So a checkpointed block holds its input between forward and backward instead of every activation it
+// made, for one more forward. The arithmetic is the plain run's: the gradients are the same bits. The
+// batch-norm running statistics the second forward would update again are put back, so they move once.
+//
+//   block->set_recompute(true);   // then Sequential (and any caller of (*block)(x)) checkpoints it
+//   y = checkpoint(*block, x);    // or directly
+//
+// Outside gradient mode (evaluation, no_grad) it is forward(x). The module must outlive the backward.
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include "core/tensor.h"
+#include "layers/module.h"
+
+namespace ringtrain {
+
+Tensor checkpoint(Module& module, const Tensor& x);
+// The same for a block that is a function of several modules (a ResNet's stem): their parameters get the
+// gradients, their buffers are put back after the recompute.
+using BlockFn = std::function<Tensor(const Tensor&)>;
+Tensor checkpoint(BlockFn fn, const Tensor& x, const std::vector<const Module*>& modules);
+
+// --recompute: every block of model.blocks() recomputed: set_recompute(true) on a block that is one module
+// (a ResNet's residual blocks and head, a Sequential's children), the block's own set_recompute for one
+// of several (a ResNet's stem). Returns how many; a block of several modules without a set_recompute is
+// left as it is; a model that is no sequence of blocks is an error naming it (mark its blocks yourself).
+int recompute_blocks(Module& model);
+
+}  // namespace ringtrain

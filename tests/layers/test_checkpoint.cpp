@@ -1,0 +1,173 @@
+// Tests for layers/checkpoint.h: a checkpointed block trains the plain block's bits (gradients, outputs,
+// batch-norm running statistics, dropout masks, the generator's position afterwards), with accumulation
+// and with an input that needs no gradient; it holds less between forward and backward; outside gradient
+// mode it is the forward; --recompute's marking names a model that is no sequence of blocks.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "core/allocator.h"
+#include "core/autograd.h"
+#include "core/ops.h"
+#include "layers/basic.h"
+#include "layers/batchnorm.h"
+#include "layers/checkpoint.h"
+#include "layers/conv2d.h"
+#include "layers/linear.h"
+#include "layers/loss.h"
+#include "layers/models/resnet.h"
+#include "test_util.h"
+
+namespace ringtrain {
+namespace {
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.defined() && b.defined() && a.nbytes() == b.nbytes() &&
+         std::memcmp(a.data_ptr(), b.data_ptr(), static_cast<size_t>(a.nbytes())) == 0;
+}
+
+// conv, batch norm, ReLU, dropout: every kind of state a recompute must get right.
+class ConvBlock : public Module {
+ public:
+  ConvBlock(int64_t in, int64_t out) {
+    Conv2dOptions o;
+    o.padding = 1;
+    conv = register_module("conv", std::make_shared<Conv2d>(in, out, o));
+    bn = register_module("bn", std::make_shared<BatchNorm2d>(out));
+    drop = register_module("drop", std::make_shared<Dropout>(0.3));
+  }
+  Tensor forward(const Tensor& x) override { return drop->forward(relu(bn->forward(conv->forward(x)))); }
+  std::string type_name() const override { return "ConvBlock"; }
+  std::shared_ptr<Conv2d> conv;
+  std::shared_ptr<BatchNorm2d> bn;
+  std::shared_ptr<Dropout> drop;
+};
+
+std::shared_ptr<Sequential> make_net() {
+  auto net = std::make_shared<Sequential>();
+  net->add(std::make_shared<ConvBlock>(3, 4));
+  net->add(std::make_shared<ConvBlock>(4, 4));
+  net->add(std::make_shared<Flatten>());
+  net->add(std::make_shared<Linear>(4 * 6 * 6, 3));
+  return net;
+}
+
+struct Trained {
+  std::vector<Tensor> outputs, grads;
+  StateDict state;
+  uint64_t stream_after = 0;
+};
+
+// Two micro-batches accumulated (forward, backward each), from the same generator position.
+Trained run(Module& net, const Tensor& labels) {
+  Trained t;
+  set_rng_stream(1000);
+  CrossEntropyLoss loss_fn(0.0);
+  for (int micro = 0; micro < 2; ++micro) {
+    const Tensor x = Tensor::normal(Shape{4, 6, 6, 3}, 0, 1, 7, DType::F32, Device::cpu(), micro);
+    Tensor y = net(x);
+    t.outputs.push_back(y.detach().clone());
+    loss_fn(y, labels).backward();
+  }
+  for (const Tensor& p : net.parameters()) t.grads.push_back(p.grad());
+  t.state = net.state_dict();
+  t.stream_after = rng_stream();
+  return t;
+}
+
+void expect_same(const Trained& a, const Trained& b) {
+  ASSERT_EQ(a.outputs.size(), b.outputs.size());
+  for (size_t i = 0; i < a.outputs.size(); ++i) EXPECT_TRUE(same_bits(a.outputs[i], b.outputs[i])) << "output " << i;
+  ASSERT_EQ(a.grads.size(), b.grads.size());
+  for (size_t i = 0; i < a.grads.size(); ++i) EXPECT_TRUE(same_bits(a.grads[i], b.grads[i])) << "gradient " << i;
+  ASSERT_EQ(a.state.size(), b.state.size());
+  for (size_t i = 0; i < a.state.size(); ++i)
+    EXPECT_TRUE(same_bits(a.state[i].second, b.state[i].second)) << a.state[i].first;
+  EXPECT_EQ(a.stream_after, b.stream_after);
+}
+
+TEST(Checkpoint, ABlockRecomputedTrainsThePlainBlocksBits) {
+  manual_seed(3);
+  auto plain = make_net();
+  auto again = make_net();
+  again->load_state_dict(plain->state_dict());
+  EXPECT_EQ(recompute_blocks(*again), 4);
+  for (const Block& b : again->blocks()) EXPECT_TRUE(b.modules.front()->recomputes());
+  const Tensor labels = Tensor::from_vector({0, 2, 1, 2}, Shape{4}, DType::I64);
+  const Trained a = run(*plain, labels), b = run(*again, labels);
+  expect_same(a, b);
+  // The dropout drew (a mask per micro-batch and block), so the equal positions are not trivially equal.
+  EXPECT_GT(a.stream_after, 1000u);
+}
+
+TEST(Checkpoint, AResNetRecomputesItsResidualBlocksToTheSameBits) {
+  ResNetOptions o;
+  o.num_classes = 3;
+  manual_seed(5);
+  ResNet plain("resnet20", o);
+  ResNet again("resnet20", o);
+  again.load_state_dict(plain.state_dict());
+  // The stem (three modules, its own switch), 9 residual blocks and the head.
+  EXPECT_EQ(recompute_blocks(again), 11);
+  const Tensor labels = Tensor::from_vector({0, 2, 1, 2}, Shape{4}, DType::I64);
+  expect_same(run(plain, labels), run(again, labels));
+}
+
+// What is held between forward and backward: a block's input instead of its activations.
+TEST(Checkpoint, HoldsLessBetweenForwardAndBackward) {
+  ResNetOptions o;
+  o.num_classes = 3;
+  manual_seed(5);
+  ResNet plain("resnet20", o);
+  ResNet again("resnet20", o);
+  again.load_state_dict(plain.state_dict());
+  recompute_blocks(again);
+  const Tensor x = Tensor::normal(Shape{8, 16, 16, 3}, 0, 1, 9);
+  auto held = [&](Module& net) {
+    const int64_t before = memory_stats(Device::cpu()).allocated_bytes;
+    Tensor y = net(x);
+    const int64_t kept = memory_stats(Device::cpu()).allocated_bytes - before;
+    sum(y).backward();
+    return kept;
+  };
+  const int64_t p = held(plain), r = held(again);
+  EXPECT_LT(r * 3, p) << "plain " << p << " bytes, recomputed " << r;
+}
+
+TEST(Checkpoint, OutsideGradientModeItIsTheForwardAndTheInputIsLeftAlone) {
+  manual_seed(3);
+  auto net = make_net();
+  net->eval();
+  const Tensor x = Tensor::normal(Shape{2, 6, 6, 3}, 0, 1, 11);
+  Tensor plain;
+  {
+    NoGradGuard no_grad;
+    plain = net->forward(x);
+    const Tensor y = checkpoint(*net, x);
+    EXPECT_FALSE(y.requires_grad());
+    EXPECT_TRUE(same_bits(plain, y));
+  }
+  // A block that returns its input: the checkpoint's node goes on a new handle, never on x itself.
+  Sequential identity;
+  Tensor leaf = Tensor::normal(Shape{3}, 0, 1, 12);
+  leaf.set_requires_grad(true);
+  const Tensor y = checkpoint(identity, leaf);
+  EXPECT_EQ(leaf.grad_fn(), nullptr);
+  y.backward(Tensor::ones(Shape{3}));
+  EXPECT_TRUE(same_bits(leaf.grad(), Tensor::ones(Shape{3})));
+}
+
+class NoBlocks : public Module {
+ public:
+  Tensor forward(const Tensor& x) override { return x; }
+  std::string type_name() const override { return "NoBlocks"; }
+};
+
+TEST(Checkpoint, RecomputeNamesAModelThatIsNoSequenceOfBlocks) {
+  NoBlocks m;
+  const std::string e = testing::error_of([&] { recompute_blocks(m); });
+  EXPECT_NE(e.find("--recompute: the model (NoBlocks) is no sequence of blocks"), std::string::npos) << e;
+}
+
+}  // namespace
+}  // namespace ringtrain
