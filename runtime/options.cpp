@@ -103,7 +103,9 @@ json TrainerOptions::to_json() const {
          {"compression", compression_name(compression)},
          {"sync_bn", sync_bn},
          {"clip_grad_norm", clip_grad_norm}};
-  // How the model is spread over the ranks, not what it computes: recorded, and changeable on resume.
+  // How the model is spread over the ranks and what it keeps, not what it computes: recorded, and
+  // changeable on resume.
+  if (recompute) j["recompute"] = true;
   if (pipeline_stages > 1)
     j["pipeline"] = {{"stages", pipeline_stages},
                      {"split", pipeline_split},
@@ -161,6 +163,9 @@ void validate_options(const TrainerOptions& o) {
   RT_CHECK(o.pipeline_split.empty() || o.pipeline_stages > 1, "--pipeline-split ", o.pipeline_split,
            " needs --pipeline-stages 2 or more");
   RT_CHECK(!o.pipeline_recompute || o.pipeline_stages > 1, "--pipeline-recompute needs --pipeline-stages 2 or more");
+  RT_CHECK(!o.recompute || !o.pipeline_recompute,
+           "--recompute and --pipeline-recompute: choose one (--pipeline-recompute keeps only each stage's input, "
+           "--recompute each block's)");
   RT_CHECK(o.checkpoint_every_min == 0 || !o.checkpoint_dir.empty(), "--checkpoint-every-min ", o.checkpoint_every_min,
            " needs --checkpoint-dir (where to write them)");
 }

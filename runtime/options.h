@@ -56,9 +56,10 @@ struct TrainerOptions {
   // ---- device and precision
   DeviceChoice device = DeviceChoice::Auto;  // Auto: cuda when a GPU is usable
   Precision precision = Precision::FP32;     // BF16/FP16 autocast convolutions and GEMMs; FP16 adds loss scaling
-  int threads = 0;                           // CPU threads per rank (0: cores / local ranks)
-  int loader_threads = 0;                    // 0: automatic
-  int loader_nice = 10;  // loader threads run this much lower in priority (0..19; data::LoaderOptions::nice)
+  bool recompute = false;  // activation recompute: every block's forward runs again in backward (layers/checkpoint.h)
+  int threads = 0;         // CPU threads per rank (0: cores / local ranks)
+  int loader_threads = 0;  // 0: automatic
+  int loader_nice = 10;    // loader threads run this much lower in priority (0..19; data::LoaderOptions::nice)
   bool allow_shared_gpu = false;
   // ---- data parallelism
   std::optional<comm::Backend> backend;  // nullopt: nccl on a GPU, ring on the CPU

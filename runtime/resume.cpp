@@ -49,6 +49,7 @@ constexpr const char* kRuntimeOnly[] = {"data",
                                         "pipeline_schedule",
                                         "pipeline_balance",
                                         "pipeline_recompute",
+                                        "recompute",
                                         "strict"};
 // What must be the same for a resume to continue the training at all.
 constexpr const char* kIdentity[] = {"arch", "model", "optimizer", "dataset"};

@@ -18,6 +18,7 @@
 #include "core/check.h"
 #include "core/ops.h"
 #include "io/files.h"
+#include "layers/checkpoint.h"
 #include "runtime/check_in.h"
 #include "runtime/checkpoint_dir.h"
 #include "runtime/evaluate.h"
@@ -261,6 +262,12 @@ Cursor Run::start() {
     c.model = {};  // the weights are in the model now
     if (resumed->loaded.state.rng_stream > 0) set_rng_stream(resumed->loaded.state.rng_stream);
     from = {.optimizer_state = &c.optimizer, .loss_scale = resumed->loaded.state.loss_scale, .from = resumed->path};
+  }
+  if (o_.recompute) {
+    const int marked = recompute_blocks(model_);
+    if (world_.is_root())
+      std::printf("recompute: %d of the model's blocks keep only their input; their forwards run again in backward\n",
+                  marked);
   }
   ReplicaScope scope;
   if (o_.pipeline_stages > 1) {

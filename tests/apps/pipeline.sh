@@ -46,6 +46,10 @@ for case in "${cases[@]}"; do
         { cat twotwo.log; fail "2 stages x 2 replicas"; }
       # Two ranks' ring sums in one order only (a + b = b + a), so this holds bitwise too.
       same two/$final twotwo/$final "2 stages x 2 replicas against 2 replicas"
+      # Recompute's block-by-block backward with the stage's gradient all-reduce running during it.
+      mpi 4 "${resnet[@]}" --pipeline-stages 2 --pipeline-recompute --checkpoint-dir twotwor > twotwor.log 2>&1 ||
+        { cat twotwor.log; fail "2 stages x 2 replicas recomputed"; }
+      same two/$final twotwor/$final "2 stages x 2 replicas with --pipeline-recompute against 2 replicas"
       custom=("$build/custom_model" --data data -b 8 --accum-steps 2 --steps 5 --threads 1 --log-every 5)
       mpi 1 "${custom[@]}" --checkpoint-dir c1 > c1.log 2>&1 || { cat c1.log; fail "custom model, 1 process"; }
       mpi 2 "${custom[@]}" --pipeline-stages 2 --checkpoint-dir c2 > c2.log 2>&1 || { cat c2.log; fail "custom, 2 stages"; }
