@@ -40,30 +40,30 @@ Tensor checkpoint(BlockFn fn, const Tensor& x, const std::vector<const Module*>&
   // (an identity block would hand back x itself).
   y = y.detach();
   const bool x_grad = x.requires_grad();
-  return record("checkpoint", inputs, y,
-                [fn = std::move(fn), buffers, saved = x.detach(), x_grad, stream, cast,
-                 n = params.size()](const Tensor& grad) {
-                  std::vector<Tensor> kept;
-                  for (const Tensor& b : buffers) kept.push_back(b.clone());
-                  const uint64_t now = rng_stream();
-                  Tensor in = saved.detach();
-                  if (x_grad) in.set_requires_grad(true);
-                  Tensor out;
-                  {
-                    EnableGradGuard grad_on;
-                    AutocastGuard autocast(cast);
-                    set_rng_stream(stream);
-                    out = fn(in);
-                  }
-                  set_rng_stream(now);
-                  for (size_t k = 0; k < buffers.size(); ++k) Tensor(buffers[k]).copy_(kept[k]);
-                  // The parameters' gradients accumulate (and their ready hooks fire: the all-reduce) in
-                  // this inner backward; the node hands back x's only.
-                  if (out.requires_grad()) out.backward(grad);
-                  std::vector<Tensor> grads(1 + n);
-                  if (x_grad) grads[0] = in.grad();
-                  return grads;
-                });
+  return record(
+      "checkpoint", inputs, y,
+      [fn = std::move(fn), buffers, saved = x.detach(), x_grad, stream, cast, n = params.size()](const Tensor& grad) {
+        std::vector<Tensor> kept;
+        for (const Tensor& b : buffers) kept.push_back(b.clone());
+        const uint64_t now = rng_stream();
+        Tensor in = saved.detach();
+        if (x_grad) in.set_requires_grad(true);
+        Tensor out;
+        {
+          EnableGradGuard grad_on;
+          AutocastGuard autocast(cast);
+          set_rng_stream(stream);
+          out = fn(in);
+        }
+        set_rng_stream(now);
+        for (size_t k = 0; k < buffers.size(); ++k) Tensor(buffers[k]).copy_(kept[k]);
+        // The parameters' gradients accumulate (and their ready hooks fire: the all-reduce) in
+        // this inner backward; the node hands back x's only.
+        if (out.requires_grad()) out.backward(grad);
+        std::vector<Tensor> grads(1 + n);
+        if (x_grad) grads[0] = in.grad();
+        return grads;
+      });
 }
 
 int recompute_blocks(Module& model) {
