@@ -186,6 +186,9 @@ void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph)
     // A branch no gradient flowed into (all its producers returned none) just passes nothing on.
     std::vector<Tensor> input_grads;
     if (grad_output.defined()) input_grads = node->apply(grad_output);
+    // Its saved tensors go now, not at the end of the pass: a node runs once a pass, and what the rest of
+    // the backward holds is then only what it still needs (a checkpointed block's input, for example).
+    if (!retain_graph) node->release();
     executed.push_back(node);
     for (size_t i = 0; i < node->next.size(); ++i) {
       Node* next = node->next[i].get();

@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "core/allocator.h"
 #include "core/autograd.h"
 #include "core/check.h"
 #include "core/ops.h"
@@ -119,6 +120,21 @@ TEST(Autograd, BackwardThroughFreedGraphIsAnError) {
   z.backward(Tensor(), /*retain_graph=*/true);
   z.backward();
   EXPECT_NEAR(x.grad().to_vector()[0], 2 * std::exp(1.0), 1e-12);
+}
+
+// A node's saved tensors go as soon as it has run: when the leaf's gradient is ready, the chain's saved
+// outputs are gone (only the root, still held here, and the gradients in flight remain).
+TEST(Autograd, SavedTensorsGoAsTheBackwardPassesThem) {
+  constexpr int64_t n = 1 << 18;  // 1 MiB of f32 per tensor
+  Tensor x = Tensor::ones(Shape{n}).set_requires_grad();
+  Tensor y = x;
+  for (int i = 0; i < 16; ++i) y = exp(y * 0.01);  // each exp keeps its output: 16 MiB held after forward
+  const int64_t before = memory_stats(Device::cpu()).allocated_bytes;
+  int64_t at_leaf = -1;
+  x.register_ready_hook([&](Tensor&) { at_leaf = memory_stats(Device::cpu()).allocated_bytes; });
+  y.backward(Tensor::ones(Shape{n}));
+  ASSERT_GE(at_leaf, 0);
+  EXPECT_LT(at_leaf, before - 10 * n * 4) << "held " << before << " bytes after forward, " << at_leaf << " at the leaf";
 }
 
 TEST(Autograd, OpShapeAndDtypeMismatchesNameTheOp) {
