@@ -15,12 +15,7 @@ EvalResult evaluate(Module& model, data::Loader& test_loader, int64_t test_size,
   RT_CHECK(options.batch > 0, "evaluate: batch must be positive, got ", options.batch);
   // Scoring nothing would report 0% as if it were a result.
   RT_CHECK(test_size > 0, "evaluate: the test split is empty (skip the evaluation instead)");
-  model.eval();
-  struct TrainAgain {  // also when a forward throws
-    Module& m;
-    ~TrainAgain() { m.train(); }
-  } train_again{model};
-  NoGradGuard no_grad;
+  EvalScope scope(model);
   test_loader.start(data::eval_batches(test_size, world.rank(), world.size(), options.batch), options.epoch);
   EvalSums sums;
   CrossEntropyLoss loss_fn(options.label_smoothing);

@@ -8,6 +8,7 @@
 #include <functional>
 
 #include "comm/world.h"
+#include "core/autograd.h"
 #include "core/tensor.h"
 #include "data/loader.h"
 #include "layers/loss.h"
@@ -34,6 +35,20 @@ struct EvalSums {
   // logits (N, C) against labels (N).
   void score(const Tensor& logits, const Tensor& labels, const CrossEntropyLoss& loss_fn);
   EvalResult total(MPI_Comm comm) const;
+};
+
+// An evaluation pass's scope: the model in eval mode and no gradients, back in train mode when it ends
+// (also when a forward throws).
+class EvalScope {
+ public:
+  explicit EvalScope(Module& model) : model_(model) { model_.eval(); }
+  ~EvalScope() { model_.train(); }
+  EvalScope(const EvalScope&) = delete;
+  EvalScope& operator=(const EvalScope&) = delete;
+
+ private:
+  Module& model_;
+  NoGradGuard no_grad_;
 };
 
 // Collective. Puts the model in eval mode for the pass and back in train mode after; no gradients.

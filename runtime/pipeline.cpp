@@ -523,12 +523,7 @@ EvalResult Pipeline::evaluate(data::Loader* loader, int64_t test_size, int64_t b
   const int s = layout_.stage;
   const auto batches = data::eval_batches(test_size, layout_.replica, layout_.replicas, batch);
   if (reads_data()) loader->start(batches, 0);
-  model_.eval();
-  struct TrainAgain {  // also when a forward throws
-    Module& m;
-    ~TrainAgain() { m.train(); }
-  } train_again{model_};
-  NoGradGuard no_grad;
+  EvalScope scope(model_);
   EvalSums sums;
   CrossEntropyLoss loss_fn(label_smoothing);
   // Evaluation runs without autocast, as it does without stages: every boundary is f32.

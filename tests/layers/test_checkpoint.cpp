@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <memory>
 
 #include "core/allocator.h"
 #include "core/autograd.h"
@@ -100,28 +101,31 @@ TEST(Checkpoint, ABlockRecomputedTrainsThePlainBlocksBits) {
   EXPECT_GT(a.stream_after, 1000u);
 }
 
+// Two ResNet-20s with the same weights, the second to be recomputed.
+struct ResNetPair {
+  ResNetPair() {
+    ResNetOptions o;
+    o.num_classes = 3;
+    manual_seed(5);
+    plain = std::make_unique<ResNet>("resnet20", o);
+    again = std::make_unique<ResNet>("resnet20", o);
+    again->load_state_dict(plain->state_dict());
+  }
+  std::unique_ptr<ResNet> plain, again;
+};
+
 TEST(Checkpoint, AResNetRecomputesItsResidualBlocksToTheSameBits) {
-  ResNetOptions o;
-  o.num_classes = 3;
-  manual_seed(5);
-  ResNet plain("resnet20", o);
-  ResNet again("resnet20", o);
-  again.load_state_dict(plain.state_dict());
+  ResNetPair nets;
   // The stem (three modules, its own switch), 9 residual blocks and the head.
-  EXPECT_EQ(recompute_blocks(again), 11);
+  EXPECT_EQ(recompute_blocks(*nets.again), 11);
   const Tensor labels = Tensor::from_vector({0, 2, 1, 2}, Shape{4}, DType::I64);
-  expect_same(run(plain, labels), run(again, labels));
+  expect_same(run(*nets.plain, labels), run(*nets.again, labels));
 }
 
 // What is held between forward and backward: a block's input instead of its activations.
 TEST(Checkpoint, HoldsLessBetweenForwardAndBackward) {
-  ResNetOptions o;
-  o.num_classes = 3;
-  manual_seed(5);
-  ResNet plain("resnet20", o);
-  ResNet again("resnet20", o);
-  again.load_state_dict(plain.state_dict());
-  recompute_blocks(again);
+  ResNetPair nets;
+  recompute_blocks(*nets.again);
   const Tensor x = Tensor::normal(Shape{8, 16, 16, 3}, 0, 1, 9);
   auto held = [&](Module& net) {
     const int64_t before = memory_stats(Device::cpu()).allocated_bytes;
@@ -130,7 +134,7 @@ TEST(Checkpoint, HoldsLessBetweenForwardAndBackward) {
     sum(y).backward();
     return kept;
   };
-  const int64_t p = held(plain), r = held(again);
+  const int64_t p = held(*nets.plain), r = held(*nets.again);
   EXPECT_LT(r * 3, p) << "plain " << p << " bytes, recomputed " << r;
 }
 
