@@ -1,14 +1,16 @@
 // apps/ringtrain_env: the preflight doctor, alone or under mpirun.
 //   mpirun -np 8 ./ringtrain_env [--data DIR] [--bytes 16M]
-// Prints per host the CPU model, cores, memory and GPUs; the library versions (CUDA runtime, driver,
-// cuDNN, cuBLAS, NCCL, MPI, HDF5, OpenBLAS, oneDNN); the rank -> host -> device map. Then runs checks,
-// each printed as PASS or FAIL with its reason:
+// Prints per host the CPU model, cores, memory and GPUs; each device's free memory and the budget a rank
+// of it would get (runtime/memory_budget.h: its share among the host's ranks); the library versions (CUDA runtime,
+// driver, cuDNN, cuBLAS, NCCL, MPI, HDF5, OpenBLAS, oneDNN); the rank -> host -> device map. Then runs checks, each
+// printed as PASS or FAIL with its reason:
 //   same build      every rank runs the same ringtrain build against the same library versions
 //   self-test       a small MLP learns on every device of every rank
 //   all-reduce      a checked, timed all-reduce per available backend, with its busbw
 //   data            with --data, every split of the manifest opens and validates (checksums, labels)
 // The exit code is non-zero when any check fails on any rank.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 
 #include "comm/host_collectives.h"
@@ -17,9 +19,34 @@
 #include "core/check.h"
 #include "core/device.h"
 #include "core/parallel.h"
+#include "runtime/memory_budget.h"
 #include "runtime/preflight.h"
 
 using namespace ringtrain;
+
+namespace {
+
+// Per device of this host: its free memory and the budget a training rank would check its predicted peak
+// against (the ranks sharing the device share it; this process's resident set is left out, a training
+// rank adds its own).
+std::string memory_report(const comm::World& world) {
+  std::string text;
+  const runtime::FreeMemory cpu = runtime::host_free_memory();
+  const int local = world.local_size();
+  text += detail::str_cat("memory on ", world.host(), ": cpu ", cpu.str(), "; budget per rank (", local,
+                          " local rank(s)): ", format_bytes(runtime::rank_budget(cpu.bytes, 0, local)), "\n");
+  const int gpus = cuda_device_count();
+  for (int i = 0; i < gpus; ++i) {
+    const Device d = Device::cuda(i);
+    const runtime::FreeMemory f = runtime::device_free_memory(d);
+    const int sharing = std::max(1, local / gpus + (i < local % gpus ? 1 : 0));  // ranks on cuda:i
+    text += detail::str_cat("memory on ", world.host(), ": ", d.str(), " ", f.str(), "; budget per rank (", sharing,
+                            " rank(s) on it): ", format_bytes(runtime::rank_budget(f.bytes, 0, sharing)), "\n");
+  }
+  return text;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"ringtrain's preflight doctor: machine, libraries, rank map and checks (alone or under mpirun)"};
@@ -40,6 +67,7 @@ int main(int argc, char** argv) {
     const auto hosts = comm::gather_strings(world.comm(), world.local_rank() == 0 ? runtime::host_report(world) : "");
     const std::string device =
         cuda.device_count > 0 ? Device::cuda(world.local_rank() % cuda.device_count).str() : "cpu";
+    const auto memory = comm::gather_strings(world.comm(), world.local_rank() == 0 ? memory_report(world) : "");
     const auto map = comm::gather_strings(
         world.comm(), detail::str_cat(world.host(), " -> ", device, ", ", cpu.threads, " CPU threads"));
     if (world.is_root()) {
@@ -48,6 +76,8 @@ int main(int argc, char** argv) {
                   available_cores(), world.local_size());
       for (const auto& h : hosts)
         if (!h.empty()) std::printf("%s\n", h.c_str());
+      for (const auto& m : memory)
+        if (!m.empty()) std::printf("%s", m.c_str());
       for (int r = 0; r < world.size(); ++r) std::printf("rank %d: %s\n", r, map[r].c_str());
       std::fflush(stdout);
     }

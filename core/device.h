@@ -59,6 +59,8 @@ int cuda_device_count();
 // without CUDA or before the first GPU convolution).
 std::vector<std::string> cuda_conv_algorithms();
 bool cuda_available();
+// Free memory on CUDA device `d` now (cudaMemGetInfo), in bytes. Errors name the device.
+int64_t cuda_free_memory_bytes(Device d);
 
 // Sets the calling thread's current CUDA device (no-op for CPU). Errors name the device.
 void set_current_device(Device d);

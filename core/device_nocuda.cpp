@@ -34,6 +34,8 @@ std::vector<std::string> cuda_conv_algorithms() { return {}; }
 
 bool cuda_available() { return false; }
 
+int64_t cuda_free_memory_bytes(Device d) { raise_no_cuda("cannot query the free memory of " + d.str()); }
+
 void set_current_device(Device d) {
   if (d.is_cpu()) return;
   raise_no_cuda("cannot use " + d.str());

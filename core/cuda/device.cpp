@@ -162,6 +162,14 @@ int cuda_device_count() { return cuda_status().device_count; }
 
 bool cuda_available() { return cuda_status().device_count > 0; }
 
+int64_t cuda_free_memory_bytes(Device d) {
+  RT_CHECK(d.is_cuda(), "cuda_free_memory_bytes: ", d.str(), " is not a CUDA device");
+  CheckedDeviceGuard guard(d);
+  size_t free_bytes = 0, total_bytes = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return static_cast<int64_t>(free_bytes);
+}
+
 void set_current_device(Device d) {
   if (d.is_cpu()) return;
   check_device_index(d, "set_current_device");
