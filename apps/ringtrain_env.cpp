@@ -64,10 +64,10 @@ int main(int argc, char** argv) {
     const CudaStatus& cuda = cuda_status();
 
     // ---- facts
-    const auto hosts = comm::gather_strings(world.comm(), world.local_rank() == 0 ? runtime::host_report(world) : "");
+    const auto hosts = comm::gather_strings(
+        world.comm(), world.local_rank() == 0 ? runtime::host_report(world) + "\n" + memory_report(world) : "");
     const std::string device =
         cuda.device_count > 0 ? Device::cuda(world.local_rank() % cuda.device_count).str() : "cpu";
-    const auto memory = comm::gather_strings(world.comm(), world.local_rank() == 0 ? memory_report(world) : "");
     const auto map = comm::gather_strings(
         world.comm(), detail::str_cat(world.host(), " -> ", device, ", ", cpu.threads, " CPU threads"));
     if (world.is_root()) {
@@ -75,9 +75,7 @@ int main(int argc, char** argv) {
       std::printf("cpu: %d threads for this process (%d cores available, %d local ranks)\n", num_threads(),
                   available_cores(), world.local_size());
       for (const auto& h : hosts)
-        if (!h.empty()) std::printf("%s\n", h.c_str());
-      for (const auto& m : memory)
-        if (!m.empty()) std::printf("%s", m.c_str());
+        if (!h.empty()) std::printf("%s", h.c_str());
       for (int r = 0; r < world.size(); ++r) std::printf("rank %d: %s\n", r, map[r].c_str());
       std::fflush(stdout);
     }
