@@ -132,6 +132,7 @@ void blocks16(const Operand& o, float* nhwc, float* blocked, bool to_blocked) {
 struct PassPlan {
   dnnl::primitive prim;
   std::vector<Operand> operands;
+  int64_t scratchpad_bytes = 0;  // the primitive's own workspace, a tensor of each execution
 };
 
 std::atomic<int>& convolution_choice() {
@@ -185,19 +186,24 @@ struct PassDescs {
 PassDescs pass_descs(const ConvDescs& d, dnnl::algorithm alg, const memory::desc& src, const memory::desc& dst,
                      Pass pass) {
   const bool bias = d.bias.get_size() > 0;
+  // The workspaces come from ringtrain's allocator, one per execution: oneDNN's own (a per-thread buffer
+  // that only grows) would hold the largest a run ever needed outside the allocator's accounting, which
+  // the memory plan (runtime/memory_plan.h) measures.
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   PassDescs p;
   p.fwd = bias ? dnnl::convolution_forward::primitive_desc(
                      dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, src, d.weights_any, d.bias,
                                                      dst, d.strides, d.dilates, d.pad_l, d.pad_r),
-                     engine())
+                     attr, engine())
                : dnnl::convolution_forward::primitive_desc(
                      dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, src, d.weights_any, dst,
                                                      d.strides, d.dilates, d.pad_l, d.pad_r),
-                     engine());
+                     attr, engine());
   if (pass == Pass::BackwardData) {
     p.bwd_data = dnnl::convolution_backward_data::primitive_desc(
         dnnl::convolution_backward_data::desc(alg, src, d.weights_any, dst, d.strides, d.dilates, d.pad_l, d.pad_r),
-        engine(), p.fwd);
+        attr, engine(), p.fwd);
   }
   if (pass == Pass::BackwardWeights) {
     p.bwd_weights = dnnl::convolution_backward_weights::primitive_desc(
@@ -205,7 +211,7 @@ PassDescs pass_descs(const ConvDescs& d, dnnl::algorithm alg, const memory::desc
                                                         d.pad_l, d.pad_r)
              : dnnl::convolution_backward_weights::desc(alg, src, d.weights_any, dst, d.strides, d.dilates, d.pad_l,
                                                         d.pad_r),
-        engine(), p.fwd);
+        attr, engine(), p.fwd);
   }
   return p;
 }
@@ -229,6 +235,7 @@ PassPlan build_plan(const ConvGeometry& g, bool bias, Pass pass, CpuConvolution 
   switch (pass) {
     case Pass::Forward:
       plan.prim = dnnl::convolution_forward(p.fwd);
+      plan.scratchpad_bytes = static_cast<int64_t>(p.fwd.scratchpad_desc().get_size());
       plan.operands = {operand(DNNL_ARG_SRC, false, d.src, src),
                        operand(DNNL_ARG_WEIGHTS, false, d.weights, p.fwd.weights_desc()),
                        operand(DNNL_ARG_DST, true, d.dst, dst)};
@@ -236,12 +243,14 @@ PassPlan build_plan(const ConvGeometry& g, bool bias, Pass pass, CpuConvolution 
       break;
     case Pass::BackwardData:
       plan.prim = dnnl::convolution_backward_data(p.bwd_data);
+      plan.scratchpad_bytes = static_cast<int64_t>(p.bwd_data.scratchpad_desc().get_size());
       plan.operands = {operand(DNNL_ARG_DIFF_DST, false, d.dst, dst),
                        operand(DNNL_ARG_WEIGHTS, false, d.weights, p.bwd_data.weights_desc()),
                        operand(DNNL_ARG_DIFF_SRC, true, d.src, src)};
       break;
     case Pass::BackwardWeights:
       plan.prim = dnnl::convolution_backward_weights(p.bwd_weights);
+      plan.scratchpad_bytes = static_cast<int64_t>(p.bwd_weights.scratchpad_desc().get_size());
       plan.operands = {operand(DNNL_ARG_SRC, false, d.src, src), operand(DNNL_ARG_DIFF_DST, false, d.dst, dst),
                        operand(DNNL_ARG_DIFF_WEIGHTS, true, d.weights, p.bwd_weights.diff_weights_desc())};
       if (bias) plan.operands.push_back(operand(DNNL_ARG_DIFF_BIAS, true, d.bias, p.bwd_weights.diff_bias_desc()));
@@ -308,6 +317,12 @@ void execute(const PassPlan& plan, const std::vector<void*>& buffers) {
       o.convert.execute(stream, {{DNNL_ARG_FROM, user}, {DNNL_ARG_TO, used}});
     }
     args.emplace(o.arg, used);
+  }
+  Tensor workspace;
+  if (plan.scratchpad_bytes > 0) {
+    workspace = Tensor::empty(Shape{(plan.scratchpad_bytes + 3) / 4});
+    args.emplace(DNNL_ARG_SCRATCHPAD,
+                 memory(memory::desc({plan.scratchpad_bytes}, dt::u8, tag::x), engine(), workspace.data_ptr()));
   }
   plan.prim.execute(stream, args);
   stream.wait();
