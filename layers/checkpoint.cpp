@@ -66,7 +66,7 @@ Tensor checkpoint(BlockFn fn, const Tensor& x, const std::vector<const Module*>&
       });
 }
 
-int recompute_blocks(Module& model) {
+int recompute_blocks(Module& model, bool on) {
   const std::vector<Block> blocks = model.blocks();
   RT_CHECK(!blocks.empty(), "--recompute: the model (", model.type_name(),
            ") is no sequence of blocks (Module::blocks() is empty); call set_recompute(true) on the modules to "
@@ -74,10 +74,10 @@ int recompute_blocks(Module& model) {
   int marked = 0;
   for (const Block& b : blocks) {
     if (b.set_recompute) {
-      b.set_recompute(true);
+      b.set_recompute(on);
       ++marked;
     } else if (b.modules.size() == 1) {
-      b.modules.front()->set_recompute(true);
+      b.modules.front()->set_recompute(on);
       ++marked;
     }
   }

@@ -29,6 +29,7 @@ Tensor checkpoint(BlockFn fn, const Tensor& x, const std::vector<const Module*>&
 // (a ResNet's residual blocks and head, a Sequential's children), the block's own set_recompute for one
 // of several (a ResNet's stem). Returns how many; a block of several modules without a set_recompute is
 // left as it is; a model that is no sequence of blocks is an error naming it (mark its blocks yourself).
-int recompute_blocks(Module& model);
+// on = false switches them off again (the memory plan probes a model both ways).
+int recompute_blocks(Module& model, bool on = true);
 
 }  // namespace ringtrain

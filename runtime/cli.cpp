@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/allocator.h"
+
 namespace ringtrain::runtime {
 
 const CLI::Validator& finite_number() {
@@ -32,9 +34,35 @@ CLI::Option* add_choice(CLI::App& app, const std::string& name, const std::strin
 
 void add_length_flags(CLI::App& app, TrainerOptions& o, std::string& data) {
   app.add_option("--data", data, "shard folder (make_shards output with train/ and optionally test/ splits)");
-  app.add_option("-b,--batch-size", o.batch, "images per rank per micro-batch")
+  app.add_option_function<std::string>(
+         "-b,--batch-size",
+         [&o](const std::string& v) {
+           o.batch = v == "auto" ? 0 : std::stoll(v);  // checked below
+         },
+         "images per rank per micro-batch, or auto: the largest the memory budget holds (--max-memory)")
+      ->default_str(std::to_string(o.batch))
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            if (v == "auto") return std::string();
+            try {
+              size_t used = 0;
+              const long long b = std::stoll(v, &used);
+              if (used == v.size() && b >= 1 && b <= (1ll << 24)) return std::string();
+            } catch (const std::exception&) {
+            }
+            return "expected auto or a number of images in [1, 16777216], got '" + v + "'";
+          },
+          "auto|INT"));
+  app.add_option("--global-batch", o.global_batch,
+                 "images per optimizer step over all ranks: --accum-steps chosen to make it (with -b auto, the "
+                 "batch too); 0 = off")
       ->capture_default_str()
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+  app.add_option_function<std::string>(
+         "--max-memory", [&o](const std::string& v) { o.max_memory = parse_bytes("--max-memory", v); },
+         "memory a rank may use (8G, 512M): a run predicted to need more is refused before its first step, with "
+         "the remedies that fit; default: the device's free memory shared by its ranks")
+      ->default_str("free memory");
   app.add_option("--epochs", o.epochs, "epochs")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1000000}));

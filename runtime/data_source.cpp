@@ -95,6 +95,8 @@ class ShardSource final : public DataSource {
   data::SamplerState position() const override { return train_loader_->position(); }
   data::Loader* test_loader() override { return test_loader_.get(); }
   std::vector<std::string> warnings() const override { return warnings_; }
+  // The loader's queue, a batch in the making per worker, and the one in use.
+  int64_t batches_in_flight() const override { return data::LoaderOptions{}.prefetch + train_loader_->threads() + 1; }
   void set_images(bool images) override {
     train_loader_->set_images(images);
     if (test_loader_) test_loader_->set_images(images);

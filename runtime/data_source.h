@@ -52,6 +52,9 @@ class DataSource {
   // The records decoded with libjpeg's warnings since the last call, one line per split (the Trainer prints
   // them after each epoch; with ShardSourceOptions::strict such a record is an error instead).
   virtual std::vector<std::string> take_decode_warnings() { return {}; }
+  // Training batches alive at once at most (the memory plan's input term): the one in use and the next,
+  // unless a source keeps a queue.
+  virtual int64_t batches_in_flight() const { return 2; }
 };
 
 struct ShardSourceOptions {

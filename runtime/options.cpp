@@ -119,7 +119,12 @@ json TrainerOptions::to_json() const {
 
 void validate_options(const TrainerOptions& o) {
   auto finite = [](double v) { return std::isfinite(v); };
-  RT_CHECK(o.batch >= 1, "--batch-size must be at least 1, got ", o.batch);
+  RT_CHECK(o.batch >= 0, "--batch-size must be at least 1 (or auto), got ", o.batch);
+  RT_CHECK(o.global_batch >= 0, "--global-batch must be 0 (off) or more, got ", o.global_batch);
+  RT_CHECK(o.max_memory >= 0, "--max-memory must be 0 (the free memory) or more, got ", o.max_memory);
+  RT_CHECK(o.batch > 0 || o.pipeline_stages == 1,
+           "-b auto needs one pipeline stage (the memory plan of --pipeline-stages is not predicted): give -b");
+  RT_CHECK(o.global_batch == 0 || o.accum == 1, "--global-batch chooses --accum-steps: give one of the two, not both");
   RT_CHECK(o.epochs >= 1, "--epochs must be at least 1, got ", o.epochs);
   RT_CHECK(o.steps >= 0, "--steps must be 0 (off) or more, got ", o.steps);
   RT_CHECK(o.accum >= 1, "--accum-steps must be at least 1, got ", o.accum);

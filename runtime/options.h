@@ -36,7 +36,8 @@ DeviceChoice parse_device_choice(const std::string& text, const std::string& fla
 
 struct TrainerOptions {
   // ---- length and batch
-  int64_t batch = 128;  // images per rank per micro-batch; global batch = batch x ranks x accum
+  int64_t batch = 128;       // images per rank per micro-batch; global batch = batch x ranks x accum; 0: -b auto
+  int64_t global_batch = 0;  // > 0: accum (and with -b auto the batch) chosen to make this the global batch
   int64_t epochs = 1;
   int64_t steps = 0;  // > 0: stop after this many optimizer steps (overrides epochs)
   int64_t accum = 1;  // micro-batches per optimizer step (all but the last under no_sync)
@@ -56,6 +57,9 @@ struct TrainerOptions {
   // ---- device and precision
   DeviceChoice device = DeviceChoice::Auto;  // Auto: cuda when a GPU is usable
   Precision precision = Precision::FP32;     // BF16/FP16 autocast convolutions and GEMMs; FP16 adds loss scaling
+  // The memory a rank may use (runtime/memory_plan.h): a run predicted over it is refused before its first
+  // step. 0: the device's free memory shared by the ranks on it (runtime/memory_budget.h).
+  int64_t max_memory = 0;
   bool recompute = false;  // activation recompute: every block's forward runs again in backward (layers/checkpoint.h)
   int threads = 0;         // CPU threads per rank (0: cores / local ranks)
   int loader_threads = 0;  // 0: automatic

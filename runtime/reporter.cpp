@@ -19,7 +19,7 @@ namespace ringtrain::runtime {
 using json = nlohmann::json;
 
 Reporter::Reporter(const comm::World& world, const TrainerOptions& o, Device device, const RunPlan& plan,
-                   size_t gradient_buckets, json pipeline)
+                   size_t gradient_buckets, json pipeline, json memory)
     : world_(world),
       o_(o),
       device_(device),
@@ -29,6 +29,7 @@ Reporter::Reporter(const comm::World& world, const TrainerOptions& o, Device dev
       gpu_(world, device, !o.log_jsonl.empty()),
       timer_(gradient_buckets),
       pipeline_(std::move(pipeline)),
+      memory_(std::move(memory)),
       loss_rank_(pipeline_.is_null() ? 0 : (pipeline_["stages"].get<int>() - 1) * pipeline_["replicas"].get<int>()) {}
 
 void Reporter::announce(const Replica& replica, int threads, const Cursor& at, const std::string& resumed_from,
@@ -83,6 +84,11 @@ void Reporter::announce(const Replica& replica, int threads, const Cursor& at, c
        .zero = o_.zero,
        .optimizer_state_bytes = comm::all_gather(world_.comm(), std::span<const int64_t>(&state_bytes, 1))});
   if (!pipeline_.is_null()) record["pipeline"] = pipeline_;
+  if (!memory_.is_null()) {
+    const json& by_rank = memory_["predicted_peak_mem_bytes_by_rank"];
+    record["predicted_peak_mem_bytes"] = *std::max_element(by_rank.begin(), by_rank.end());
+    record["memory"] = memory_;
+  }
   log_.write(record);
 }
 
@@ -154,6 +160,9 @@ TrainResult Reporter::summarize(const Finish& f) {
   r.skipped_steps = f.skipped_steps;
   r.resumed_from = f.resumed_from;
   const double my_peak = peak_rss_bytes();
+  // The tensors' part of it (the allocator's high-water mark): the rest is the process and the heap's gaps.
+  const double peak_tensors = comm::all_reduce(
+      world_.comm(), static_cast<double>(memory_stats(device_).peak_allocated_bytes), comm::HostOp::Max);
   const std::vector<double> peaks = comm::gather(world_.comm(), std::span<const double>(&my_peak, 1));  // rank 0's
   // On a GPU: the caching allocator's high-water mark of memory obtained from the device (what PyTorch's
   // max_memory_reserved reports), the largest over the ranks.
@@ -172,6 +181,10 @@ TrainResult Reporter::summarize(const Finish& f) {
   s.median_step_s = r.median_step_s;
   s.peak_mem_bytes = *std::max_element(peaks.begin(), peaks.end());
   s.peak_mem_bytes_by_rank = peaks;
+  s.peak_tensor_bytes = peak_tensors;
+  if (!memory_.is_null())
+    for (const auto& v : memory_["predicted_peak_mem_bytes_by_rank"])
+      s.predicted_peak_mem_bytes = std::max(s.predicted_peak_mem_bytes, v.get<double>());
   s.elapsed_s = r.elapsed_s;
   s.world_size = world_.size();
   s.steps = f.at.step;

@@ -28,7 +28,7 @@ class Reporter {
   // Collective (rank 0 decides on the bar; GPU telemetry). An unwritable --log-jsonl is an error naming it.
   // `pipeline`: Pipeline::plan() with --pipeline-stages (the plan record's "pipeline"), else null.
   Reporter(const comm::World& world, const TrainerOptions& o, Device device, const RunPlan& plan,
-           size_t gradient_buckets, nlohmann::json pipeline = nullptr);
+           size_t gradient_buckets, nlohmann::json pipeline = nullptr, nlohmann::json memory = nullptr);
 
   bool bar() const { return bar_; }
   StepTimer& timer() { return timer_; }
@@ -73,7 +73,8 @@ class Reporter {
   GpuTelemetry gpu_;
   StepTimer timer_;
   nlohmann::json pipeline_;
-  int loss_rank_ = 0;  // whose losses the closing line shows: the last pipeline stage's first replica
+  nlohmann::json memory_;  // the memory plan (runtime/memory_plan.h), null when not predicted
+  int loss_rank_ = 0;      // whose losses the closing line shows: the last pipeline stage's first replica
   double interval_loss_ = 0, interval_weight_ = 0, last_loss_ = 0;
   Clock::time_point interval_start_ = Clock::now();
 };

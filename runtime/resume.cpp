@@ -42,6 +42,7 @@ constexpr const char* kRuntimeOnly[] = {"data",
                                         "trace_steps",
                                         "check",
                                         "timeout",
+                                        "max_memory",
                                         "zero",
                                         "pipeline",
                                         "pipeline_stages",
@@ -181,6 +182,15 @@ std::optional<Resumed> resume_point(const comm::World& world, const TrainerOptio
                  "from here this is not the checkpoint's training continued unchanged; the learning rate continues "
                  "from this run's schedule at step %lld\n",
                  o.program.c_str(), chosen.c_str(), c.changes.c_str(), static_cast<long long>(s.step));
+  // -b auto under another budget: the same global batch in other micro-batches, which batch norm sees.
+  const json written_micro = s.config.value("batch_size", json());
+  if (!batch_changed && written_micro.is_number_integer() && written_micro.get<int64_t>() != plan.batch &&
+      world.is_root())
+    std::fprintf(stderr,
+                 "%s: warning: resuming %s, written with micro-batches of %lld, in micro-batches of %lld (same "
+                 "global batch): batch norm normalises over %lld images per rank from here\n",
+                 o.program.c_str(), chosen.c_str(), static_cast<long long>(written_micro.get<int64_t>()),
+                 static_cast<long long>(plan.batch), static_cast<long long>(plan.batch));
   if (s.step > plan.total_steps)
     RT_THROW_PERMANENT("--resume ", chosen, ": the checkpoint is at step ", s.step, ", past the end of this run (",
                        plan.total_steps, " steps): resume it with --steps ", s.step,

@@ -65,6 +65,8 @@ json summary_record(const SummaryRecord& s) {
                {"steps", s.steps},
                {"elapsed_s", s.elapsed_s}};
   summary["peak_mem_bytes_by_rank"] = s.peak_mem_bytes_by_rank;
+  if (s.predicted_peak_mem_bytes > 0) summary["predicted_peak_mem_bytes"] = s.predicted_peak_mem_bytes;
+  summary["peak_tensor_bytes"] = s.peak_tensor_bytes;
   summary["breakdown_s"] = s.breakdown.to_json();
   json by_rank = json::array();
   for (const auto& b : s.breakdown_by_rank) by_rank.push_back(b.to_json());

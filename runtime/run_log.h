@@ -2,13 +2,17 @@
 // by record, written by rank 0. The record types and their fields are the documented schema (README,
 // "train_resnet"; scripts/scaling.py and scaling_model.py read them):
 //   plan     world_size, nodes, arch, batch_size, accum_steps, global_batch, backend, device, threads,
-//            params, buckets [{bytes, numel, parameters}], zero, optimizer_state_bytes (per rank)
+//            params, buckets [{bytes, numel, parameters}], zero, optimizer_state_bytes (per rank), and
+//            from the memory plan predicted_peak_mem_bytes (the largest rank's) and memory {breakdown,
+//            predicted_peak_mem_bytes_by_rank, budget_bytes_by_rank, budget, activations_fixed,
+//            activations_per_image, batch_auto} (runtime/memory_plan.h)
 //   train    step, epoch, lr, loss, img_per_s, time {data_wait, forward, backward, exposed_comm, optimizer},
 //            grad_norm (with --clip-grad-norm)
 //   eval     step, epoch, test_top1, test_top5, test_loss, images
 //   gpu      step, samples [{rank, util_pct, mem_used_bytes, mem_total_bytes, temperature_c, power_w}]
 //   summary  train_loss, img_per_s, median_step_s, peak_mem_bytes (the largest rank's),
-//            peak_mem_bytes_by_rank, world_size, steps, elapsed_s,
+//            peak_mem_bytes_by_rank, peak_tensor_bytes, predicted_peak_mem_bytes (the memory plan's, when
+//            it ran), world_size, steps, elapsed_s,
 //            breakdown_s, breakdown_by_rank_s, buckets [{bytes, ready_s, allreduce_s}], breakdown_steps,
 //            precision, device, and when they apply test_top1/test_top5, loss_scale/skipped_steps,
 //            peak_gpu_mem_bytes/cudnn_conv_algorithms
@@ -69,6 +73,8 @@ nlohmann::json eval_record(int64_t step, int64_t epoch, const EvalResult& e);
 struct SummaryRecord {
   double train_loss = 0, img_per_s = 0, median_step_s = 0, peak_mem_bytes = 0, elapsed_s = 0;
   std::vector<double> peak_mem_bytes_by_rank;  // peak resident set of each rank's process
+  double predicted_peak_mem_bytes = 0;         // the memory plan's, the largest rank's (0: not predicted)
+  double peak_tensor_bytes = 0;                // the allocator's high-water mark (the largest rank's): tensors alone
   int world_size = 1;
   int64_t steps = 0, breakdown_steps = 0;
   PhaseTimes breakdown;  // rank 0's mean step

@@ -149,6 +149,7 @@ JobFlags read_job_flags(const std::vector<std::string>& command) {
       flag.resize(eq);
       has_value = true;
     }
+    if (flag == "--global-batch") f.global_batch = true;
     if (flag != "--checkpoint-dir" && flag != "--log-jsonl" && flag != "--accum-steps" && flag != "--resume" &&
         flag != "--pipeline-stages" && flag != "--pipeline-split")
       continue;
@@ -245,7 +246,7 @@ std::vector<std::string> relaunch_command(const std::vector<std::string>& comman
     out.push_back("--pipeline-stages");
     out.push_back(std::to_string(stages));
   }
-  if (accum != flags.accum) {
+  if (accum != flags.accum && !flags.global_batch) {
     out.push_back("--accum-steps");
     out.push_back(std::to_string(accum));
   }

@@ -53,8 +53,9 @@ MpirunArgs parse_mpirun_args(const std::vector<std::string>& words);
 struct JobFlags {
   std::string checkpoint_dir, log_jsonl, resume;
   int64_t accum = 1;
-  int stages = 1;            // --pipeline-stages
-  bool split_given = false;  // --pipeline-split (which fits its stage count only)
+  int stages = 1;             // --pipeline-stages
+  bool split_given = false;   // --pipeline-split (which fits its stage count only)
+  bool global_batch = false;  // --global-batch: the trainer keeps the global batch itself (no --accum-steps added)
 };
 JobFlags read_job_flags(const std::vector<std::string>& command);
 

@@ -13,6 +13,7 @@
 // all-reduce overlapped with backward), accumulation under no_sync, autocast and f16 loss scaling, the
 // per-step check-in, progress lines, the JSONL log, the trace, evaluation and checkpoint cadence, GPU
 // telemetry and the summary. On the CPU a resumed run ends bitwise identical to an uninterrupted one.
+// Before the first step it plans the run's memory (runtime/memory_plan.h): -b auto, --max-memory.
 #pragma once
 
 #include <cstdint>
@@ -69,6 +70,7 @@ class Trainer {
   // Collective. Moves the model to device(), trains it on `data` and returns the figures rank 0 printed.
   // May be called again (another model or run) with the same Trainer; each call is a run of its own (a
   // fresh one refuses a --checkpoint-dir holding another run's checkpoints, as runtime/resume.h says).
+  // The memory plan's probe calls `step_fn` twice first, on batches of zeros, and puts the model back.
   TrainResult fit(Module& model, DataSource& data, const StepFn& step_fn = {});
 
  private:

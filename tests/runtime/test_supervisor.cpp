@@ -66,6 +66,12 @@ TEST(Supervisor, ReadsTheTrainingCommandsFlagsLastOneWins) {
   EXPECT_EQ(relaunch_command({"./t", "-b", "8"}, JobFlags{}, 2, at9),
             (std::vector<std::string>{"./t", "-b", "8", "--accum-steps", "2", "--resume", "ck/ckpt-step00000009.h5"}));
   EXPECT_EQ(relaunch_command({"./t"}, JobFlags{}, 1, ResumePoint{}), (std::vector<std::string>{"./t"}));
+  // With --global-batch the trainer chooses the accumulation for the new world itself.
+  const JobFlags global = read_job_flags({"./t", "-b", "auto", "--global-batch", "256"});
+  EXPECT_TRUE(global.global_batch);
+  EXPECT_EQ(
+      relaunch_command({"./t", "-b", "auto", "--global-batch", "256"}, global, 2, at9),
+      (std::vector<std::string>{"./t", "-b", "auto", "--global-batch", "256", "--resume", "ck/ckpt-step00000009.h5"}));
   EXPECT_EQ(relaunch_command({"./t"}, JobFlags{}, 1, at9, true),
             (std::vector<std::string>{"./t", "--resume", "ck/ckpt-step00000009.h5", "--allow-batch-change"}));
 }

@@ -1,0 +1,197 @@
+// Tests for runtime/memory_plan.h: the prediction's terms follow the options (optimizer slots, ZeRO's 1/N,
+// compression's wire, the batch), the probe measures a curve that grows with the batch and leaves the model
+// as it was, the remedies of an over-budget run each fit, and -b auto picks the largest batch that fits.
+#include "runtime/memory_plan.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "core/allocator.h"
+#include "core/check.h"
+#include "core/ops.h"
+#include "layers/checkpoint.h"
+#include "layers/models/resnet.h"
+
+namespace ringtrain::runtime {
+namespace {
+
+constexpr int64_t MiB = int64_t{1} << 20;
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.nbytes() == b.nbytes() && std::memcmp(a.data_ptr(), b.data_ptr(), static_cast<size_t>(a.nbytes())) == 0;
+}
+
+MemoryFacts facts() {
+  MemoryFacts f;
+  f.baseline = 200 * MiB;
+  f.param_bytes = 100 * MiB;
+  f.image_bytes = MiB;
+  f.batches_in_flight = 2;
+  f.curve = {10 * MiB, 20 * MiB};
+  return f;
+}
+
+TrainerOptions sgd(int64_t batch) {
+  TrainerOptions o;
+  o.batch = batch;
+  o.momentum = 0.9;
+  return o;
+}
+
+TEST(MemoryPlan, TermsFollowTheOptions) {
+  const MemoryFacts f = facts();
+  TrainerOptions o = sgd(8);
+  MemoryPrediction p = predict_peak(o, f, 1);
+  EXPECT_EQ(p.baseline, 200 * MiB);
+  EXPECT_EQ(p.gradients, 100 * MiB);
+  EXPECT_EQ(p.optimizer_state, 100 * MiB);  // momentum
+  EXPECT_EQ(p.wire, 0);
+  EXPECT_EQ(p.activations, 10 * MiB + 8 * 20 * MiB);
+  EXPECT_EQ(p.input, 2 * 8 * MiB);
+  EXPECT_EQ(p.total, p.baseline + p.gradients + p.optimizer_state + p.activations + p.input);
+  o.momentum = 0;
+  EXPECT_EQ(predict_peak(o, f, 1).optimizer_state, 0);
+  o.optimizer = OptimizerKind::AdamW;
+  EXPECT_EQ(predict_peak(o, f, 1).optimizer_state, 200 * MiB);
+  o.zero = 1;
+  EXPECT_EQ(predict_peak(o, f, 4).optimizer_state, 50 * MiB);
+  o.zero = 0;
+  o.compression = comm::Compression::BF16;
+  EXPECT_EQ(predict_peak(o, f, 2).wire, 50 * MiB);
+  // Accumulation does not change a micro-batch's peak; the batch does, linearly.
+  TrainerOptions a = sgd(8);
+  a.accum = 4;
+  EXPECT_EQ(predict_peak(a, f, 1).total, predict_peak(sgd(8), f, 1).total);
+  EXPECT_EQ(predict_peak(sgd(16), f, 1).total - predict_peak(sgd(8), f, 1).total, 8 * (20 + 2) * MiB);
+  // Recompute's heap gaps on the CPU: a tenth of its activations.
+  TrainerOptions r = sgd(8);
+  r.recompute = true;
+  EXPECT_EQ(predict_peak(r, f, 1).heap_gap, p.activations / 10);
+  // Never below what the process reached already.
+  MemoryFacts high = f;
+  high.peak_so_far = 10000 * MiB;
+  EXPECT_EQ(predict_peak(sgd(8), high, 1).total, 10000 * MiB);
+}
+
+TEST(MemoryPlan, FitsLeavesFivePercent) {
+  EXPECT_TRUE(fits(100 * MiB, 105 * MiB));
+  EXPECT_FALSE(fits(100 * MiB, 104 * MiB));
+}
+
+TEST(MemoryPlan, RemediesEachFitAndKeepTheGlobalBatch) {
+  const MemoryFacts f = facts();
+  const TrainerOptions o = sgd(32);  // 200 + 100 + 100 + 10 + 640 + 64 = 1114 MiB
+  const int64_t budget = 900 * MiB;
+  ASSERT_GT(predict_peak(o, f, 2).total, budget);
+  int probes = 0;
+  // Recompute keeps a quarter of the activations, bf16 half of them.
+  auto probe = [&](const TrainerOptions& v) {
+    ++probes;
+    ActivationCurve c = f.curve;
+    if (v.recompute) c.per_image /= 4;
+    if (v.precision == Precision::BF16) c.per_image /= 2;
+    return c;
+  };
+  const std::vector<Remedy> r = remedies(o, f, 2, budget, probe);
+  ASSERT_FALSE(r.empty());
+  std::vector<std::string> flags;
+  for (const Remedy& x : r) {
+    flags.push_back(x.flags);
+    EXPECT_TRUE(fits(x.prediction.total, budget)) << x.flags;
+    EXPECT_EQ(x.prediction.total, predict_peak(
+                                      x.options,
+                                      [&] {
+                                        MemoryFacts g = f;
+                                        g.curve = probe(x.options);
+                                        return g;
+                                      }(),
+                                      2)
+                                      .total)
+        << x.flags;
+    const int64_t stages = x.options.pipeline_stages;
+    EXPECT_EQ(x.options.batch * x.options.accum * 2 / stages, o.batch * o.accum * 2) << x.flags;
+  }
+  EXPECT_EQ(flags[0], "-b 16 --accum-steps 2");
+  EXPECT_NE(std::find(flags.begin(), flags.end(), "--recompute"), flags.end());
+  EXPECT_NE(std::find(flags.begin(), flags.end(), "--precision bf16"), flags.end());
+  // --zero 1 saves 50 MiB of 1114: not enough alone, so not listed.
+  EXPECT_EQ(std::find(flags.begin(), flags.end(), "--zero 1"), flags.end());
+  EXPECT_GT(probes, 0);
+}
+
+TEST(MemoryPlan, CombinedRemedyWhenNoLeverAloneFits) {
+  MemoryFacts f = facts();
+  f.curve = {10 * MiB, 200 * MiB};  // batch 1 alone: 200+100+100+10+200+2 = 612 MiB
+  const TrainerOptions o = sgd(2);
+  auto probe = [&](const TrainerOptions& v) {
+    ActivationCurve c = f.curve;
+    if (v.recompute) c.per_image /= 4;
+    if (v.precision == Precision::BF16) c.per_image /= 2;
+    return c;
+  };
+  const std::vector<Remedy> r = remedies(o, f, 1, 470 * MiB, probe);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].flags, "--recompute --precision bf16 -b 1 --accum-steps 2");
+  EXPECT_TRUE(fits(r[0].prediction.total, 470 * MiB));
+  EXPECT_TRUE(remedies(o, f, 1, 100 * MiB, probe).empty());
+}
+
+TEST(MemoryPlan, AutoBatchIsTheLargestThatFits) {
+  const MemoryFacts f = facts();
+  TrainerOptions o = sgd(0);
+  const int64_t budget = 1000 * MiB;
+  const AutoBatch b = choose_batch(o, f, 1, budget, 1 << 20);
+  TrainerOptions at = sgd(b.batch), above = sgd(b.batch + 1);
+  EXPECT_TRUE(fits(predict_peak(at, f, 1).total, budget));
+  EXPECT_FALSE(fits(predict_peak(above, f, 1).total, budget));
+  EXPECT_EQ(b.accum, 1);
+  EXPECT_EQ(choose_batch(o, f, 1, budget, 8).batch, 8);  // the data's cap
+  // A global batch: the smallest accumulation whose micro-batch fits and divides it.
+  o.global_batch = 256;
+  const AutoBatch g = choose_batch(o, f, 2, budget, 1 << 20);
+  EXPECT_EQ(g.batch * g.accum * 2, 256);
+  EXPECT_LE(g.batch, b.batch);
+  for (int64_t a = 1; a < g.accum; ++a)  // no smaller accumulation fits
+    if (128 % a == 0) {
+      EXPECT_FALSE(fits(predict_peak(sgd(128 / a), f, 2).total, budget)) << a;
+    }
+  o.global_batch = 255;
+  EXPECT_THROW(choose_batch(o, f, 2, budget, 1 << 20), PermanentError);
+  o.global_batch = 0;
+  try {
+    choose_batch(o, f, 1, 300 * MiB, 1 << 20);
+    FAIL() << "expected a refusal";
+  } catch (const PermanentError& e) {
+    EXPECT_NE(std::string(e.what()).find("not even a micro-batch of 1"), std::string::npos) << e.what();
+  }
+}
+
+TEST(MemoryPlan, ProbeGrowsWithTheBatchAndLeavesTheModelAsItWas) {
+  manual_seed(3);
+  auto model = std::make_shared<ResNet>("resnet20", ResNetOptions{.num_classes = 10});
+  model->to(Device::cpu());
+  model->train();
+  DataInfo info;
+  info.height = info.width = 16;
+  info.channels = 3;
+  info.classes = 10;
+  TrainerOptions o = sgd(4);
+  std::vector<Tensor> before;
+  for (const auto& [n, b] : model->named_buffers()) before.push_back(b.clone());
+  const uint64_t stream = rng_stream();
+  const ActivationCurve plain = probe_activations(o, Device::cpu(), *model, info, {});
+  EXPECT_GT(plain.per_image, 16 * 16 * 16 * 4);  // at least the first convolution's output
+  EXPECT_EQ(rng_stream(), stream);
+  const auto after = model->named_buffers();
+  for (size_t i = 0; i < after.size(); ++i) EXPECT_TRUE(same_bits(after[i].second, before[i])) << after[i].first;
+  for (const auto& [n, p] : model->named_parameters()) EXPECT_FALSE(p.grad().defined()) << n;
+  recompute_blocks(*model);
+  const ActivationCurve recomputed = probe_activations(o, Device::cpu(), *model, info, {});
+  EXPECT_LT(recomputed.per_image, plain.per_image);
+  recompute_blocks(*model, false);
+  EXPECT_EQ(probe_activations(o, Device::cpu(), *model, info, {}).per_image, plain.per_image);
+}
+
+}  // namespace
+}  // namespace ringtrain::runtime
