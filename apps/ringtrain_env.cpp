@@ -1,6 +1,8 @@
 // apps/ringtrain_env: the preflight doctor, alone or under mpirun.
 //   mpirun -np 8 ./ringtrain_env [--data DIR] [--bytes 16M]
-// Prints per host the CPU model, cores, memory and GPUs; each device's free memory and the budget a rank
+// Prints per host the CPU model, cores, memory and GPUs (through NVML: each GPU's processes with their users
+// and memory, utilisation, ECC errors and throttling, and a warning for a busy one); each device's free
+// memory and the budget a rank
 // of it would get (runtime/memory_budget.h: its share among the host's ranks); the library versions (CUDA runtime,
 // driver, cuDNN, cuBLAS, NCCL, MPI, HDF5, OpenBLAS, oneDNN); the rank -> host -> device map. Then runs checks, each
 // printed as PASS or FAIL with its reason:
@@ -9,9 +11,13 @@
 //   all-reduce      a checked, timed all-reduce per available backend, with its busbw
 //   data            with --data, every split of the manifest opens and validates (checksums, labels)
 // The exit code is non-zero when any check fails on any rank.
+#include <unistd.h>
 #include <CLI/CLI.hpp>
+
 #include <algorithm>
 #include <cstdio>
+#include <set>
+#include <span>
 
 #include "comm/host_collectives.h"
 #include "comm/world.h"
@@ -19,6 +25,7 @@
 #include "core/check.h"
 #include "core/device.h"
 #include "core/parallel.h"
+#include "runtime/gpu_choice.h"
 #include "runtime/memory_budget.h"
 #include "runtime/preflight.h"
 
@@ -46,6 +53,33 @@ std::string memory_report(const comm::World& world) {
   return text;
 }
 
+// Per GPU of this host (NVML): who uses it (pid, user, memory), how busy it is, its ECC errors and
+// throttling, and a warning for one a training rank would not take (runtime/gpu_choice.h).
+std::string gpu_report(const comm::World& world, const std::set<unsigned>& own) {
+  const runtime::GpuInventory inv = runtime::read_gpu_inventory();
+  if (!inv.error.empty())
+    return cuda_device_count() > 0
+               ? detail::str_cat("gpus on ", world.host(), ": occupancy unknown (", inv.error, ")\n")
+               : std::string();
+  std::string text;
+  for (const runtime::GpuInfo& g : inv.gpus) {
+    std::string procs;
+    for (const auto& p : g.processes)
+      procs += detail::str_cat(procs.empty() ? "" : ", ", "pid ", p.pid, " (", p.user, ") ", format_bytes(p.used_bytes),
+                               own.count(p.pid) ? " [this job]" : "");
+    text += detail::str_cat("gpu on ", world.host(), ": nvml ", g.nvml_index, " ", g.uuid, " ", g.name, " (",
+                            g.pci_bus_id, "): ", format_bytes(g.mem_used_bytes), " of ",
+                            format_bytes(g.mem_total_bytes), " used, ", static_cast<int>(g.util_pct), "% busy");
+    if (g.ecc_uncorrected > 0) text += detail::str_cat(", ", g.ecc_uncorrected, " uncorrected ECC error(s)");
+    if (!g.throttle_text().empty()) text += ", throttled: " + g.throttle_text();
+    text += "; processes: " + (procs.empty() ? std::string("none") : procs) + "\n";
+    if (const std::string busy = runtime::gpu_busy(g, own); !busy.empty())
+      text += detail::str_cat("warning: gpu nvml ", g.nvml_index, " on ", world.host(), " is ", busy,
+                              ": training ranks will not take it without --allow-shared-gpu\n");
+  }
+  return text;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -64,8 +98,16 @@ int main(int argc, char** argv) {
     const CudaStatus& cuda = cuda_status();
 
     // ---- facts
+    const int64_t pid = ::getpid();
+    const std::vector<int64_t> pids = comm::all_gather(world.comm(), std::span<const int64_t>(&pid, 1));
+    std::set<unsigned> own;  // this job's processes on this host: their CUDA contexts are not another job's
+    for (int r = 0; r < world.size(); ++r)
+      if (world.hosts()[static_cast<size_t>(r)] == world.host())
+        own.insert(static_cast<unsigned>(pids[static_cast<size_t>(r)]));
     const auto hosts = comm::gather_strings(
-        world.comm(), world.local_rank() == 0 ? runtime::host_report(world) + "\n" + memory_report(world) : "");
+        world.comm(), world.local_rank() == 0
+                          ? runtime::host_report(world) + "\n" + memory_report(world) + gpu_report(world, own)
+                          : "");
     const std::string device =
         cuda.device_count > 0 ? Device::cuda(world.local_rank() % cuda.device_count).str() : "cpu";
     const auto map = comm::gather_strings(

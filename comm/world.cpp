@@ -105,7 +105,7 @@ std::string World::describe() const {
   return detail::str_cat("rank ", rank_, " of ", size_, " (local ", local_rank_, " of ", local_size_, ") on ", host());
 }
 
-DeviceBinding World::bind(Device want, int threads, bool allow_shared_gpu) const {
+DeviceBinding World::bind(Device want, int threads, bool allow_shared_gpu, int chosen) const {
   DeviceBinding b;
   if (threads <= 0) threads = std::max(1, available_cores() / g_sharing);
   b.threads = threads;
@@ -124,7 +124,9 @@ DeviceBinding World::bind(Device want, int threads, bool allow_shared_gpu) const
     RT_THROW("rank ", rank_, " on ", host(), ": ", local_size_, " ranks on this node but only ", count,
              " GPU(s); start at most ", count, " ranks per node, or allow ranks to share GPUs (train_resnet ",
              "--allow-shared-gpu; World::bind(..., allow_shared_gpu = true))");
-  b.device = Device::cuda(local_rank_ % count);
+  RT_CHECK(chosen < count, "rank ", rank_, " on ", host(), ": cuda:", chosen, " was chosen but CUDA sees ", count,
+           " GPU(s)");
+  b.device = Device::cuda(chosen >= 0 ? chosen : local_rank_ % count);
   set_current_device(b.device);
   b.description = detail::str_cat("rank ", rank_, " -> ", b.device.str(), " (local rank ", local_rank_, " of ",
                                   local_size_, ", ", count, " GPUs), ", threads, " CPU threads");

@@ -140,7 +140,14 @@ void add_device_flags(CLI::App& app, TrainerOptions& o) {
                  "cores (0: the same priority)")
       ->capture_default_str()
       ->check(CLI::Range(0, 19));
-  app.add_flag("--allow-shared-gpu", o.allow_shared_gpu, "allow more ranks per node than GPUs (ranks share GPUs)");
+  app.add_flag("--allow-shared-gpu", o.allow_shared_gpu,
+               "when no free GPU is left, take one that another job uses (or that another rank of this job has)");
+  app.add_option("--gpus", o.gpus, "the GPUs this job may take, as CUDA numbers them (0,2); default: any free one");
+  app.add_option("--wait-for-gpu", o.wait_for_gpu,
+                 "minutes to wait for a free GPU (no other job's process on it) before giving up naming who holds them")
+      ->capture_default_str()
+      ->check(finite_number())
+      ->check(CLI::NonNegativeNumber);
 }
 
 void add_parallel_flags(CLI::App& app, TrainerOptions& o) {

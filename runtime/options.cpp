@@ -2,6 +2,8 @@
 // agreement.
 #include "runtime/options.h"
 
+#include "runtime/gpu_choice.h"
+
 #include <cmath>
 
 #include "core/check.h"
@@ -121,6 +123,9 @@ void validate_options(const TrainerOptions& o) {
   auto finite = [](double v) { return std::isfinite(v); };
   RT_CHECK(o.batch >= 0, "--batch-size must be at least 1 (or auto), got ", o.batch);
   RT_CHECK(o.global_batch >= 0, "--global-batch must be 0 (off) or more, got ", o.global_batch);
+  RT_CHECK(std::isfinite(o.wait_for_gpu) && o.wait_for_gpu >= 0,
+           "--wait-for-gpu must be 0 (no wait) or more minutes, got ", o.wait_for_gpu);
+  if (!o.gpus.empty()) parse_gpu_list(o.gpus);
   RT_CHECK(o.max_memory >= 0, "--max-memory must be 0 (the free memory) or more, got ", o.max_memory);
   RT_CHECK(o.batch > 0 || o.pipeline_stages == 1,
            "-b auto needs one pipeline stage (the memory plan of --pipeline-stages is not predicted): give -b");

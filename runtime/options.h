@@ -64,7 +64,9 @@ struct TrainerOptions {
   int threads = 0;         // CPU threads per rank (0: cores / local ranks)
   int loader_threads = 0;  // 0: automatic
   int loader_nice = 10;    // loader threads run this much lower in priority (0..19; data::LoaderOptions::nice)
-  bool allow_shared_gpu = false;
+  bool allow_shared_gpu = false;  // a GPU another job uses (or more ranks than GPUs) when no free one is left
+  std::string gpus;               // --gpus "0,2": the CUDA indices this job may take (empty: any visible)
+  double wait_for_gpu = 0;        // minutes to wait for a free GPU before the error naming who holds them
   // ---- data parallelism
   std::optional<comm::Backend> backend;  // nullopt: nccl on a GPU, ring on the CPU
   double bucket_mb = 25;

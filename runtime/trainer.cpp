@@ -13,6 +13,8 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <set>
+#include <span>
 
 #include "comm/host_collectives.h"
 #include "core/check.h"
@@ -24,6 +26,7 @@
 #include "runtime/evaluate.h"
 #include "runtime/fault_injection.h"
 #include "runtime/folder_lock.h"
+#include "runtime/gpu_choice.h"
 #include "runtime/memory_budget.h"
 #include "runtime/memory_plan.h"
 #include "runtime/pipeline.h"
@@ -78,7 +81,8 @@ Trainer::Trainer(comm::World& world, TrainerOptions options) : world_(world), op
   Device want = Device::cpu();
   if (options_.device == DeviceChoice::Cuda || (options_.device == DeviceChoice::Auto && cuda_available()))
     want = Device::cuda(0);
-  const comm::DeviceBinding binding = world_.bind(want, options_.threads, options_.allow_shared_gpu);
+  const int chosen = want.is_cuda() ? choose_this_ranks_gpu() : -1;
+  const comm::DeviceBinding binding = world_.bind(want, options_.threads, options_.allow_shared_gpu, chosen);
   device_ = binding.device;
   threads_ = binding.threads;
   agree_on_device();
@@ -107,6 +111,40 @@ Trainer::Trainer(comm::World& world, TrainerOptions options) : world_(world), op
 }
 
 Trainer::~Trainer() = default;
+
+// This rank's GPU by occupancy (runtime/gpu_choice.h): a free one, locked for the job's life; -1 when NVML
+// is not usable (the binding's local_rank % count then). Collective: the ranks of a host learn each
+// other's pids, whose CUDA contexts do not make a GPU busy.
+int Trainer::choose_this_ranks_gpu() {
+  const int64_t pid = ::getpid();
+  const std::vector<int64_t> pids = comm::all_gather(world_.comm(), std::span<const int64_t>(&pid, 1));
+  std::set<unsigned> own;
+  for (int r = 0; r < world_.size(); ++r)
+    if (world_.hosts()[static_cast<size_t>(r)] == world_.host())
+      own.insert(static_cast<unsigned>(pids[static_cast<size_t>(r)]));
+  GpuChoiceOptions co;
+  if (!options_.gpus.empty()) co.only = parse_gpu_list(options_.gpus);
+  co.allow_shared = options_.allow_shared_gpu;
+  co.wait_seconds = 60 * options_.wait_for_gpu;
+  const std::string where = detail::str_cat("rank ", world_.rank(), " on ", world_.host());
+  watchdog_->phase("startup: choosing a free GPU (--wait-for-gpu)", 0);
+  std::string error;
+  GpuChoice c;
+  try {
+    // The watchdog's phase must not time out a wait the user asked for.
+    if (co.wait_seconds > 0) watchdog_->pause();
+    c = choose_gpu(co, own, where, [&](const std::string& why) {
+      std::fprintf(stderr, "%s: %s", options_.program.c_str(), why.c_str());
+    });
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  comm::agree_or_throw(world_.comm(), error, "choosing the GPUs", true);
+  if (!c.note.empty() && (c.cuda_index >= 0 || world_.is_root()))
+    std::fprintf(stderr, "%s: %s: %s\n", options_.program.c_str(), where.c_str(), c.note.c_str());
+  gpu_lock_ = std::move(c.lock);
+  return c.cuda_index;
+}
 
 // `--device auto` resolves per rank: a node whose GPU is unusable would silently train on the CPU with
 // another backend and hang the others in collectives that never match. Every rank must land on the same kind.

@@ -35,6 +35,7 @@
 namespace ringtrain::runtime {
 
 class FolderLock;
+class GpuLock;
 
 // A model's loss for one micro-batch (called under autocast). The default is cross-entropy (with
 // label_smoothing) of model(images) against the labels.
@@ -75,6 +76,7 @@ class Trainer {
 
  private:
   void agree_on_device();
+  int choose_this_ranks_gpu();
   comm::World& world_;
   TrainerOptions options_;
   PipelineLayout layout_;
@@ -82,6 +84,7 @@ class Trainer {
   int threads_ = 1;
   std::unique_ptr<Watchdog> watchdog_;  // made once the ranks agree on the flags (its making is collective)
   std::unique_ptr<FolderLock> lock_;    // rank 0: --checkpoint-dir's lock, held while the Trainer lives
+  std::unique_ptr<GpuLock> gpu_lock_;   // this rank's GPU's lock (runtime/gpu_choice.h), held as long
 };
 
 }  // namespace ringtrain::runtime
