@@ -15,9 +15,11 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <set>
 #include <span>
+#include <thread>
 
 #include "comm/host_collectives.h"
 #include "comm/world.h"
@@ -26,6 +28,7 @@
 #include "core/device.h"
 #include "core/parallel.h"
 #include "runtime/gpu_choice.h"
+#include "runtime/job_view.h"
 #include "runtime/memory_budget.h"
 #include "runtime/preflight.h"
 
@@ -80,6 +83,30 @@ std::string gpu_report(const comm::World& world, const std::set<unsigned>& own) 
   return text;
 }
 
+// --watch: redraws the job's view (runtime/job_view.h) every `interval` seconds until its summary appears.
+int watch_job(const std::string& path, double interval, bool once) {
+  runtime::LogTail tail(path);
+  const bool tty = ::isatty(STDOUT_FILENO) != 0;
+  bool said_waiting = false;
+  for (;;) {
+    if (!tail.poll()) {
+      if (once) {
+        std::fprintf(stderr, "ringtrain_env: --watch '%s': no such file (is the job's --log-jsonl this path?)\n",
+                     path.c_str());
+        return 2;
+      }
+      if (!said_waiting) std::fprintf(stderr, "ringtrain_env: --watch: waiting for '%s' to appear\n", path.c_str());
+      said_waiting = true;
+    } else {
+      const std::string screen = runtime::render_job_view(tail.last(), tail.seconds_since_change());
+      std::printf("%s%s%s", tty ? "\033[H\033[2J" : "", screen.c_str(), tty ? "" : "\n");
+      std::fflush(stdout);
+      if (once || tail.last().count("summary")) return 0;
+    }
+    std::this_thread::sleep_for(std::chrono::duration<double>(interval));
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -90,7 +117,18 @@ int main(int argc, char** argv) {
                  "also validate every split of this shard folder, decoding a sample of every shard's encoded records");
   app.add_flag("--decode-all", decode_all, "with --data: decode every encoded record, not a sample of each shard");
   app.add_option("--bytes", bytes_text, "all-reduce size for the timed check (K/M/G suffixes)")->capture_default_str();
+  std::string watch;
+  double interval = 2;
+  bool once = false;
+  app.add_option("--watch", watch,
+                 "instead of the checks: a one-screen view of a running job from its --log-jsonl file, redrawn until "
+                 "the job's summary appears (no MPI needed)");
+  app.add_option("--interval", interval, "--watch: seconds between redraws")
+      ->capture_default_str()
+      ->check(CLI::Range(0.1, 3600.0));
+  app.add_flag("--once", once, "--watch: draw once and exit");
   CLI11_PARSE(app, argc, argv);
+  if (!watch.empty()) return watch_job(watch, interval, once);
   return comm::run_main(argc, argv, [&](comm::World& world) {
     const int64_t bytes = parse_bytes("--bytes", bytes_text);
     // The thread count a training rank would get.

@@ -83,6 +83,8 @@ void Reporter::announce(const Replica& replica, int threads, const Cursor& at, c
        .buckets = replica.sync().buckets(),
        .zero = o_.zero,
        .optimizer_state_bytes = comm::all_gather(world_.comm(), std::span<const int64_t>(&state_bytes, 1))});
+  record["total_steps"] = plan_.total_steps;  // what a watcher shows progress against (runtime/job_view.h)
+  record["steps_per_epoch"] = plan_.steps_per_epoch;
   if (!pipeline_.is_null()) record["pipeline"] = pipeline_;
   if (!memory_.is_null()) {
     const json& by_rank = memory_["predicted_peak_mem_bytes_by_rank"];

@@ -2,7 +2,8 @@
 // by record, written by rank 0. The record types and their fields are the documented schema (README,
 // "train_resnet"; scripts/scaling.py and scaling_model.py read them):
 //   plan     world_size, nodes, arch, batch_size, accum_steps, global_batch, backend, device, threads,
-//            params, buckets [{bytes, numel, parameters}], zero, optimizer_state_bytes (per rank), and
+//            params, buckets [{bytes, numel, parameters}], zero, optimizer_state_bytes (per rank),
+//            total_steps, steps_per_epoch, and
 //            from the memory plan predicted_peak_mem_bytes (the largest rank's) and memory {breakdown,
 //            predicted_peak_mem_bytes_by_rank, budget_bytes_by_rank, budget, activations_fixed,
 //            activations_per_image, batch_auto} (runtime/memory_plan.h)

@@ -1,0 +1,72 @@
+// runtime/job_view.h: the tail of a growing log (complete lines only, a replaced log started over) and the
+// screen drawn from it (the plan, progress against the run's steps, the step's phases, the evaluation,
+// every rank's GPU, the summary once it came).
+#include "runtime/job_view.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+namespace ringtrain::runtime {
+namespace {
+namespace fs = std::filesystem;
+
+std::string has(const std::string& screen, const std::string& part) {
+  return screen.find(part) != std::string::npos ? "" : "missing '" + part + "' in:\n" + screen;
+}
+
+TEST(JobView, TheScreenOfARunningGpuJob) {
+  LogTail tail(RINGTRAIN_JOB_VIEW_LOG);
+  ASSERT_TRUE(tail.poll());
+  const std::string s = render_job_view(tail.last(), 3);
+  for (const char* part :
+       {"ringtrain job: resnet50 on cuda:0, 2 rank(s) on 1 node(s), nccl, batch 64 x 2 accum = 256 global",
+        "predicted peak 32.00 GiB per rank, budget 132.00 GiB (rank 0)", "step 300/1000 (30%), epoch 1: loss 3.1000",
+        "2160 img/s", "step time 0.480 s = data 0.010 + forward 0.150 + backward 0.280 + comm 0.030",
+        "evaluation at step 250: top-1 45.20%", "   0   97%", "   1   95%", "61C", "412 W",
+        "running; the log last grew 3 s ago"})
+    EXPECT_EQ(has(s, part), "");
+}
+
+TEST(JobView, TheTailReadsOnlyCompleteLinesAndStartsOverOnANewLog) {
+  const fs::path path = fs::path(::testing::TempDir()) / ("rt_jobview_" + std::to_string(::getpid()) + ".jsonl");
+  fs::remove(path);
+  LogTail tail(path.string());
+  EXPECT_FALSE(tail.poll()) << "no file yet";
+  EXPECT_EQ(render_job_view({}, 0), "no plan record yet: the job has not started training\n");
+  {
+    std::ofstream out(path);
+    out << R"({"type":"plan","arch":"resnet20","world_size":1,"nodes":1,"total_steps":10})"
+        << "\n"
+        << R"({"type":"train","step":4,"epoch":0,"loss":2.5)";  // a writer mid-line
+  }
+  ASSERT_TRUE(tail.poll());
+  EXPECT_EQ(tail.last().count("train"), 0u);
+  EXPECT_EQ(has(render_job_view(tail.last(), 0), "no step reported yet"), "");
+  {
+    std::ofstream out(path, std::ios::app);
+    out << R"(,"lr":0.1,"img_per_s":100})"
+        << "\n"
+        << R"({"type":"summary","steps":10,"elapsed_s":12,"img_per_s":99,"peak_mem_bytes":104857600})"
+        << "\n";
+  }
+  ASSERT_TRUE(tail.poll());
+  const std::string s = render_job_view(tail.last(), 0);
+  EXPECT_EQ(has(s, "step 4/10 (40%)"), "");
+  EXPECT_EQ(has(s, "finished: 10 steps in 12 s, 99 img/s, peak memory 100.00 MiB"), "");
+  EXPECT_EQ(has(s, "no GPU readings"), "");
+  // A new run replaces the log: what the old one said is gone.
+  {
+    std::ofstream(path) << R"({"type":"plan","arch":"resnet50","world_size":4,"nodes":2})"
+                        << "\n";
+  }
+  ASSERT_TRUE(tail.poll());
+  EXPECT_EQ(tail.last().count("summary"), 0u);
+  EXPECT_EQ(has(render_job_view(tail.last(), 0), "resnet50"), "");
+  fs::remove(path);
+}
+
+}  // namespace
+}  // namespace ringtrain::runtime
