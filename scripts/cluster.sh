@@ -4,7 +4,10 @@
 # of its own ("the switch"), every link shaped with tc as asked. Open MPI runs one daemon per node and
 # speaks TCP between them, exactly as between machines; ranks on one node use shared memory.
 #
-#   cluster.sh up N [--rate 10gbit] [--delay 50us] [--slots K]   make node0..node{N-1}, write a hostfile
+#   cluster.sh up N [--rate 10gbit] [--delay 50us] [--slots K] [--slurm]
+#                                                                make node0..node{N-1}, write a hostfile; --slurm:
+#                                                                real Slurm in them (slurmctld in node0, a slurmd in
+#                                                                every node with K cores, one partition, munge)
 #   cluster.sh run [mpirun args...] -- PROGRAM ARGS              an MPI job across the nodes, from node0
 #   cluster.sh exec NODE CMD...                                  a command inside NODE (its net + host name)
 #   cluster.sh mpirun-args                                       the mpirun options for the cluster that is up
@@ -19,6 +22,10 @@
 # inside them only (RT_CLUSTER_PREFIX and RT_CLUSTER_NET below change both), /etc/netns/rtc-node*/ (the
 # per-node /etc/hosts that `ip netns exec` mounts) and its state folder (RT_CLUSTER_STATE, default
 # /run/ringtrain-cluster). The machine's own network namespace and interfaces are never changed. Needs root, iproute2 (ip, tc, bridge) and util-linux (unshare).
+# With --slurm: Debian's slurmctld, slurmd, munge and slurm-client; every file of it (slurm.conf, the munge
+# key and socket, spool and state folders, each node's /tmp) is under $STATE/slurm, its daemons run inside
+# the nodes (munged in node0), and `exec`/`run` give commands SLURM_CONF and the cluster's Open MPI
+# settings. The machine's own /etc/slurm and munge are never read or touched.
 # Exit status: 0 done, 1 failed (the message says what), 2 usage, 3 cannot run here (not root, no ip).
 set -euo pipefail
 
@@ -69,6 +76,12 @@ in_node() {
   local k=$1
   is_down "$k" && { echo "cluster.sh: node$k is down (killed; cluster.sh revive node$k brings it back)" >&2; exit 255; }
   shift
+  if [[ -f $STATE/slurm/env ]]; then
+    set -a
+    # shellcheck disable=SC1091
+    . "$STATE/slurm/env"
+    set +a
+  fi
   exec ip netns exec "$PREFIX-node$k" unshare --uts -- /bin/sh -c 'hostname "$0" && exec "$@"' "node$k" "$@"
 }
 
@@ -141,8 +154,92 @@ EOF
   chmod +x "$STATE/agent"
 }
 
+# Real Slurm on the nodes that are up (cluster.sh up N --slurm): munge's key and daemon (in node0; its
+# socket is a file every node reaches), slurm.conf with one partition of every node at its slots, slurmctld
+# in node0, a slurmd in every node. A slurmd gets a mount namespace of its own (ip netns exec's) holding
+# an empty cgroup root (Slurm mounts what it needs: the node's /sys is its namespace's) and the node's own
+# /tmp, as separate machines have (PMIx keeps per-step folders there).
+slurm_up() {
+  local n=$1 slots=$2 s=$STATE/slurm k
+  for tool in slurmctld slurmd munged sbatch srun sinfo scontrol; do
+    command -v "$tool" > /dev/null ||
+      die "--slurm needs '$tool' (Debian's slurmctld, slurmd, munge, slurm-client; scripts/setup.sh installs them)"
+  done
+  mkdir -p "$s/ctld" "$s/munge"
+  chmod 700 "$s/munge"
+  head -c 1024 /dev/urandom > "$s/munge/munge.key"
+  chmod 400 "$s/munge/munge.key"
+  {
+    echo "ClusterName=ringtrain"
+    echo "SlurmctldHost=node0($(addr_of 0))"
+    echo "SlurmUser=root"
+    echo "SlurmdUser=root"
+    echo "AuthType=auth/munge"
+    echo "AuthInfo=socket=$s/munge/munge.socket"
+    echo "CredType=cred/munge"
+    echo "StateSaveLocation=$s/ctld"
+    echo "SlurmdSpoolDir=$s/spool-%n"
+    echo "SlurmctldPidFile=$s/slurmctld.pid"
+    echo "SlurmdPidFile=$s/slurmd-%n.pid"
+    echo "SlurmctldLogFile=$s/slurmctld.log"
+    echo "SlurmdLogFile=$s/slurmd-%n.log"
+    echo "SlurmctldPort=6817"
+    echo "SlurmdPort=6818"
+    echo "ProctrackType=proctrack/linuxproc"
+    echo "TaskPlugin=task/none"
+    echo "JobAcctGatherType=jobacct_gather/none"
+    echo "SelectType=select/cons_tres"
+    echo "SelectTypeParameters=CR_Core"
+    echo "SlurmdParameters=config_overrides"
+    echo "MpiDefault=none"
+    # A node that died and comes back (revive) returns to service by itself; a dead one is DOWN after 10 s.
+    echo "ReturnToService=2"
+    echo "SlurmdTimeout=10"
+    echo "SlurmctldTimeout=10"
+    echo "MessageTimeout=5"
+    echo "InactiveLimit=0"
+    echo "KillWait=10"
+    echo "MinJobAge=600"
+    echo "JobRequeue=1"
+    for ((k = 0; k < n; ++k)); do
+      echo "NodeName=node$k NodeAddr=$(addr_of "$k") CPUs=$slots State=UNKNOWN"
+    done
+    echo "PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP"
+  } > "$s/slurm.conf"
+  printf 'CgroupPlugin=cgroup/v1\nCgroupAutomount=yes\n' > "$s/cgroup.conf"
+  # What every command entering a node gets (in_node): Slurm's config and Open MPI on the cluster's links.
+  {
+    echo "SLURM_CONF=$s/slurm.conf"
+    echo "OMPI_MCA_btl=tcp,vader,self"
+    echo "OMPI_MCA_pml=ob1"
+    echo "OMPI_MCA_btl_tcp_if_include=$SUBNET"
+    echo "OMPI_MCA_oob_tcp_if_include=$SUBNET"
+    [[ $(id -u) = 0 ]] && echo "OMPI_ALLOW_RUN_AS_ROOT=1" && echo "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1"
+  } > "$s/env"
+  "$self" exec node0 munged --key-file="$s/munge/munge.key" --socket="$s/munge/munge.socket" \
+    --pid-file="$s/munge/munged.pid" --log-file="$s/munge/munged.log" --seed-file="$s/munge/munged.seed" --force ||
+    die "munged did not start (see $s/munge/munged.log)"
+  "$self" exec node0 slurmctld -f "$s/slurm.conf" || die "slurmctld did not start (see $s/slurmctld.log)"
+  for ((k = 0; k < n; ++k)); do slurmd_up "$k"; done
+  local tries
+  for ((tries = 0; tries < 100; ++tries)); do
+    [[ $("$self" exec node0 sinfo -h -o '%t' -N 2> /dev/null | grep -c '^idle') -eq $n ]] && break
+    sleep 0.2
+  done
+  ((tries < 100)) || die "Slurm's nodes did not come up idle: $("$self" exec node0 sinfo -N 2>&1 | tr '\n' ' ')"
+}
+
+# A slurmd in node K (at up, and when a killed node is revived).
+slurmd_up() {
+  local k=$1 s=$STATE/slurm
+  mkdir -p "$s/spool-node$k" "$s/tmp-node$k"
+  chmod 1777 "$s/tmp-node$k"
+  "$self" exec "node$k" /bin/sh -c "mount -t tmpfs cgroup_root /sys/fs/cgroup && mount --bind '$s/tmp-node$k' /tmp &&
+    exec slurmd -f '$s/slurm.conf' -N node$k" || die "slurmd did not start in node$k (see $s/slurmd-node$k.log)"
+}
+
 up() {
-  local n=${1:-} rate=none delay=none slots=1 k
+  local n=${1:-} rate=none delay=none slots=1 slurm=0 k
   [[ $n =~ ^[0-9]+$ ]] && ((n >= 1 && n <= MAX_NODES)) || die "up: N must be a number of nodes from 1 to $MAX_NODES, got '${n}'"
   shift
   while (($#)); do
@@ -150,7 +247,8 @@ up() {
       --rate) rate=${2:?--rate needs a value}; shift 2 ;;
       --delay) delay=${2:?--delay needs a value}; shift 2 ;;
       --slots) slots=${2:?--slots needs a value}; shift 2 ;;
-      *) die "up: unknown option '$1' (--rate, --delay, --slots)" ;;
+      --slurm) slurm=1; shift ;;
+      *) die "up: unknown option '$1' (--rate, --delay, --slots, --slurm)" ;;
     esac
   done
   [[ $rate = none ]] || rate_ok "$rate" || die "--rate '$rate' is not a tc rate such as 10gbit, 500mbit"
@@ -196,8 +294,11 @@ up() {
   for ((k = 1; k < n; ++k)); do
     reach "$k" || die "node0 cannot reach node$k ($(addr_of "$k")) over TCP"
   done
+  ((slurm)) && slurm_up "$n" "$slots"
   trap - EXIT INT TERM
   echo "cluster up: $n node(s) on $SUBNET, rate $rate, delay $delay, $slots slot(s) each; hostfile $STATE/hostfile"
+  ((slurm)) && echo "slurm up: slurmctld on node0, slurmd on node0..node$((n - 1)), partition main; SLURM_CONF=$STATE/slurm/slurm.conf"
+  return 0
 }
 
 # A TCP connection from node0 to node K (a listener there, 5 s at most).
@@ -300,6 +401,8 @@ main() {
       is_down "$k" || die "revive: node$k is not down"
       kill_namespace "$PREFIX-node$k"
       rm -f "$STATE/down-node$k"
+      # As after a reboot its slurmd starts again, and Slurm takes the node back (ReturnToService=2).
+      [[ -f $STATE/slurm/slurm.conf ]] && slurmd_up "$k"
       echo "node$k: back up"
       ;;
     partition | heal)

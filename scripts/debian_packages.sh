@@ -18,5 +18,6 @@ ringtrain_tool_packages=(
   python3 python3-torch python3-torchvision python3-h5py python3-matplotlib
   dataset-fashion-mnist
   iproute2 hostname util-linux  # the emulated cluster (scripts/cluster.sh): ip, tc, bridge, unshare
+  slurmctld slurmd slurm-client munge  # real Slurm on the emulated nodes (cluster.sh up N --slurm)
   clang-format                  # scripts/check_format.sh (CI): the sources as .clang-format lays them out
 )

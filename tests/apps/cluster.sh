@@ -19,6 +19,14 @@
 #                with --accum-steps 2 (the same global batch), bitwise equal to a node0-alone run resumed
 #                from the same checkpoint, one restart logged, recovery under 60 s; a second run grows
 #                back to 2 ranks when node1 is revived before its next failure
+#   slurm_sbatch     real Slurm on 2 nodes (cluster.sh up 2 --slurm): sbatch --wait scripts/slurm/train_resnet.sbatch
+#                    (ringtrain_run in the allocation, its hosts from scontrol) trains on both nodes
+#   slurm_node_loss  the same job with node1 killed mid-training: Slurm marks node1 down, the job finishes on
+#                    node0 alone with --accum-steps 2 (the global batch kept), one restart
+#   slurm_scancel    scancel mid-training: the job ends CANCELLED with exit 143, the supervisor says it was
+#                    stopped by SIGTERM and does not restart, the checkpoints stay and resume
+#   slurm_requeue    scontrol requeue mid-training: the job runs again (restart 1) and resumes from its newest
+#                    checkpoint, to the end
 set -uo pipefail
 scenario=${1:?scenario}
 src=$(cd "${2:?source dir}" && pwd)
@@ -339,6 +347,95 @@ PY
     grep -q "restart 2 of 3: rank 0 (node0): injected failure at step 40; back: node1; relaunching 2 rank(s) on node0, node1 with --accum-steps 1" \
       "$work/c.log" || fail "c: did not grow back to node1"
     grep -q "finished after 2 restart(s)" "$work/c.log" || fail "c: no summary"
+    ;;
+  slurm_*)
+    for tool in slurmctld slurmd munged sbatch; do
+      command -v "$tool" > /dev/null || { echo "SKIP: real Slurm needs '$tool' (scripts/setup.sh installs it)"; exit 77; }
+    done
+    up 2 --slurm
+    # Each node has its own /tmp (as separate machines do): the job's folder must be one every node sees.
+    rm -rf "$work"
+    work=$(mktemp -d -p /var/tmp)
+    in0() { timeout -k 5 60 "$cluster" exec node0 "$@"; }
+    # The sbatch script on 2 nodes x 1 CPU task; its settings from the environment, as a user submits it.
+    submit() {  # STEPS [sbatch args...]: prints the job id
+      local steps=$1
+      shift
+      (cd "$work" && RINGTRAIN_BUILD="$build" ARCH=resnet20 BATCH=16 EPOCHS=1 WARMUP_EPOCHS=0 MAX_RESTARTS=2 \
+        EXTRA="--steps $steps --image-size 32 --threads 1 --synthetic-size 4096 --checkpoint-every 5 --log-every 5" \
+        in0 sbatch --parsable --nodes=2 --ntasks-per-node=1 --gpus-per-node=0 --cpus-per-task=1 "$@" \
+        "$src/scripts/slurm/train_resnet.sbatch")
+    }
+    state_of() { in0 scontrol show job "$1" | grep -oE "JobState=[A-Z_]+" | cut -d= -f2; }
+    wait_state() {  # JOB SECONDS: until the job has ended; prints its state
+      local s
+      for _ in $(seq $((2 * $2))); do
+        s=$(state_of "$1")
+        [[ $s =~ ^(COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL)$ ]] && { echo "$s"; return 0; }
+        sleep 0.5
+      done
+      echo "still ${s:-?}"
+    }
+    wait_file() { for _ in $(seq $((10 * $2))); do [[ -f $1 ]] && return 0; sleep 0.1; done; return 1; }
+    case $scenario in
+      slurm_sbatch)
+        (cd "$work" && RINGTRAIN_BUILD="$build" ARCH=resnet20 BATCH=16 EPOCHS=1 WARMUP_EPOCHS=0 \
+          EXTRA="--steps 4 --image-size 32 --threads 1 --synthetic-size 256" timeout -k 5 300 "$cluster" exec node0 \
+          sbatch --wait --nodes=2 --ntasks-per-node=1 --gpus-per-node=0 --cpus-per-task=1 \
+          "$src/scripts/slurm/train_resnet.sbatch") || { cat "$work"/*.out; fail "sbatch --wait failed"; }
+        cat "$work"/*.out
+        grep -q "launching 2 rank(s) on node0, node1 (from the Slurm allocation (node\[0-1\]))" "$work"/*.out ||
+          fail "ringtrain_run did not take its hosts from the allocation"
+        grep -q "2 rank(s) on 2 node(s)" "$work"/*.out || fail "not on 2 nodes"
+        grep -q "finished after 0 restart(s)" "$work"/*.out || fail "no clean finish"
+        ;;
+      slurm_node_loss)
+        id=$(submit 120) || fail "sbatch failed"
+        wait_file "$work/runs/$id/ckpt-step00000010.h5" 120 || { cat "$work"/*.out; fail "no step-10 checkpoint"; }
+        "$cluster" kill node1
+        st=$(wait_state "$id" 240)
+        cat "$work"/*.out
+        [[ $st = COMPLETED ]] || fail "the job ended $st"
+        grep -q "host(s) lost: node1; dropped node1; relaunching 1 rank(s) on node0 with --accum-steps 2 (same global batch)" \
+          "$work"/*.out || fail "no relaunch on node0 with the global batch kept"
+        grep -q "finished after 1 restart(s)" "$work"/*.out || fail "not finished after one restart"
+        in0 sinfo -N -h -o '%N %t' | grep -q "node1 down" || fail "Slurm does not have node1 down: $(in0 sinfo -N -h)"
+        ;;
+      slurm_scancel)
+        id=$(submit 100000) || fail "sbatch failed"
+        wait_file "$work/runs/$id/ckpt-step00000010.h5" 120 || { cat "$work"/*.out; fail "no step-10 checkpoint"; }
+        in0 scancel "$id"
+        st=$(wait_state "$id" 60)
+        cat "$work"/*.out
+        [[ $st = CANCELLED ]] || fail "scancel left the job $st"
+        in0 scontrol show job "$id" | grep -q "ExitCode=143:0" || fail "exit status: $(in0 scontrol show job "$id" | grep -o 'ExitCode=[^ ]*')"
+        grep -q "ringtrain_run: stopped by signal 15 (Terminated); not restarting" "$work"/*.out ||
+          fail "the supervisor did not say it was cancelled"
+        newest=$(ls "$work/runs/$id"/ckpt-step*.h5 | tail -1)
+        timeout -k 5 120 "$build/train_resnet" --synthetic -a resnet20 -b 32 --image-size 32 --threads 1 \
+          --synthetic-size 4096 --epochs 1 --warmup-epochs 0 --lr-scaling linear --label-smoothing 0.1 \
+          --steps $(( $(basename "$newest" .h5 | sed 's/ckpt-step0*//') + 2 )) --checkpoint-dir "$work/cont" \
+          --resume "$newest" > "$work/cont.log" 2>&1 || { cat "$work/cont.log"; fail "the kept checkpoint $newest does not resume"; }
+        grep -q "resumed from $newest" "$work/cont.log" || fail "not resumed from $newest"
+        ;;
+      slurm_requeue)
+        id=$(submit 40) || fail "sbatch failed"
+        wait_file "$work/runs/$id/ckpt-step00000010.h5" 120 || { cat "$work"/*.out; fail "no step-10 checkpoint"; }
+        in0 scontrol requeue "$id" || fail "scontrol requeue failed"
+        # A requeued job waits out a begin time of its own (about 2 minutes); the test does not.
+        for _ in $(seq 120); do
+          [[ $(state_of "$id") = PENDING ]] && in0 scontrol update JobId="$id" StartTime=now 2> /dev/null && break
+          sleep 0.25
+        done
+        st=$(wait_state "$id" 300)
+        cat "$work"/*.out
+        [[ $st = COMPLETED ]] || fail "the requeued job ended $st"
+        grep -q "(restart 1)" "$work"/*.out || fail "the job did not run again"
+        grep -qE "resumed from runs/$id/ckpt-step000000[1-9][0-9].h5" "$work"/*.out ||
+          fail "the requeued job did not resume from its checkpoint"
+        [[ -f $work/runs/$id/ckpt-step00000040.h5 ]] || fail "no final checkpoint"
+        ;;
+    esac
     ;;
   *) echo "unknown scenario '$scenario'"; exit 2 ;;
 esac
