@@ -23,7 +23,7 @@
 # per-node /etc/hosts that `ip netns exec` mounts) and its state folder (RT_CLUSTER_STATE, default
 # /run/ringtrain-cluster). The machine's own network namespace and interfaces are never changed. Needs root, iproute2 (ip, tc, bridge) and util-linux (unshare).
 # With --slurm: Debian's slurmctld, slurmd, munge and slurm-client; every file of it (slurm.conf, the munge
-# key and socket, spool and state folders, each node's /tmp) is under $STATE/slurm, its daemons run inside
+# key and socket, spool and state folders) is under $STATE/slurm, its daemons run inside
 # the nodes (munged in node0), and `exec`/`run` give commands SLURM_CONF and the cluster's Open MPI
 # settings. The machine's own /etc/slurm and munge are never read or touched.
 # Exit status: 0 done, 1 failed (the message says what), 2 usage, 3 cannot run here (not root, no ip).
@@ -157,8 +157,9 @@ EOF
 # Real Slurm on the nodes that are up (cluster.sh up N --slurm): munge's key and daemon (in node0; its
 # socket is a file every node reaches), slurm.conf with one partition of every node at its slots, slurmctld
 # in node0, a slurmd in every node. A slurmd gets a mount namespace of its own (ip netns exec's) holding
-# an empty cgroup root (Slurm mounts what it needs: the node's /sys is its namespace's) and the node's own
-# /tmp, as separate machines have (PMIx keeps per-step folders there).
+# an empty cgroup root (Slurm mounts what it needs: the node's /sys is its namespace's). The nodes share
+# every filesystem, /tmp included: `srun --mpi=pmix` across them fails (each node's slurmstepd makes the
+# same PMIx folder in /tmp); mpirun under Slurm (ringtrain_run, the sbatch script) does not use it.
 slurm_up() {
   local n=$1 slots=$2 s=$STATE/slurm k
   for tool in slurmctld slurmd munged sbatch srun sinfo scontrol; do
@@ -232,10 +233,9 @@ slurm_up() {
 # A slurmd in node K (at up, and when a killed node is revived).
 slurmd_up() {
   local k=$1 s=$STATE/slurm
-  mkdir -p "$s/spool-node$k" "$s/tmp-node$k"
-  chmod 1777 "$s/tmp-node$k"
-  "$self" exec "node$k" /bin/sh -c "mount -t tmpfs cgroup_root /sys/fs/cgroup && mount --bind '$s/tmp-node$k' /tmp &&
-    exec slurmd -f '$s/slurm.conf' -N node$k" || die "slurmd did not start in node$k (see $s/slurmd-node$k.log)"
+  mkdir -p "$s/spool-node$k"
+  "$self" exec "node$k" /bin/sh -c "mount -t tmpfs cgroup_root /sys/fs/cgroup && exec slurmd -f '$s/slurm.conf' -N node$k" ||
+    die "slurmd did not start in node$k (see $s/slurmd-node$k.log)"
 }
 
 up() {

@@ -353,9 +353,6 @@ PY
       command -v "$tool" > /dev/null || { echo "SKIP: real Slurm needs '$tool' (scripts/setup.sh installs it)"; exit 77; }
     done
     up 2 --slurm
-    # Each node has its own /tmp (as separate machines do): the job's folder must be one every node sees.
-    rm -rf "$work"
-    work=$(mktemp -d -p /var/tmp)
     in0() { timeout -k 5 60 "$cluster" exec node0 "$@"; }
     # The sbatch script on 2 nodes x 1 CPU task; its settings from the environment, as a user submits it.
     submit() {  # STEPS [sbatch args...]: prints the job id
