@@ -253,6 +253,9 @@ std::string gpu_busy(const GpuInfo& gpu, const std::set<unsigned>& own_pids, int
   for (const auto& p : gpu.processes) ours += p.used_bytes;
   if (gpu.mem_used_bytes - ours > busy_bytes)
     return detail::str_cat(format_bytes(gpu.mem_used_bytes - ours), " in use by processes not shown here");
+  // Kernels running with none of this job's processes on it: a job this host's /proc cannot show.
+  if (gpu.processes.empty() && gpu.util_pct >= 10)
+    return detail::str_cat(static_cast<int>(gpu.util_pct), "% utilised by processes not shown here");
   return "";
 }
 

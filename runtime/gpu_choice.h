@@ -52,7 +52,8 @@ GpuInventory read_gpu_inventory(const std::string& library = "");
 std::vector<GpuInfo> visible_gpus(const GpuInventory& inventory, const char* cuda_visible_devices);
 
 // Why `gpu` is busy for a job whose processes on this host are `own_pids` ("" when it is free): another
-// process on it, or more than `busy_bytes` of memory in use (a process /proc cannot show), or it fell off.
+// process on it, more than `busy_bytes` of memory in use or 10% utilisation with no process listed (a job
+// /proc cannot show), or it fell off.
 std::string gpu_busy(const GpuInfo& gpu, const std::set<unsigned>& own_pids, int64_t busy_bytes = int64_t{1} << 30);
 // One line per GPU: "cuda:1 (GPU-..., 0000:17:00.0): pid 4145 (alice) 3.20 GiB, 87% busy".
 std::string describe_gpus(const std::vector<GpuInfo>& visible, const std::set<unsigned>& own_pids);

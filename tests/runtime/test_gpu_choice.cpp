@@ -174,6 +174,8 @@ TEST_F(GpuChoiceTest, MemoryInUseWithoutAVisibleProcessIsBusy) {
   machine("gpu GPU-cccc 0000:01:00.0 A100 8192 81920 0 0 0\n");  // another container's job: no process shown
   const GpuInventory inv = read_gpu_inventory(RINGTRAIN_FAKE_NVML);
   EXPECT_NE(gpu_busy(inv.gpus[0], {}).find("in use by processes not shown here"), std::string::npos);
+  machine("gpu GPU-dddd 0000:02:00.0 A100 500 81920 60 0 0\n");  // little memory, but its kernels run
+  EXPECT_EQ(gpu_busy(read_gpu_inventory(RINGTRAIN_FAKE_NVML).gpus[0], {}), "60% utilised by processes not shown here");
   EXPECT_EQ(parse_gpu_list("0,2"), (std::vector<int>{0, 2}));
   EXPECT_NE(testing::error_of([] { parse_gpu_list("0,x"); }).find("--gpus: expected"), std::string::npos);
 }
