@@ -81,8 +81,7 @@ ActivationCurve probe_activations(const TrainerOptions& o, Device device, Module
   for (auto& [name, p] : model.named_parameters())
     if (p.requires_grad()) p.set_grad(Tensor::zeros(p.shape(), p.dtype(), device));
   const CrossEntropyLoss loss_fn(o.label_smoothing);
-  std::optional<DType> autocast;
-  if (o.precision != Precision::FP32) autocast = o.precision == Precision::BF16 ? DType::BF16 : DType::F16;
+  const std::optional<DType> autocast = autocast_type(o.precision);
   // Batches of one and two images per compute thread (at least two: batch norm needs two values per
   // channel): kernels split work by image, and the run's steps give every thread some.
   const int64_t per = device.is_cuda() ? 2 : std::max(2, num_threads());

@@ -79,6 +79,11 @@ const char* compression_name(comm::Compression c) {
   return "?";
 }
 
+std::optional<DType> autocast_type(Precision p) {
+  if (p == Precision::FP32) return std::nullopt;
+  return p == Precision::BF16 ? DType::BF16 : DType::F16;
+}
+
 json TrainerOptions::to_json() const {
   json j{{"model", model_name},
          {"batch_size", batch},

@@ -10,6 +10,7 @@
 
 #include "comm/communicator.h"
 #include "comm/grad_sync.h"
+#include "core/dtype.h"
 #include "optim/optimizer.h"
 #include "runtime/pipeline_plan.h"
 #include "runtime/progress.h"
@@ -33,6 +34,8 @@ LrShape parse_lr_shape(const std::string& text, const std::string& flag = "--lr-
 LrScaling parse_lr_scaling(const std::string& text, const std::string& flag = "--lr-scaling");
 Precision parse_precision(const std::string& text, const std::string& flag = "--precision");
 DeviceChoice parse_device_choice(const std::string& text, const std::string& flag = "--device");
+// The autocast type of a precision: none for FP32, else BF16 or F16.
+std::optional<DType> autocast_type(Precision p);
 
 struct TrainerOptions {
   // ---- length and batch

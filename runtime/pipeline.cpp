@@ -35,11 +35,6 @@ class StageParts final : public GradientParts {
   MPI_Comm comm_;
 };
 
-std::optional<DType> autocast_of(Precision p) {
-  if (p == Precision::FP32) return std::nullopt;
-  return p == Precision::BF16 ? DType::BF16 : DType::F16;
-}
-
 json shape_json(const Shape& s) { return json(s.vec()); }
 Shape shape_of(const json& j) {
   std::vector<int64_t> dims = j.get<std::vector<int64_t>>();
@@ -165,14 +160,14 @@ void Pipeline::decide_split(const TrainerOptions& o, const DataInfo& info) {
           const uint64_t stream_before = rng_stream();
           if (!measure) {
             NoGradGuard no_grad;
-            AutocastGuard autocast(autocast_of(o.precision));
+            AutocastGuard autocast(autocast_type(o.precision));
             y = blocks_[i].forward(in);
           } else {
             if (i > 0) in.set_requires_grad(true);
             const int64_t before = memory_stats(device_).allocated_bytes;
             const auto t0 = Clock::now();
             {
-              AutocastGuard autocast(autocast_of(o.precision));
+              AutocastGuard autocast(autocast_type(o.precision));
               y = blocks_[i].forward(in);
             }
             synchronize(device_);

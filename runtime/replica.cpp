@@ -25,11 +25,6 @@ std::unique_ptr<Optimizer> make_rule(const TrainerOptions& o, std::vector<NamedP
   return std::make_unique<AdamW>(std::move(params), AdamWOptions{.weight_decay = o.wd});
 }
 
-std::optional<DType> autocast_type(Precision p) {
-  if (p == Precision::FP32) return std::nullopt;
-  return p == Precision::BF16 ? DType::BF16 : DType::F16;
-}
-
 // A result over the gradients held here combined over ZeRO's shards of them first, then over the holders
 // of the other parameters (a pipeline's other stages).
 class CombinedParts final : public GradientParts {
