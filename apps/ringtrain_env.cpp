@@ -18,7 +18,6 @@
 #include <chrono>
 #include <cstdio>
 #include <set>
-#include <span>
 #include <thread>
 
 #include "comm/host_collectives.h"
@@ -136,12 +135,7 @@ int main(int argc, char** argv) {
     const CudaStatus& cuda = cuda_status();
 
     // ---- facts
-    const int64_t pid = ::getpid();
-    const std::vector<int64_t> pids = comm::all_gather(world.comm(), std::span<const int64_t>(&pid, 1));
-    std::set<unsigned> own;  // this job's processes on this host: their CUDA contexts are not another job's
-    for (int r = 0; r < world.size(); ++r)
-      if (world.hosts()[static_cast<size_t>(r)] == world.host())
-        own.insert(static_cast<unsigned>(pids[static_cast<size_t>(r)]));
+    const std::set<unsigned> own = runtime::job_pids_on_this_host(world);
     const auto hosts = comm::gather_strings(
         world.comm(), world.local_rank() == 0
                           ? runtime::host_report(world) + "\n" + memory_report(world) + gpu_report(world, own)

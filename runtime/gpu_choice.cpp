@@ -14,10 +14,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <span>
 #include <sstream>
 #include <thread>
 #include <type_traits>
 
+#include "comm/host_collectives.h"
+#include "comm/world.h"
 #include "core/allocator.h"
 #include "core/check.h"
 
@@ -257,6 +260,16 @@ std::string gpu_busy(const GpuInfo& gpu, const std::set<unsigned>& own_pids, int
   if (gpu.processes.empty() && gpu.util_pct >= 10)
     return detail::str_cat(static_cast<int>(gpu.util_pct), "% utilised by processes not shown here");
   return "";
+}
+
+std::set<unsigned> job_pids_on_this_host(const comm::World& world) {
+  const int64_t pid = ::getpid();
+  const std::vector<int64_t> pids = comm::all_gather(world.comm(), std::span<const int64_t>(&pid, 1));
+  std::set<unsigned> own;
+  for (int r = 0; r < world.size(); ++r)
+    if (world.hosts()[static_cast<size_t>(r)] == world.host())
+      own.insert(static_cast<unsigned>(pids[static_cast<size_t>(r)]));
+  return own;
 }
 
 std::string describe_gpus(const std::vector<GpuInfo>& visible, const std::set<unsigned>& own_pids) {

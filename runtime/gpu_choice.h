@@ -19,6 +19,10 @@
 #include <string>
 #include <vector>
 
+namespace ringtrain::comm {
+class World;
+}
+
 namespace ringtrain::runtime {
 
 struct GpuProcess {
@@ -55,6 +59,8 @@ std::vector<GpuInfo> visible_gpus(const GpuInventory& inventory, const char* cud
 // process on it, more than `busy_bytes` of memory in use or 10% utilisation with no process listed (a job
 // /proc cannot show), or it fell off.
 std::string gpu_busy(const GpuInfo& gpu, const std::set<unsigned>& own_pids, int64_t busy_bytes = int64_t{1} << 30);
+// Collective: the pids of this job's ranks on this rank's host (their CUDA contexts are not another job's).
+std::set<unsigned> job_pids_on_this_host(const comm::World& world);
 // One line per GPU: "cuda:1 (GPU-..., 0000:17:00.0): pid 4145 (alice) 3.20 GiB, 87% busy".
 std::string describe_gpus(const std::vector<GpuInfo>& visible, const std::set<unsigned>& own_pids);
 

@@ -116,12 +116,7 @@ Trainer::~Trainer() = default;
 // is not usable (the binding's local_rank % count then). Collective: the ranks of a host learn each
 // other's pids, whose CUDA contexts do not make a GPU busy.
 int Trainer::choose_this_ranks_gpu() {
-  const int64_t pid = ::getpid();
-  const std::vector<int64_t> pids = comm::all_gather(world_.comm(), std::span<const int64_t>(&pid, 1));
-  std::set<unsigned> own;
-  for (int r = 0; r < world_.size(); ++r)
-    if (world_.hosts()[static_cast<size_t>(r)] == world_.host())
-      own.insert(static_cast<unsigned>(pids[static_cast<size_t>(r)]));
+  const std::set<unsigned> own = job_pids_on_this_host(world_);
   GpuChoiceOptions co;
   if (!options_.gpus.empty()) co.only = parse_gpu_list(options_.gpus);
   co.allow_shared = options_.allow_shared_gpu;
