@@ -26,8 +26,6 @@ int64_t optimizer_slots(const TrainerOptions& o) {
   return o.momentum > 0 ? 1 : 0;                      // the momentum buffer
 }
 
-std::string gib(int64_t bytes) { return format_bytes(bytes); }
-
 }  // namespace
 
 json MemoryPrediction::to_json() const {
@@ -37,12 +35,13 @@ json MemoryPrediction::to_json() const {
 }
 
 std::string MemoryPrediction::str() const {
-  std::string s = detail::str_cat(gib(total), " (baseline ", gib(baseline), ", gradients ", gib(gradients));
-  if (optimizer_state > 0) s += detail::str_cat(", optimizer state ", gib(optimizer_state));
-  if (wire > 0) s += detail::str_cat(", compressed gradients ", gib(wire));
-  s += detail::str_cat(", activations ", gib(activations));
-  if (heap_gap > 0) s += detail::str_cat(", heap gaps ", gib(heap_gap));
-  return s + detail::str_cat(", input batches ", gib(input), ")");
+  std::string s = detail::str_cat(format_bytes(total), " (baseline ", format_bytes(baseline), ", gradients ",
+                                  format_bytes(gradients));
+  if (optimizer_state > 0) s += detail::str_cat(", optimizer state ", format_bytes(optimizer_state));
+  if (wire > 0) s += detail::str_cat(", compressed gradients ", format_bytes(wire));
+  s += detail::str_cat(", activations ", format_bytes(activations));
+  if (heap_gap > 0) s += detail::str_cat(", heap gaps ", format_bytes(heap_gap));
+  return s + detail::str_cat(", input batches ", format_bytes(input), ")");
 }
 
 MemoryPrediction predict_peak(const TrainerOptions& o, const MemoryFacts& f, int world_size) {
@@ -191,7 +190,7 @@ AutoBatch choose_batch(const TrainerOptions& o, const MemoryFacts& f, int world_
     return predict_peak(v, f, world_size);
   };
   if (!fits(1, 1))
-    RT_THROW_PERMANENT("-b auto: not even a micro-batch of 1 fits the memory budget of ", gib(budget),
+    RT_THROW_PERMANENT("-b auto: not even a micro-batch of 1 fits the memory budget of ", format_bytes(budget),
                        ": it is predicted to reach ", at_one().str(),
                        "; raise --max-memory, or add --recompute, --precision bf16 or --zero 1");
   if (o.global_batch > 0) {
@@ -201,7 +200,7 @@ AutoBatch choose_batch(const TrainerOptions& o, const MemoryFacts& f, int world_
     for (int64_t a = 1; a <= per_rank; ++a)
       if (per_rank % a == 0 && per_rank / a <= max_batch && fits(per_rank / a, a)) return {per_rank / a, a};
     RT_THROW_PERMANENT("-b auto --global-batch ", o.global_batch, ": no micro-batch that divides its ", per_rank,
-                       " images per rank fits the memory budget of ", gib(budget));
+                       " images per rank fits the memory budget of ", format_bytes(budget));
   }
   // The prediction is linear in the batch: solve, then step down past any rounding.
   const int64_t per_image = f.curve.per_image + f.batches_in_flight * f.image_bytes;
