@@ -148,6 +148,31 @@ void* cpu_allocate(int64_t nbytes) {
   return ptr;
 }
 
+// Shrinks a block in place (glibc's realloc splits a smaller request off the same chunk, and mremaps an
+// mmapped one without moving it): the size it holds now. Kept whole under AddressSanitizer.
+int64_t cpu_shrink(void* ptr, int64_t nbytes, int64_t new_nbytes) {
+#if defined(__SANITIZE_ADDRESS__)
+  (void)ptr;
+  (void)new_nbytes;
+  return nbytes;
+#else
+  const int64_t old_rounded = round_up(nbytes > 0 ? nbytes : 1, kCpuAlignment);
+  const int64_t new_rounded = round_up(new_nbytes > 0 ? new_nbytes : 1, kCpuAlignment);
+  if (new_rounded >= old_rounded) return nbytes;
+  void* block = static_cast<void**>(ptr)[-1];
+  const auto offset = static_cast<size_t>(static_cast<char*>(ptr) - static_cast<char*>(block));
+  void* same = std::realloc(block, offset + static_cast<size_t>(new_rounded) + static_cast<size_t>(kCpuAlignment));
+  if (same == nullptr) return nbytes;  // not shrunk: the block is as it was
+  if (same != block) {
+    // An allocator that moved it would leave the tensor's aligned pointer dangling: stop loudly.
+    std::fprintf(stderr, "ringtrain: realloc moved a block it was asked to shrink\n");
+    std::abort();
+  }
+  g_cpu_allocated.fetch_sub(old_rounded - new_rounded);
+  return new_nbytes;
+#endif
+}
+
 void cpu_free(void* ptr, int64_t nbytes) noexcept {
   aligned_free(ptr);
   g_cpu_allocated.fetch_sub(round_up(nbytes > 0 ? nbytes : 1, kCpuAlignment));
@@ -273,6 +298,12 @@ Storage::~Storage() {
     cpu_free(data_, nbytes_);
   else
     detail::cuda_free(device_.index, data_);
+}
+
+int64_t Storage::shrink(int64_t nbytes) {
+  RT_CHECK(nbytes >= 0 && nbytes <= nbytes_, "Storage::shrink: ", nbytes, " bytes of a block of ", nbytes_);
+  if (data_ != nullptr && device_.is_cpu() && !pinned_) nbytes_ = cpu_shrink(data_, nbytes_, nbytes);
+  return nbytes_;
 }
 
 std::shared_ptr<Storage> allocate_pinned_storage(int64_t nbytes) {

@@ -83,6 +83,10 @@ class Storage {
   int64_t nbytes() const { return nbytes_; }
   Device device() const { return device_; }
   bool pinned() const { return pinned_; }
+  // Keeps the first `nbytes` (at most nbytes()) and gives the rest back to the heap, the memory staying
+  // where it is (CPU memory from the heap; other memory is kept whole). Returns the size now held. For a
+  // tensor whose data was compacted in place (core/pack.h); nothing may read past nbytes afterwards.
+  int64_t shrink(int64_t nbytes);
 
  private:
   void* data_;

@@ -153,6 +153,9 @@ void Tensor::release() {
   impl_->storage = std::make_shared<Storage>(nullptr, 0, device());
 }
 bool Tensor::released() const { return impl_ && impl_->storage->data() == nullptr && impl_->shape.numel() > 0; }
+bool Tensor::sole_owner() const {
+  return defined() && impl_.use_count() == 1 && impl_->storage && impl_->storage.use_count() == 1;
+}
 bool Tensor::shares_storage_with(const Tensor& other) const {
   return defined() && other.defined() && impl_->storage == other.impl_->storage;
 }

@@ -107,6 +107,10 @@ class Tensor {
     return static_cast<T*>(data_ptr());
   }
   bool shares_storage_with(const Tensor& other) const;
+  // True when this handle is the only one on the tensor and no other tensor (view, detached handle)
+  // shares its memory: writing into it then changes nothing anyone else can see. Autograd uses it to
+  // reuse a gradient's memory it was handed (accumulating in place, masking in place).
+  bool sole_owner() const;
   // Drops the tensor's memory for every handle of it (a parameter and its module's copy of the handle);
   // views made before keep theirs. Shape, dtype, device and name stay; reading the data afterwards is an
   // error naming the tensor. A pipeline stage releases the weights of the blocks other stages hold.

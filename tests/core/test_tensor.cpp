@@ -177,5 +177,27 @@ TEST(Tensor, ReleaseDropsTheMemoryButKeepsTheDescription) {
   EXPECT_FALSE(Tensor::zeros(Shape{0}).released());  // empty is not released
 }
 
+// sole_owner: true only for a handle no other handle, view or detached handle shares memory with.
+TEST(Tensor, SoleOwnerOnlyWhenNothingElseSharesTheMemory) {
+  Tensor t = Tensor::zeros(Shape{4, 4});
+  EXPECT_TRUE(t.sole_owner());
+  {
+    const Tensor copy = t;  // the same handle twice
+    EXPECT_FALSE(t.sole_owner());
+  }
+  EXPECT_TRUE(t.sole_owner());
+  {
+    const Tensor view = t.reshape(Shape{16});
+    EXPECT_FALSE(t.sole_owner());
+    EXPECT_FALSE(view.sole_owner());
+  }
+  {
+    const Tensor detached = t.detach();
+    EXPECT_FALSE(t.sole_owner());
+  }
+  EXPECT_TRUE(t.sole_owner());
+  EXPECT_FALSE(Tensor().sole_owner());
+}
+
 }  // namespace
 }  // namespace ringtrain

@@ -1,0 +1,351 @@
+#include "core/pack.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstring>
+#include <string_view>
+
+#include "core/check.h"
+#include "core/parallel.h"
+
+namespace ringtrain {
+
+namespace {
+
+constexpr int64_t kBlock = 4096;  // elements a task packs; a multiple of 64 (its mask words are its own)
+constexpr int64_t kGrain = 4;     // blocks per task at least
+constexpr int64_t kPadding = 8;   // elements after the values: an 8-wide load at the end stays inside
+
+// ---- the AVX2 path's tables, for the 8 lanes of one mask byte m
+struct Lanes {
+  alignas(32) std::array<std::array<uint32_t, 8>, 256> compress{};  // [m][k]: lane of m's k-th set bit
+  alignas(32) std::array<std::array<uint32_t, 8>, 256> expand{};    // [m][i]: set bits of m below lane i
+  alignas(32) std::array<std::array<uint32_t, 8>, 256> keep{};      // [m][i]: all ones where bit i is set
+  Lanes() {
+    for (uint32_t m = 0; m < 256; ++m) {
+      uint32_t k = 0;
+      for (uint32_t i = 0; i < 8; ++i) {
+        expand[m][i] = k;
+        if ((m >> i) & 1U) {
+          compress[m][k++] = i;
+          keep[m][i] = ~0U;
+        }
+      }
+    }
+  }
+};
+const Lanes& lanes() {
+  static const Lanes table;
+  return table;
+}
+
+// ---- plain C++: any element type
+template <typename U>
+int64_t mask_generic(const U* x, int64_t n, uint64_t* mask) {
+  int64_t count = 0;
+  for (int64_t w = 0; w * 64 < n; ++w) {
+    const int64_t len = std::min<int64_t>(64, n - w * 64);
+    uint64_t bits = 0;
+    for (int64_t j = 0; j < len; ++j) bits |= static_cast<uint64_t>(x[w * 64 + j] != 0) << j;
+    mask[w] = bits;
+    count += __builtin_popcountll(bits);
+  }
+  return count;
+}
+
+template <typename U>
+void compact_generic(const U* x, int64_t n, U* out) {
+  int64_t pos = 0;
+  for (int64_t i = 0; i < n; ++i)
+    if (x[i] != 0) out[pos++] = x[i];
+}
+
+template <typename U>
+void expand_generic(const U* values, int64_t n, const uint64_t* mask, U* out) {
+  int64_t pos = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const bool set = (mask[i / 64] >> (i % 64)) & 1U;
+    out[i] = set ? values[pos] : U{0};
+    pos += set;
+  }
+}
+
+// ---- AVX2: 4-byte elements, 8 lanes at a time
+__attribute__((target("avx2,popcnt"))) int64_t mask32_avx2(const uint32_t* x, int64_t n, uint64_t* mask) {
+  const __m256i zero = _mm256_setzero_si256();
+  int64_t count = 0;
+  int64_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    uint64_t bits = 0;
+    for (int g = 0; g < 8; ++g) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i + 8 * g));
+      const int zeros = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(v, zero)));
+      bits |= static_cast<uint64_t>(~zeros & 0xFF) << (8 * g);
+    }
+    mask[i / 64] = bits;
+    count += _mm_popcnt_u64(bits);
+  }
+  if (i < n) count += mask_generic(x + i, n - i, mask + i / 64);
+  return count;
+}
+
+// Compacts a block's nonzeros to its own start, in place: a store at out + pos (pos <= i) never reaches
+// an element not yet loaded.
+__attribute__((target("avx2,popcnt"))) void compact32_avx2(uint32_t* x, int64_t n, const uint64_t* mask) {
+  const Lanes& t = lanes();
+  int64_t pos = 0;
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const uint32_t m = (mask[i / 64] >> (i % 64)) & 0xFFU;
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i));
+    const __m256i idx = _mm256_load_si256(reinterpret_cast<const __m256i*>(t.compress[m].data()));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(x + pos), _mm256_permutevar8x32_epi32(v, idx));
+    pos += _mm_popcnt_u32(m);
+  }
+  compact_generic(x + i, n - i, x + pos);
+}
+
+__attribute__((target("avx2,popcnt"))) void expand32_avx2(const uint32_t* values, int64_t n, const uint64_t* mask,
+                                                          uint32_t* out) {
+  const Lanes& t = lanes();
+  int64_t pos = 0;
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const uint32_t m = (mask[i / 64] >> (i % 64)) & 0xFFU;
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(values + pos));
+    const __m256i idx = _mm256_load_si256(reinterpret_cast<const __m256i*>(t.expand[m].data()));
+    const __m256i keep = _mm256_load_si256(reinterpret_cast<const __m256i*>(t.keep[m].data()));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i),
+                        _mm256_and_si256(_mm256_permutevar8x32_epi32(v, idx), keep));
+    pos += _mm_popcnt_u32(m);
+  }
+  // The tail's mask bits start at bit i % 64 of its word; i is a multiple of 8 and of nothing larger.
+  for (; i < n; ++i) {
+    const bool set = (mask[i / 64] >> (i % 64)) & 1U;
+    out[i] = set ? values[pos] : 0U;
+    pos += set;
+  }
+}
+
+__attribute__((target("avx2"))) void positive_bits_avx2(const float* y, int64_t n, uint64_t* bits) {
+  const __m256 zero = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    uint64_t word = 0;
+    for (int g = 0; g < 8; ++g) {
+      const __m256 v = _mm256_loadu_ps(y + i + 8 * g);
+      word |= static_cast<uint64_t>(_mm256_movemask_ps(_mm256_cmp_ps(v, zero, _CMP_GT_OQ))) << (8 * g);
+    }
+    bits[i / 64] = word;
+  }
+  if (i < n) {
+    uint64_t word = 0;
+    for (int64_t j = i; j < n; ++j) word |= static_cast<uint64_t>(y[j] > 0.0F) << (j - i);
+    bits[i / 64] = word;
+  }
+}
+
+__attribute__((target("avx2"))) void mask_by_bits_avx2(const float* dy, int64_t n, const uint64_t* bits, float* out) {
+  const Lanes& t = lanes();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const uint32_t m = (bits[i / 64] >> (i % 64)) & 0xFFU;
+    const __m256 keep = _mm256_load_ps(reinterpret_cast<const float*>(t.keep[m].data()));
+    _mm256_storeu_ps(out + i, _mm256_and_ps(_mm256_loadu_ps(dy + i), keep));
+  }
+  for (; i < n; ++i) out[i] = (bits[i / 64] >> (i % 64)) & 1U ? dy[i] : 0.0F;
+}
+
+bool cpu_has_avx2() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("popcnt");
+}
+
+std::atomic<bool>& use_avx2() {
+  static std::atomic<bool> on{cpu_has_avx2()};
+  return on;
+}
+
+int64_t round_up(int64_t n, int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
+
+template <typename U>
+std::optional<PackedZeros> pack_typed(Tensor& t, double max_density) {
+  const int64_t n = t.numel();
+  U* x = static_cast<U*>(t.data_ptr());
+  const int64_t blocks = (n + kBlock - 1) / kBlock, words = (n + 63) / 64;
+  std::vector<int64_t> offsets(blocks + 1, 0);
+  Tensor mask_tensor = Tensor::empty(Shape{words * 8}, DType::U8);  // until the values are in place
+  uint64_t* mask = mask_tensor.data<uint64_t>();
+  const bool avx2 = sizeof(U) == 4 && use_avx2().load();
+  parallel_for(blocks, kGrain, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t i = b * kBlock, len = std::min(kBlock, n - i);
+      if constexpr (sizeof(U) == 4) {
+        if (avx2) {
+          offsets[b + 1] = mask32_avx2(x + i, len, mask + i / 64);
+          continue;
+        }
+      }
+      offsets[b + 1] = mask_generic(x + i, len, mask + i / 64);
+    }
+  });
+  for (int64_t b = 0; b < blocks; ++b) offsets[b + 1] += offsets[b];
+  const int64_t nonzeros = offsets.back();
+  const int64_t mask_offset = round_up((nonzeros + kPadding) * static_cast<int64_t>(sizeof(U)), 64);
+  const int64_t packed_bytes = mask_offset + words * 8;
+  if (static_cast<double>(nonzeros) > max_density * static_cast<double>(n) || packed_bytes >= t.nbytes())
+    return std::nullopt;
+  // Each block to its own start, in parallel; then, in order, each block down to where it belongs (its
+  // place ends before any later block's values begin, so nothing not yet moved is overwritten).
+  parallel_for(blocks, kGrain, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t i = b * kBlock, len = std::min(kBlock, n - i);
+      if constexpr (sizeof(U) == 4) {
+        if (avx2) {
+          compact32_avx2(x + i, len, mask + i / 64);
+          continue;
+        }
+      }
+      compact_generic(x + i, len, x + i);
+    }
+  });
+  for (int64_t b = 1; b < blocks; ++b)
+    std::memmove(x + offsets[b], x + b * kBlock, static_cast<size_t>(offsets[b + 1] - offsets[b]) * sizeof(U));
+  std::memset(x + nonzeros, 0, static_cast<size_t>(mask_offset) - static_cast<size_t>(nonzeros) * sizeof(U));
+  auto* base = reinterpret_cast<char*>(x);
+  std::memcpy(base + mask_offset, mask, static_cast<size_t>(words) * 8);
+
+  PackedZeros p;
+  p.shape = t.shape();
+  p.dtype = t.dtype();
+  p.mask_offset = mask_offset;
+  p.offsets = std::move(offsets);
+  const TensorImpl* dense = t.impl();
+  dense->storage->shrink(dense->offset_bytes + packed_bytes);
+  auto bytes = std::make_shared<TensorImpl>();
+  bytes->storage = dense->storage;
+  bytes->offset_bytes = dense->offset_bytes;
+  bytes->shape = Shape{packed_bytes};
+  bytes->dtype = DType::U8;
+  p.bytes = Tensor(std::move(bytes));
+  t = Tensor();
+  return p;
+}
+
+template <typename U>
+void unpack_typed(const PackedZeros& p, Tensor& out) {
+  const int64_t n = out.numel();
+  const auto* base = static_cast<const char*>(p.bytes.data_ptr());
+  const U* values = reinterpret_cast<const U*>(base);
+  const uint64_t* mask = reinterpret_cast<const uint64_t*>(base + p.mask_offset);
+  U* y = out.data<U>();
+  const bool avx2 = sizeof(U) == 4 && use_avx2().load();
+  parallel_for(static_cast<int64_t>(p.offsets.size()) - 1, kGrain, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t i = b * kBlock, len = std::min(kBlock, n - i);
+      if constexpr (sizeof(U) == 4) {
+        if (avx2) {
+          expand32_avx2(values + p.offsets[b], len, mask + i / 64, y + i);
+          continue;
+        }
+      }
+      expand_generic(values + p.offsets[b], len, mask + i / 64, y + i);
+    }
+  });
+}
+
+}  // namespace
+
+int64_t PackedZeros::nbytes() const {
+  return (bytes.defined() ? bytes.nbytes() : 0) + static_cast<int64_t>(offsets.size() * sizeof(int64_t));
+}
+
+std::optional<PackedZeros> pack_zeros(Tensor& t, double max_density) {
+  if (!t.defined() || t.released() || t.device() != Device::cpu() || t.numel() == 0) return std::nullopt;
+  if (dtype_size(t.dtype()) != 4 && dtype_size(t.dtype()) != 2) return std::nullopt;
+  RT_CHECK(t.sole_owner(), "pack_zeros: ", t.describe(),
+           " shares its memory with another tensor; it is packed in place, so it must be the only handle");
+  if (dtype_size(t.dtype()) == 4) return pack_typed<uint32_t>(t, max_density);
+  return pack_typed<uint16_t>(t, max_density);
+}
+
+Tensor unpack_zeros(const PackedZeros& packed) {
+  RT_CHECK(packed.bytes.defined() && !packed.offsets.empty(), "unpack_zeros: an empty PackedZeros");
+  Tensor out = Tensor::empty(packed.shape, packed.dtype);
+  if (dtype_size(packed.dtype) == 4) {
+    unpack_typed<uint32_t>(packed, out);
+  } else {
+    unpack_typed<uint16_t>(packed, out);
+  }
+  return out;
+}
+
+Tensor positive_bits(const Tensor& y) {
+  RT_CHECK(y.defined() && y.device().is_cpu() && y.dtype() == DType::F32,
+           "positive_bits: ", y.defined() ? y.describe() : std::string("an undefined tensor"), " is no f32 CPU tensor");
+  const int64_t n = y.numel();
+  Tensor bits = Tensor::empty(Shape{(n + 63) / 64 * 8}, DType::U8);
+  const float* py = y.data<float>();
+  uint64_t* pb = bits.data<uint64_t>();
+  const bool avx2 = use_avx2().load();
+  parallel_for((n + kBlock - 1) / kBlock, kGrain, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t i = b * kBlock, len = std::min(kBlock, n - i);
+      if (avx2) {
+        positive_bits_avx2(py + i, len, pb + i / 64);
+        continue;
+      }
+      for (int64_t w = 0; w * 64 < len; ++w) {
+        uint64_t word = 0;
+        for (int64_t j = w * 64; j < std::min<int64_t>(len, w * 64 + 64); ++j)
+          word |= static_cast<uint64_t>(py[i + j] > 0.0F) << (j - w * 64);
+        pb[i / 64 + w] = word;
+      }
+    }
+  });
+  return bits;
+}
+
+void mask_by_bits(const Tensor& dy, const Tensor& bits, const Tensor& out) {
+  RT_CHECK(dy.device().is_cpu() && dy.dtype() == DType::F32 && out.dtype() == DType::F32 && out.numel() == dy.numel() &&
+               bits.nbytes() == (dy.numel() + 63) / 64 * 8,
+           "mask_by_bits: ", dy.describe(), " and ", out.describe(), " with ", bits.describe(), " of mask");
+  const int64_t n = dy.numel();
+  const float* g = dy.data<float>();
+  const uint64_t* pb = bits.data<uint64_t>();
+  float* po = out.data<float>();
+  const bool avx2 = use_avx2().load();
+  parallel_for((n + kBlock - 1) / kBlock, kGrain, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t i = b * kBlock, len = std::min(kBlock, n - i);
+      if (avx2) {
+        mask_by_bits_avx2(g + i, len, pb + i / 64, po + i);
+        continue;
+      }
+      for (int64_t j = i; j < i + len; ++j) po[j] = (pb[j / 64] >> (j % 64)) & 1U ? g[j] : 0.0F;
+    }
+  });
+}
+
+namespace detail {
+
+const char* pack_isa() { return use_avx2().load() ? "avx2" : "generic"; }
+
+void set_pack_isa(const char* isa) {
+  const std::string_view name(isa);
+  if (name == "generic") {
+    use_avx2() = false;
+  } else if (name == "avx2") {
+    RT_CHECK(cpu_has_avx2(), "set_pack_isa: this CPU has no AVX2");
+    use_avx2() = true;
+  } else {
+    RT_THROW("set_pack_isa: unknown path '", name, "' (avx2 or generic)");
+  }
+}
+
+}  // namespace detail
+
+}  // namespace ringtrain
