@@ -13,12 +13,13 @@ namespace ringtrain {
 namespace {
 
 thread_local bool t_grad_enabled = true;
+thread_local bool t_retain_graph = false;
 std::atomic<uint64_t> g_sequence{0};
 
 // The sink for a leaf: accumulates into leaf.grad and fires its hooks.
 struct AccumulateGrad final : Node {
   std::weak_ptr<TensorImpl> leaf;  // weak: the leaf owns (weakly) us, we must not own it
-  std::vector<Tensor> apply(const Tensor& grad_output) override {
+  std::vector<Tensor> apply(Tensor grad_output) override {
     std::shared_ptr<TensorImpl> impl = leaf.lock();
     if (!impl) return {};
     Tensor leaf_tensor(impl);
@@ -28,6 +29,9 @@ struct AccumulateGrad final : Node {
       RT_CHECK(existing.shape() == grad_output.shape(), "gradient of shape ", grad_output.shape(),
                " cannot accumulate into .grad of shape ", existing.shape(), " of ", leaf_tensor.describe());
       existing.add_(grad_output);
+    } else if (grad_output.sole_owner()) {
+      // Handed over and shared with nothing: it becomes the gradient as it is.
+      meta.grad = grad_output.detach().impl_ptr();
     } else {
       // The incoming gradient may alias a buffer an op keeps; own a private copy.
       meta.grad = grad_output.detach().clone().impl_ptr();
@@ -84,7 +88,7 @@ std::string Node::describe() const {
   return os.str();
 }
 
-std::vector<Tensor> FunctionNode::apply(const Tensor& grad_output) { return backward(grad_output); }
+std::vector<Tensor> FunctionNode::apply(Tensor grad_output) { return backward(grad_output); }
 
 void FunctionNode::release() {
   backward = nullptr;  // frees the saved tensors
@@ -110,8 +114,15 @@ Tensor record(const char* op, std::initializer_list<const Tensor*> inputs, Tenso
 
 Tensor record(const char* op, const std::vector<const Tensor*>& inputs, Tensor output, BackwardFn fn) {
   auto node = std::make_shared<FunctionNode>();
-  node->op = op;
   node->backward = std::move(fn);
+  return record_node(op, inputs, std::move(output), std::move(node));
+}
+
+bool backward_retains_graph() { return t_retain_graph; }
+
+Tensor record_node(const char* op, const std::vector<const Tensor*>& inputs, Tensor output,
+                   std::shared_ptr<Node> node) {
+  node->op = op;
   for (const Tensor* t : inputs) {
     node->next.push_back(t ? gradient_edge(*t) : nullptr);
     if (t && t->defined())
@@ -124,14 +135,14 @@ Tensor record(const char* op, const std::vector<const Tensor*>& inputs, Tensor o
   return output;
 }
 
-void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph) {
+void run_backward(Tensor root, Tensor gradient, bool retain_graph) {
   RT_CHECK(root.defined(), "backward() called on an undefined tensor");
   if (!root.requires_grad()) {
     RT_THROW("backward() on ", root.describe(),
              " which does not require grad: no input of the ops that produced it requires grad "
              "(or it was computed under no_grad)");
   }
-  Tensor seed_grad = gradient;
+  Tensor seed_grad = std::move(gradient);
   if (!seed_grad.defined()) {
     if (root.numel() != 1) {
       RT_THROW("backward() without a gradient needs a scalar, but the tensor is ", root.describe(),
@@ -145,7 +156,15 @@ void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph)
   }
 
   NoGradGuard no_grad;  // the backward pass itself is not recorded
+  struct RetainFlag {
+    bool previous;
+    explicit RetainFlag(bool on) : previous(t_retain_graph) { t_retain_graph = on; }
+    ~RetainFlag() { t_retain_graph = previous; }
+    RetainFlag(const RetainFlag&) = delete;
+    RetainFlag& operator=(const RetainFlag&) = delete;
+  } retain_flag(retain_graph);
   std::shared_ptr<Node> root_node = gradient_edge(root);
+  root = Tensor();  // the node holds what it needs of it
 
   // Pass 1: count, for every reachable node, how many edges point at it (explicit stack, no recursion).
   std::unordered_map<Node*, int> dependencies;
@@ -169,7 +188,7 @@ void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph)
   std::priority_queue<std::shared_ptr<Node>, std::vector<std::shared_ptr<Node>>, decltype(later_first)> ready(
       later_first);
   std::unordered_map<Node*, Tensor> pending_grads;
-  pending_grads[root_node.get()] = seed_grad;
+  pending_grads[root_node.get()] = std::move(seed_grad);
   ready.push(root_node);
   std::vector<std::shared_ptr<Node>> executed;
 
@@ -185,7 +204,7 @@ void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph)
     }
     // A branch no gradient flowed into (all its producers returned none) just passes nothing on.
     std::vector<Tensor> input_grads;
-    if (grad_output.defined()) input_grads = node->apply(grad_output);
+    if (grad_output.defined()) input_grads = node->apply(std::move(grad_output));
     // Its saved tensors go now, not at the end of the pass: a node runs once a pass, and what the rest of
     // the backward holds is then only what it still needs (a checkpointed block's input, for example).
     if (!retain_graph) node->release();
@@ -200,8 +219,16 @@ void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph)
           RT_THROW("backward of op ", node->describe(), " produced a gradient ", g.describe(), " for input ", i,
                    ", which is ", dtype_name(expect.dtype), expect.shape);
         }
+        // A second gradient for the same input is added into the first where nothing else holds the
+        // first (the same arithmetic as add, one tensor less in flight).
         Tensor& slot = pending_grads[next];
-        slot = slot.defined() ? add(slot, g) : g;
+        if (!slot.defined()) {
+          slot = g;
+        } else if (slot.sole_owner()) {
+          slot.add_(g);
+        } else {
+          slot = add(slot, g);
+        }
       }
       if (--dependencies[next] == 0) ready.push(node->next[i]);
     }

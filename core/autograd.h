@@ -32,8 +32,10 @@ struct Node {
   Node(const Node&) = delete;
   Node& operator=(const Node&) = delete;
 
-  // Gradients w.r.t. each input (undefined where an input needs none), given the output's gradient.
-  virtual std::vector<Tensor> apply(const Tensor& grad_output) = 0;
+  // Gradients w.r.t. each input (undefined where an input needs none), given the output's gradient. The
+  // engine hands the gradient over (it keeps no handle of its own), so a node that passes it on by move
+  // (a checkpointed block into its inner backward) lets it go as soon as it is used.
+  virtual std::vector<Tensor> apply(Tensor grad_output) = 0;
   virtual void release() { released = true; }
   std::string describe() const;  // "mul(f32[2, 3], f32[3])"
 };
@@ -44,7 +46,7 @@ using BackwardFn = std::function<std::vector<Tensor>(const Tensor& grad_output)>
 // Tensor itself, so no reference cycles).
 struct FunctionNode final : Node {
   BackwardFn backward;
-  std::vector<Tensor> apply(const Tensor& grad_output) override;
+  std::vector<Tensor> apply(Tensor grad_output) override;
   void release() override;
 };
 
@@ -80,8 +82,16 @@ bool needs_grad(std::initializer_list<const Tensor*> inputs);
 // Records `fn` as the producer of `output` with the given inputs; returns output (now requiring grad).
 Tensor record(const char* op, std::initializer_list<const Tensor*> inputs, Tensor output, BackwardFn fn);
 Tensor record(const char* op, const std::vector<const Tensor*>& inputs, Tensor output, BackwardFn fn);
+// The same with a node of the caller's own type (its op is set here; its sequence is its creation's).
+Tensor record_node(const char* op, const std::vector<const Tensor*>& inputs, Tensor output, std::shared_ptr<Node> node);
 
-// The engine entry point (Tensor::backward forwards here).
-void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph);
+// The engine entry point (Tensor::backward forwards here). `gradient` is taken over: passed by move, the
+// engine holds its only handle and frees it once the root's node has used it.
+// The root is taken over too: a caller that moves it in lets the engine free the root's memory as soon
+// as its node has run (a checkpointed block's recomputed output).
+void run_backward(Tensor root, Tensor gradient, bool retain_graph);
+// True inside a backward pass that keeps the graph (retain_graph), for a node deciding whether it may
+// free what it saved while it runs (the innermost pass on this thread; false outside any).
+bool backward_retains_graph();
 
 }  // namespace ringtrain

@@ -9,6 +9,7 @@
 #include "core/autograd.h"
 #include "core/check.h"
 #include "core/dispatch.h"
+#include "core/pack.h"
 
 namespace ringtrain {
 
@@ -687,10 +688,11 @@ void update_running_statistics(const Tensor& running_mean, const Tensor& running
   Tensor(running_var).copy_(add(mul(running_var, 1.0 - momentum), mul(var, var_weight)));
 }
 
-// The output gradient through a fused ReLU (y: the op's output, undefined without one).
+// The output gradient through a fused ReLU (y: the op's output, undefined without one). Masked in place
+// when the backward was handed dy and nothing else holds it (autograd's engine passes gradients on).
 Tensor relu_masked(const Tensor& dy, const Tensor& y, const char* op) {
   if (!y.defined()) return dy;
-  Tensor masked = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
+  Tensor masked = dy.sole_owner() ? dy : Tensor::empty(dy.shape(), dy.dtype(), dy.device());
   RT_KERNEL(dy.device(), op, binary)
   (BinaryOp::ReluGrad, dy, y, masked, make_broadcast(dy.shape(), y.shape(), dy.shape()));
   return masked;
@@ -726,12 +728,23 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, con
   const auto fused_backward = detail::kernel_table(x.device(), "batch_norm").batch_norm_relu_backward;
   const bool mask_from_x =
       fuse_relu && !has_residual && fused_backward && (x.dtype() == DType::F32 || x.dtype() == DType::F64);
+  // Otherwise the mask is kept: on the CPU (f32) as bits, 1/32 of y, which is then not held by this op
+  // (a block's output, kept by nothing else once the next block has its input packed or recomputed).
+  const bool mask_bits = fuse_relu && !mask_from_x && x.device().is_cpu() && x.dtype() == DType::F32;
   Tensor sx = x.detach(), sw = weight.detach();
-  Tensor sy = fuse_relu && !mask_from_x ? y.detach() : Tensor(), sb = mask_from_x ? bias.detach() : Tensor();
+  Tensor sy = fuse_relu && !mask_from_x && !mask_bits ? y.detach() : Tensor();
+  Tensor sbits = mask_bits ? positive_bits(y) : Tensor(), sb = mask_from_x ? bias.detach() : Tensor();
   return record(name, {&x, &weight, &bias, &residual}, y,
-                [sx, sw, sy, sb, save_mean, save_invstd, training, has_residual, mask_from_x,
+                [sx, sw, sy, sbits, sb, save_mean, save_invstd, training, has_residual, mask_from_x,
                  fused_backward](const Tensor& dy_in) {
-                  const Tensor dy = relu_masked(dy_in, sy, "batch_norm_backward");  // dy_in itself without sy
+                  Tensor dy;
+                  if (sbits.defined()) {
+                    // Masked in place when the backward was handed dy_in and nothing else holds it.
+                    dy = dy_in.sole_owner() ? dy_in : Tensor::empty(dy_in.shape(), dy_in.dtype(), dy_in.device());
+                    mask_by_bits(dy_in, sbits, dy);
+                  } else {
+                    dy = relu_masked(dy_in, sy, "batch_norm_backward");  // dy_in itself without sy
+                  }
                   Tensor dx = Tensor::empty(sx.shape(), sx.dtype(), sx.device());
                   Tensor dw = Tensor::empty(sw.shape(), sw.dtype(), sw.device());
                   Tensor db = Tensor::empty(sw.shape(), sw.dtype(), sw.device());

@@ -187,5 +187,29 @@ TEST(Autograd, OnlyInputsThatNeedGradGetThem) {
   EXPECT_EQ(w.grad().to_vector(), std::vector<double>(6, 4.0));
 }
 
+// The engine reuses a gradient's memory only where nothing else can see it: the caller's gradient and a
+// gradient one op hands to two inputs stay as they were; handed over by move it may become .grad.
+TEST(Autograd, ReusesAGradientsMemoryOnlyWhereNothingElseHoldsIt) {
+  Tensor x = Tensor::from_vector({1, 2, 3}, Shape{3}).set_requires_grad();
+  const Tensor up = Tensor::from_vector({1, 10, 100}, Shape{3});
+  Tensor y = add(x, x);  // add's backward hands the same gradient to both inputs
+  y.backward(up);
+  EXPECT_EQ(x.grad().to_vector(), (std::vector<double>{2, 20, 200}));
+  EXPECT_EQ(up.to_vector(), (std::vector<double>{1, 10, 100}));
+  EXPECT_FALSE(x.grad().shares_storage_with(up));
+  // Two paths into one input, the second added into the first: the sum of both.
+  Tensor z = Tensor::from_vector({1, 2, 3}, Shape{3}).set_requires_grad();
+  Tensor w = add(mul(z, 2.0), mul(relu(z), 3.0));
+  Tensor g = Tensor::ones(Shape{3});
+  run_backward(w, std::move(g), false);
+  EXPECT_EQ(z.grad().to_vector(), (std::vector<double>{5, 5, 5}));
+  // Kept with retain_graph, a second backward adds again into the same .grad.
+  Tensor v = mul(x, 3.0);
+  x.zero_grad();
+  v.backward(Tensor::ones(Shape{3}), /*retain_graph=*/true);
+  v.backward(Tensor::ones(Shape{3}));
+  EXPECT_EQ(x.grad().to_vector(), (std::vector<double>{6, 6, 6}));
+}
+
 }  // namespace
 }  // namespace ringtrain

@@ -197,6 +197,50 @@ TEST(BatchNorm, FusedReluBackwardIsTheComposedReluBitForBit) {
     }
 }
 
+// Batch norm + add + ReLU: on the CPU in f32 the backward keeps the ReLU's mask as bits instead of the
+// output (core/pack.h); every gradient, the residual's included, is the composed ops' bit for bit, and
+// the NaN channel's and the exact zeros' gradients are 0 as theirs are.
+TEST(BatchNorm, FusedAddReluBackwardIsTheComposedOpsBitForBit) {
+  for (DType dtype : {DType::F32, DType::F64}) {
+    Tensor x0 = Tensor::normal(Shape{6, 5, 4, 19}, 0.5, 2.0, 51, DType::F64).to(dtype);
+    std::vector<double> xv = x0.to_vector();
+    xv[9 * 19 + 4] = std::nan("");
+    x0 = Tensor::from_vector(xv, x0.shape(), dtype);
+    std::vector<double> rv0 = Tensor::normal(x0.shape(), 0, 1, 52, DType::F64).to_vector();
+    for (size_t i = 0; i < rv0.size(); i += 7) rv0[i] = 0.0;
+    const Tensor res0 = Tensor::from_vector(rv0, x0.shape(), dtype);
+    const Tensor up = Tensor::normal(x0.shape(), 0, 1, 53, DType::F64).to(dtype);
+    struct Out {
+      std::vector<double> y, dx, dw, db, dr;
+    };
+    auto run = [&](bool fused) {
+      Tensor x = x0.clone().set_requires_grad(), r = res0.clone().set_requires_grad();
+      Tensor w = Tensor::uniform(Shape{19}, 0.5, 1.5, 54, dtype).set_requires_grad();
+      Tensor b = Tensor::uniform(Shape{19}, -1, 1, 55, dtype).set_requires_grad();
+      Tensor rm = Tensor::zeros(Shape{19}, dtype), rvar = Tensor::ones(Shape{19}, dtype);
+      Tensor y = fused ? batch_norm(x, w, b, rm, rvar, true, 0.1, 1e-5, /*fuse_relu=*/true, r)
+                       : relu(add(batch_norm(x, w, b, rm, rvar, true, 0.1, 1e-5), r));
+      y.backward(up);
+      return Out{y.to_vector(), x.grad().to_vector(), w.grad().to_vector(), b.grad().to_vector(), r.grad().to_vector()};
+    };
+    const Out f = run(true), c = run(false);
+    auto same_bits = [&](const std::vector<double>& a, const std::vector<double>& b, const char* name) {
+      ASSERT_EQ(a.size(), b.size());
+      for (size_t i = 0; i < a.size(); ++i)
+        ASSERT_TRUE(std::memcmp(&a[i], &b[i], sizeof(double)) == 0)
+            << dtype_name(dtype) << " " << name << "[" << i << "]: " << a[i] << " vs " << b[i];
+    };
+    std::vector<double> fy = f.y;
+    for (size_t i = 0; i < fy.size(); ++i)
+      if (std::isnan(fy[i])) fy[i] = 0.0;
+    same_bits(fy, c.y, "y");
+    same_bits(f.dx, c.dx, "dx");
+    same_bits(f.dw, c.dw, "dweight");
+    same_bits(f.db, c.db, "dbias");
+    same_bits(f.dr, c.dr, "dresidual");
+  }
+}
+
 // On one replica SyncBatchNorm's split passes (stats, merge, apply; local sums, dx) are plain batch norm
 // bit for bit, forward and backward, for every floating dtype, with and without the fused residual + ReLU.
 TEST(BatchNorm, SyncBatchNormOnOneReplicaIsPlainBatchNormBitForBit) {
