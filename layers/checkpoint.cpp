@@ -1,5 +1,6 @@
 #include "layers/checkpoint.h"
 
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -7,8 +8,84 @@
 #include "core/autograd.h"
 #include "core/check.h"
 #include "core/ops.h"
+#include "core/pack.h"
 
 namespace ringtrain {
+
+namespace {
+
+// A checkpointed block's input, held from its forward to its backward: dense while anything else may
+// still use it, packed (core/pack.h: the zeros as bits, lossless) once only the block holds it. The
+// recompute unpacks the same bytes, so the gradients stay the plain run's bit for bit.
+struct SavedInput {
+  Tensor dense;
+  std::optional<PackedZeros> packed;
+  Tensor get() const { return packed ? unpack_zeros(*packed) : dense.detach(); }
+};
+
+// The inputs saved on this thread and not yet packed. When a block starts, the inputs of the blocks before
+// it have usually been let go by their callers (a Sequential's x = block(x); a ResNet's x = layer2(x) lets
+// layer2's input go once the stage has run), so those only a block holds are packed then. One still held
+// elsewhere (the batch's images, a skip connection) waits: packing it would only add the packed copy.
+// Each input is tried once it is the block's alone, and dropped from the list then (packed, or too dense
+// to gain) or when its block's backward has run.
+thread_local std::vector<std::weak_ptr<SavedInput>> pending_inputs;
+
+void pack_pending_inputs() {
+  std::erase_if(pending_inputs, [](const std::weak_ptr<SavedInput>& weak) {
+    const std::shared_ptr<SavedInput> s = weak.lock();
+    if (!s || !s->dense.defined()) return true;
+    if (!s->dense.sole_owner()) return false;
+    s->packed = pack_zeros(s->dense);  // leaves dense undefined when it packs
+    return true;
+  });
+}
+
+// The block's node: its backward runs the forward again from the saved input and backpropagates
+// through it at once.
+struct CheckpointNode final : Node {
+  BlockFn fn;
+  std::vector<Tensor> buffers;  // the modules' buffers, put back after the recompute
+  std::shared_ptr<SavedInput> saved;
+  bool x_grad = false;
+  uint64_t stream = 0;  // the generator's position at the forward
+  std::optional<DType> cast;
+  size_t params = 0;
+
+  std::vector<Tensor> apply(Tensor grad) override {
+    std::vector<Tensor> kept;
+    for (const Tensor& b : buffers) kept.push_back(b.clone());
+    const uint64_t now = rng_stream();
+    Tensor in = saved->get();
+    // Once unpacked the packed copy is not needed again, unless the graph is kept for another backward.
+    if (!backward_retains_graph()) saved = nullptr;
+    if (x_grad) in.set_requires_grad(true);
+    Tensor out;
+    {
+      EnableGradGuard grad_on;
+      AutocastGuard autocast(cast);
+      set_rng_stream(stream);
+      out = fn(in);
+    }
+    set_rng_stream(now);
+    for (size_t k = 0; k < buffers.size(); ++k) Tensor(buffers[k]).copy_(kept[k]);
+    // The parameters' gradients accumulate (and their ready hooks fire: the all-reduce) in this inner
+    // backward; the node hands back x's only. The output's gradient is passed on, not kept: it goes as
+    // soon as the block's last op has used it.
+    if (out.requires_grad()) run_backward(std::move(out), std::move(grad), false);
+    std::vector<Tensor> grads(1 + params);
+    if (x_grad) grads[0] = in.grad();
+    return grads;
+  }
+  void release() override {
+    fn = nullptr;
+    buffers.clear();
+    saved = nullptr;
+    released = true;
+  }
+};
+
+}  // namespace
 
 Tensor checkpoint(Module& module, const Tensor& x) {
   return checkpoint([m = &module](const Tensor& in) { return m->forward(in); }, x, {&module});
@@ -29,6 +106,7 @@ Tensor checkpoint(BlockFn fn, const Tensor& x, const std::vector<const Module*>&
     any = any || p.requires_grad();
   }
   if (!grad_enabled() || !any) return fn(x);
+  pack_pending_inputs();
   const uint64_t stream = rng_stream();
   const std::optional<DType> cast = autocast_dtype();
   Tensor y;
@@ -39,31 +117,17 @@ Tensor checkpoint(BlockFn fn, const Tensor& x, const std::vector<const Module*>&
   // A new handle on y's storage: the node must never attach to a tensor the block returned as it was
   // (an identity block would hand back x itself).
   y = y.detach();
-  const bool x_grad = x.requires_grad();
-  return record(
-      "checkpoint", inputs, y,
-      [fn = std::move(fn), buffers, saved = x.detach(), x_grad, stream, cast, n = params.size()](const Tensor& grad) {
-        std::vector<Tensor> kept;
-        for (const Tensor& b : buffers) kept.push_back(b.clone());
-        const uint64_t now = rng_stream();
-        Tensor in = saved.detach();
-        if (x_grad) in.set_requires_grad(true);
-        Tensor out;
-        {
-          EnableGradGuard grad_on;
-          AutocastGuard autocast(cast);
-          set_rng_stream(stream);
-          out = fn(in);
-        }
-        set_rng_stream(now);
-        for (size_t k = 0; k < buffers.size(); ++k) Tensor(buffers[k]).copy_(kept[k]);
-        // The parameters' gradients accumulate (and their ready hooks fire: the all-reduce) in
-        // this inner backward; the node hands back x's only.
-        if (out.requires_grad()) out.backward(grad);
-        std::vector<Tensor> grads(1 + n);
-        if (x_grad) grads[0] = in.grad();
-        return grads;
-      });
+  auto node = std::make_shared<CheckpointNode>();
+  node->fn = std::move(fn);
+  node->buffers = std::move(buffers);
+  node->saved = std::make_shared<SavedInput>();
+  node->saved->dense = x.detach();
+  node->x_grad = x.requires_grad();
+  node->stream = stream;
+  node->cast = cast;
+  node->params = params.size();
+  pending_inputs.push_back(node->saved);
+  return record_node("checkpoint", inputs, y, std::move(node));
 }
 
 int recompute_blocks(Module& model, bool on) {

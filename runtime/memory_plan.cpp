@@ -89,7 +89,11 @@ ActivationCurve probe_activations(const TrainerOptions& o, Device device, Module
   for (int i = 0; i < 2; ++i) {
     const int64_t b = sizes[i];
     data::Batch batch;
-    batch.images = Tensor::zeros(Shape{b, info.height, info.width, info.channels}, DType::F32, device);
+    // Random images, not zeros: with --recompute the block inputs kept are packed by their zeros
+    // (core/pack.h), and a zero batch would make every activation zero. A fixed seed, not the run's
+    // generator; batch norm makes the activations' density what it is on real data at the start.
+    batch.images =
+        Tensor::normal(Shape{b, info.height, info.width, info.channels}, 0.0, 1.0, /*seed=*/0x5eed, DType::F32, device);
     batch.labels = Tensor::zeros(Shape{b}, DType::I64, device);
     batch.valid = b;
     synchronize(device);
