@@ -122,7 +122,6 @@ __attribute__((target("avx2,popcnt"))) void expand32_avx2(const uint32_t* values
                         _mm256_and_si256(_mm256_permutevar8x32_epi32(v, idx), keep));
     pos += _mm_popcnt_u32(m);
   }
-  // The tail's mask bits start at bit i % 64 of its word; i is a multiple of 8 and of nothing larger.
   for (; i < n; ++i) {
     const bool set = (mask[i / 64] >> (i % 64)) & 1U;
     out[i] = set ? values[pos] : 0U;

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "core/check.h"
@@ -148,6 +149,18 @@ TEST(BatchNorm, Bf16ActivationsWithF32ParametersAndErrors) {
 // BN + ReLU without a residual: the backward recomputes the ReLU's mask from x (no masking pass). Its
 // gradients are the unfused composition's, relu(batch_norm(x)), bit for bit: training and eval, f32 and
 // f64, with a channel whose outputs are exactly zero and a NaN input.
+void expect_same_bits(const std::vector<double>& a, const std::vector<double>& b, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (size_t i = 0; i < a.size(); ++i)
+    ASSERT_TRUE(std::memcmp(&a[i], &b[i], sizeof(double)) == 0) << what << "[" << i << "]: " << a[i] << " vs " << b[i];
+}
+
+std::vector<double> nan_to_zero(std::vector<double> v) {
+  for (double& x : v)
+    if (std::isnan(x)) x = 0.0;
+  return v;
+}
+
 TEST(BatchNorm, FusedReluBackwardIsTheComposedReluBitForBit) {
   for (DType dtype : {DType::F32, DType::F64})
     for (bool training : {true, false}) {
@@ -178,21 +191,12 @@ TEST(BatchNorm, FusedReluBackwardIsTheComposedReluBitForBit) {
       };
       const Out f = run(true), c = run(false);
       const std::string what = std::string(dtype_name(dtype)) + (training ? " training" : " eval");
-      auto same_bits = [&](const std::vector<double>& a, const std::vector<double>& b, const char* name) {
-        ASSERT_EQ(a.size(), b.size());
-        for (size_t i = 0; i < a.size(); ++i)
-          ASSERT_TRUE(std::memcmp(&a[i], &b[i], sizeof(double)) == 0)
-              << what << " " << name << "[" << i << "]: " << a[i] << " vs " << b[i];
-      };
       // The forward is not what changed, and differs at NaN only: the fused ReLU keeps NaN (as PyTorch's
       // relu does), the standalone relu zeroes it. Both masks are 0 there.
-      std::vector<double> fy = f.y;
-      for (size_t i = 0; i < fy.size(); ++i)
-        if (std::isnan(fy[i])) fy[i] = 0.0;
-      same_bits(fy, c.y, "y");
-      same_bits(f.dx, c.dx, "dx");
-      same_bits(f.dw, c.dw, "dweight");
-      same_bits(f.db, c.db, "dbias");
+      expect_same_bits(nan_to_zero(f.y), c.y, what + " y");
+      expect_same_bits(f.dx, c.dx, what + " dx");
+      expect_same_bits(f.dw, c.dw, what + " dweight");
+      expect_same_bits(f.db, c.db, what + " dbias");
       EXPECT_EQ(c.y[3], 0.0) << what << ": channel 3 was meant to normalise to exactly 0";
     }
 }
@@ -224,20 +228,12 @@ TEST(BatchNorm, FusedAddReluBackwardIsTheComposedOpsBitForBit) {
       return Out{y.to_vector(), x.grad().to_vector(), w.grad().to_vector(), b.grad().to_vector(), r.grad().to_vector()};
     };
     const Out f = run(true), c = run(false);
-    auto same_bits = [&](const std::vector<double>& a, const std::vector<double>& b, const char* name) {
-      ASSERT_EQ(a.size(), b.size());
-      for (size_t i = 0; i < a.size(); ++i)
-        ASSERT_TRUE(std::memcmp(&a[i], &b[i], sizeof(double)) == 0)
-            << dtype_name(dtype) << " " << name << "[" << i << "]: " << a[i] << " vs " << b[i];
-    };
-    std::vector<double> fy = f.y;
-    for (size_t i = 0; i < fy.size(); ++i)
-      if (std::isnan(fy[i])) fy[i] = 0.0;
-    same_bits(fy, c.y, "y");
-    same_bits(f.dx, c.dx, "dx");
-    same_bits(f.dw, c.dw, "dweight");
-    same_bits(f.db, c.db, "dbias");
-    same_bits(f.dr, c.dr, "dresidual");
+    const std::string what(dtype_name(dtype));
+    expect_same_bits(nan_to_zero(f.y), c.y, what + " y");
+    expect_same_bits(f.dx, c.dx, what + " dx");
+    expect_same_bits(f.dw, c.dw, what + " dweight");
+    expect_same_bits(f.db, c.db, what + " dbias");
+    expect_same_bits(f.dr, c.dr, what + " dresidual");
   }
 }
 
