@@ -6,6 +6,7 @@
 #include <array>
 #include <atomic>
 #include <cstring>
+#include <functional>
 #include <string_view>
 
 #include "core/check.h"
@@ -42,18 +43,35 @@ const Lanes& lanes() {
   return table;
 }
 
+// Runs fn(i, len) for each block [i, i + len) of n elements, blocks spread over the worker threads.
+void for_blocks(int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
+  parallel_for((n + kBlock - 1) / kBlock, kGrain, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) fn(b * kBlock, std::min(kBlock, n - b * kBlock));
+  });
+}
+
 // ---- plain C++: any element type
-template <typename U>
-int64_t mask_generic(const U* x, int64_t n, uint64_t* mask) {
+// Bit j % 64 of word j / 64 set where keep(x[j]); returns how many are set.
+template <typename U, typename Keep>
+int64_t bits_generic(const U* x, int64_t n, uint64_t* mask, Keep keep) {
   int64_t count = 0;
   for (int64_t w = 0; w * 64 < n; ++w) {
     const int64_t len = std::min<int64_t>(64, n - w * 64);
     uint64_t bits = 0;
-    for (int64_t j = 0; j < len; ++j) bits |= static_cast<uint64_t>(x[w * 64 + j] != 0) << j;
+    for (int64_t j = 0; j < len; ++j) bits |= static_cast<uint64_t>(keep(x[w * 64 + j])) << j;
     mask[w] = bits;
     count += __builtin_popcountll(bits);
   }
   return count;
+}
+
+template <typename U>
+int64_t mask_generic(const U* x, int64_t n, uint64_t* mask) {
+  return bits_generic(x, n, mask, [](U v) { return v != 0; });
+}
+
+int64_t positive_generic(const float* y, int64_t n, uint64_t* bits) {
+  return bits_generic(y, n, bits, [](float v) { return v > 0.0F; });
 }
 
 template <typename U>
@@ -140,11 +158,7 @@ __attribute__((target("avx2"))) void positive_bits_avx2(const float* y, int64_t 
     }
     bits[i / 64] = word;
   }
-  if (i < n) {
-    uint64_t word = 0;
-    for (int64_t j = i; j < n; ++j) word |= static_cast<uint64_t>(y[j] > 0.0F) << (j - i);
-    bits[i / 64] = word;
-  }
+  if (i < n) positive_generic(y + i, n - i, bits + i / 64);
 }
 
 __attribute__((target("avx2"))) void mask_by_bits_avx2(const float* dy, int64_t n, const uint64_t* bits, float* out) {
@@ -179,17 +193,15 @@ std::optional<PackedZeros> pack_typed(Tensor& t, double max_density) {
   Tensor mask_tensor = Tensor::empty(Shape{words * 8}, DType::U8);  // until the values are in place
   uint64_t* mask = mask_tensor.data<uint64_t>();
   const bool avx2 = sizeof(U) == 4 && use_avx2().load();
-  parallel_for(blocks, kGrain, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      const int64_t i = b * kBlock, len = std::min(kBlock, n - i);
-      if constexpr (sizeof(U) == 4) {
-        if (avx2) {
-          offsets[b + 1] = mask32_avx2(x + i, len, mask + i / 64);
-          continue;
-        }
+  for_blocks(n, [&](int64_t i, int64_t len) {
+    int64_t& count = offsets[i / kBlock + 1];
+    if constexpr (sizeof(U) == 4) {
+      if (avx2) {
+        count = mask32_avx2(x + i, len, mask + i / 64);
+        return;
       }
-      offsets[b + 1] = mask_generic(x + i, len, mask + i / 64);
     }
+    count = mask_generic(x + i, len, mask + i / 64);
   });
   for (int64_t b = 0; b < blocks; ++b) offsets[b + 1] += offsets[b];
   const int64_t nonzeros = offsets.back();
@@ -199,17 +211,14 @@ std::optional<PackedZeros> pack_typed(Tensor& t, double max_density) {
     return std::nullopt;
   // Each block to its own start, in parallel; then, in order, each block down to where it belongs (its
   // place ends before any later block's values begin, so nothing not yet moved is overwritten).
-  parallel_for(blocks, kGrain, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      const int64_t i = b * kBlock, len = std::min(kBlock, n - i);
-      if constexpr (sizeof(U) == 4) {
-        if (avx2) {
-          compact32_avx2(x + i, len, mask + i / 64);
-          continue;
-        }
+  for_blocks(n, [&](int64_t i, int64_t len) {
+    if constexpr (sizeof(U) == 4) {
+      if (avx2) {
+        compact32_avx2(x + i, len, mask + i / 64);
+        return;
       }
-      compact_generic(x + i, len, x + i);
     }
+    compact_generic(x + i, len, x + i);
   });
   for (int64_t b = 1; b < blocks; ++b)
     std::memmove(x + offsets[b], x + b * kBlock, static_cast<size_t>(offsets[b + 1] - offsets[b]) * sizeof(U));
@@ -242,17 +251,15 @@ void unpack_typed(const PackedZeros& p, Tensor& out) {
   const uint64_t* mask = reinterpret_cast<const uint64_t*>(base + p.mask_offset);
   U* y = out.data<U>();
   const bool avx2 = sizeof(U) == 4 && use_avx2().load();
-  parallel_for(static_cast<int64_t>(p.offsets.size()) - 1, kGrain, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      const int64_t i = b * kBlock, len = std::min(kBlock, n - i);
-      if constexpr (sizeof(U) == 4) {
-        if (avx2) {
-          expand32_avx2(values + p.offsets[b], len, mask + i / 64, y + i);
-          continue;
-        }
+  for_blocks(n, [&](int64_t i, int64_t len) {
+    const U* block_values = values + p.offsets[i / kBlock];
+    if constexpr (sizeof(U) == 4) {
+      if (avx2) {
+        expand32_avx2(block_values, len, mask + i / 64, y + i);
+        return;
       }
-      expand_generic(values + p.offsets[b], len, mask + i / 64, y + i);
     }
+    expand_generic(block_values, len, mask + i / 64, y + i);
   });
 }
 
@@ -290,19 +297,11 @@ Tensor positive_bits(const Tensor& y) {
   const float* py = y.data<float>();
   uint64_t* pb = bits.data<uint64_t>();
   const bool avx2 = use_avx2().load();
-  parallel_for((n + kBlock - 1) / kBlock, kGrain, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      const int64_t i = b * kBlock, len = std::min(kBlock, n - i);
-      if (avx2) {
-        positive_bits_avx2(py + i, len, pb + i / 64);
-        continue;
-      }
-      for (int64_t w = 0; w * 64 < len; ++w) {
-        uint64_t word = 0;
-        for (int64_t j = w * 64; j < std::min<int64_t>(len, w * 64 + 64); ++j)
-          word |= static_cast<uint64_t>(py[i + j] > 0.0F) << (j - w * 64);
-        pb[i / 64 + w] = word;
-      }
+  for_blocks(n, [&](int64_t i, int64_t len) {
+    if (avx2) {
+      positive_bits_avx2(py + i, len, pb + i / 64);
+    } else {
+      positive_generic(py + i, len, pb + i / 64);
     }
   });
   return bits;
@@ -317,15 +316,12 @@ void mask_by_bits(const Tensor& dy, const Tensor& bits, const Tensor& out) {
   const uint64_t* pb = bits.data<uint64_t>();
   float* po = out.data<float>();
   const bool avx2 = use_avx2().load();
-  parallel_for((n + kBlock - 1) / kBlock, kGrain, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      const int64_t i = b * kBlock, len = std::min(kBlock, n - i);
-      if (avx2) {
-        mask_by_bits_avx2(g + i, len, pb + i / 64, po + i);
-        continue;
-      }
-      for (int64_t j = i; j < i + len; ++j) po[j] = (pb[j / 64] >> (j % 64)) & 1U ? g[j] : 0.0F;
+  for_blocks(n, [&](int64_t i, int64_t len) {
+    if (avx2) {
+      mask_by_bits_avx2(g + i, len, pb + i / 64, po + i);
+      return;
     }
+    for (int64_t j = i; j < i + len; ++j) po[j] = (pb[j / 64] >> (j % 64)) & 1U ? g[j] : 0.0F;
   });
 }
 
