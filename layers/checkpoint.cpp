@@ -135,14 +135,20 @@ int recompute_blocks(Module& model, bool on) {
   RT_CHECK(!blocks.empty(), "--recompute: the model (", model.type_name(),
            ") is no sequence of blocks (Module::blocks() is empty); call set_recompute(true) on the modules to "
            "recompute instead");
+  // The last block stays plain when switching on: its backward follows its forward at once, so a recompute
+  // would hold what the plain block holds (and hold its input on top) for one more forward. On ResNet-50 at
+  // 128x128 its head recomputed cost 21 MiB more peak RSS (612 against 591 MiB). Switching off reaches every
+  // block, the last too, so blocks a caller marked go back to plain.
   int marked = 0;
-  for (const Block& b : blocks) {
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const Block& b = blocks[i];
+    const bool mark = on && i + 1 < blocks.size();
     if (b.set_recompute) {
-      b.set_recompute(on);
-      ++marked;
+      b.set_recompute(mark);
+      marked += mark;
     } else if (b.modules.size() == 1) {
-      b.modules.front()->set_recompute(on);
-      ++marked;
+      b.modules.front()->set_recompute(mark);
+      marked += mark;
     }
   }
   return marked;

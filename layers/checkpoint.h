@@ -25,11 +25,13 @@ Tensor checkpoint(Module& module, const Tensor& x);
 using BlockFn = std::function<Tensor(const Tensor&)>;
 Tensor checkpoint(BlockFn fn, const Tensor& x, const std::vector<const Module*>& modules);
 
-// --recompute: every block of model.blocks() recomputed: set_recompute(true) on a block that is one module
-// (a ResNet's residual blocks and head, a Sequential's children), the block's own set_recompute for one
-// of several (a ResNet's stem). Returns how many; a block of several modules without a set_recompute is
-// left as it is; a model that is no sequence of blocks is an error naming it (mark its blocks yourself).
-// on = false switches them off again (the memory plan probes a model both ways).
+// --recompute: every block of model.blocks() but the last recomputed: set_recompute(true) on a block that
+// is one module (a ResNet's residual blocks, a Sequential's children), the block's own set_recompute for
+// one of several (a ResNet's stem). The last (a ResNet's head) stays plain: its backward follows its
+// forward at once, so recomputing it would save nothing and cost a forward. Returns how many were marked;
+// a block of several modules without a set_recompute is left as it is; a model that is no sequence of
+// blocks is an error naming it (mark its blocks yourself). on = false switches every block off again, the
+// last too (the memory plan probes a model both ways); it returns 0.
 int recompute_blocks(Module& model, bool on = true);
 
 }  // namespace ringtrain

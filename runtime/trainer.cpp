@@ -771,10 +771,19 @@ TrainResult Trainer::fit(Module& model, DataSource& data, const StepFn& step_fn)
   model.to(device_);
   model.train();
   if (options_.recompute) {
-    const int marked = permanent_errors([&] { return recompute_blocks(model); });
+    const size_t blocks = permanent_errors([&] { return model.blocks().size(); });
+    const int marked = permanent_errors([&] {
+      const int n = recompute_blocks(model);
+      RT_CHECK(n > 0, "--recompute: none of the model's ", model.blocks().size(), " blocks (", model.type_name(),
+               ") can be recomputed: the last stays plain (its backward follows its forward at once), and a block of ",
+               "several modules needs its own set_recompute; split the model into more blocks, or drop --recompute");
+      return n;
+    });
     if (world_.is_root())
-      std::printf("recompute: %d of the model's blocks keep only their input; their forwards run again in backward\n",
-                  marked);
+      std::printf(
+          "recompute: %d of the model's %zu blocks keep only their input, their forwards run again in "
+          "backward; the last runs plain\n",
+          marked, blocks);
   }
   // The options as this run resolves them: -b auto and --global-batch become a batch and an accumulation.
   TrainerOptions o = options_;

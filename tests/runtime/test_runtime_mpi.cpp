@@ -347,6 +347,32 @@ TEST(Trainer, ErrorsAboutTheInputArePermanent) {
   if (world().is_root()) fs::remove_all(dir);
 }
 
+// --recompute on a model of one block: nothing to recompute (the last block stays plain), so the run is
+// refused before its first step, permanently, naming the model, rather than run without what was asked.
+TEST(Trainer, RecomputeOfAModelOfOneBlockIsRefusedNamingIt) {
+  const fs::path dir = make_dataset("one-block", 48, 10);
+  TrainerOptions o = small_run(dir / "r");
+  o.recompute = true;
+  Trainer trainer(world(), o);
+  auto data = open_shards(dir, {.device = trainer.device()});
+  auto net = std::make_shared<Sequential>();
+  net->add(small_net(data->info().channels, data->info().classes));
+  try {
+    trainer.fit(*net, *data);
+    ADD_FAILURE() << "trained";
+  } catch (const Error& e) {
+    EXPECT_TRUE(e.permanent());
+    EXPECT_NE(std::string(e.what()).find("--recompute: none of the model's 1 blocks (Sequential) can be recomputed"),
+              std::string::npos)
+        << e.what();
+  }
+  // Two blocks: the first is recomputed and the run trains.
+  net->add(std::make_shared<Identity>());
+  o.checkpoint_dir = (dir / "r2").string();
+  Trainer again(world(), o);
+  EXPECT_EQ(again.fit(*net, *data).steps, 6);
+}
+
 TEST(Trainer, RanksStartedWithDifferentFlagsFailAtOnceNamingTheFlag) {
   if (world().size() < 2) GTEST_SKIP() << "needs 2 or more ranks";
   TrainerOptions o;
