@@ -6,7 +6,10 @@
 // params=..." (params: the model's parameter count, which scripts/peers/torch_resnet_step.py prints too).
 // --cpu-conv compare alternates the CPU convolution choice step by step (direct, auto, direct, ...) and
 // adds both medians and the median of each pair's auto/direct ratio: a comparison that holds while the
-// machine's speed drifts (median_step_s is then auto's).
+// machine's speed drifts (median_step_s is then auto's). --recompute on recomputes the activations
+// (layers/checkpoint.h); --recompute compare alternates plain and recomputed steps the same way and adds
+// plain_median_step_s and recompute_over_plain (median_step_s is then the recomputed steps'). Only one of
+// the two compares at a time.
 // Under mpirun it is data-parallel (GradSync over --backend, default ring; -b is per rank): the step
 // time is the slowest rank's median, img/s counts every rank's images, and the line adds ranks=N and
 // comm_wait_s (median time finish() waited for gradients after backward: the communication not hidden).
@@ -23,6 +26,7 @@
 #include "core/check.h"
 #include "core/ops.h"
 #include "core/parallel.h"
+#include "layers/checkpoint.h"
 #include "layers/loss.h"
 #include "layers/models/resnet.h"
 #include "optim/optimizer.h"
@@ -31,7 +35,8 @@ using namespace ringtrain;
 
 int main(int argc, char** argv) {
   CLI::App app{"Times ResNet training steps on synthetic data"};
-  std::string arch = "resnet20", device_text = "cpu", precision = "fp32", backend = "ring", cpu_conv = "auto";
+  std::string arch = "resnet20", device_text = "cpu", precision = "fp32", backend = "ring", cpu_conv = "auto",
+              recompute = "off";
   int64_t batch = 128, hw = 32, in_ch = 3, classes = 10;
   int threads = 0, steps = 10, warmup = 2;
   double bucket_mb = 25;
@@ -73,8 +78,18 @@ int main(int argc, char** argv) {
                  "default: RINGTRAIN_CPU_CONV, else auto")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "direct", "compare"}));
+  app.add_option("--recompute", recompute,
+                 "activation recompute per residual block: off, on, or compare (alternate plain and recomputed "
+                 "steps)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"off", "on", "compare"}));
   CLI11_PARSE(app, argc, argv);
-  const bool compare = cpu_conv == "compare";
+  if (cpu_conv == "compare" && recompute == "compare") {
+    std::fprintf(stderr, "bench_step: --cpu-conv compare and --recompute compare: compare one at a time\n");
+    return 2;
+  }
+  const bool compare_recompute = recompute == "compare";
+  const bool compare = cpu_conv == "compare" || compare_recompute;
   const bool cpu_conv_given = app.count("--cpu-conv") > 0;  // else RINGTRAIN_CPU_CONV's choice (default auto)
   return comm::run_main(argc, argv, [&](comm::World& world) {
     const Device device = world.bind(parse_device(device_text), threads).device;
@@ -92,14 +107,19 @@ int main(int argc, char** argv) {
     std::vector<double> ys(static_cast<size_t>(batch));
     for (int64_t i = 0; i < batch; ++i) ys[static_cast<size_t>(i)] = static_cast<double>(i % classes);
     Tensor y = Tensor::from_vector(ys, Shape{batch}, DType::I64, device);
-    std::vector<double> times, waits, direct_times, ratios;
+    std::vector<double> times, waits, base_times, ratios;
     if (!cpu_conv_given)
       cpu_convolution();  // a bad RINGTRAIN_CPU_CONV fails here, named
     else if (!compare)
       set_cpu_convolution(cpu_conv == "direct" ? CpuConvolution::Direct : CpuConvolution::Auto);
+    if (recompute == "on") recompute_blocks(model);
+    // In a comparison the even steps are the baseline (direct convolutions, or no recompute).
     for (int s = 0; s < (compare ? 2 : 1) * (warmup + steps); ++s) {
-      const bool direct_turn = compare && s % 2 == 0;
-      if (compare) set_cpu_convolution(direct_turn ? CpuConvolution::Direct : CpuConvolution::Auto);
+      const bool base_turn = compare && s % 2 == 0;
+      if (compare_recompute)
+        recompute_blocks(model, !base_turn);
+      else if (compare)
+        set_cpu_convolution(base_turn ? CpuConvolution::Direct : CpuConvolution::Auto);
       auto t0 = std::chrono::steady_clock::now();
       if (sync)
         sync->zero_grad();
@@ -116,17 +136,17 @@ int main(int argc, char** argv) {
       const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (compare) {
         if (s / 2 < warmup) continue;
-        if (direct_turn) {
-          direct_times.push_back(dt);
+        if (base_turn) {
+          base_times.push_back(dt);
           continue;
         }
-        ratios.push_back(dt / direct_times.back());
+        ratios.push_back(dt / base_times.back());
       }
       if (s / (compare ? 2 : 1) >= warmup) times.push_back(dt);
     }
     std::sort(times.begin(), times.end());
     std::sort(waits.begin(), waits.end());
-    std::sort(direct_times.begin(), direct_times.end());
+    std::sort(base_times.begin(), base_times.end());
     std::sort(ratios.begin(), ratios.end());
     double median = times[times.size() / 2], wait = waits.empty() ? 0.0 : waits[waits.size() / 2];
     double worst[3] = {median, wait, peak_rss_bytes() / (1024.0 * 1024.0)};  // the slowest / largest rank's
@@ -143,9 +163,11 @@ int main(int argc, char** argv) {
     for (const auto& [name, p] : model.named_parameters()) params += p.numel();
     std::printf(" params=%lld", static_cast<long long>(params));
     if (world.size() > 1) std::printf(" ranks=%d backend=%s comm_wait_s=%.4f", world.size(), backend.c_str(), wait);
+    if (recompute != "off") std::printf(" recompute=%s", recompute.c_str());
     if (compare)
-      std::printf(" direct_median_step_s=%.4f auto_over_direct=%.3f", direct_times[direct_times.size() / 2],
-                  ratios[ratios.size() / 2]);
+      std::printf(compare_recompute ? " plain_median_step_s=%.4f recompute_over_plain=%.3f"
+                                    : " direct_median_step_s=%.4f auto_over_direct=%.3f",
+                  base_times[base_times.size() / 2], ratios[ratios.size() / 2]);
     std::printf("\n");
     return 0;
   });

@@ -59,7 +59,7 @@ MemoryPrediction predict_peak(const TrainerOptions& o, const MemoryFacts& f, int
   p.optimizer_state = o.zero == 1 ? (state + holders - 1) / holders : state;
   p.wire = o.compression == comm::Compression::None ? 0 : params / 2;
   p.activations = f.curve.at(o.batch);
-  p.heap_gap = o.recompute && !f.cuda ? p.activations / 10 : 0;
+  p.heap_gap = o.recompute && !f.cuda ? p.activations / 5 : 0;
   p.input = f.batches_in_flight * o.batch * f.image_bytes;
   p.total = std::max(f.peak_so_far,
                      p.baseline + p.gradients + p.optimizer_state + p.wire + p.activations + p.heap_gap + p.input);

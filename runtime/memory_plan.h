@@ -51,7 +51,7 @@ struct MemoryFacts {
 struct MemoryPrediction {
   int64_t baseline = 0, gradients = 0, optimizer_state = 0, wire = 0, activations = 0, input = 0;
   // --recompute on the CPU: the holes its interleaved allocations leave in the heap (glibc's free blocks
-  // between live ones), 10% of the activations, as measured (docs/MEMORY.md).
+  // between live ones), a fifth of the activations: where their measured spread centres (docs/MEMORY.md).
   int64_t heap_gap = 0;
   int64_t total = 0;  // the predicted peak: their sum (and never below the peak reached before)
   nlohmann::json to_json() const;

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The memory plan's prediction against the measured peak, configuration by configuration.
 
-  BUILD_DIR=build python3 scripts/memory_model_check.py [--steps 4] [--only NAME,...] [--markdown]
+  BUILD_DIR=build python3 scripts/memory_model_check.py [--steps 4] [--only NAME,...]
 
 Runs train_resnet on synthetic data (and on Fashion-MNIST shards when --data names a folder) in each
 configuration below, one after another, and prints the plan record's predicted_peak_mem_bytes beside the
