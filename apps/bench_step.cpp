@@ -1,9 +1,10 @@
 // apps/bench_step: synthetic data: median training-step time, img/s and peak memory of a ResNet
 // (forward, softmax cross-entropy, backward, SGD with momentum and weight decay).
 //   bench_step -a resnet20 -b 128 --threads 1 [--hw 32] [--in-ch 3] [--steps 10] [--warmup 2]
-//              [--device cpu] [--precision fp32] [--backend ring] [--bucket-mb 25] [--cpu-conv auto]
+//              [--device cpu] [--precision fp32|bf16|fp16] [--backend ring] [--bucket-mb 25] [--cpu-conv auto]
 // Prints one line: "ringtrain resnet20 b128 32x32x3 threads=1 median_step_s=... img_per_s=... peak_rss_mb=...
-// params=..." (params: the model's parameter count, which scripts/peers/torch_resnet_step.py prints too).
+// params=..." (params: the model's parameter count, which scripts/peers/torch_resnet_step.py prints too);
+// with --precision bf16/fp16 it adds precision=... and, on the CPU, cpu_half_path=... (core/cpu_features.h).
 // --cpu-conv compare alternates the CPU convolution choice step by step (direct, auto, direct, ...) and
 // adds both medians and the median of each pair's auto/direct ratio: a comparison that holds while the
 // machine's speed drifts (median_step_s is then auto's). --recompute on recomputes the activations
@@ -23,7 +24,9 @@
 #include "comm/host_collectives.h"
 #include "comm/world.h"
 #include "core/allocator.h"
+#include "core/autocast.h"
 #include "core/check.h"
+#include "core/cpu_features.h"
 #include "core/ops.h"
 #include "core/parallel.h"
 #include "layers/checkpoint.h"
@@ -61,9 +64,11 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1000000));
   app.add_option("--warmup", warmup, "untimed steps first")->capture_default_str()->check(CLI::Range(0, 1000000));
   app.add_option("--device", device_text, "cpu or cuda[:i]")->capture_default_str();
-  app.add_option("--precision", precision, "fp32 (bf16/fp16 autocast comes with mixed precision)")
+  app.add_option("--precision", precision,
+                 "fp32, or bf16/fp16: convolutions and GEMMs autocast to it, as train_resnet --precision (no loss "
+                 "scaling: a timing)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"fp32"}));
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   app.add_option("--backend", backend,
                  "gradient all-reduce under mpirun: ring, hierarchical, mpi or nccl; none: every rank trains alone, no "
                  "sync (the "
@@ -103,6 +108,9 @@ int main(int argc, char** argv) {
           std::make_unique<comm::GradSync>(model, comm::make_communicator(comm::parse_backend(backend), world.comm()),
                                            comm::GradSyncOptions{.bucket_mb = bucket_mb});
     CrossEntropyLoss loss_fn;
+    const std::optional<DType> autocast = precision == "bf16"   ? std::optional(DType::BF16)
+                                          : precision == "fp16" ? std::optional(DType::F16)
+                                                                : std::optional<DType>();
     Tensor x = Tensor::normal(Shape{batch, hw, hw, in_ch}, 0, 1, 1, DType::F32, device);
     std::vector<double> ys(static_cast<size_t>(batch));
     for (int64_t i = 0; i < batch; ++i) ys[static_cast<size_t>(i)] = static_cast<double>(i % classes);
@@ -125,7 +133,11 @@ int main(int argc, char** argv) {
         sync->zero_grad();
       else
         opt.zero_grad();
-      Tensor loss = loss_fn(model(x), y);
+      Tensor loss;
+      {
+        AutocastGuard cast(autocast);
+        loss = loss_fn(model(x), y);
+      }
       loss.backward();
       if (sync) {
         sync->finish();
@@ -164,6 +176,10 @@ int main(int argc, char** argv) {
     std::printf(" params=%lld", static_cast<long long>(params));
     if (world.size() > 1) std::printf(" ranks=%d backend=%s comm_wait_s=%.4f", world.size(), backend.c_str(), wait);
     if (recompute != "off") std::printf(" recompute=%s", recompute.c_str());
+    if (autocast) {
+      std::printf(" precision=%s", precision.c_str());
+      if (device.is_cpu()) std::printf(" cpu_half_path=%s", cpu_half_path(*autocast).path.c_str());
+    }
     if (compare)
       std::printf(compare_recompute ? " plain_median_step_s=%.4f recompute_over_plain=%.3f"
                                     : " direct_median_step_s=%.4f auto_over_direct=%.3f",

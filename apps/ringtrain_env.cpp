@@ -24,6 +24,7 @@
 #include "comm/world.h"
 #include "core/allocator.h"
 #include "core/check.h"
+#include "core/cpu_features.h"
 #include "core/device.h"
 #include "core/parallel.h"
 #include "runtime/gpu_choice.h"
@@ -34,6 +35,20 @@
 using namespace ringtrain;
 
 namespace {
+
+// This host's CPU: the instructions its kernels may use, and how --precision bf16/fp16 runs there.
+std::string cpu_report(const comm::World& world) {
+  std::string names;
+  for (const std::string& n : cpu_features().names()) names += names.empty() ? n : " " + n;
+  std::string text =
+      detail::str_cat("cpu instructions on ", world.host(), ": ", names.empty() ? "baseline x86-64" : names, "\n");
+  for (DType t : {DType::BF16, DType::F16}) {
+    const HalfPath h = cpu_half_path(t);
+    text += detail::str_cat("  --precision ", t == DType::BF16 ? "bf16" : "fp16", " on the cpu: the ", h.path,
+                            " path: ", h.why, "\n");
+  }
+  return text;
+}
 
 // Per device of this host: its free memory and the budget a training rank would check its predicted peak
 // against (the ranks sharing the device share it; this process's resident set is left out, a training
@@ -136,10 +151,10 @@ int main(int argc, char** argv) {
 
     // ---- facts
     const std::set<unsigned> own = runtime::job_pids_on_this_host(world);
-    const auto hosts = comm::gather_strings(
-        world.comm(), world.local_rank() == 0
-                          ? runtime::host_report(world) + "\n" + memory_report(world) + gpu_report(world, own)
-                          : "");
+    const auto hosts = comm::gather_strings(world.comm(), world.local_rank() == 0
+                                                              ? runtime::host_report(world) + "\n" + cpu_report(world) +
+                                                                    memory_report(world) + gpu_report(world, own)
+                                                              : "");
     const std::string device =
         cuda.device_count > 0 ? Device::cuda(world.local_rank() % cuda.device_count).str() : "cpu";
     const auto map = comm::gather_strings(

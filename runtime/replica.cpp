@@ -10,6 +10,7 @@
 #include "comm/zero.h"
 #include "core/autocast.h"
 #include "core/check.h"
+#include "core/cpu_features.h"
 #include "core/ops.h"
 #include "optim/clip.h"
 
@@ -56,8 +57,7 @@ Replica::Replica(comm::World& world, const TrainerOptions& o, Device device, Mod
       loss_fn_(o.label_smoothing),
       backend_(o.backend.value_or(comm::auto_backend(world, device))) {
   if (world_.is_root() && autocast_ && device.is_cpu())
-    std::printf("note: --precision %s on the CPU runs 16-bit convolutions through f32 kernels: correct, not faster\n",
-                name_of(o_.precision));
+    std::printf("note: --precision %s on the CPU: %s\n", name_of(o_.precision), cpu_half_path(*autocast_).why.c_str());
   const MPI_Comm holders = scope.comm != MPI_COMM_NULL ? scope.comm : world_.comm();
   MPI_CHECK(MPI_Comm_size(holders, &holders_));
   comm_ = comm::make_communicator(backend_, holders);

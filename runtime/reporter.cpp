@@ -10,6 +10,7 @@
 #include "comm/mpi_check.h"
 #include "core/allocator.h"
 #include "core/check.h"
+#include "core/cpu_features.h"
 #include "runtime/progress.h"
 #include "runtime/replica.h"
 #include "runtime/trainer.h"
@@ -85,6 +86,12 @@ void Reporter::announce(const Replica& replica, int threads, const Cursor& at, c
        .optimizer_state_bytes = comm::all_gather(world_.comm(), std::span<const int64_t>(&state_bytes, 1))});
   record["total_steps"] = plan_.total_steps;  // what a watcher shows progress against (runtime/job_view.h)
   record["steps_per_epoch"] = plan_.steps_per_epoch;
+  record["precision"] = name_of(o_.precision);
+  // bf16/fp16 on the CPU: the path its convolutions and GEMMs take here, and which instructions it has.
+  if (const std::optional<DType> half = autocast_type(o_.precision); half && device_.is_cpu()) {
+    const HalfPath h = cpu_half_path(*half);
+    record["cpu_half_path"] = {{"path", h.path}, {"why", h.why}, {"cpu_features", cpu_features().names()}};
+  }
   if (!pipeline_.is_null()) record["pipeline"] = pipeline_;
   if (!memory_.is_null()) {
     const json& by_rank = memory_["predicted_peak_mem_bytes_by_rank"];
