@@ -774,7 +774,7 @@ TrainResult Trainer::fit(Module& model, DataSource& data, const StepFn& step_fn)
     const size_t blocks = permanent_errors([&] { return model.blocks().size(); });
     const int marked = permanent_errors([&] {
       const int n = recompute_blocks(model);
-      RT_CHECK(n > 0, "--recompute: none of the model's ", model.blocks().size(), " blocks (", model.type_name(),
+      RT_CHECK(n > 0, "--recompute: none of the model's ", blocks, " blocks (", model.type_name(),
                ") can be recomputed: the last stays plain (its backward follows its forward at once), and a block of ",
                "several modules needs its own set_recompute; split the model into more blocks, or drop --recompute");
       return n;
