@@ -35,7 +35,15 @@ export RT_CLUSTER_PREFIX=rtt RT_CLUSTER_NET=10.213.8 RT_CLUSTER_STATE=/run/ringt
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 cluster=$src/scripts/cluster.sh
 work=$(mktemp -d)
-fail() { echo "cluster test $scenario: FAIL: $*"; exit 1; }
+fail() {
+  echo "cluster test $scenario: FAIL: $*"
+  # A Slurm scenario's daemons say why a job ended as it did: their logs go with the failure.
+  local log
+  for log in "$RT_CLUSTER_STATE"/slurm/slurmctld.log "$RT_CLUSTER_STATE"/slurm/slurmd-node*.log; do
+    [[ -f $log ]] && { echo "--- last lines of $log"; tail -n 60 "$log"; }
+  done
+  exit 1
+}
 since() { python3 -c "import time,sys; print(f'{time.time()-float(sys.argv[1]):.1f}')" "$1"; }  # s since $(date +%s.%N)
 cleanup() { "$cluster" down > /dev/null 2>&1; rm -rf "$work"; }
 trap cleanup EXIT
@@ -418,8 +426,17 @@ PY
       slurm_requeue)
         id=$(submit 40) || fail "sbatch failed"
         wait_file "$work/runs/$id/ckpt-step00000010.h5" 120 || { cat "$work"/*.out; fail "no step-10 checkpoint"; }
+        # The nodes share one process table: the job's slurmstepds are visible here, named by job id.
+        stepds() { pgrep -f "^slurmstepd: \[$id\." > /dev/null; }
+        stepds || fail "cannot see job $id's slurmstepd processes (the wait below would prove nothing)"
         in0 scontrol requeue "$id" || fail "scontrol requeue failed"
-        # A requeued job waits out a begin time of its own (about 2 minutes); the test does not.
+        # A requeued job waits out a begin time of its own (about 2 minutes); the test does not, so it waits
+        # for what that delay covers: the first run's slurmstepds gone. The batch step's stepd reports the
+        # script's end (exit 143) to slurmctld before it exits, and slurmctld applies a batch completion to
+        # whatever run the job id has: a report landing after the second run started ended that run FAILED
+        # before its script printed anything (seen on a slow CI machine).
+        for _ in $(seq 240); do stepds || break; sleep 0.25; done
+        stepds && fail "job $id's first run still has slurmstepd processes 60 s after the requeue"
         for _ in $(seq 120); do
           [[ $(state_of "$id") = PENDING ]] && in0 scontrol update JobId="$id" StartTime=now 2> /dev/null && break
           sleep 0.25
