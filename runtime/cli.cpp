@@ -126,9 +126,9 @@ void add_device_flags(CLI::App& app, TrainerOptions& o) {
   add_choice(app, "--precision", "fp32, bf16 or fp16", name_of(o.precision), {"fp32", "bf16", "fp16"},
              [&o](const std::string& v) { o.precision = parse_precision(v); });
   app.add_flag("--recompute", o.recompute,
-               "activation recompute: each block (a ResNet's residual blocks, a Sequential's children) keeps only its "
-               "input, and its backward runs its forward again (less memory for one more forward; the same training, "
-               "bit for bit)");
+               "activation recompute: every block but the last (a ResNet's stem and residual blocks, a Sequential's "
+               "children) keeps only its input, and its backward runs its forward again (less memory for one more "
+               "forward; the same training, bit for bit)");
   app.add_option("--threads", o.threads, "CPU threads per rank (0: cores / local ranks)")
       ->capture_default_str()
       ->check(CLI::Range(0, 4096));
