@@ -433,8 +433,8 @@ PY
         # A requeued job waits out a begin time of its own (about 2 minutes); the test does not, so it waits
         # for what that delay covers: the first run's slurmstepds gone. The batch step's stepd reports the
         # script's end (exit 143) to slurmctld before it exits, and slurmctld applies a batch completion to
-        # whatever run the job id has: a report landing after the second run started ended that run FAILED
-        # before its script printed anything (seen on a slow CI machine).
+        # whatever run the job id has: a report landing after the second run started would end that run
+        # FAILED before its script printed anything (the likely cause of one failure on a slow CI machine).
         for _ in $(seq 240); do stepds || break; sleep 0.25; done
         stepds && fail "job $id's first run still has slurmstepd processes 60 s after the requeue"
         for _ in $(seq 120); do
