@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -300,6 +301,44 @@ TEST(Pooling, MaxAndAveragePoolingMatchPyTorch) {
   }
   EXPECT_THROW(max_pool2d(Tensor::zeros(Shape{1, 2, 2, 1}), {3, 3, 1, 1, 0, 0}), Error);
   EXPECT_THROW(max_pool2d(Tensor::zeros(Shape{1, 4, 4, 1}), {2, 2, 1, 1, 2, 2}), Error);
+}
+
+// The f32 max pool (vectorised across channels) chooses what the portable loop does on the same values in
+// f64: the first maximum of a window (many ties here), NaN over any number, -inf as a number. Its outputs
+// and the gradients its choices route are the f64 run's bit for bit, for channel counts that are and are
+// not a multiple of the vector width and windows that do and do not overlap the padding.
+TEST(Pooling, F32MaxPoolChoosesAsThePortableLoop) {
+  for (int64_t channels : {1, 5, 16, 21, 64})
+    for (const Pool2dParams& p :
+         {Pool2dParams{3, 3, 2, 2, 1, 1}, Pool2dParams{2, 2, 2, 2, 0, 0}, Pool2dParams{3, 2, 1, 2, 1, 0}}) {
+      const Shape shape{2, 7, 9, channels};
+      std::vector<double> xv = Tensor::uniform(shape, 0, 4, 51, DType::F64).to_vector();
+      for (size_t i = 0; i < xv.size(); ++i) {
+        xv[i] = std::floor(xv[i]) - 2.0;  // -2..1: ties everywhere
+        if (i % 37 == 3) xv[i] = std::nan("");
+        if (i % 41 == 7) xv[i] = -std::numeric_limits<double>::infinity();
+      }
+      const Tensor x64 = Tensor::from_vector(xv, shape, DType::F64);
+      auto run = [&](DType dtype, Tensor& grad) {
+        Tensor x = x64.to(dtype).detach().set_requires_grad();
+        Tensor y = max_pool2d(x, p);
+        std::vector<double> up(static_cast<size_t>(y.numel()));
+        for (size_t i = 0; i < up.size(); ++i) up[i] = static_cast<double>(i % 8 + 1);  // exact in f32 sums
+        y.backward(Tensor::from_vector(up, y.shape(), dtype));
+        grad = x.grad().to(DType::F64);
+        return y.to(DType::F64);
+      };
+      Tensor g32, g64;
+      const Tensor y32 = run(DType::F32, g32), y64 = run(DType::F64, g64);
+      const std::string what = "C=" + std::to_string(channels) + " kernel " + std::to_string(p.kernel_h) + "x" +
+                               std::to_string(p.kernel_w) + " stride " + std::to_string(p.stride_h);
+      const std::vector<double> a = y32.to_vector(), b = y64.to_vector();
+      ASSERT_EQ(a.size(), b.size()) << what;
+      for (size_t i = 0; i < a.size(); ++i)
+        ASSERT_TRUE(std::memcmp(&a[i], &b[i], sizeof(double)) == 0 || (std::isnan(a[i]) && std::isnan(b[i])))
+            << what << " output " << i << ": " << a[i] << " against " << b[i];
+      EXPECT_EQ(g32.to_vector(), g64.to_vector()) << what << ": the gradient went to another element";
+    }
 }
 
 TEST(Pooling, GlobalAveragePool) {
