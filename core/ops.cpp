@@ -652,6 +652,41 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const C
 // Batch norm and pooling
 
 namespace {
+thread_local BatchNormTape::Scope* innermost_tape = nullptr;
+}  // namespace
+
+BatchNormTape::Scope::Scope(BatchNormTape& tape, Mode mode) : tape_(tape), mode_(mode), outer_(innermost_tape) {
+  innermost_tape = this;
+}
+
+BatchNormTape::Scope::~Scope() { innermost_tape = outer_; }
+
+std::optional<BatchNormTape::Entry> BatchNormTape::replay(const char* op, const Tensor& x, bool sync) {
+  if (!x.device().is_cpu()) return std::nullopt;
+  Scope* s = innermost_tape;
+  while (s && s->mode_ != Mode::kReplay) s = s->outer_;
+  if (!s) return std::nullopt;
+  BatchNormTape& t = s->tape_;
+  const int64_t C = x.size(-1);
+  RT_CHECK(t.next_ < t.entries_.size(), "op '", op, "' on ", x.describe(), ": the recompute ran batch norm ",
+           t.next_ + 1, " but the forward it repeats ran ", t.entries_.size(),
+           " (a recomputed block must run the same ops from the same input)");
+  const Entry& e = t.entries_[t.next_];
+  if (e.mean.numel() != C || (e.count > 0) != sync)
+    RT_THROW("op '", op, "' on ", x.describe(), ": the recompute's batch norm ", t.next_ + 1, " is not the forward's (",
+             e.count > 0 ? "sync_batch_norm" : "batch_norm", " of ", e.mean.numel(),
+             " channels); a recomputed block must run the same ops from the same input");
+  ++t.next_;
+  return e;
+}
+
+void BatchNormTape::record(const Tensor& x, const Entry& e) {
+  if (!x.device().is_cpu()) return;
+  for (Scope* s = innermost_tape; s; s = s->outer_)
+    if (s->mode_ == Mode::kRecord) s->tape_.entries_.push_back(e);
+}
+
+namespace {
 // The checks batch_norm and sync_batch_norm share; returns the parameter dtype. local_batch: the
 // statistics are this batch's alone, so it needs two values per channel (SyncBN checks the union).
 DType check_batch_norm(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias,
@@ -706,19 +741,30 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, con
       check_batch_norm("batch_norm", x, weight, bias, running_mean, running_var, training, momentum, eps, residual);
   const int64_t C = x.size(-1), M = x.numel() / std::max<int64_t>(C, 1);
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
-  Tensor save_mean = Tensor::empty(Shape{C}, param_dtype, x.device());
-  Tensor save_invstd = Tensor::empty(Shape{C}, param_dtype, x.device());
   const Tensor* residual_ptr = residual.defined() ? &residual : nullptr;
-  RT_KERNEL(x.device(), "batch_norm", batch_norm_forward)
-  (x, weight, bias, running_mean, running_var, training, eps, fuse_relu, residual_ptr, y, save_mean, save_invstd);
+  const std::optional<BatchNormTape::Entry> replayed =
+      training ? BatchNormTape::replay("batch_norm", x, false) : std::nullopt;
+  Tensor save_mean, save_invstd;
+  if (replayed) {
+    save_mean = replayed->mean;
+    save_invstd = replayed->invstd;
+    RT_KERNEL(x.device(), "batch_norm", batch_norm_apply)
+    (x, weight, bias, save_mean, save_invstd, fuse_relu, residual_ptr, y);
+  } else {
+    save_mean = Tensor::empty(Shape{C}, param_dtype, x.device());
+    save_invstd = Tensor::empty(Shape{C}, param_dtype, x.device());
+    RT_KERNEL(x.device(), "batch_norm", batch_norm_forward)
+    (x, weight, bias, running_mean, running_var, training, eps, fuse_relu, residual_ptr, y, save_mean, save_invstd);
+  }
   detail::after_op(x.device(), "batch_norm");
-  if (training) {
+  if (training && !replayed) {
     NoGradGuard no_grad;
     // Biased batch variance from the saved 1/sqrt(var + eps); running_var uses the unbiased one.
     Tensor var = add(rdiv(mul(save_invstd, save_invstd), 1.0), -eps);
     update_running_statistics(running_mean, running_var, save_mean, var, momentum,
                               momentum * static_cast<double>(M) / (M - 1));
   }
+  if (training) BatchNormTape::record(x, {save_mean, save_invstd, 0});
   if (!needs_grad({&x, &weight, &bias, &residual})) return y;
   const bool has_residual = residual.defined();
   const char* name = has_residual ? (fuse_relu ? "batch_norm_add_relu" : "batch_norm_add")
@@ -799,29 +845,37 @@ Tensor sync_batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias
   RT_CHECK(exchange, "op 'sync_batch_norm': no exchange with the other replicas");
   const int64_t C = x.size(-1);
   const Device device = x.device();
-  Tensor local = Tensor::empty(Shape{2 * C + 1}, DType::F64, device);
-  RT_KERNEL(device, "sync_batch_norm", batch_norm_stats)(x, local);
-  detail::after_op(device, "sync_batch_norm");
-  std::vector<double> mean, m2;
-  const double count = merge_statistics(exchange->all_gather(local).to(Device::cpu()), C, mean, m2);
-  RT_CHECK(count > 1, "op 'sync_batch_norm': training needs more than one value per channel over all replicas, got ",
-           count, " (input ", x.describe(), ")");
-  // The saved statistics exactly as batch_norm's training pass rounds them: on one replica SyncBN is plain
-  // batch norm bit for bit.
-  std::vector<double> invstd(m2.size()), unbiased(m2.size());
-  for (size_t c = 0; c < m2.size(); ++c) {
-    invstd[c] = 1.0 / std::sqrt(m2[c] / count + eps);
-    unbiased[c] = m2[c] / (count - 1);
+  // A recompute takes the first run's merged statistics: no reduction, no exchange (every replica
+  // recomputes the same blocks, so none waits for one that skipped it).
+  std::optional<BatchNormTape::Entry> stats = BatchNormTape::replay("sync_batch_norm", x, true);
+  if (!stats) {
+    Tensor local = Tensor::empty(Shape{2 * C + 1}, DType::F64, device);
+    RT_KERNEL(device, "sync_batch_norm", batch_norm_stats)(x, local);
+    detail::after_op(device, "sync_batch_norm");
+    std::vector<double> mean, m2;
+    const double count = merge_statistics(exchange->all_gather(local).to(Device::cpu()), C, mean, m2);
+    RT_CHECK(count > 1, "op 'sync_batch_norm': training needs more than one value per channel over all replicas, got ",
+             count, " (input ", x.describe(), ")");
+    // The saved statistics exactly as batch_norm's training pass rounds them: on one replica SyncBN is plain
+    // batch norm bit for bit.
+    std::vector<double> invstd(m2.size()), unbiased(m2.size());
+    for (size_t c = 0; c < m2.size(); ++c) {
+      invstd[c] = 1.0 / std::sqrt(m2[c] / count + eps);
+      unbiased[c] = m2[c] / (count - 1);
+    }
+    stats = BatchNormTape::Entry{Tensor::from_vector(mean, Shape{C}, param_dtype, device),
+                                 Tensor::from_vector(invstd, Shape{C}, param_dtype, device), count};
+    update_running_statistics(running_mean, running_var, stats->mean,
+                              Tensor::from_vector(unbiased, Shape{C}, param_dtype, device), momentum, momentum);
   }
-  const Tensor save_mean = Tensor::from_vector(mean, Shape{C}, param_dtype, device);
-  const Tensor save_invstd = Tensor::from_vector(invstd, Shape{C}, param_dtype, device);
+  BatchNormTape::record(x, *stats);
+  const Tensor save_mean = stats->mean, save_invstd = stats->invstd;
+  const double count = stats->count;
   Tensor y = Tensor::empty(x.shape(), x.dtype(), device);
   const Tensor* residual_ptr = residual.defined() ? &residual : nullptr;
   RT_KERNEL(device, "sync_batch_norm", batch_norm_apply)
   (x, weight, bias, save_mean, save_invstd, fuse_relu, residual_ptr, y);
   detail::after_op(device, "sync_batch_norm");
-  update_running_statistics(running_mean, running_var, save_mean,
-                            Tensor::from_vector(unbiased, Shape{C}, param_dtype, device), momentum, momentum);
   if (!needs_grad({&x, &weight, &bias, &residual})) return y;
   Tensor sx = x.detach(), sw = weight.detach(), sy = fuse_relu ? y.detach() : Tensor();
   const bool has_residual = residual.defined();

@@ -9,6 +9,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <vector>
 
 #include "core/tensor.h"
 
@@ -116,6 +118,49 @@ class BatchNormExchange {
 Tensor sync_batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
                        const Tensor& running_var, double momentum, double eps, bool fuse_relu, const Tensor& residual,
                        const std::shared_ptr<BatchNormExchange>& exchange);
+// Batch statistics kept for a recompute (layers/checkpoint.h). A forward run again from the same input
+// computes the same statistics, so its second run takes them from the first: while a tape records on this
+// thread, each training-mode batch_norm / sync_batch_norm of a CPU tensor appends the statistics it
+// normalised with; while one replays, each takes the next entry instead of reducing its input again
+// (SyncBN: instead of exchanging with the other replicas as well) and leaves the running statistics alone,
+// which the first run moved. The output and the saved statistics are the same bits either way (the same
+// normalisation pass over the same numbers). Scopes nest: the innermost replaying one feeds a call, and
+// every recording one in scope records it.
+class BatchNormTape {
+ public:
+  struct Entry {
+    Tensor mean, invstd;  // (C), the parameter dtype
+    double count = 0;     // SyncBN: the values per channel over every replica; 0 for plain batch norm
+  };
+  enum class Mode { kRecord, kReplay };
+  class Scope {
+   public:
+    Scope(BatchNormTape& tape, Mode mode);
+    ~Scope();
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+
+   private:
+    friend class BatchNormTape;
+    BatchNormTape& tape_;
+    Mode mode_;
+    Scope* outer_;
+  };
+  size_t size() const { return entries_.size(); }
+  size_t replayed() const { return next_; }
+  void rewind() { next_ = 0; }
+
+  // For batch_norm and sync_batch_norm: the entry to replay for input x (C channels, `sync`: SyncBN's)
+  // when a replaying scope is open, else nothing; an entry of another kind or width is an error naming op.
+  static std::optional<Entry> replay(const char* op, const Tensor& x, bool sync);
+  // Appends e to every recording scope's tape.
+  static void record(const Tensor& x, const Entry& e);
+
+ private:
+  std::vector<Entry> entries_;
+  size_t next_ = 0;
+};
+
 struct Pool2dParams {
   int64_t kernel_h = 2, kernel_w = 2;
   int64_t stride_h = 2, stride_w = 2;

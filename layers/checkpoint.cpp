@@ -51,6 +51,7 @@ struct CheckpointNode final : Node {
   uint64_t stream = 0;  // the generator's position at the forward
   std::optional<DType> cast;
   size_t params = 0;
+  BatchNormTape stats;  // the forward's batch statistics, which the recompute takes instead of reducing again
 
   std::vector<Tensor> apply(Tensor grad) override {
     std::vector<Tensor> kept;
@@ -64,10 +65,15 @@ struct CheckpointNode final : Node {
     {
       EnableGradGuard grad_on;
       AutocastGuard autocast(cast);
+      BatchNormTape::Scope replay(stats, BatchNormTape::Mode::kReplay);
       set_rng_stream(stream);
+      stats.rewind();
       out = fn(in);
     }
     set_rng_stream(now);
+    RT_CHECK(stats.replayed() == stats.size(), "checkpoint: the recompute ran ", stats.replayed(),
+             " training-mode batch norms but the forward it repeats ran ", stats.size(),
+             " (a recomputed block must run the same ops from the same input)");
     for (size_t k = 0; k < buffers.size(); ++k) Tensor(buffers[k]).copy_(kept[k]);
     // The parameters' gradients accumulate (and their ready hooks fire: the all-reduce) in this inner
     // backward; the node hands back x's only. The output's gradient is passed on, not kept: it goes as
@@ -81,6 +87,7 @@ struct CheckpointNode final : Node {
     fn = nullptr;
     buffers.clear();
     saved = nullptr;
+    stats = BatchNormTape();
     released = true;
   }
 };
@@ -109,15 +116,16 @@ Tensor checkpoint(BlockFn fn, const Tensor& x, const std::vector<const Module*>&
   pack_pending_inputs();
   const uint64_t stream = rng_stream();
   const std::optional<DType> cast = autocast_dtype();
+  auto node = std::make_shared<CheckpointNode>();
   Tensor y;
   {
     NoGradGuard no_grad;
+    BatchNormTape::Scope record(node->stats, BatchNormTape::Mode::kRecord);
     y = fn(x);
   }
   // A new handle on y's storage: the node must never attach to a tensor the block returned as it was
   // (an identity block would hand back x itself).
   y = y.detach();
-  auto node = std::make_shared<CheckpointNode>();
   node->fn = std::move(fn);
   node->buffers = std::move(buffers);
   node->saved = std::make_shared<SavedInput>();

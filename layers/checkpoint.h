@@ -3,7 +3,9 @@
 // position (dropout draws the same masks) and the same autocast — and backpropagates through it at once.
 // So a checkpointed block holds its input between forward and backward instead of every activation it
 // made, for one more forward. The arithmetic is the plain run's: the gradients are the same bits. The
-// batch-norm running statistics the second forward would update again are put back, so they move once.
+// second forward's batch norms take the first's batch statistics (core/ops.h BatchNormTape) instead of
+// reducing their inputs again (SyncBN: exchanging them again), and the running statistics move once: the
+// module buffers the second forward would change are put back.
 //
 //   block->set_recompute(true);   // then Sequential (and any caller of (*block)(x)) checkpoints it
 //   y = checkpoint(*block, x);    // or directly

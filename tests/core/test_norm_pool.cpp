@@ -281,6 +281,53 @@ TEST(BatchNorm, SyncBatchNormOnOneReplicaIsPlainBatchNormBitForBit) {
     }
 }
 
+// A replaying BatchNormTape normalises with the recorded statistics, not the input's, and leaves the
+// running statistics alone; outside its scope batch norm reduces its input again.
+TEST(BatchNorm, ATapeReplaysTheRecordedStatistics) {
+  const Tensor w = Tensor::uniform(Shape{4}, 0.5, 1.5, 61), b = Tensor::uniform(Shape{4}, -1, 1, 62);
+  const Tensor x = Tensor::normal(Shape{3, 5, 2, 4}, 1, 2, 63), other = Tensor::normal(x.shape(), -3, 0.5, 64);
+  Tensor rm = Tensor::zeros(Shape{4}), rv = Tensor::ones(Shape{4});
+  BatchNormTape tape;
+  Tensor recorded;
+  {
+    BatchNormTape::Scope record(tape, BatchNormTape::Mode::kRecord);
+    recorded = batch_norm(x, w, b, rm, rv, true, 0.1, 1e-5, true);
+  }
+  ASSERT_EQ(tape.size(), 1u);
+  const std::vector<double> rm1 = rm.to_vector(), rv1 = rv.to_vector();
+  Tensor replayed;
+  {
+    BatchNormTape::Scope replay(tape, BatchNormTape::Mode::kReplay);
+    replayed = batch_norm(other, w, b, rm, rv, true, 0.1, 1e-5, true);
+    EXPECT_EQ(tape.replayed(), 1u);
+    const std::string e = testing::error_of([&] { batch_norm(other, w, b, rm, rv, true, 0.1, 1e-5); });
+    EXPECT_NE(e.find("the recompute ran batch norm 2 but the forward it repeats ran 1"), std::string::npos) << e;
+  }
+  EXPECT_EQ(rm.to_vector(), rm1);
+  EXPECT_EQ(rv.to_vector(), rv1);
+  // other's values with x's statistics: eval-mode batch norm with x's batch mean and (biased) variance.
+  std::vector<double> mean(4, 0.0), var(4, 0.0);
+  const std::vector<double> xv = x.to_vector();
+  const double n = static_cast<double>(xv.size() / 4);
+  for (size_t i = 0; i < xv.size(); ++i) mean[i % 4] += xv[i] / n;
+  for (size_t i = 0; i < xv.size(); ++i) var[i % 4] += (xv[i] - mean[i % 4]) * (xv[i] - mean[i % 4]) / n;
+  const Tensor expected = batch_norm(other, w, b, Tensor::from_vector(mean, Shape{4}),
+                                     Tensor::from_vector(var, Shape{4}), false, 0.1, 1e-5, true);
+  EXPECT_TRUE(all_close(replayed, expected, 1e-4, 1e-4));
+  EXPECT_FALSE(all_close(batch_norm(other, w, b, rm, rv, true, 0.1, 1e-5, true), expected, 1e-2, 1e-2))
+      << "other's own statistics give the same output: the test shows nothing";
+  BatchNormTape again;
+  {
+    BatchNormTape::Scope record(again, BatchNormTape::Mode::kRecord);
+    batch_norm(x, w, b, rm, rv, true, 0.1, 1e-5, true);
+  }
+  const std::vector<double> with_x_stats = [&] {
+    BatchNormTape::Scope replay(again, BatchNormTape::Mode::kReplay);
+    return batch_norm(x, w, b, rm, rv, true, 0.1, 1e-5, true).to_vector();
+  }();
+  EXPECT_EQ(with_x_stats, recorded.to_vector()) << "the same input replayed is not the recorded output";
+}
+
 TEST(Pooling, MaxAndAveragePoolingMatchPyTorch) {
   auto g = load_golden("norm_pool");
   struct Case {

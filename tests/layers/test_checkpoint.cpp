@@ -126,6 +126,69 @@ TEST(Checkpoint, AResNetRecomputesItsResidualBlocksToTheSameBits) {
   expect_same(run(*nets.plain, labels), run(*nets.again, labels));
 }
 
+// The recompute takes the forward's batch statistics (core/ops.h BatchNormTape): a SyncBatchNorm block
+// exchanges them once per step recomputed as plain, and trains the plain block's bits; a block whose
+// recompute runs other batch norms than its forward is an error naming what differs.
+class CountingExchange final : public BatchNormExchange {
+ public:
+  Tensor all_gather(const Tensor& local) override {
+    ++gathers;
+    return local.clone();
+  }
+  void all_reduce_sum(Tensor&) override { ++reduces; }
+  int gathers = 0, reduces = 0;
+};
+
+TEST(Checkpoint, TheRecomputeTakesTheForwardsBatchStatistics) {
+  manual_seed(3);
+  auto plain = make_net();
+  auto again = make_net();
+  again->load_state_dict(plain->state_dict());
+  recompute_blocks(*again);
+  auto sync = [](Sequential& net) {
+    auto exchange = std::make_shared<CountingExchange>();
+    for (int b = 0; b < 2; ++b)
+      std::dynamic_pointer_cast<ConvBlock>(net.blocks()[b].modules.front())->bn->set_cross_replica(exchange);
+    return exchange;
+  };
+  const auto ep = sync(*plain), er = sync(*again);
+  const Tensor labels = Tensor::from_vector({0, 2, 1, 2}, Shape{4}, DType::I64);
+  expect_same(run(*plain, labels), run(*again, labels));
+  EXPECT_EQ(ep->gathers, 4);  // 2 micro-batches x 2 batch norms
+  EXPECT_EQ(er->gathers, ep->gathers) << "the recompute exchanged its statistics again";
+  EXPECT_EQ(er->reduces, ep->reduces);
+
+  // A block that runs another batch norm the second time: the recompute stops, naming both.
+  class Fickle : public Module {
+   public:
+    Fickle() {
+      a = register_module("a", std::make_shared<BatchNorm2d>(3));
+      b = register_module("b", std::make_shared<BatchNorm2d>(5));
+    }
+    Tensor forward(const Tensor& x) override {
+      if (++calls == 1) return a->forward(x);
+      return skip_second ? mul(x, 2.0) : b->forward(Tensor::ones(Shape{2, 2, 2, 5}));
+    }
+    bool skip_second = false;
+    std::string type_name() const override { return "Fickle"; }
+    std::shared_ptr<BatchNorm2d> a, b;
+    int calls = 0;
+  } fickle;
+  Tensor x = Tensor::normal(Shape{2, 2, 2, 3}, 0, 1, 5);
+  x.set_requires_grad(true);
+  Tensor y = checkpoint(fickle, x);
+  const std::string e = testing::error_of([&] { sum(y).backward(); });
+  EXPECT_NE(e.find("the recompute's batch norm 1 is not the forward's (batch_norm of 3 channels)"), std::string::npos)
+      << e;
+  fickle.calls = 0;
+  fickle.skip_second = true;
+  y = checkpoint(fickle, x);
+  const std::string fewer = testing::error_of([&] { sum(y).backward(); });
+  EXPECT_NE(fewer.find("the recompute ran 0 training-mode batch norms but the forward it repeats ran 1"),
+            std::string::npos)
+      << fewer;
+}
+
 // What is held between forward and backward: a block's input instead of its activations.
 TEST(Checkpoint, HoldsLessBetweenForwardAndBackward) {
   ResNetPair nets;
