@@ -18,7 +18,7 @@ namespace {
 
 constexpr int64_t kBlock = 4096;  // elements a task packs; a multiple of 64 (its mask words are its own)
 constexpr int64_t kGrain = 4;     // blocks per task at least
-constexpr int64_t kPadding = 8;   // elements after the values: an 8-wide load at the end stays inside
+constexpr int64_t kPadding = 16;  // elements after the values: a 16-wide load at the end stays inside
 
 // ---- the AVX2 path's tables, for the 8 lanes of one mask byte m
 struct Lanes {
@@ -74,6 +74,8 @@ int64_t positive_generic(const float* y, int64_t n, uint64_t* bits) {
   return bits_generic(y, n, bits, [](float v) { return v > 0.0F; });
 }
 
+// The nonzeros of x[0, n) to out, in order; out may be x or lie below it (each store lands at or below the
+// element just read).
 template <typename U>
 void compact_generic(const U* x, int64_t n, U* out) {
   int64_t pos = 0;
@@ -110,9 +112,10 @@ __attribute__((target("avx2,popcnt"))) int64_t mask32_avx2(const uint32_t* x, in
   return count;
 }
 
-// Compacts a block's nonzeros to its own start, in place: a store at out + pos (pos <= i) never reaches
-// an element not yet loaded.
-__attribute__((target("avx2,popcnt"))) void compact32_avx2(uint32_t* x, int64_t n, const uint64_t* mask) {
+// Compacts a block's nonzeros to out (x itself or below it): a full-width store at out + pos (pos <= i)
+// never reaches an element not yet loaded.
+__attribute__((target("avx2,popcnt"))) void compact32_avx2(const uint32_t* x, int64_t n, const uint64_t* mask,
+                                                           uint32_t* out) {
   const Lanes& t = lanes();
   int64_t pos = 0;
   int64_t i = 0;
@@ -120,10 +123,10 @@ __attribute__((target("avx2,popcnt"))) void compact32_avx2(uint32_t* x, int64_t 
     const uint32_t m = (mask[i / 64] >> (i % 64)) & 0xFFU;
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i));
     const __m256i idx = _mm256_load_si256(reinterpret_cast<const __m256i*>(t.compress[m].data()));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(x + pos), _mm256_permutevar8x32_epi32(v, idx));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + pos), _mm256_permutevar8x32_epi32(v, idx));
     pos += _mm_popcnt_u32(m);
   }
-  compact_generic(x + i, n - i, x + pos);
+  compact_generic(x + i, n - i, out + pos);
 }
 
 __attribute__((target("avx2,popcnt"))) void expand32_avx2(const uint32_t* values, int64_t n, const uint64_t* mask,
@@ -172,14 +175,108 @@ __attribute__((target("avx2"))) void mask_by_bits_avx2(const float* dy, int64_t 
   for (; i < n; ++i) out[i] = (bits[i / 64] >> (i % 64)) & 1U ? dy[i] : 0.0F;
 }
 
+// ---- AVX-512: 4-byte elements, 16 lanes at a time, the masks straight from the compares and the
+// compress/expand instructions (register forms: their memory forms are microcoded on some CPUs)
+__attribute__((target("avx512f,popcnt"))) int64_t mask32_avx512(const uint32_t* x, int64_t n, uint64_t* mask) {
+  int64_t count = 0;
+  int64_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    uint64_t bits = 0;
+    for (int g = 0; g < 4; ++g) {
+      const __m512i v = _mm512_loadu_si512(x + i + 16 * g);
+      bits |= static_cast<uint64_t>(_mm512_test_epi32_mask(v, v)) << (16 * g);
+    }
+    mask[i / 64] = bits;
+    count += _mm_popcnt_u64(bits);
+  }
+  if (i < n) count += mask_generic(x + i, n - i, mask + i / 64);
+  return count;
+}
+
+__attribute__((target("avx512f,popcnt"))) void compact32_avx512(const uint32_t* x, int64_t n, const uint64_t* mask,
+                                                                uint32_t* out) {
+  int64_t pos = 0;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const auto m = static_cast<__mmask16>((mask[i / 64] >> (i % 64)) & 0xFFFFU);
+    const __m512i v = _mm512_loadu_si512(x + i);
+    _mm512_storeu_si512(out + pos, _mm512_maskz_compress_epi32(m, v));
+    pos += _mm_popcnt_u32(m);
+  }
+  compact_generic(x + i, n - i, out + pos);
+}
+
+// A 16-wide load at values + pos reads past the block's values into the next block's or the padding.
+__attribute__((target("avx512f,popcnt"))) void expand32_avx512(const uint32_t* values, int64_t n, const uint64_t* mask,
+                                                               uint32_t* out) {
+  int64_t pos = 0;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const auto m = static_cast<__mmask16>((mask[i / 64] >> (i % 64)) & 0xFFFFU);
+    _mm512_storeu_si512(out + i, _mm512_maskz_expand_epi32(m, _mm512_loadu_si512(values + pos)));
+    pos += _mm_popcnt_u32(m);
+  }
+  for (; i < n; ++i) {
+    const bool set = (mask[i / 64] >> (i % 64)) & 1U;
+    out[i] = set ? values[pos] : 0U;
+    pos += set;
+  }
+}
+
+__attribute__((target("avx512f"))) void positive_bits_avx512(const float* y, int64_t n, uint64_t* bits) {
+  const __m512 zero = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    uint64_t word = 0;
+    for (int g = 0; g < 4; ++g)
+      word |= static_cast<uint64_t>(_mm512_cmp_ps_mask(_mm512_loadu_ps(y + i + 16 * g), zero, _CMP_GT_OQ)) << (16 * g);
+    bits[i / 64] = word;
+  }
+  if (i < n) positive_generic(y + i, n - i, bits + i / 64);
+}
+
+__attribute__((target("avx512f"))) void mask_by_bits_avx512(const float* dy, int64_t n, const uint64_t* bits,
+                                                            float* out) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const auto m = static_cast<__mmask16>((bits[i / 64] >> (i % 64)) & 0xFFFFU);
+    _mm512_storeu_ps(out + i, _mm512_maskz_mov_ps(m, _mm512_loadu_ps(dy + i)));
+  }
+  for (; i < n; ++i) out[i] = (bits[i / 64] >> (i % 64)) & 1U ? dy[i] : 0.0F;
+}
+
 bool cpu_has_avx2() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("popcnt");
 }
 
-std::atomic<bool>& use_avx2() {
-  static std::atomic<bool> on{cpu_has_avx2()};
-  return on;
+bool cpu_has_avx512() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("popcnt");
+}
+
+enum class Isa : int { kGeneric, kAvx2, kAvx512 };
+
+std::atomic<Isa>& isa() {
+  static std::atomic<Isa> chosen{cpu_has_avx512() ? Isa::kAvx512 : cpu_has_avx2() ? Isa::kAvx2 : Isa::kGeneric};
+  return chosen;
+}
+
+// The three paths of each pass, by the ISA in use (4-byte elements; others take the plain loops).
+int64_t mask32(const uint32_t* x, int64_t n, uint64_t* mask, Isa path) {
+  if (path == Isa::kAvx512) return mask32_avx512(x, n, mask);
+  if (path == Isa::kAvx2) return mask32_avx2(x, n, mask);
+  return mask_generic(x, n, mask);
+}
+void compact32(const uint32_t* x, int64_t n, const uint64_t* mask, uint32_t* out, Isa path) {
+  if (path == Isa::kAvx512) return compact32_avx512(x, n, mask, out);
+  if (path == Isa::kAvx2) return compact32_avx2(x, n, mask, out);
+  compact_generic(x, n, out);
+}
+void expand32(const uint32_t* values, int64_t n, const uint64_t* mask, uint32_t* out, Isa path) {
+  if (path == Isa::kAvx512) return expand32_avx512(values, n, mask, out);
+  if (path == Isa::kAvx2) return expand32_avx2(values, n, mask, out);
+  expand_generic(values, n, mask, out);
 }
 
 int64_t round_up(int64_t n, int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
@@ -192,16 +289,14 @@ std::optional<PackedZeros> pack_typed(Tensor& t, double max_density) {
   std::vector<int64_t> offsets(blocks + 1, 0);
   Tensor mask_tensor = Tensor::empty(Shape{words * 8}, DType::U8);  // until the values are in place
   uint64_t* mask = mask_tensor.data<uint64_t>();
-  const bool avx2 = sizeof(U) == 4 && use_avx2().load();
+  const Isa path = isa().load();
   for_blocks(n, [&](int64_t i, int64_t len) {
     int64_t& count = offsets[i / kBlock + 1];
     if constexpr (sizeof(U) == 4) {
-      if (avx2) {
-        count = mask32_avx2(x + i, len, mask + i / 64);
-        return;
-      }
+      count = mask32(x + i, len, mask + i / 64, path);
+    } else {
+      count = mask_generic(x + i, len, mask + i / 64);
     }
-    count = mask_generic(x + i, len, mask + i / 64);
   });
   for (int64_t b = 0; b < blocks; ++b) offsets[b + 1] += offsets[b];
   const int64_t nonzeros = offsets.back();
@@ -209,19 +304,30 @@ std::optional<PackedZeros> pack_typed(Tensor& t, double max_density) {
   const int64_t packed_bytes = mask_offset + words * 8;
   if (static_cast<double>(nonzeros) > max_density * static_cast<double>(n) || packed_bytes >= t.nbytes())
     return std::nullopt;
-  // Each block to its own start, in parallel; then, in order, each block down to where it belongs (its
-  // place ends before any later block's values begin, so nothing not yet moved is overwritten).
-  for_blocks(n, [&](int64_t i, int64_t len) {
-    if constexpr (sizeof(U) == 4) {
-      if (avx2) {
-        compact32_avx2(x + i, len, mask + i / 64);
-        return;
+  // The blocks in one run per thread: each run compacts its blocks in order to the run's start (every
+  // store lands at or below what was just read); then, in order, each run down to where it belongs (its
+  // place ends before any later run's values begin, so nothing not yet moved is overwritten). One move
+  // per run, not per block: the moves are serial.
+  const int64_t runs = std::min<int64_t>(num_threads(), blocks);
+  auto run_start = [&](int64_t r) { return blocks * r / runs; };
+  parallel_for(runs, 1, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      U* out = x + run_start(r) * kBlock;
+      for (int64_t b = run_start(r); b < run_start(r + 1); ++b) {
+        const int64_t i = b * kBlock, len = std::min(kBlock, n - i);
+        if constexpr (sizeof(U) == 4) {
+          compact32(x + i, len, mask + i / 64, out, path);
+        } else {
+          compact_generic(x + i, len, out);
+        }
+        out += offsets[b + 1] - offsets[b];
       }
     }
-    compact_generic(x + i, len, x + i);
   });
-  for (int64_t b = 1; b < blocks; ++b)
-    std::memmove(x + offsets[b], x + b * kBlock, static_cast<size_t>(offsets[b + 1] - offsets[b]) * sizeof(U));
+  for (int64_t r = 1; r < runs; ++r) {
+    const int64_t b0 = run_start(r), b1 = run_start(r + 1);
+    std::memmove(x + offsets[b0], x + b0 * kBlock, static_cast<size_t>(offsets[b1] - offsets[b0]) * sizeof(U));
+  }
   std::memset(x + nonzeros, 0, static_cast<size_t>(mask_offset) - static_cast<size_t>(nonzeros) * sizeof(U));
   auto* base = reinterpret_cast<char*>(x);
   std::memcpy(base + mask_offset, mask, static_cast<size_t>(words) * 8);
@@ -250,16 +356,14 @@ void unpack_typed(const PackedZeros& p, Tensor& out) {
   const U* values = reinterpret_cast<const U*>(base);
   const uint64_t* mask = reinterpret_cast<const uint64_t*>(base + p.mask_offset);
   U* y = out.data<U>();
-  const bool avx2 = sizeof(U) == 4 && use_avx2().load();
+  const Isa path = isa().load();
   for_blocks(n, [&](int64_t i, int64_t len) {
     const U* block_values = values + p.offsets[i / kBlock];
     if constexpr (sizeof(U) == 4) {
-      if (avx2) {
-        expand32_avx2(block_values, len, mask + i / 64, y + i);
-        return;
-      }
+      expand32(block_values, len, mask + i / 64, y + i, path);
+    } else {
+      expand_generic(block_values, len, mask + i / 64, y + i);
     }
-    expand_generic(block_values, len, mask + i / 64, y + i);
   });
 }
 
@@ -296,9 +400,11 @@ Tensor positive_bits(const Tensor& y) {
   Tensor bits = Tensor::empty(Shape{(n + 63) / 64 * 8}, DType::U8);
   const float* py = y.data<float>();
   uint64_t* pb = bits.data<uint64_t>();
-  const bool avx2 = use_avx2().load();
+  const Isa path = isa().load();
   for_blocks(n, [&](int64_t i, int64_t len) {
-    if (avx2) {
+    if (path == Isa::kAvx512) {
+      positive_bits_avx512(py + i, len, pb + i / 64);
+    } else if (path == Isa::kAvx2) {
       positive_bits_avx2(py + i, len, pb + i / 64);
     } else {
       positive_generic(py + i, len, pb + i / 64);
@@ -315,29 +421,44 @@ void mask_by_bits(const Tensor& dy, const Tensor& bits, const Tensor& out) {
   const float* g = dy.data<float>();
   const uint64_t* pb = bits.data<uint64_t>();
   float* po = out.data<float>();
-  const bool avx2 = use_avx2().load();
+  const Isa path = isa().load();
   for_blocks(n, [&](int64_t i, int64_t len) {
-    if (avx2) {
+    if (path == Isa::kAvx512) {
+      mask_by_bits_avx512(g + i, len, pb + i / 64, po + i);
+    } else if (path == Isa::kAvx2) {
       mask_by_bits_avx2(g + i, len, pb + i / 64, po + i);
-      return;
+    } else {
+      for (int64_t j = i; j < i + len; ++j) po[j] = (pb[j / 64] >> (j % 64)) & 1U ? g[j] : 0.0F;
     }
-    for (int64_t j = i; j < i + len; ++j) po[j] = (pb[j / 64] >> (j % 64)) & 1U ? g[j] : 0.0F;
   });
 }
 
 namespace detail {
 
-const char* pack_isa() { return use_avx2().load() ? "avx2" : "generic"; }
+const char* pack_isa() {
+  switch (isa().load()) {
+    case Isa::kAvx512:
+      return "avx512";
+    case Isa::kAvx2:
+      return "avx2";
+    case Isa::kGeneric:
+      break;
+  }
+  return "generic";
+}
 
-void set_pack_isa(const char* isa) {
-  const std::string_view name(isa);
-  if (name == "generic") {
-    use_avx2() = false;
-  } else if (name == "avx2") {
+void set_pack_isa(const char* name) {
+  const std::string_view path(name);
+  if (path == "generic") {
+    isa() = Isa::kGeneric;
+  } else if (path == "avx2") {
     RT_CHECK(cpu_has_avx2(), "set_pack_isa: this CPU has no AVX2");
-    use_avx2() = true;
+    isa() = Isa::kAvx2;
+  } else if (path == "avx512") {
+    RT_CHECK(cpu_has_avx512(), "set_pack_isa: this CPU has no AVX-512");
+    isa() = Isa::kAvx512;
   } else {
-    RT_THROW("set_pack_isa: unknown path '", name, "' (avx2 or generic)");
+    RT_THROW("set_pack_isa: unknown path '", path, "' (avx512, avx2 or generic)");
   }
 }
 

@@ -10,9 +10,9 @@
 //
 // In place: the tensor's memory becomes the packed form, so no second copy is made and the memory stays
 // where the allocator put it (a new block for it would pin a hole in the heap among the activations
-// freed around it). The work is split into blocks of 4096 elements over the worker threads; the mask
-// and the compaction use AVX2 where the CPU has it (chosen at run time), plain C++ elsewhere, with the
-// same result.
+// freed around it). The work is split into blocks of 4096 elements over the worker threads; the mask,
+// the compaction and the expansion use AVX-512 or AVX2 where the CPU has it (chosen at run time), plain
+// C++ elsewhere, with the same result.
 #pragma once
 
 #include <cstdint>
@@ -26,7 +26,7 @@ namespace ringtrain {
 struct PackedZeros {
   Shape shape;
   DType dtype = DType::F32;
-  // The packed bytes, in the tensor's own memory (shrunk): the nonzero elements in order, 8 elements of
+  // The packed bytes, in the tensor's own memory (shrunk): the nonzero elements in order, 16 elements of
   // padding, then (at mask_offset, 64-byte aligned) one bit per element, element i at bit i % 64 of word
   // i / 64.
   Tensor bytes;  // u8
@@ -53,9 +53,9 @@ Tensor positive_bits(const Tensor& y);  // u8, (numel + 63) / 64 * 8 bytes
 void mask_by_bits(const Tensor& dy, const Tensor& bits, const Tensor& out);
 
 namespace detail {
-// Which code runs: "avx2" or "generic"; set_pack_isa("generic") forces the plain path (tests run both).
+// Which code runs: "avx512", "avx2" or "generic"; set_pack_isa forces one (tests run each the CPU has).
 const char* pack_isa();
-void set_pack_isa(const char* isa);  // "avx2" (if the CPU has it) or "generic"; other names throw
+void set_pack_isa(const char* isa);  // "avx512" or "avx2" (if the CPU has it), "generic"; other names throw
 }  // namespace detail
 
 }  // namespace ringtrain

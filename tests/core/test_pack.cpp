@@ -1,6 +1,6 @@
 // pack_zeros / unpack_zeros (core/pack.h): the bytes come back exactly (-0.0, NaN, denormals, any
-// density, sizes that end mid-word and mid-block, 4- and 2-byte elements), on the AVX2 path and the plain
-// one alike; the packing is in place (the tensor's own memory, shrunk: the allocator's count falls);
+// density, sizes that end mid-word and mid-block, 4- and 2-byte elements), on the AVX-512 and AVX2 paths
+// and the plain one alike; the packing is in place (the tensor's own memory, shrunk: the allocator's count falls);
 // too dense, too small, shared or unsupported tensors are refused and left as they were.
 #include <gtest/gtest.h>
 
@@ -52,6 +52,8 @@ class PackZeros : public ::testing::TestWithParam<const char*> {
     saved_ = detail::pack_isa();
     if (std::string(GetParam()) == "avx2" && !__builtin_cpu_supports("avx2"))
       GTEST_SKIP() << "this CPU has no AVX2: the avx2 path cannot run here";
+    if (std::string(GetParam()) == "avx512" && !__builtin_cpu_supports("avx512f"))
+      GTEST_SKIP() << "this CPU has no AVX-512: the avx512 path cannot run here";
     detail::set_pack_isa(GetParam());
   }
   void TearDown() override { detail::set_pack_isa(saved_.c_str()); }
@@ -67,8 +69,8 @@ TEST_P(PackZeros, RoundTripsEveryByteAtEveryDensityAndSize) {
         SCOPED_TRACE(testing::Message() << dtype_name(dtype) << " n=" << n << " density=" << density);
         const Tensor t = sparse(n, density, dtype, static_cast<uint32_t>(n * 7 + density * 100));
         const int64_t nonzeros = count_nonzeros(t), esz = dtype_size(dtype);
-        // values and 8 elements of padding, 64-byte aligned, then the mask: packed only if smaller
-        const int64_t packed_bytes = ((nonzeros + 8) * esz + 63) / 64 * 64 + (n + 63) / 64 * 8;
+        // values and 16 elements of padding, 64-byte aligned, then the mask: packed only if smaller
+        const int64_t packed_bytes = ((nonzeros + 16) * esz + 63) / 64 * 64 + (n + 63) / 64 * 8;
         Tensor work = t.clone();
         const std::optional<PackedZeros> p = pack_zeros(work, 1.0);
         ASSERT_EQ(p.has_value(), packed_bytes < t.nbytes());
@@ -118,7 +120,30 @@ TEST_P(PackZeros, ThreadCountDoesNotChangeTheResult) {
   EXPECT_TRUE(same_bytes(unpack_zeros(*two), t));
 }
 
-INSTANTIATE_TEST_SUITE_P(Paths, PackZeros, ::testing::Values("avx2", "generic"));
+// positive_bits and mask_by_bits (a fused ReLU's mask and its backward) agree with the plain loops: NaN,
+// -0.0 and +0.0 are not positive; sizes that end mid-vector and mid-word.
+TEST_P(PackZeros, ReluBitsAndTheirMaskMatchThePlainLoops) {
+  for (int64_t n : {1, 15, 16, 17, 63, 64, 65, 4095, 4097, 3 * 4096 + 129}) {
+    SCOPED_TRACE(testing::Message() << "n=" << n);
+    Tensor y = Tensor::normal(Shape{n}, 0, 1, static_cast<uint64_t>(n));
+    float* py = y.data<float>();
+    py[0] = -0.0F;
+    if (n > 3) py[3] = std::numeric_limits<float>::quiet_NaN();
+    if (n > 5) py[5] = 0.0F;
+    const Tensor dy = Tensor::normal(Shape{n}, 0, 1, static_cast<uint64_t>(n) + 1);
+    const Tensor bits = positive_bits(y);
+    Tensor out = Tensor::empty(Shape{n});
+    mask_by_bits(dy, bits, out);
+    for (int64_t i = 0; i < n; ++i) {
+      const bool positive = py[i] > 0.0F;
+      ASSERT_EQ(((bits.data<uint64_t>()[i / 64] >> (i % 64)) & 1U) != 0, positive) << i;
+      const float want = positive ? dy.data<float>()[i] : 0.0F;
+      ASSERT_EQ(std::memcmp(&out.data<float>()[i], &want, sizeof(float)), 0) << i;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Paths, PackZeros, ::testing::Values("avx512", "avx2", "generic"));
 
 TEST(PackZerosInPlace, AHalfZeroTensorGivesAboutHalfItsBytesBack) {
   Tensor t = sparse(1 << 20, 0.5, DType::F32, 9);
