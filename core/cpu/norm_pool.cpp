@@ -409,14 +409,18 @@ void batch_norm_backward_elemt(const Tensor& x, const Tensor& dy, const Tensor& 
   });
 }
 
-// One output row (image n, row p) of an f32 max pool, every channel at once and without branches, so it runs
-// 8 or 16 channels at a time: the first tap in the window seeds the maximum, each later one replaces it
-// where it is greater, or NaN over a number — the portable loop's choices (first maximum, first NaN).
-RT_MULTIVERSION void f32_max_pool_row(const float* px, const ConvGeometry& g, int64_t n, int64_t p, float* py,
-                                      int64_t* pa) {
+// One output row (image n, row p) of a max pool, every channel at once and without branches: the first tap
+// in the window seeds the maximum, each later one replaces it where it is greater, or is NaN over a number
+// (the first maximum wins; NaN propagates, as in PyTorch). The maximum is always one of the inputs, so it
+// is kept in the output's own type; a window with no tap inside the image (not possible with padding at
+// most half the kernel) gives -inf and no argmax.
+template <typename S>
+[[gnu::always_inline]] inline void max_pool_row(const S* px, const ConvGeometry& g, int64_t n, int64_t p, S* py,
+                                                int64_t* pa) {
+  using A = acc_t<S>;
   const int64_t C = g.c;
   for (int64_t q = 0; q < g.q; ++q) {
-    float* best = py + ((n * g.p + p) * g.q + q) * C;
+    S* best = py + ((n * g.p + p) * g.q + q) * C;
     int64_t* where = pa + ((n * g.p + p) * g.q + q) * C;
     bool seeded = false;
     for (int64_t r = 0; r < g.r; ++r) {
@@ -425,7 +429,7 @@ RT_MULTIVERSION void f32_max_pool_row(const float* px, const ConvGeometry& g, in
       for (int64_t s = 0; s < g.s; ++s) {
         const int64_t w = q * g.stride_w - g.pad_w + s * g.dilation_w;
         if (w < 0 || w >= g.w) continue;
-        const float* src = px + ((n * g.h + h) * g.w + w) * C;
+        const S* src = px + ((n * g.h + h) * g.w + w) * C;
         const int64_t at = h * g.w + w;
         if (!seeded) {
           for (int64_t c = 0; c < C; ++c) {
@@ -436,65 +440,39 @@ RT_MULTIVERSION void f32_max_pool_row(const float* px, const ConvGeometry& g, in
           continue;
         }
         for (int64_t c = 0; c < C; ++c) {
-          const float v = src[c], b = best[c];
+          const A v = load_as<A>(src[c]), b = load_as<A>(best[c]);
           const bool take = (v > b) | ((v != v) & (b == b));
-          best[c] = take ? v : b;
+          best[c] = take ? src[c] : best[c];
           where[c] = take ? at : where[c];
         }
       }
     }
     if (!seeded)
       for (int64_t c = 0; c < C; ++c) {
-        best[c] = -std::numeric_limits<float>::infinity();
+        best[c] = store_as<S>(-std::numeric_limits<A>::infinity());
         where[c] = -1;
       }
   }
 }
 
+// The f32 rows compiled per ISA, so they run 8 or 16 channels at a time.
+RT_MULTIVERSION void f32_max_pool_row(const float* px, const ConvGeometry& g, int64_t n, int64_t p, float* py,
+                                      int64_t* pa) {
+  max_pool_row(px, g, n, p, py, pa);
+}
+
 void max_pool2d_forward(const Tensor& x, const ConvGeometry& g, Tensor& y, Tensor& argmax) {
   visit_float(x.dtype(), "max_pool2d", [&](auto tag) {
     using S = decltype(tag);
-    using A = acc_t<S>;
     const S* px = x.data<S>();
     S* py = y.data<S>();
     int64_t* pa = argmax.data<int64_t>();
-    if constexpr (std::is_same_v<S, float>) {
-      parallel_for(g.n * g.p, 1, [&](int64_t lo, int64_t hi) {
-        for (int64_t np = lo; np < hi; ++np) f32_max_pool_row(px, g, np / g.p, np % g.p, py, pa);
-      });
-      return;
-    }
     parallel_for(g.n * g.p, 1, [&](int64_t lo, int64_t hi) {
-      std::vector<A> best(static_cast<size_t>(g.c));
-      std::vector<int64_t> where(static_cast<size_t>(g.c));
       for (int64_t np = lo; np < hi; ++np) {
-        const int64_t n = np / g.p, p = np % g.p;
-        for (int64_t q = 0; q < g.q; ++q) {
-          std::fill(best.begin(), best.end(), -std::numeric_limits<A>::infinity());
-          std::fill(where.begin(), where.end(), int64_t{-1});
-          for (int64_t r = 0; r < g.r; ++r) {
-            const int64_t h = p * g.stride_h - g.pad_h + r * g.dilation_h;
-            if (h < 0 || h >= g.h) continue;
-            for (int64_t s = 0; s < g.s; ++s) {
-              const int64_t w = q * g.stride_w - g.pad_w + s * g.dilation_w;
-              if (w < 0 || w >= g.w) continue;
-              const S* src = px + ((n * g.h + h) * g.w + w) * g.c;
-              for (int64_t c = 0; c < g.c; ++c) {
-                const A v = load_as<A>(src[c]);
-                // NaN propagates (as in PyTorch); otherwise the first maximum wins.
-                const A b = best[static_cast<size_t>(c)];
-                if (where[static_cast<size_t>(c)] < 0 || v > b || (v != v && b == b)) {
-                  best[static_cast<size_t>(c)] = v;
-                  where[static_cast<size_t>(c)] = h * g.w + w;
-                }
-              }
-            }
-          }
-          const int64_t out = ((n * g.p + p) * g.q + q) * g.c;
-          for (int64_t c = 0; c < g.c; ++c) {
-            py[out + c] = store_as<S>(best[static_cast<size_t>(c)]);
-            pa[out + c] = where[static_cast<size_t>(c)];
-          }
+        if constexpr (std::is_same_v<S, float>) {
+          f32_max_pool_row(px, g, np / g.p, np % g.p, py, pa);
+        } else {
+          max_pool_row(px, g, np / g.p, np % g.p, py, pa);
         }
       }
     });

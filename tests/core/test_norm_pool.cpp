@@ -350,42 +350,64 @@ TEST(Pooling, MaxAndAveragePoolingMatchPyTorch) {
   EXPECT_THROW(max_pool2d(Tensor::zeros(Shape{1, 4, 4, 1}), {2, 2, 1, 1, 2, 2}), Error);
 }
 
-// The f32 max pool (vectorised across channels) chooses what the portable loop does on the same values in
-// f64: the first maximum of a window (many ties here), NaN over any number, -inf as a number. Its outputs
-// and the gradients its choices route are the f64 run's bit for bit, for channel counts that are and are
-// not a multiple of the vector width and windows that do and do not overlap the padding.
-TEST(Pooling, F32MaxPoolChoosesAsThePortableLoop) {
-  for (int64_t channels : {1, 5, 16, 21, 64})
-    for (const Pool2dParams& p :
-         {Pool2dParams{3, 3, 2, 2, 1, 1}, Pool2dParams{2, 2, 2, 2, 0, 0}, Pool2dParams{3, 2, 1, 2, 1, 0}}) {
-      const Shape shape{2, 7, 9, channels};
-      std::vector<double> xv = Tensor::uniform(shape, 0, 4, 51, DType::F64).to_vector();
-      for (size_t i = 0; i < xv.size(); ++i) {
-        xv[i] = std::floor(xv[i]) - 2.0;  // -2..1: ties everywhere
-        if (i % 37 == 3) xv[i] = std::nan("");
-        if (i % 41 == 7) xv[i] = -std::numeric_limits<double>::infinity();
-      }
-      const Tensor x64 = Tensor::from_vector(xv, shape, DType::F64);
-      auto run = [&](DType dtype, Tensor& grad) {
-        Tensor x = x64.to(dtype).detach().set_requires_grad();
+// The max pool chooses as a plain loop over each window does: the first maximum (many ties here), NaN over
+// any number, -inf as a number. Outputs, and the gradients its choices route, are the reference's bit for
+// bit for each floating dtype (f32's loop is vectorised across channels), for channel counts that are and
+// are not a multiple of the vector width and windows that do and do not overlap the padding.
+TEST(Pooling, MaxPoolChoosesTheFirstMaximumAndPropagatesNaN) {
+  for (DType dtype : {DType::F32, DType::F64, DType::BF16})
+    for (int64_t channels : {1, 5, 16, 21, 64})
+      for (const Pool2dParams& p :
+           {Pool2dParams{3, 3, 2, 2, 1, 1}, Pool2dParams{2, 2, 2, 2, 0, 0}, Pool2dParams{3, 2, 1, 2, 1, 0}}) {
+        const int64_t N = 2, H = 7, W = 9, C = channels;
+        const Shape shape{N, H, W, C};
+        std::vector<double> xv = Tensor::uniform(shape, 0, 4, 51, DType::F64).to_vector();
+        for (size_t i = 0; i < xv.size(); ++i) {
+          xv[i] = std::floor(xv[i]) - 2.0;  // -2..1: ties everywhere
+          if (i % 37 == 3) xv[i] = std::nan("");
+          if (i % 41 == 7) xv[i] = -std::numeric_limits<double>::infinity();
+        }
+        // The reference: windows in order, taps row by row.
+        const int64_t P = (H + 2 * p.pad_h - p.kernel_h) / p.stride_h + 1;
+        const int64_t Q = (W + 2 * p.pad_w - p.kernel_w) / p.stride_w + 1;
+        std::vector<double> want_y(static_cast<size_t>(N * P * Q * C)), up(want_y.size());
+        std::vector<double> want_dx(xv.size(), 0.0);
+        for (int64_t n = 0; n < N; ++n)
+          for (int64_t i = 0; i < P; ++i)
+            for (int64_t j = 0; j < Q; ++j)
+              for (int64_t c = 0; c < C; ++c) {
+                int64_t at = -1;
+                for (int64_t r = 0; r < p.kernel_h; ++r)
+                  for (int64_t q = 0; q < p.kernel_w; ++q) {
+                    const int64_t h = i * p.stride_h - p.pad_h + r, w = j * p.stride_w - p.pad_w + q;
+                    if (h < 0 || h >= H || w < 0 || w >= W) continue;
+                    const int64_t k = ((n * H + h) * W + w) * C + c;
+                    const double v = xv[static_cast<size_t>(k)];
+                    if (at < 0) {
+                      at = k;
+                      continue;
+                    }
+                    const double b = xv[static_cast<size_t>(at)];
+                    if (v > b || (std::isnan(v) && !std::isnan(b))) at = k;
+                  }
+                const auto o = static_cast<size_t>(((n * P + i) * Q + j) * C + c);
+                want_y[o] = xv[static_cast<size_t>(at)];
+                up[o] = static_cast<double>(o % 8 + 1);  // small integers: exact sums in every dtype
+                want_dx[static_cast<size_t>(at)] += up[o];
+              }
+        Tensor x = Tensor::from_vector(xv, shape, DType::F64).to(dtype).detach().set_requires_grad();
         Tensor y = max_pool2d(x, p);
-        std::vector<double> up(static_cast<size_t>(y.numel()));
-        for (size_t i = 0; i < up.size(); ++i) up[i] = static_cast<double>(i % 8 + 1);  // exact in f32 sums
-        y.backward(Tensor::from_vector(up, y.shape(), dtype));
-        grad = x.grad().to(DType::F64);
-        return y.to(DType::F64);
-      };
-      Tensor g32, g64;
-      const Tensor y32 = run(DType::F32, g32), y64 = run(DType::F64, g64);
-      const std::string what = "C=" + std::to_string(channels) + " kernel " + std::to_string(p.kernel_h) + "x" +
-                               std::to_string(p.kernel_w) + " stride " + std::to_string(p.stride_h);
-      const std::vector<double> a = y32.to_vector(), b = y64.to_vector();
-      ASSERT_EQ(a.size(), b.size()) << what;
-      for (size_t i = 0; i < a.size(); ++i)
-        ASSERT_TRUE(std::memcmp(&a[i], &b[i], sizeof(double)) == 0 || (std::isnan(a[i]) && std::isnan(b[i])))
-            << what << " output " << i << ": " << a[i] << " against " << b[i];
-      EXPECT_EQ(g32.to_vector(), g64.to_vector()) << what << ": the gradient went to another element";
-    }
+        y.backward(Tensor::from_vector(up, y.shape(), DType::F64).to(dtype));
+        const std::string what = std::string(dtype_name(dtype)) + " C=" + std::to_string(C) + " kernel " +
+                                 std::to_string(p.kernel_h) + "x" + std::to_string(p.kernel_w) + " stride " +
+                                 std::to_string(p.stride_h);
+        const std::vector<double> got = y.to(DType::F64).to_vector();
+        ASSERT_EQ(got.size(), want_y.size()) << what;
+        for (size_t i = 0; i < got.size(); ++i)
+          ASSERT_TRUE(got[i] == want_y[i] || (std::isnan(got[i]) && std::isnan(want_y[i])))
+              << what << " output " << i << ": " << got[i] << " against " << want_y[i];
+        EXPECT_EQ(x.grad().to(DType::F64).to_vector(), want_dx) << what << ": a gradient went to another element";
+      }
 }
 
 TEST(Pooling, GlobalAveragePool) {
