@@ -83,14 +83,19 @@ void compact_generic(const U* x, int64_t n, U* out) {
     if (x[i] != 0) out[pos++] = x[i];
 }
 
+// out[i, n) from values[pos] on, by the mask's bits: the plain loop, and the vector loops' tail.
 template <typename U>
-void expand_generic(const U* values, int64_t n, const uint64_t* mask, U* out) {
-  int64_t pos = 0;
-  for (int64_t i = 0; i < n; ++i) {
+void expand_from(const U* values, int64_t pos, int64_t i, int64_t n, const uint64_t* mask, U* out) {
+  for (; i < n; ++i) {
     const bool set = (mask[i / 64] >> (i % 64)) & 1U;
     out[i] = set ? values[pos] : U{0};
     pos += set;
   }
+}
+
+template <typename U>
+void expand_generic(const U* values, int64_t n, const uint64_t* mask, U* out) {
+  expand_from(values, 0, 0, n, mask, out);
 }
 
 // ---- AVX2: 4-byte elements, 8 lanes at a time
@@ -143,11 +148,7 @@ __attribute__((target("avx2,popcnt"))) void expand32_avx2(const uint32_t* values
                         _mm256_and_si256(_mm256_permutevar8x32_epi32(v, idx), keep));
     pos += _mm_popcnt_u32(m);
   }
-  for (; i < n; ++i) {
-    const bool set = (mask[i / 64] >> (i % 64)) & 1U;
-    out[i] = set ? values[pos] : 0U;
-    pos += set;
-  }
+  expand_from(values, pos, i, n, mask, out);
 }
 
 __attribute__((target("avx2"))) void positive_bits_avx2(const float* y, int64_t n, uint64_t* bits) {
@@ -216,11 +217,7 @@ __attribute__((target("avx512f,popcnt"))) void expand32_avx512(const uint32_t* v
     _mm512_storeu_si512(out + i, _mm512_maskz_expand_epi32(m, _mm512_loadu_si512(values + pos)));
     pos += _mm_popcnt_u32(m);
   }
-  for (; i < n; ++i) {
-    const bool set = (mask[i / 64] >> (i % 64)) & 1U;
-    out[i] = set ? values[pos] : 0U;
-    pos += set;
-  }
+  expand_from(values, pos, i, n, mask, out);
 }
 
 __attribute__((target("avx512f"))) void positive_bits_avx512(const float* y, int64_t n, uint64_t* bits) {
