@@ -656,6 +656,7 @@ thread_local BatchNormTape::Scope* innermost_tape = nullptr;
 }  // namespace
 
 BatchNormTape::Scope::Scope(BatchNormTape& tape, Mode mode) : tape_(tape), mode_(mode), outer_(innermost_tape) {
+  if (mode == Mode::kReplay) tape.next_ = 0;
   innermost_tape = this;
 }
 

@@ -147,8 +147,8 @@ class BatchNormTape {
     Scope* outer_;
   };
   size_t size() const { return entries_.size(); }
+  // Entries taken since a replaying scope last opened on this tape (each opening starts at the first).
   size_t replayed() const { return next_; }
-  void rewind() { next_ = 0; }
 
   // For batch_norm and sync_batch_norm: the entry to replay for input x (C channels, `sync`: SyncBN's)
   // when a replaying scope is open, else nothing; an entry of another kind or width is an error naming op.

@@ -67,7 +67,6 @@ struct CheckpointNode final : Node {
       AutocastGuard autocast(cast);
       BatchNormTape::Scope replay(stats, BatchNormTape::Mode::kReplay);
       set_rng_stream(stream);
-      stats.rewind();
       out = fn(in);
     }
     set_rng_stream(now);
