@@ -259,20 +259,30 @@ std::atomic<Isa>& isa() {
   return chosen;
 }
 
-// The three paths of each pass, by the ISA in use (4-byte elements; others take the plain loops).
-int64_t mask32(const uint32_t* x, int64_t n, uint64_t* mask, Isa path) {
-  if (path == Isa::kAvx512) return mask32_avx512(x, n, mask);
-  if (path == Isa::kAvx2) return mask32_avx2(x, n, mask);
+// Each pass on one block, by the ISA in use: the vector paths for 4-byte elements, the plain loops for the
+// rest.
+template <typename U>
+int64_t mask_block(const U* x, int64_t n, uint64_t* mask, Isa path) {
+  if constexpr (sizeof(U) == 4) {
+    if (path == Isa::kAvx512) return mask32_avx512(x, n, mask);
+    if (path == Isa::kAvx2) return mask32_avx2(x, n, mask);
+  }
   return mask_generic(x, n, mask);
 }
-void compact32(const uint32_t* x, int64_t n, const uint64_t* mask, uint32_t* out, Isa path) {
-  if (path == Isa::kAvx512) return compact32_avx512(x, n, mask, out);
-  if (path == Isa::kAvx2) return compact32_avx2(x, n, mask, out);
+template <typename U>
+void compact_block(const U* x, int64_t n, const uint64_t* mask, U* out, Isa path) {
+  if constexpr (sizeof(U) == 4) {
+    if (path == Isa::kAvx512) return compact32_avx512(x, n, mask, out);
+    if (path == Isa::kAvx2) return compact32_avx2(x, n, mask, out);
+  }
   compact_generic(x, n, out);
 }
-void expand32(const uint32_t* values, int64_t n, const uint64_t* mask, uint32_t* out, Isa path) {
-  if (path == Isa::kAvx512) return expand32_avx512(values, n, mask, out);
-  if (path == Isa::kAvx2) return expand32_avx2(values, n, mask, out);
+template <typename U>
+void expand_block(const U* values, int64_t n, const uint64_t* mask, U* out, Isa path) {
+  if constexpr (sizeof(U) == 4) {
+    if (path == Isa::kAvx512) return expand32_avx512(values, n, mask, out);
+    if (path == Isa::kAvx2) return expand32_avx2(values, n, mask, out);
+  }
   expand_generic(values, n, mask, out);
 }
 
@@ -287,14 +297,7 @@ std::optional<PackedZeros> pack_typed(Tensor& t, double max_density) {
   Tensor mask_tensor = Tensor::empty(Shape{words * 8}, DType::U8);  // until the values are in place
   uint64_t* mask = mask_tensor.data<uint64_t>();
   const Isa path = isa().load();
-  for_blocks(n, [&](int64_t i, int64_t len) {
-    int64_t& count = offsets[i / kBlock + 1];
-    if constexpr (sizeof(U) == 4) {
-      count = mask32(x + i, len, mask + i / 64, path);
-    } else {
-      count = mask_generic(x + i, len, mask + i / 64);
-    }
-  });
+  for_blocks(n, [&](int64_t i, int64_t len) { offsets[i / kBlock + 1] = mask_block(x + i, len, mask + i / 64, path); });
   for (int64_t b = 0; b < blocks; ++b) offsets[b + 1] += offsets[b];
   const int64_t nonzeros = offsets.back();
   const int64_t mask_offset = round_up((nonzeros + kPadding) * static_cast<int64_t>(sizeof(U)), 64);
@@ -311,12 +314,8 @@ std::optional<PackedZeros> pack_typed(Tensor& t, double max_density) {
     for (int64_t r = r0; r < r1; ++r) {
       U* out = x + run_start(r) * kBlock;
       for (int64_t b = run_start(r); b < run_start(r + 1); ++b) {
-        const int64_t i = b * kBlock, len = std::min(kBlock, n - i);
-        if constexpr (sizeof(U) == 4) {
-          compact32(x + i, len, mask + i / 64, out, path);
-        } else {
-          compact_generic(x + i, len, out);
-        }
+        const int64_t i = b * kBlock;
+        compact_block(x + i, std::min(kBlock, n - i), mask + i / 64, out, path);
         out += offsets[b + 1] - offsets[b];
       }
     }
@@ -355,12 +354,7 @@ void unpack_typed(const PackedZeros& p, Tensor& out) {
   U* y = out.data<U>();
   const Isa path = isa().load();
   for_blocks(n, [&](int64_t i, int64_t len) {
-    const U* block_values = values + p.offsets[i / kBlock];
-    if constexpr (sizeof(U) == 4) {
-      expand32(block_values, len, mask + i / 64, y + i, path);
-    } else {
-      expand_generic(block_values, len, mask + i / 64, y + i);
-    }
+    expand_block(values + p.offsets[i / kBlock], len, mask + i / 64, y + i, path);
   });
 }
 
