@@ -7,6 +7,16 @@
 // bound is RINGTRAIN_CUDNN_WORKSPACE_MB (default 1024); RINGTRAIN_CUDNN_DETERMINISTIC=1 keeps only
 // deterministic algorithms. f32 may use TF32 tensor cores unless set_allow_tf32(false).
 //
+// f64 runs in NCHW: cuDNN's NHWC kernels are its tensor-core and float ones, and on an H200 (cuDNN 9.14)
+// it offered no NHWC double backward-data algorithm at all. So f64 convolutions copy their operands to
+// NCHW/KCRS with cudnnTransformTensor, run there and copy the result back; f64 is the reference dtype of
+// the gradient checks, where these copies cost nothing that matters.
+// The bias gradient is ringtrain's own column reduction (core/cuda/reduce.cu: deterministic, f32
+// accumulation for 16-bit types): cudnnConvolutionBackwardBias returns NOT_SUPPORTED for bf16.
+// The math type that cuDNN's search reports with an algorithm is set on the descriptor before that
+// algorithm runs (as PyTorch does): an algorithm run under another math type than it was timed with may
+// be refused with BAD_PARAM.
+//
 // cuDNN 9 marks this (the "legacy") convolution API deprecated in favour of its graph API; it remains
 // supported and is what this file uses, so the deprecation warnings are silenced here only.
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
@@ -14,6 +24,7 @@
 #include <cudnn.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -78,21 +89,23 @@ struct Descriptors {
   cudnnConvolutionDescriptor_t conv = nullptr;
   cudnnDataType_t type{};
   bool is_double = false;
+  cudnnTensorFormat_t format = CUDNN_TENSOR_NHWC;  // of x, y and w alike; NCHW for f64 (see the top)
 
   Descriptors(const ConvGeometry& g, DType dtype, const char* op) {
     type = cudnn_type(dtype, op);
     is_double = dtype == DType::F64;
+    format = is_double ? CUDNN_TENSOR_NCHW : CUDNN_TENSOR_NHWC;
     CUDNN_CHECK(cudnnCreateTensorDescriptor(&x));
     CUDNN_CHECK(cudnnCreateTensorDescriptor(&y));
     CUDNN_CHECK(cudnnCreateTensorDescriptor(&bias));
     CUDNN_CHECK(cudnnCreateFilterDescriptor(&w));
     CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&conv));
-    CUDNN_CHECK(cudnnSetTensor4dDescriptor(x, CUDNN_TENSOR_NHWC, type, narrow(g.n, "batch"), narrow(g.c, "channels"),
+    CUDNN_CHECK(cudnnSetTensor4dDescriptor(x, format, type, narrow(g.n, "batch"), narrow(g.c, "channels"),
                                            narrow(g.h, "height"), narrow(g.w, "width")));
-    CUDNN_CHECK(cudnnSetTensor4dDescriptor(y, CUDNN_TENSOR_NHWC, type, narrow(g.n, "batch"), narrow(g.k, "filters"),
+    CUDNN_CHECK(cudnnSetTensor4dDescriptor(y, format, type, narrow(g.n, "batch"), narrow(g.k, "filters"),
                                            narrow(g.p, "output height"), narrow(g.q, "output width")));
-    CUDNN_CHECK(cudnnSetTensor4dDescriptor(bias, CUDNN_TENSOR_NHWC, type, 1, narrow(g.k, "filters"), 1, 1));
-    CUDNN_CHECK(cudnnSetFilter4dDescriptor(w, type, CUDNN_TENSOR_NHWC, narrow(g.k, "filters"),
+    CUDNN_CHECK(cudnnSetTensor4dDescriptor(bias, format, type, 1, narrow(g.k, "filters"), 1, 1));
+    CUDNN_CHECK(cudnnSetFilter4dDescriptor(w, type, format, narrow(g.k, "filters"),
                                            narrow(g.c / g.groups, "channels per group"), narrow(g.r, "filter height"),
                                            narrow(g.s, "filter width")));
     CUDNN_CHECK(cudnnSetConvolution2dDescriptor(
@@ -158,6 +171,7 @@ Key make_key(Pass pass, int device, DType dtype, const ConvGeometry& g) {
 struct Choice {
   int algo = 0;
   size_t workspace = 0;
+  cudnnMathType_t math = CUDNN_DEFAULT_MATH;  // the math type cuDNN timed (or ranked) the algorithm with
 };
 
 std::mutex g_cache_mutex;
@@ -177,19 +191,27 @@ const char* pass_name(Pass p) {
 
 // The fastest successful result (deterministic ones only when asked) within the workspace bound.
 template <typename Perf>
-Choice pick(const std::vector<Perf>& results, int count, Pass pass, const ConvGeometry& g) {
+Choice pick(const std::vector<Perf>& results, int count, Pass pass, const ConvGeometry& g, DType dtype) {
   // Read once, like the workspace bound: the cache does not key on them.
   static const bool deterministic = env_flag("RINGTRAIN_CUDNN_DETERMINISTIC", false);
   for (int i = 0; i < count; ++i) {  // cuDNN returns them sorted by time
     const Perf& r = results[static_cast<size_t>(i)];
     if (r.status != CUDNN_STATUS_SUCCESS || r.memory > workspace_limit()) continue;
     if (deterministic && r.determinism != CUDNN_DETERMINISTIC) continue;
-    return {static_cast<int>(r.algo), r.memory};
+    return {static_cast<int>(r.algo), r.memory, r.mathType};
   }
-  RT_THROW("conv2d on CUDA: cuDNN has no ", pass_name(pass), " algorithm for N=", g.n, " H=", g.h, " W=", g.w,
-           " C=", g.c, " K=", g.k, " R=", g.r, " S=", g.s, " within a ", workspace_limit() >> 20, " MiB workspace",
-           deterministic ? " that is deterministic (RINGTRAIN_CUDNN_DETERMINISTIC=1)" : "",
-           "; raise RINGTRAIN_CUDNN_WORKSPACE_MB");
+  std::string seen;  // what cuDNN did return, for the message
+  for (int i = 0; i < count; ++i) {
+    const Perf& r = results[static_cast<size_t>(i)];
+    seen += detail::str_cat(
+        seen.empty() ? "" : ", ", "algo ", static_cast<int>(r.algo), ": ", cudnnGetErrorString(r.status),
+        r.status == CUDNN_STATUS_SUCCESS ? detail::str_cat(" needing ", r.memory >> 20, " MiB") : std::string());
+  }
+  RT_THROW("conv2d on CUDA: cuDNN has no ", dtype_name(dtype), " ", pass_name(pass), " algorithm for N=", g.n,
+           " H=", g.h, " W=", g.w, " C=", g.c, " K=", g.k, " R=", g.r, " S=", g.s, " within a ",
+           workspace_limit() >> 20, " MiB workspace",
+           deterministic ? " that is deterministic (RINGTRAIN_CUDNN_DETERMINISTIC=1)" : "", " (cuDNN offered ",
+           count == 0 ? std::string("none") : seen, "); raise RINGTRAIN_CUDNN_WORKSPACE_MB");
 }
 
 // What benchmarking may use: the bound, but no more than half of what the device has free now.
@@ -234,77 +256,162 @@ Choice search(Pass pass, const Tensor& any, const ConvGeometry& g, FindFn find, 
         const size_t bytes = find_workspace_bytes();
         Tensor ws = workspace_tensor(bytes, any.device());
         find(kMaxAlgos, &n, r.data(), ws.data_ptr(), bytes);
-        return pick(r, n, pass, g);
+        return pick(r, n, pass, g, any.dtype());
       },
       [&] {
         std::vector<Perf> r(kMaxAlgos);
         int n = 0;
         rank(kMaxAlgos, &n, r.data());
-        return pick(r, n, pass, g);
+        return pick(r, n, pass, g, any.dtype());
       });
 }
+
+// f64's NCHW copies (see the top). A tensor stored NHWC with logical dims (n, c, h, w) -- filters KRSC as
+// (k, c / groups, r, s) -- goes in as an NCHW copy, and an output comes back from one when the pass ends.
+// For the other dtypes every pointer is the tensor's own.
+class Operands {
+ public:
+  Operands(cudnnHandle_t h, const Descriptors& d) : h_(h), nchw_(d.format == CUDNN_TENSOR_NCHW) {}
+  Operands(const Operands&) = delete;
+  Operands& operator=(const Operands&) = delete;
+
+  const void* in(const Tensor& t, std::array<int64_t, 4> dims) {
+    if (!nchw_) return t.data_ptr();
+    Tensor copy = Tensor::empty(t.shape(), t.dtype(), t.device());
+    transform(dims, CUDNN_TENSOR_NHWC, t.data_ptr(), CUDNN_TENSOR_NCHW, copy.data_ptr());
+    keep_.push_back(copy);
+    return copy.data_ptr();
+  }
+  void* out(Tensor& t, std::array<int64_t, 4> dims) {
+    if (!nchw_) return t.data_ptr();
+    RT_CHECK(!out_, "conv2d on CUDA: one output per pass");
+    staged_ = Tensor::empty(t.shape(), t.dtype(), t.device());
+    out_ = &t;
+    out_dims_ = dims;
+    return staged_.data_ptr();
+  }
+  // After the pass: the output back into its NHWC tensor.
+  void finish() {
+    if (out_) transform(out_dims_, CUDNN_TENSOR_NCHW, staged_.data_ptr(), CUDNN_TENSOR_NHWC, out_->data_ptr());
+  }
+
+ private:
+  void transform(std::array<int64_t, 4> dims, cudnnTensorFormat_t from, const void* src, cudnnTensorFormat_t to,
+                 void* dst) {
+    cudnnTensorDescriptor_t a = nullptr, b = nullptr;
+    CUDNN_CHECK(cudnnCreateTensorDescriptor(&a));
+    const auto destroy = [&] {
+      if (a) CUDNN_CHECK_NOTHROW(cudnnDestroyTensorDescriptor(a));
+      if (b) CUDNN_CHECK_NOTHROW(cudnnDestroyTensorDescriptor(b));
+    };
+    try {
+      CUDNN_CHECK(cudnnCreateTensorDescriptor(&b));
+      const int n = narrow(dims[0], "batch"), c = narrow(dims[1], "channels"), hh = narrow(dims[2], "height"),
+                w = narrow(dims[3], "width");
+      CUDNN_CHECK(cudnnSetTensor4dDescriptor(a, from, CUDNN_DATA_DOUBLE, n, c, hh, w));
+      CUDNN_CHECK(cudnnSetTensor4dDescriptor(b, to, CUDNN_DATA_DOUBLE, n, c, hh, w));
+      const double one = 1.0, zero = 0.0;
+      CUDNN_CHECK(cudnnTransformTensor(h_, &one, a, src, &zero, b, dst));
+    } catch (...) {
+      destroy();
+      throw;
+    }
+    destroy();
+  }
+
+  cudnnHandle_t h_;
+  bool nchw_;
+  std::vector<Tensor> keep_;  // the input copies, alive until the pass has been queued
+  Tensor staged_;
+  Tensor* out_ = nullptr;
+  std::array<int64_t, 4> out_dims_{};
+};
+
+std::array<int64_t, 4> x_dims(const ConvGeometry& g) { return {g.n, g.c, g.h, g.w}; }
+std::array<int64_t, 4> y_dims(const ConvGeometry& g) { return {g.n, g.k, g.p, g.q}; }
+std::array<int64_t, 4> w_dims(const ConvGeometry& g) { return {g.k, g.c / g.groups, g.r, g.s}; }
+
+// The math type the chosen algorithm was measured with.
+void use_math(const Descriptors& d, const Choice& c) { CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, c.math)); }
 
 void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor* bias, const ConvGeometry& g, Tensor& y) {
   DeviceGuard guard(x.device().index);
   Descriptors d(g, x.dtype(), "conv2d");
   cudnnHandle_t h = cudnn_handle(x.device().index);
+  Operands o(h, d);
+  const void* xp = o.in(x, x_dims(g));
+  const void* wp = o.in(w, w_dims(g));
+  void* yp = o.out(y, y_dims(g));
   using Perf = cudnnConvolutionFwdAlgoPerf_t;
   const Choice c = search<Perf>(
       Pass::Forward, x, g,
       [&](int max, int* n, Perf* r, void* ws, size_t bytes) {
-        CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(h, d.x, x.data_ptr(), d.w, w.data_ptr(), d.conv, d.y,
-                                                           y.data_ptr(), max, n, r, ws, bytes));
+        CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(h, d.x, xp, d.w, wp, d.conv, d.y, yp, max, n, r, ws, bytes));
       },
       [&](int max, int* n, Perf* r) {
         CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, d.x, d.w, d.conv, d.y, max, n, r));
       });
+  use_math(d, c);
   Tensor ws = workspace_tensor(c.workspace, x.device());
-  CUDNN_CHECK(cudnnConvolutionForward(h, d.one(), d.x, x.data_ptr(), d.w, w.data_ptr(), d.conv,
+  CUDNN_CHECK(cudnnConvolutionForward(h, d.one(), d.x, xp, d.w, wp, d.conv,
                                       static_cast<cudnnConvolutionFwdAlgo_t>(c.algo), ws.data_ptr(), c.workspace,
-                                      d.zero(), d.y, y.data_ptr()));
-  if (bias) CUDNN_CHECK(cudnnAddTensor(h, d.one(), d.bias, bias->data_ptr(), d.one(), d.y, y.data_ptr()));
+                                      d.zero(), d.y, yp));
+  if (bias) CUDNN_CHECK(cudnnAddTensor(h, d.one(), d.bias, bias->data_ptr(), d.one(), d.y, yp));
+  o.finish();
 }
 
 void conv2d_backward_data(const Tensor& dy, const Tensor& w, const ConvGeometry& g, Tensor& dx) {
   DeviceGuard guard(dy.device().index);
   Descriptors d(g, dy.dtype(), "conv2d backward");
   cudnnHandle_t h = cudnn_handle(dy.device().index);
+  Operands o(h, d);
+  const void* wp = o.in(w, w_dims(g));
+  const void* dyp = o.in(dy, y_dims(g));
+  void* dxp = o.out(dx, x_dims(g));
   using Perf = cudnnConvolutionBwdDataAlgoPerf_t;
   const Choice c = search<Perf>(
       Pass::BackwardData, dy, g,
       [&](int max, int* n, Perf* r, void* ws, size_t bytes) {
-        CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(h, d.w, w.data_ptr(), d.y, dy.data_ptr(), d.conv, d.x,
-                                                                dx.data_ptr(), max, n, r, ws, bytes));
+        CUDNN_CHECK(
+            cudnnFindConvolutionBackwardDataAlgorithmEx(h, d.w, wp, d.y, dyp, d.conv, d.x, dxp, max, n, r, ws, bytes));
       },
       [&](int max, int* n, Perf* r) {
         CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, d.w, d.y, d.conv, d.x, max, n, r));
       });
+  use_math(d, c);
   Tensor ws = workspace_tensor(c.workspace, dy.device());
-  CUDNN_CHECK(cudnnConvolutionBackwardData(h, d.one(), d.w, w.data_ptr(), d.y, dy.data_ptr(), d.conv,
+  CUDNN_CHECK(cudnnConvolutionBackwardData(h, d.one(), d.w, wp, d.y, dyp, d.conv,
                                            static_cast<cudnnConvolutionBwdDataAlgo_t>(c.algo), ws.data_ptr(),
-                                           c.workspace, d.zero(), d.x, dx.data_ptr()));
+                                           c.workspace, d.zero(), d.x, dxp));
+  o.finish();
 }
 
 void conv2d_backward_weights(const Tensor& x, const Tensor& dy, const ConvGeometry& g, Tensor& dw, Tensor* dbias) {
   DeviceGuard guard(x.device().index);
   Descriptors d(g, x.dtype(), "conv2d backward");
   cudnnHandle_t h = cudnn_handle(x.device().index);
+  Operands o(h, d);
+  const void* xp = o.in(x, x_dims(g));
+  const void* dyp = o.in(dy, y_dims(g));
+  void* dwp = o.out(dw, w_dims(g));
   using Perf = cudnnConvolutionBwdFilterAlgoPerf_t;
   const Choice c = search<Perf>(
       Pass::BackwardFilter, x, g,
       [&](int max, int* n, Perf* r, void* ws, size_t bytes) {
-        CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(h, d.x, x.data_ptr(), d.y, dy.data_ptr(), d.conv, d.w,
-                                                                  dw.data_ptr(), max, n, r, ws, bytes));
+        CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(h, d.x, xp, d.y, dyp, d.conv, d.w, dwp, max, n, r, ws,
+                                                                  bytes));
       },
       [&](int max, int* n, Perf* r) {
         CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, d.x, d.y, d.conv, d.w, max, n, r));
       });
+  use_math(d, c);
   Tensor ws = workspace_tensor(c.workspace, x.device());
-  CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, d.one(), d.x, x.data_ptr(), d.y, dy.data_ptr(), d.conv,
+  CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, d.one(), d.x, xp, d.y, dyp, d.conv,
                                              static_cast<cudnnConvolutionBwdFilterAlgo_t>(c.algo), ws.data_ptr(),
-                                             c.workspace, d.zero(), d.w, dw.data_ptr()));
-  if (dbias)
-    CUDNN_CHECK(cudnnConvolutionBackwardBias(h, d.one(), d.y, dy.data_ptr(), d.zero(), d.bias, dbias->data_ptr()));
+                                             c.workspace, d.zero(), d.w, dwp));
+  o.finish();
+  // dy is (N*P*Q, K) rows in NHWC: the bias gradient sums its columns (see the top).
+  if (dbias) reduce(ReduceOp::Sum, dy, 1, g.n * g.p * g.q, g.k, *dbias, nullptr);
 }
 
 }  // namespace

@@ -23,5 +23,7 @@ void register_optim_kernels(KernelTable& t);        // optim.cu: fused SGD, Adam
 // dimension). Signatures and semantics are the KernelTable's.
 void fill(Tensor& out, double value);
 void scalar(ScalarOp op, const Tensor& x, double s, Tensor& out);
+// core/cuda/reduce.cu, also called by the convolution for its bias gradient.
+void reduce(ReduceOp op, const Tensor& x, int64_t outer, int64_t n, int64_t inner, Tensor& out, Tensor* argmax);
 
 }  // namespace ringtrain::cuda

@@ -253,6 +253,8 @@ void launch_reduce(const Tensor& x, int64_t outer, int64_t n, int64_t inner, Ten
   // ordered after the kernels above.
 }
 
+}  // namespace
+
 void reduce(ReduceOp op, const Tensor& x, int64_t outer, int64_t n, int64_t inner, Tensor& out, Tensor* argmax) {
   const char* name = op == ReduceOp::Sum ? "sum" : "max";
   RT_CHECK(out.dtype() == x.dtype(), "op '", name, "': output ", out.describe(), " must have the dtype of ",
@@ -275,8 +277,6 @@ void reduce(ReduceOp op, const Tensor& x, int64_t outer, int64_t n, int64_t inne
       launch_reduce<S, ReduceOp::Max>(x, outer, n, inner, out, argmax_ptr);
   });
 }
-
-}  // namespace
 
 void register_reduce_kernels(KernelTable& t) { t.reduce = &reduce; }
 
