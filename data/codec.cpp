@@ -13,6 +13,11 @@
 #include <jpeglib.h>
 #include <jerror.h>
 // clang-format on
+// The configuration checked that the linked libjpeg implements this version (cmake/RingtrainCheckSameOrigin.cmake);
+// another jconfig.h found first on this file's include path would still compile against a different one.
+#if defined(RINGTRAIN_JPEG_LIB_VERSION) && JPEG_LIB_VERSION != RINGTRAIN_JPEG_LIB_VERSION
+#error "jpeglib.h declares another JPEG_LIB_VERSION than the linked libjpeg: another jconfig.h is on the include path"
+#endif
 #include <png.h>
 
 #include <algorithm>

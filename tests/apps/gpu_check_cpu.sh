@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # What of scripts/gpu_check.sh runs without a GPU: usage errors name the flag; a dry run finds the CUDA
 # libraries, prints every command of the check and writes a JSON; a bundle with a missing or damaged
-# package is refused before anything is unpacked; a full run on a machine without a GPU stops at once
-# with the reason. (The build-only mode and the bundle's completeness are checked by hand: docs/GPU.md.)
+# package is refused before anything is unpacked; the unpacked prefix takes a library's headers and its
+# binary from one place (scripts/gpu_prefix.sh); a full run on a machine without a GPU stops at once with
+# the reason. (The build-only mode and the bundle's completeness are checked by hand: docs/GPU.md.)
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 work=$(mktemp -d)
@@ -56,6 +57,47 @@ PY
   printf '# made today\nlibfoo1 1.0 %s\nlibbar2 2.0 %s\n' "$(sha256sum "$work/bundle/libfoo1_1.0_amd64.deb" | cut -d' ' -f1)" "$(printf '0%.0s' {1..64})" > "$work/bundle/MANIFEST"
   expect 1 "the bundle $work/bundle lacks libbar2 2.0" -- \
     bash "$check" "$work/r" --dry-run --use-bundle always --bundle "$work/bundle" --build-dir "$work/b"
+fi
+
+# The bundle's private prefix (scripts/gpu_prefix.sh), with made-up packages and a made-up machine: a
+# library's headers come with its own binary. Where the machine has libjpeg's headers and link, the
+# bundle's development files leave the prefix (the 2026-12-04 run compiled the bundle's jpeglib.h with the
+# machine's jconfig.h, 80, and ran the bundle's libjpeg.so.62); where it lacks them, the bundle's headers
+# stay with the bundle's own libjpeg.so.62, even though this machine's ldconfig knows that soname.
+if command -v dpkg-deb > /dev/null; then
+  fake_deb() {  # fake_deb PACKAGE ROOT: ROOT's files as $work/debs/PACKAGE_1_amd64.deb
+    mkdir -p "$2/DEBIAN" "$work/debs"
+    printf 'Package: %s\nVersion: 1\nArchitecture: amd64\nMaintainer: t <t@example.org>\nDescription: made up\n' "$1" > "$2/DEBIAN/control"
+    dpkg-deb --build --root-owner-group "$2" "$work/debs/$1_1_amd64.deb" > /dev/null
+  }
+  a=x86_64-linux-gnu d=$work/pkg/dev r=$work/pkg/run m=$work/machine8
+  mkdir -p "$d/usr/include/$a" "$d/usr/lib/$a/pkgconfig" "$r/usr/lib/$a" "$m/usr/include/$a" "$m/usr/lib/$a" "$work/bare"
+  echo '#include "jconfig.h"' > "$d/usr/include/jpeglib.h"
+  echo '#define JPEG_LIB_VERSION 62' > "$d/usr/include/$a/jconfig.h"
+  ln -s libjpeg.so.62 "$d/usr/lib/$a/libjpeg.so"
+  : > "$d/usr/lib/$a/libjpeg.a"; : > "$d/usr/lib/$a/pkgconfig/libjpeg.pc"
+  fake_deb libjpeg62-turbo-dev "$d"
+  : > "$r/usr/lib/$a/libjpeg.so.62.3.0"; ln -s libjpeg.so.62.3.0 "$r/usr/lib/$a/libjpeg.so.62"
+  fake_deb libjpeg62-turbo "$r"
+  cp "$d/usr/include/jpeglib.h" "$m/usr/include/"  # the machine: Ubuntu 24.04's libjpeg-turbo8-dev
+  echo '#define JPEG_LIB_VERSION 80' > "$m/usr/include/$a/jconfig.h"
+  : > "$m/usr/lib/$a/libjpeg.so.8"; ln -s libjpeg.so.8 "$m/usr/lib/$a/libjpeg.so"
+  dev_files=(usr/include/jpeglib.h "usr/include/$a/jconfig.h" "usr/lib/$a/libjpeg.so" "usr/lib/$a/libjpeg.a" "usr/lib/$a/pkgconfig/libjpeg.pc")
+  expect 0 "libjpeg62-turbo-dev: the machine's own headers and library \(the package's 5 files left out of the prefix\)" -- \
+    env RINGTRAIN_MACHINE_ROOT="$m" bash "$repo/scripts/gpu_prefix.sh" "$work/prefix_machine" auto "$work"/debs/*.deb
+  for f in "${dev_files[@]}"; do
+    if [[ -e $work/prefix_machine/$f || -L $work/prefix_machine/$f ]]; then echo "FAIL: the bundle's $f stayed in the prefix"; fails=$((fails + 1)); fi
+  done
+  expect 0 "libjpeg62-turbo-dev: the bundle's headers with the bundle's own library \(the machine lacks /usr/include/jpeglib.h\)" -- \
+    env RINGTRAIN_MACHINE_ROOT="$work/bare" bash "$repo/scripts/gpu_prefix.sh" "$work/prefix_bundle" prefer-system "$work"/debs/*.deb
+  for f in "${dev_files[@]}" "usr/lib/$a/libjpeg.so.62"; do
+    [[ -e $work/prefix_bundle/$f ]] || { echo "FAIL: the bundle's $f left the prefix"; fails=$((fails + 1)); }
+  done
+  [[ $(readlink -f "$work/prefix_bundle/usr/lib/$a/libjpeg.so") = "$work/prefix_bundle/usr/lib/$a/libjpeg.so.62.3.0" ]] ||
+    { echo "FAIL: the bundle's libjpeg.so leads to $(readlink -f "$work/prefix_bundle/usr/lib/$a/libjpeg.so")"; fails=$((fails + 1)); }
+  ldconfig -p | grep -q "libjpeg\.so\.62 " || echo "this machine's ldconfig knows no libjpeg.so.62: keeping the bundle's despite a known soname was not exercised"
+else
+  echo "no dpkg-deb here: the bundle's prefix was not checked"
 fi
 
 if command -v nvidia-smi > /dev/null && nvidia-smi > /dev/null 2>&1; then
