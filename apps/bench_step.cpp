@@ -1,10 +1,12 @@
 // apps/bench_step: synthetic data: median training-step time, img/s and peak memory of a ResNet
 // (forward, softmax cross-entropy, backward, SGD with momentum and weight decay).
 //   bench_step -a resnet20 -b 128 --threads 1 [--hw 32] [--in-ch 3] [--steps 10] [--warmup 2]
-//              [--device cpu] [--precision fp32|bf16|fp16] [--backend ring] [--bucket-mb 25] [--cpu-conv auto]
+//              [--device cpu] [--precision fp32|bf16|fp16] [--tf32 on|off] [--backend ring] [--bucket-mb 25]
+//              [--cpu-conv auto]
 // Prints one line: "ringtrain resnet20 b128 32x32x3 threads=1 median_step_s=... img_per_s=... peak_rss_mb=...
 // params=..." (params: the model's parameter count, which scripts/peers/torch_resnet_step.py prints too);
-// with --precision bf16/fp16 it adds precision=... and, on the CPU, cpu_half_path=... (core/cpu_features.h).
+// with --precision bf16/fp16 it adds precision=... and, on the CPU, cpu_half_path=... (core/cpu_features.h);
+// then always tf32=on|off, the --tf32 setting in effect (it changes f32 convolutions and GEMMs on a GPU only).
 // --cpu-conv compare alternates the CPU convolution choice step by step (direct, auto, direct, ...) and
 // adds both medians and the median of each pair's auto/direct ratio: a comparison that holds while the
 // machine's speed drifts (median_step_s is then auto's). --recompute on recomputes the activations
@@ -15,10 +17,14 @@
 // time is the slowest rank's median, img/s counts every rank's images, and the line adds ranks=N and
 // comm_wait_s (median time finish() waited for gradients after backward: the communication not hidden).
 // --backend none under mpirun runs the ranks side by side without synchronising them.
+// --profile runs --profile-steps more steps after the timed ones (which it leaves untouched) under the
+// per-op profiler and prints its table (runtime/profiler.h); --profile-jsonl PATH appends its record.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
+#include <optional>
 
 #include "comm/grad_sync.h"
 #include "comm/host_collectives.h"
@@ -33,15 +39,18 @@
 #include "layers/loss.h"
 #include "layers/models/resnet.h"
 #include "optim/optimizer.h"
+#include "runtime/profiler.h"
 
 using namespace ringtrain;
 
 int main(int argc, char** argv) {
   CLI::App app{"Times ResNet training steps on synthetic data"};
-  std::string arch = "resnet20", device_text = "cpu", precision = "fp32", backend = "ring", cpu_conv = "auto",
-              recompute = "off";
+  std::string arch = "resnet20", device_text = "cpu", precision = "fp32", tf32 = "on", backend = "ring",
+              cpu_conv = "auto", recompute = "off";
   int64_t batch = 128, hw = 32, in_ch = 3, classes = 10;
-  int threads = 0, steps = 10, warmup = 2;
+  int threads = 0, steps = 10, warmup = 2, profile_steps = 5;
+  bool profile = false;
+  std::string profile_jsonl;
   double bucket_mb = 25;
   app.add_option("-a,--arch", arch, "architecture")->capture_default_str();
   app.add_option("-b,--batch-size", batch, "images per step")
@@ -69,6 +78,11 @@ int main(int argc, char** argv) {
                  "scaling: a timing)")
       ->capture_default_str()
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  app.add_option("--tf32", tf32,
+                 "on or off: f32 convolutions and GEMMs on the GPU may use TF32 tensor cores, as train_resnet --tf32 "
+                 "(no effect on the CPU)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--backend", backend,
                  "gradient all-reduce under mpirun: ring, hierarchical, mpi or nccl; none: every rank trains alone, no "
                  "sync (the "
@@ -88,6 +102,13 @@ int main(int argc, char** argv) {
                  "steps)")
       ->capture_default_str()
       ->check(CLI::IsMember({"off", "on", "compare"}));
+  app.add_flag("--profile", profile,
+               "after the timed steps, profile --profile-steps more: the table per op family (GPU time from CUDA "
+               "events, host time, share of the step, host waits per step)");
+  app.add_option("--profile-steps", profile_steps, "steps --profile measures")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000000));
+  app.add_option("--profile-jsonl", profile_jsonl, "with --profile: append its record to this JSONL file");
   CLI11_PARSE(app, argc, argv);
   if (cpu_conv == "compare" && recompute == "compare") {
     std::fprintf(stderr, "bench_step: --cpu-conv compare and --recompute compare: compare one at a time\n");
@@ -96,6 +117,7 @@ int main(int argc, char** argv) {
   const bool compare_recompute = recompute == "compare";
   const bool compare = cpu_conv == "compare" || compare_recompute;
   const bool cpu_conv_given = app.count("--cpu-conv") > 0;  // else RINGTRAIN_CPU_CONV's choice (default auto)
+  set_allow_tf32(tf32 == "on");
   return comm::run_main(argc, argv, [&](comm::World& world) {
     const Device device = world.bind(parse_device(device_text), threads).device;
     manual_seed(0);
@@ -122,13 +144,8 @@ int main(int argc, char** argv) {
       set_cpu_convolution(cpu_conv == "direct" ? CpuConvolution::Direct : CpuConvolution::Auto);
     if (recompute == "on") recompute_blocks(model);
     // In a comparison the even steps are the baseline (direct convolutions, or no recompute).
-    for (int s = 0; s < (compare ? 2 : 1) * (warmup + steps); ++s) {
-      const bool base_turn = compare && s % 2 == 0;
-      if (compare_recompute)
-        recompute_blocks(model, !base_turn);
-      else if (compare)
-        set_cpu_convolution(base_turn ? CpuConvolution::Direct : CpuConvolution::Auto);
-      auto t0 = std::chrono::steady_clock::now();
+    // One training step; `s` < 0: a profiled step after the timed ones.
+    auto train_step = [&](int s) {
       if (sync)
         sync->zero_grad();
       else
@@ -140,10 +157,20 @@ int main(int argc, char** argv) {
       }
       loss.backward();
       if (sync) {
+        profile::Span span("allreduce", device, "gradient all-reduce");
         sync->finish();
         if (s >= warmup) waits.push_back(sync->last_wait_seconds());
       }
       opt.step(0.1);
+    };
+    for (int s = 0; s < (compare ? 2 : 1) * (warmup + steps); ++s) {
+      const bool base_turn = compare && s % 2 == 0;
+      if (compare_recompute)
+        recompute_blocks(model, !base_turn);
+      else if (compare)
+        set_cpu_convolution(base_turn ? CpuConvolution::Direct : CpuConvolution::Auto);
+      auto t0 = std::chrono::steady_clock::now();
+      train_step(s);
       synchronize(device);
       const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (compare) {
@@ -155,6 +182,16 @@ int main(int argc, char** argv) {
         ratios.push_back(dt / base_times.back());
       }
       if (s / (compare ? 2 : 1) >= warmup) times.push_back(dt);
+    }
+    std::optional<profile::Table> table;
+    if (profile) {
+      profile::Session session(device);
+      for (int s = 0; s < profile_steps; ++s) {
+        session.begin_step();
+        train_step(-1);
+        session.end_step();
+      }
+      table = session.table();
     }
     std::sort(times.begin(), times.end());
     std::sort(waits.begin(), waits.end());
@@ -180,11 +217,20 @@ int main(int argc, char** argv) {
       std::printf(" precision=%s", precision.c_str());
       if (device.is_cpu()) std::printf(" cpu_half_path=%s", cpu_half_path(*autocast).path.c_str());
     }
+    std::printf(" tf32=%s", allow_tf32() ? "on" : "off");
     if (compare)
       std::printf(compare_recompute ? " plain_median_step_s=%.4f recompute_over_plain=%.3f"
                                     : " direct_median_step_s=%.4f auto_over_direct=%.3f",
                   base_times[base_times.size() / 2], ratios[ratios.size() / 2]);
     std::printf("\n");
+    if (table) {
+      std::printf("%s", runtime::format_profile(*table).c_str());
+      if (!profile_jsonl.empty()) {
+        std::ofstream out(profile_jsonl, std::ios::app);
+        if (!(out << runtime::profile_record(*table).dump() << "\n"))
+          RT_THROW("--profile-jsonl: cannot append to '", profile_jsonl, "'");
+      }
+    }
     return 0;
   });
 }

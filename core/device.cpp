@@ -1,7 +1,13 @@
 // core/device.cpp: Device naming and parsing (device-independent part of core/device.h).
 #include "core/device.h"
 
+#include <atomic>
 #include <charconv>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "core/check.h"
 
@@ -22,6 +28,56 @@ Device parse_device(std::string_view text) {
       return Device::cuda(index);
   }
   RT_THROW("unknown device '", text, "' (expected cpu, cuda or cuda:N)");
+}
+
+namespace {
+std::atomic<int64_t> g_host_syncs{0};
+std::mutex g_deferred_mutex;
+std::vector<std::function<void()>> g_deferred;  // guarded by g_deferred_mutex
+
+bool sync_every_op() {
+  static const bool on = [] {
+    const char* v = std::getenv("RINGTRAIN_CUDA_SYNC");
+    return v && *v && std::string(v) != "0";
+  }();
+  return on;
+}
+}  // namespace
+
+int64_t cuda_host_syncs() { return g_host_syncs.load(std::memory_order_relaxed); }
+
+namespace detail {
+void count_host_sync() { g_host_syncs.fetch_add(1, std::memory_order_relaxed); }
+}  // namespace detail
+
+void defer_device_check(std::function<void()> check) {
+  if (sync_every_op()) {
+    check();
+    return;
+  }
+  bool full = false;
+  {
+    std::lock_guard<std::mutex> lock(g_deferred_mutex);
+    full = g_deferred.size() >= kMaxDeferredChecks;
+  }
+  if (full) run_deferred_checks();
+  std::lock_guard<std::mutex> lock(g_deferred_mutex);
+  g_deferred.push_back(std::move(check));
+}
+
+void run_deferred_checks() {
+  std::vector<std::function<void()>> checks;
+  {
+    std::lock_guard<std::mutex> lock(g_deferred_mutex);
+    if (g_deferred.empty()) return;
+    checks.swap(g_deferred);  // a check's own reads must not run the list again
+  }
+  for (const auto& check : checks) check();
+}
+
+size_t deferred_checks_pending() {
+  std::lock_guard<std::mutex> lock(g_deferred_mutex);
+  return g_deferred.size();
 }
 
 }  // namespace ringtrain

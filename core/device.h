@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <ostream>
 #include <string>
@@ -100,5 +101,25 @@ void set_current_stream(const Stream& s);
 
 // Waits for all work on `d` (no-op for CPU).
 void synchronize(Device d);
+
+// The host's waits for the GPU in this process so far: stream, event and device synchronisations, and the
+// copies that end in one (the host reading device data, or a copy between devices). A device-to-device
+// copy on one GPU is ordered on the stream and waits for nothing. Always 0 without CUDA. The profiler
+// (runtime/profiler.h) reports it per step; a steady training step makes none between log points.
+int64_t cuda_host_syncs();
+
+// Checks whose evidence lives on the device (cross_entropy's label check): recorded without a host wait,
+// run at the next host read of device data (Tensor::item(), to_vector(), .to(cpu)), which waits anyway.
+// `check` reads its device flags and throws the error it describes. RINGTRAIN_CUDA_SYNC=1 runs each at
+// once, like the op errors. At most kMaxDeferredChecks wait; one more runs them all first.
+constexpr size_t kMaxDeferredChecks = 256;
+void defer_device_check(std::function<void()> check);
+// Runs (and forgets) every deferred check, in the order they were made; the first that fails throws.
+void run_deferred_checks();
+size_t deferred_checks_pending();
+
+namespace detail {
+void count_host_sync();
+}  // namespace detail
 
 }  // namespace ringtrain

@@ -1,18 +1,35 @@
 // core/dispatch.h (internal): picks the kernel table for a device and reports missing kernels by op.
 #pragma once
 
+#include <utility>
+
 #include "core/check.h"
 #include "core/kernels.h"
+#include "core/profile.h"
 
 namespace ringtrain::detail {
 
 // The table for `device`; throws naming `op` when the device has no kernels (CUDA not built).
 const KernelTable& kernel_table(Device device, const char* op);
 
-template <typename Fn>
-Fn require_kernel(Fn fn, const char* op, const char* entry, Device device) {
+// A kernel about to be called: timed by the profiler while a session is open (core/profile.h).
+template <typename R, typename... A>
+struct KernelCall {
+  R (*fn)(A...);
+  const char* entry;
+  Device device;
+  template <typename... B>
+  R operator()(B&&... args) const {
+    if (!profile::on()) return fn(std::forward<B>(args)...);
+    profile::Span span(profile::family_of_kernel(entry), device, entry);
+    return fn(std::forward<B>(args)...);
+  }
+};
+
+template <typename R, typename... A>
+KernelCall<R, A...> require_kernel(R (*fn)(A...), const char* op, const char* entry, Device device) {
   if (!fn) RT_THROW("op '", op, "' has no kernel '", entry, "' for device ", device.str());
-  return fn;
+  return {fn, entry, device};
 }
 
 // Post-op hook of the device (CUDA: error check per op, optional sync).

@@ -184,9 +184,10 @@ struct KernelTable {
   // Fused softmax cross-entropy with label smoothing eps over logits [rows, cols], labels I32 or I64 [rows].
   // Writes log_probs [rows, cols] (logits' dtype) and loss [rows] (F32 for 16-bit logits, else logits' dtype):
   // loss_r = -(1 - eps) * logp[r, y_r] - (eps / cols) * sum_c logp[r, c].
-  // A label outside [0, cols) sets *bad_label to its row (first such row; untouched otherwise).
+  // bad_row: I64 [1] on the op's device, set to the first row whose label is outside [0, cols), or to a
+  // value >= rows when every label is valid. Written without a host wait (core/device.h's deferred checks).
   void (*cross_entropy)(const Tensor& logits, const Tensor& labels, double smoothing, Tensor& log_probs, Tensor& loss,
-                        int64_t* bad_label) = nullptr;
+                        Tensor& bad_row) = nullptr;
   // dlogits[r, c] = scale * (exp(logp[r, c]) - (1 - eps) [c == y_r] - eps / cols); scale = dloss / rows.
   void (*cross_entropy_backward)(const Tensor& log_probs, const Tensor& labels, double smoothing, double scale,
                                  Tensor& dlogits) = nullptr;

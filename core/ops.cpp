@@ -1005,15 +1005,26 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels, double label_sm
   const DType loss_dtype = logits.dtype() == DType::F64 ? DType::F64 : DType::F32;
   Tensor log_probs = Tensor::empty(logits.shape(), logits.dtype(), logits.device());
   Tensor row_loss = Tensor::empty(Shape{rows}, loss_dtype, logits.device());
-  int64_t bad_label = -1;
+  Tensor bad_row = Tensor::empty(Shape{1}, DType::I64, logits.device());
   RT_KERNEL(logits.device(), "cross_entropy", cross_entropy)
-  (logits, labels, label_smoothing, log_probs, row_loss, &bad_label);
+  (logits, labels, label_smoothing, log_probs, row_loss, bad_row);
   detail::after_op(logits.device(), "cross_entropy");
-  if (bad_label >= 0) {
-    double value = labels.slice(bad_label, bad_label + 1).item();
-    RT_THROW("op 'cross_entropy': label ", static_cast<long long>(value), " at row ", bad_label, " is outside [0, ",
-             cols, ") for logits ", logits.describe());
-  }
+  // On the GPU the flag is read at the next host read of device data (the loss, at a log point), so the
+  // step makes no host wait for it; the error still names the label, its row and the logits.
+  const bool deferred = !logits.device().is_cpu();
+  auto check = [bad_row, labels = labels.detach(), rows, cols, what = logits.describe(), deferred] {
+    const int64_t row = bad_row.to(Device::cpu()).data<int64_t>()[0];
+    if (row < 0 || row >= rows) return;
+    const auto value = static_cast<long long>(labels.slice(row, row + 1).item());
+    RT_THROW("op 'cross_entropy': label ", value, " at row ", row, " is outside [0, ", cols, ") for logits ", what,
+             deferred ? " (checked on the device and reported at the next read of the loss; RINGTRAIN_CUDA_SYNC=1 "
+                        "reports it at the op)"
+                      : "");
+  };
+  if (deferred)
+    defer_device_check(check);
+  else
+    check();
   Tensor loss;
   {
     NoGradGuard no_grad;

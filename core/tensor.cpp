@@ -260,7 +260,12 @@ Tensor Tensor::detach() const {
 Tensor Tensor::to(Device device) const {
   if (device == this->device()) return *this;
   Tensor out = empty(shape(), dtype(), device);
-  copy_bytes(out.data_ptr(), device, data_ptr(), this->device(), nbytes());
+  {
+    profile::Span span("cast_copy", this->device().is_cuda() ? this->device() : device, "copy to device");
+    copy_bytes(out.data_ptr(), device, data_ptr(), this->device(), nbytes());
+  }
+  // The host has waited for the device: the checks left on it can be read now (core/device.h).
+  if (device.is_cpu()) run_deferred_checks();
   if (needs_grad({this})) {
     Device source = this->device();
     return record("to_device", {this}, out, [source](const Tensor& g) { return std::vector<Tensor>{g.to(source)}; });
@@ -284,7 +289,10 @@ Tensor Tensor::to(DType dtype) const {
 
 Tensor Tensor::clone() const {
   Tensor out = empty(shape(), dtype(), device());
-  copy_bytes(out.data_ptr(), device(), data_ptr(), device(), nbytes());
+  {
+    profile::Span span("cast_copy", device(), "copy clone");
+    copy_bytes(out.data_ptr(), device(), data_ptr(), device(), nbytes());
+  }
   if (needs_grad({this})) return record("clone", {this}, out, [](const Tensor& g) { return std::vector<Tensor>{g}; });
   return out;
 }
@@ -306,6 +314,7 @@ Tensor& Tensor::copy_(const Tensor& src) {
     RT_KERNEL(device(), "copy_", convert)(source, *this);
     detail::after_op(device(), "copy_");
   } else if (source.data_ptr() != data_ptr()) {
+    profile::Span span("cast_copy", device(), "copy copy_");
     copy_bytes(data_ptr(), device(), source.data_ptr(), device(), nbytes());
   }
   return *this;

@@ -125,6 +125,10 @@ void add_device_flags(CLI::App& app, TrainerOptions& o) {
              [&o](const std::string& v) { o.device = parse_device_choice(v); });
   add_choice(app, "--precision", "fp32, bf16 or fp16", name_of(o.precision), {"fp32", "bf16", "fp16"},
              [&o](const std::string& v) { o.precision = parse_precision(v); });
+  add_choice(app, "--tf32",
+             "on or off: f32 convolutions and GEMMs on the GPU may use TF32 tensor cores (inputs rounded to 10-bit "
+             "mantissas, f32 sums; as PyTorch's convolutions); no effect on the CPU",
+             on_off(o.tf32), {"on", "off"}, [&o](const std::string& v) { o.tf32 = parse_on_off(v, "--tf32"); });
   app.add_flag("--recompute", o.recompute,
                "activation recompute: every block but the last (a ResNet's stem and residual blocks, a Sequential's "
                "children) keeps only its input, and its backward runs its forward again (less memory for one more "
@@ -224,6 +228,13 @@ void add_output_flags(CLI::App& app, TrainerOptions& o) {
   app.add_option("--trace-steps", o.trace_steps, "steps the trace covers (from the first)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  app.add_flag_callback(
+      "--profile", [&o] { o.profile_steps = o.profile_steps > 0 ? o.profile_steps : 5; },
+      "after 3 warm-up steps, time every op of --profile-steps steps: a table per op family (GPU time from CUDA "
+      "events, host time, share of the step, host waits per step), printed and written as a JSONL profile "
+      "record");
+  app.add_option("--profile-steps", o.profile_steps, "steps --profile measures (giving it turns --profile on)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   app.add_flag("--check", o.check, "run the preflight doctor (ringtrain_env) first");
   app.add_option("--timeout", o.timeout,
                  "seconds a step phase or collective may take before the job is aborted (0: off)")

@@ -33,6 +33,7 @@ constexpr Named<Precision> kPrecisions[] = {
     {"fp32", Precision::FP32}, {"bf16", Precision::BF16}, {"fp16", Precision::FP16}};
 constexpr Named<DeviceChoice> kDevices[] = {
     {"auto", DeviceChoice::Auto}, {"cpu", DeviceChoice::Cpu}, {"cuda", DeviceChoice::Cuda}};
+constexpr Named<bool> kOnOff[] = {{"on", true}, {"off", false}};
 constexpr Named<ProgressStyle> kProgress[] = {
     {"auto", ProgressStyle::Auto}, {"bar", ProgressStyle::Bar}, {"lines", ProgressStyle::Lines}};
 
@@ -66,6 +67,8 @@ LrShape parse_lr_shape(const std::string& t, const std::string& flag) { return p
 LrScaling parse_lr_scaling(const std::string& t, const std::string& flag) { return parse_in(kScalings, t, flag); }
 Precision parse_precision(const std::string& t, const std::string& flag) { return parse_in(kPrecisions, t, flag); }
 DeviceChoice parse_device_choice(const std::string& t, const std::string& flag) { return parse_in(kDevices, t, flag); }
+const char* on_off(bool v) { return name_in(kOnOff, v); }
+bool parse_on_off(const std::string& t, const std::string& flag) { return parse_in(kOnOff, t, flag); }
 
 const char* compression_name(comm::Compression c) {
   switch (c) {
@@ -105,6 +108,7 @@ json TrainerOptions::to_json() const {
          {"label_smoothing", label_smoothing},
          {"device", name_of(device)},
          {"precision", name_of(precision)},
+         {"tf32", on_off(tf32)},
          {"backend", backend ? comm::backend_name(*backend) : "auto"},
          {"bucket_mb", bucket_mb},
          {"compression", compression_name(compression)},

@@ -34,6 +34,9 @@ LrShape parse_lr_shape(const std::string& text, const std::string& flag = "--lr-
 LrScaling parse_lr_scaling(const std::string& text, const std::string& flag = "--lr-scaling");
 Precision parse_precision(const std::string& text, const std::string& flag = "--precision");
 DeviceChoice parse_device_choice(const std::string& text, const std::string& flag = "--device");
+// "on" | "off", as --tf32 spells a switch that is on unless turned off.
+const char* on_off(bool v);
+bool parse_on_off(const std::string& text, const std::string& flag);
 // The autocast type of a precision: none for FP32, else BF16 or F16.
 std::optional<DType> autocast_type(Precision p);
 
@@ -60,6 +63,10 @@ struct TrainerOptions {
   // ---- device and precision
   DeviceChoice device = DeviceChoice::Auto;  // Auto: cuda when a GPU is usable
   Precision precision = Precision::FP32;     // BF16/FP16 autocast convolutions and GEMMs; FP16 adds loss scaling
+  // f32 convolutions and GEMMs on the GPU may use TF32 tensor cores (core/ops.h set_allow_tf32; inputs
+  // rounded to 10-bit mantissas, f32 accumulation); on by default, as PyTorch's convolutions. No effect on
+  // the CPU. A checkpoint written before the flag existed counts as on.
+  bool tf32 = true;
   // The memory a rank may use (runtime/memory_plan.h): a run predicted over it is refused before its first
   // step. 0: the device's free memory shared by the ranks on it (runtime/memory_budget.h).
   int64_t max_memory = 0;
@@ -96,6 +103,7 @@ struct TrainerOptions {
   int64_t log_every = 50;  // steps between progress lines / train records
   std::string log_jsonl, trace;
   int64_t trace_steps = 100;
+  int64_t profile_steps = 0;  // > 0: --profile's steady steps (runtime/profiler.h), after 3 warm-up steps
   ProgressStyle progress = ProgressStyle::Auto;
   double timeout = 1800;  // seconds a phase may take before the job is aborted (0: off)
   bool check = false;     // run the preflight first

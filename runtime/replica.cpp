@@ -56,6 +56,9 @@ Replica::Replica(comm::World& world, const TrainerOptions& o, Device device, Mod
       autocast_(autocast_type(o.precision)),
       loss_fn_(o.label_smoothing),
       backend_(o.backend.value_or(comm::auto_backend(world, device))) {
+  // --tf32: process-wide, like PyTorch's torch.backends.cudnn.allow_tf32; every forward, backward and
+  // evaluation of the run from here computes under it (set again by each run, so no run inherits another's).
+  set_allow_tf32(o_.tf32);
   if (world_.is_root() && autocast_ && device.is_cpu())
     std::printf("note: --precision %s on the CPU: %s\n", name_of(o_.precision), cpu_half_path(*autocast_).why.c_str());
   const MPI_Comm holders = scope.comm != MPI_COMM_NULL ? scope.comm : world_.comm();

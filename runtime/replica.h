@@ -61,7 +61,7 @@ struct StepOutcome {
 
 class Replica {
  public:
-  // Collective.
+  // Collective. Sets the process-wide TF32 switch to o.tf32 (core/ops.h set_allow_tf32).
   Replica(comm::World& world, const TrainerOptions& o, Device device, Module& model, StepFn step_fn,
           const ReplicaStart& start, const ReplicaScope& scope = {});
   ~Replica();

@@ -87,6 +87,7 @@ void Reporter::announce(const Replica& replica, int threads, const Cursor& at, c
   record["total_steps"] = plan_.total_steps;  // what a watcher shows progress against (runtime/job_view.h)
   record["steps_per_epoch"] = plan_.steps_per_epoch;
   record["precision"] = name_of(o_.precision);
+  record["tf32"] = on_off(o_.tf32);  // the setting; f32 convolutions and GEMMs use it on a GPU only
   // bf16/fp16 on the CPU: the path its convolutions and GEMMs take here, and which instructions it has.
   if (const std::optional<DType> half = autocast_type(o_.precision); half && device_.is_cpu()) {
     const HalfPath h = cpu_half_path(*half);
@@ -99,6 +100,10 @@ void Reporter::announce(const Replica& replica, int threads, const Cursor& at, c
     record["memory"] = memory_;
   }
   log_.write(record);
+}
+
+void Reporter::write_record(const json& record) {
+  if (world_.is_root()) log_.write(record);
 }
 
 void Reporter::add_loss(double loss) {

@@ -45,6 +45,8 @@ class Reporter {
   // `extra` (an object) is merged into the train record (a pipeline's per-stage figures).
   void report(int64_t epoch, int64_t step, double lr, std::optional<double> grad_norm,
               const nlohmann::json& extra = nullptr);
+  // Rank 0: a record of its own (--profile's) into the JSONL log.
+  void write_record(const nlohmann::json& record);
   // Ends the epoch's bar line.
   void end_epoch() const;
   // Rank 0: the evaluation's line and record.

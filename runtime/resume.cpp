@@ -42,6 +42,8 @@ constexpr const char* kRuntimeOnly[] = {"data",
                                         "log_jsonl",
                                         "trace",
                                         "trace_steps",
+                                        "profile",
+                                        "profile_steps",
                                         "check",
                                         "timeout",
                                         "max_memory",
@@ -56,6 +58,14 @@ constexpr const char* kRuntimeOnly[] = {"data",
                                         "strict"};
 // What must be the same for a resume to continue the training at all.
 constexpr const char* kIdentity[] = {"arch", "model", "optimizer", "dataset"};
+// Flags added after checkpoints were written, with the value that is what a run did before the flag existed
+// (its default): a side that lacks the key compares as that value, so an older checkpoint resumed with the
+// default is no change, and with another value is said as one ("--tf32 on -> off").
+struct Introduced {
+  const char* key;
+  const char* before;
+};
+constexpr Introduced kIntroducedLater[] = {{"tf32", "on"}};
 
 bool listed(const std::string& key, const auto& list) {
   return std::find(std::begin(list), std::end(list), key) != std::end(list);
@@ -87,7 +97,15 @@ std::string what_is(const std::string& key) {
   return flag_of(key);
 }
 
-// The keys of `a` and `b` that differ, except those in `skip`, as "--flag old -> new".
+// `config`'s value of `key`: null when it has none, unless the key is a flag introduced later.
+json value_of(const json& config, const std::string& key) {
+  if (config.contains(key)) return config[key];
+  for (const Introduced& i : kIntroducedLater)
+    if (key == i.key) return i.before;
+  return json();
+}
+
+// The keys of `a` and `b` that differ, except the runtime-only and identity ones, as "--flag old -> new".
 std::string differences(const json& a, const json& b) {
   std::vector<std::string> keys;
   for (const auto& [k, v] : a.items()) keys.push_back(k);
@@ -97,7 +115,7 @@ std::string differences(const json& a, const json& b) {
   std::string out;
   for (const std::string& k : keys) {
     if (k == "flags" || listed(k, kRuntimeOnly) || listed(k, kIdentity)) continue;
-    const json x = a.contains(k) ? a[k] : json(), y = b.contains(k) ? b[k] : json();
+    const json x = value_of(a, k), y = value_of(b, k);
     if (!same_value(x, y)) out += detail::str_cat(out.empty() ? "" : ", ", flag_of(k), " ", shown(x), " -> ", shown(y));
   }
   return out;

@@ -36,7 +36,8 @@ std::optional<Resumed> resume_point(const comm::World& world, const TrainerOptio
 
 // A checkpoint's flags (its /meta "config") against this run's. `refusal` is set when resuming would not
 // continue that training (another model, optimizer or dataset); `changes` lists the flags of the run's
-// length and schedule that differ, as "--lr 0.1 -> 0.2, ...".
+// length and schedule that differ, as "--lr 0.1 -> 0.2, ...". A flag added since a checkpoint was written
+// (--tf32) counts, where the checkpoint lacks it, as what runs did before it existed (--tf32 on).
 struct ConfigComparison {
   std::string refusal;
   std::string changes;

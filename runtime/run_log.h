@@ -3,7 +3,8 @@
 // "train_resnet"; scripts/scaling.py and scaling_model.py read them):
 //   plan     world_size, nodes, arch, batch_size, accum_steps, global_batch, backend, device, threads,
 //            params, buckets [{bytes, numel, parameters}], zero, optimizer_state_bytes (per rank),
-//            total_steps, steps_per_epoch, and
+//            total_steps, steps_per_epoch, precision, tf32 ("on"/"off"), cpu_half_path (bf16/fp16 on the
+//            CPU), pipeline (with --pipeline-stages), and
 //            from the memory plan predicted_peak_mem_bytes (the largest rank's) and memory {breakdown,
 //            predicted_peak_mem_bytes_by_rank, budget_bytes_by_rank, budget, activations_fixed,
 //            activations_per_image, batch_auto} (runtime/memory_plan.h)

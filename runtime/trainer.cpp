@@ -27,11 +27,13 @@
 #include "runtime/fault_injection.h"
 #include "runtime/folder_lock.h"
 #include "runtime/gpu_choice.h"
+#include "runtime/loss_log.h"
 #include "runtime/memory_budget.h"
 #include "runtime/memory_plan.h"
 #include "runtime/pipeline.h"
 #include "runtime/plan.h"
 #include "runtime/preflight.h"
+#include "runtime/profiler.h"
 #include "runtime/replica.h"
 #include "runtime/reporter.h"
 #include "runtime/resume.h"
@@ -86,7 +88,8 @@ Trainer::Trainer(comm::World& world, TrainerOptions options) : world_(world), op
   device_ = binding.device;
   threads_ = binding.threads;
   agree_on_device();
-  manual_seed(options_.seed);  // the model built next is initialised identically on every rank
+  manual_seed(options_.seed);     // the model built next is initialised identically on every rank
+  set_allow_tf32(options_.tf32);  // before the memory plan's probe and the pipeline's timings run the model
   if (options_.check) {
     const comm::Backend backend = options_.backend.value_or(comm::auto_backend(world_, device_));
     quick_preflight(world_, backend, device_);
@@ -198,6 +201,9 @@ class Run {
   bool run_micro_batches(int64_t epoch, int64_t step, int64_t& micro, MicroTimes& t);
   bool run_pipelined(int64_t epoch, int64_t step, int64_t& micro, MicroTimes& t);
   std::string non_finite_loss(double loss, int64_t epoch, int64_t step, int64_t micro) const;
+  // Reads the pending losses (losses_): each into the report, a non-finite one (unscaled) as the error.
+  void read_losses();
+  void take_loss(const LossLog::Origin& at, double loss);
   nlohmann::json pipeline_report();
   void evaluate_now(int64_t epoch, int64_t step);
   void save(const Cursor& at);
@@ -235,6 +241,9 @@ class Run {
   double interval_busy_s_ = 0, interval_step_s_ = 0;
   int64_t interval_held_bytes_ = 0;  // the most activation memory a step of the interval held
   std::optional<EvalResult> last_eval_;
+  // The losses since the host last read them: on the GPU, read at reports, checkpoints and epoch ends only.
+  LossLog losses_{device_.is_cuda()};
+  std::unique_ptr<StepProfiler> profiler_;   // --profile: made when the first step is known
   Clock::time_point run_start_, last_save_;  // rank 0's last_save_: --checkpoint-every-min counts from it
 };
 
@@ -249,6 +258,7 @@ TrainResult Run::run() {
   reporter_->announce(*replica_, threads_, at, resumed_from_, run_id_, data_.warnings());
   run_start_ = last_save_ = Clock::now();
   first_step_ = at.step;
+  profiler_ = std::make_unique<StepProfiler>(device_, o_.profile_steps, first_step_);
   for (int64_t epoch = at.position.epoch; epoch < plan_.epochs && !finished(at, plan_); ++epoch) {
     const EpochEnd end = train_epoch(epoch, at);
     at = end.at;
@@ -260,6 +270,11 @@ TrainResult Run::run() {
     if (next.checkpoint) save(at);
   }
   data_.stop();
+  if (profiler_->on() && !profiler_->table() && world_.is_root())
+    std::fprintf(stderr,
+                 "%s: profile: the run ended before --profile's window (3 warm-up steps, then %lld) was over; "
+                 "no table\n",
+                 o_.program.c_str(), static_cast<long long>(o_.profile_steps));
   if (at.step > first_step_) save(at);  // a finished run relaunched writes nothing new
   dog_.phase("summary (waiting for other ranks)", at.step);
   const double elapsed_s = seconds(Clock::now() - run_start_);
@@ -396,15 +411,28 @@ Run::EpochEnd Run::train_epoch(int64_t epoch, Cursor at) {
     at = {at.step + 1, pipeline_ ? data::SamplerState{epoch, micro} : data_.position()};
     const AfterStep next =
         after_step(o_, plan_, at.step, reporter_->steps_since_report(), reporter_->bar(), *checkpoint_requested);
+    if (next.report || next.checkpoint) read_losses();
     if (next.report)
       reporter_->report(epoch, at.step, schedule_.at(at.step - 1),
                         o_.clip_grad_norm > 0 ? std::optional<double>(grad_norm_) : std::nullopt, pipeline_report());
     if (next.checkpoint) save(at);
   }
+  read_losses();
   reporter_->end_epoch();
   EpochEnd end{at, !finished(at, plan_) || micro >= plan_.micro_per_epoch};
   if (end.complete) end.at.position = data::SamplerState{epoch, plan_.micro_per_epoch};
   return end;
+}
+
+void Run::take_loss(const LossLog::Origin& at, double loss) {
+  // With f16 loss scaling a non-finite loss makes non-finite gradients: the scaler skips that step.
+  if (!std::isfinite(loss) && !replica_->scaled())
+    throw PermanentError(non_finite_loss(loss, at.epoch, at.step, at.micro));
+  reporter_->add_loss(loss);
+}
+
+void Run::read_losses() {
+  losses_.flush([this](const LossLog::Origin& at, double v) { take_loss(at, v); });
 }
 
 std::string Run::non_finite_loss(double loss, int64_t epoch, int64_t step, int64_t micro) const {
@@ -420,21 +448,21 @@ bool Run::run_micro_batches(int64_t epoch, int64_t step, int64_t& micro, MicroTi
     if (k == 0) m.begin = t0;
     dog_.phase("data loading", step);
     if (micro >= plan_.micro_per_epoch) return false;
-    const std::optional<data::Batch> batch = data_.next();
+    std::optional<data::Batch> batch;
+    {
+      profile::Span span("data", device_, "data loading");
+      batch = data_.next();
+    }
     if (!batch) return false;
     ++micro;
     const auto t1 = Clock::now();
     dog_.phase("forward", step);
     const Tensor loss = replica_->forward(*batch);
-    const double loss_value = loss.item();
-    // With f16 loss scaling a non-finite loss makes non-finite gradients: the scaler skips that step.
-    if (!std::isfinite(loss_value) && !replica_->scaled())
-      throw PermanentError(non_finite_loss(loss_value, epoch, step, micro - 1));
+    losses_.add(loss, {epoch, step, micro - 1}, [this](const LossLog::Origin& at, double v) { take_loss(at, v); });
     const auto t2 = Clock::now();
     dog_.phase("backward", step);
     replica_->backward(loss, k + 1 == plan_.accum);
     const auto t3 = Clock::now();
-    reporter_->add_loss(loss_value);
     time.data_wait += seconds(t1 - t0);
     time.forward += seconds(t2 - t1);
     time.backward += seconds(t3 - t2);
@@ -500,11 +528,15 @@ nlohmann::json Run::pipeline_report() {
 // check-in. nullopt when the epoch's batches ran out first; else whether rank 0 asked for a checkpoint now.
 std::optional<bool> Run::train_step(int64_t epoch, int64_t step, int64_t& micro) {
   MicroTimes m;
+  profiler_->begin_step(step);
   if (!run_micro_batches(epoch, step, micro, m)) return std::nullopt;
   PhaseTimes& time = reporter_->timer().current();
   const Clock::time_point begin = m.begin, backward_start = m.backward_start, backward_end = m.backward_end;
   dog_.phase("gradient all-reduce (waiting for other ranks)", step);
-  replica_->finish_gradients();
+  {
+    profile::Span span("allreduce", device_, "gradient all-reduce");
+    replica_->finish_gradients();
+  }
   const auto t4 = Clock::now();
   dog_.phase("optimizer", step);
   const StepOutcome outcome = replica_->step(schedule_.at(step), step);
@@ -531,6 +563,11 @@ std::optional<bool> Run::train_step(int64_t epoch, int64_t step, int64_t& micro)
   time.optimizer = seconds(t5 - t4);
   reporter_->timer().end_step(seconds(t6 - begin), counts_in_breakdown(done, first_step_, plan_.total_steps),
                               backward_start, buckets);
+  if (profiler_->end_step(step)) {
+    const profile::Table& table = *profiler_->table();
+    if (world_.is_root()) std::printf("%s", format_profile(table).c_str());
+    reporter_->write_record(profile_record(table));
+  }
   return checkpoint_requested;
 }
 

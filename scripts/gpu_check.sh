@@ -253,52 +253,11 @@ if ((bundle_used)); then
   done < "$bundle/MANIFEST"
   echo "bundle: ${#debs[@]} packages match their MANIFEST checksums"
   fact bundle.packages "${#debs[@]}"
+  # Unpacked, and fitted to this machine: its own run-time libraries win where it has them (unless
+  # --use-bundle always), and a library's headers come with its own binary, both the machine's or both
+  # the bundle's (scripts/gpu_prefix.sh says how and why).
   if [[ $mode != dry ]]; then
-    mkdir -p "$prefix"
-    for deb in "${debs[@]}"; do
-      if command -v dpkg-deb >/dev/null; then
-        dpkg-deb -x "$deb" "$prefix"
-      else  # a .deb is an ar archive holding data.tar.*
-        (cd "$work" && rm -rf deb && mkdir deb && cd deb && ar x "$deb" && tar -xf data.tar.* -C "$prefix")
-      fi
-    done
-    # The package scripts that would make these links do not run: Debian's alternatives.
-    ln -sf mpicc.openmpi "$P/bin/mpicc"; ln -sf mpirun.openmpi "$P/bin/mpirun"; ln -sf mpiexec.openmpi "$P/bin/mpiexec"
-    # Debian's h5cc names its install prefix in its text ("modify them accordingly").
-    # Its static-link library list (-lcrypto -lcurl -lsz ...) names development files the bundle leaves
-    # out; a shared link needs none of them (libhdf5.so records its own).
-    sed -i -e "s|^prefix=\"/usr\"|prefix=\"$P\"|" -e 's|^H5BLD_LIBS=.*|H5BLD_LIBS="-lz -ldl -lm"|' "$P/bin/h5cc"
-    declare -A system_lib=()  # soname -> path, as the machine's dynamic linker knows them
-    while read -r soname path; do
-      [[ -n ${system_lib[$soname]:-} ]] || system_lib[$soname]=$path
-    done < <(ldconfig -p | awk '/x86-64/ && /=>/ {print $1, $NF}')
-    if [[ $use_bundle != always ]]; then
-      # The machine's own run-time libraries win where it has them (newer, and what its other programs
-      # load): drop the bundle's copy of every shared library the dynamic linker already knows by name.
-      kept=0 dropped=0
-      for dir in "$L" "$prefix/lib/x86_64-linux-gnu"; do
-        for f in "$dir"/lib*.so.*; do
-          [[ -e $f || -L $f ]] || continue
-          if [[ -n ${system_lib[$(basename "$f")]:-} ]]; then rm -f "$f"; dropped=$((dropped + 1)); else kept=$((kept + 1)); fi
-        done
-      done
-      echo "bundle: kept $kept shared libraries, uses the machine's own for $dropped"
-    fi
-    # Links that now point nowhere: absolute ones (zlib1g-dev's libz.so -> /lib/x86_64-linux-gnu/libz.so.1.2.13)
-    # move into the prefix; development links to a dropped library (libz.so) go to the machine's copy.
-    while read -r link; do
-      [[ -e $link ]] && continue
-      target=$(readlink "$link")
-      if [[ $target = /* && ( -e $prefix$target || -L $prefix$target ) ]]; then
-        ln -sfn "$prefix$target" "$link"
-        [[ -e $link ]] && continue
-      fi
-      base=$(basename "$link") replacement=${system_lib[$(basename "$target")]:-}
-      for soname in "${!system_lib[@]}"; do
-        [[ -z $replacement && $soname == "$base".* && ${soname#"$base".} =~ ^[0-9]+$ ]] && replacement=${system_lib[$soname]}
-      done
-      if [[ -n $replacement ]]; then ln -sfn "$replacement" "$link"; else echo "bundle: $link points nowhere ($target)"; fi
-    done < <(find "$prefix" -type l -path '*/lib/*')
+    bash "$repo/scripts/gpu_prefix.sh" "$prefix" "$use_bundle" "${debs[@]}"
   fi
   export PATH=$P/bin:$PATH
   export LD_LIBRARY_PATH=$L:$prefix/lib/x86_64-linux-gnu:$L/openmpi/lib:$L/pmix2/lib:$L/openblas-pthread:$L/hdf5/serial${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -336,8 +295,8 @@ command -v ninja >/dev/null && [[ ! -f $build_dir/Makefile ]] && cmake_args+=(-G
 t0=$(date +%s)
 built=1
 # Only what the check runs (the CPU-only tests and tools are CI's).
-targets=(ringtrain_env train_resnet test_cuda_vs_cpu test_cuda_conv test_cuda_norm_pool test_mixed_precision test_core_basics
-  test_module test_loader test_gpu_monitor test_comm test_grad_sync test_pipeline_mpi)
+targets=(ringtrain_env train_resnet bench_step test_cuda_vs_cpu test_cuda_conv test_cuda_norm_pool test_mixed_precision
+  test_core_basics test_tensor test_runtime test_module test_loader test_gpu_monitor test_comm test_grad_sync test_pipeline_mpi)
 if ! { run cmake "${cmake_args[@]}" && run cmake --build "$build_dir" -j "$jobs" --target "${targets[@]}"; }; then
   fail "build"
   built=0
@@ -398,10 +357,12 @@ if [[ $mode != build ]]; then
   : > "$results/tests.log"
   # test_core_basics: device detection and streams; test_module: Module::to(cuda); test_loader: pinned
   # batches on the device.
+  # test_tensor: the profiler's GPU timing, the deferred label check and zero host waits per step.
   for program in test_cuda_vs_cpu test_cuda_conv test_cuda_norm_pool test_mixed_precision test_core_basics test_module \
-    test_loader test_gpu_monitor; do
+    test_loader test_gpu_monitor test_tensor; do
     gtest "$program" 0 "$program"
   done
+  gtest runtime_gpu 0 test_runtime --gtest_filter='LossLog.*:StepProfiler.*:ProfileReport.*'
   gtest comm_np1 1 test_comm --gtest_filter='GpuCollectives.*'
   gtest comm_np2 2 test_comm --gtest_filter='GpuCollectives.*'
   gtest grad_sync_np1 1 test_grad_sync --gtest_filter='GradSyncGpu.*'
@@ -409,12 +370,20 @@ if [[ $mode != build ]]; then
   gtest pipeline_np2 2 test_pipeline_mpi --gtest_filter='Channel.CarriesGpuTensors:Pipeline.TrainsOnTheGpu'
 
   section "4. train_resnet --synthetic (bf16, batch 256, $steps steps)"
+  # --profile: the per-family table of 5 steady steps (after 3 warm-up steps), in the JSONL log too.
   for arch in resnet50 resnet18; do
     rm -f "$results/train_$arch.jsonl"
     if ! run limit 300 "$build_dir/train_resnet" --synthetic -a "$arch" -b 256 --precision bf16 --device cuda --steps "$steps" \
-      --log-jsonl "$results/train_$arch.jsonl"; then
+      --profile --log-jsonl "$results/train_$arch.jsonl"; then
       fail "train_resnet $arch"
     fi
+  done
+  # fp16 and fp32 (TF32 on) beside bf16: bench_step's median step and its profile table.
+  for precision in fp16 fp32; do
+    rm -f "$results/bench_resnet50_$precision.jsonl"
+    run limit 200 "$build_dir/bench_step" -a resnet50 -b 256 --hw 224 --classes 1000 --device cuda --precision "$precision" \
+      --steps 10 --warmup 3 --profile --profile-jsonl "$results/bench_resnet50_$precision.jsonl" |
+      tee "$work/bench_resnet50_$precision.txt" || fail "bench_step resnet50 $precision"
   done
   fi
 

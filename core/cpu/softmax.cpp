@@ -71,13 +71,15 @@ void visit_labels(const Tensor& labels, Fn&& fn) {
 }
 
 void cross_entropy(const Tensor& logits, const Tensor& labels, double smoothing, Tensor& log_probs, Tensor& loss,
-                   int64_t* bad_label) {
+                   Tensor& bad_row) {
   const int64_t rows = logits.size(0), cols = logits.size(1);
   bool all_valid = true;
+  int64_t* bad = bad_row.data<int64_t>();
+  *bad = rows;
   visit_labels(labels, [&](auto* lab) {
     for (int64_t r = 0; r < rows; ++r) {
       if (lab[r] < 0 || lab[r] >= cols) {
-        *bad_label = r;
+        *bad = r;
         all_valid = false;
         return;
       }

@@ -193,7 +193,10 @@ Stream Stream::create(Device device) {
   return result;
 }
 
-void Stream::synchronize() const { CUDA_CHECK(cudaStreamSynchronize(as_stream(handle()))); }
+void Stream::synchronize() const {
+  detail::count_host_sync();
+  CUDA_CHECK(cudaStreamSynchronize(as_stream(handle())));
+}
 
 Event Event::create(Device device, bool timing) {
   RT_CHECK(device.is_cuda(), "Event::create: events exist only on CUDA devices, not on ", device.str());
@@ -220,6 +223,7 @@ void Event::wait_on(const Stream& s) const {
 
 void Event::synchronize() const {
   RT_CHECK(handle() != nullptr, "Event::synchronize on an event that was not made by Event::create");
+  detail::count_host_sync();
   CUDA_CHECK(cudaEventSynchronize(as_event(handle())));
 }
 
@@ -238,6 +242,7 @@ void set_current_stream(const Stream& s) { t_current_stream = s; }
 void synchronize(Device d) {
   if (d.is_cpu()) return;
   CheckedDeviceGuard guard(d);
+  detail::count_host_sync();
   CUDA_CHECK(cudaDeviceSynchronize());
 }
 
@@ -326,10 +331,22 @@ void cuda_copy_bytes(void* dst, Device dst_device, const void* src, Device src_d
   const Stream current = current_stream();
   const bool use_current =
       current.handle() != nullptr && (current.device() == dst_device || current.device() == src_device);
+  // Within one GPU the copy is ordered after the kernels that made src when it goes on the stream they
+  // ran on: the current stream, or the legacy default stream of the current device.
+  int device_now = -1;
+  if (!use_current && current.handle() == nullptr) CUDA_CHECK(cudaGetDevice(&device_now));
+  const bool stream_ordered =
+      dst_device == src_device && (use_current || (device_now >= 0 && device_now == dst_device.index));
   CheckedDeviceGuard guard(use_current ? current.device() : dst_device.is_cuda() ? dst_device : src_device);
   cudaStream_t stream = use_current ? as_stream(current.handle()) : nullptr;
   // cudaMemcpyDefault: unified addressing tells host, device and peer pointers apart.
   CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(nbytes), cudaMemcpyDefault, stream));
+  // A copy within one GPU on the current stream is ordered like a kernel: whatever reads dst later on this
+  // stream sees it, and the host need not wait (batch norm's running statistics take this path every step).
+  // The host must wait when it reads or writes host memory (its buffer may go away after the return) and
+  // for a copy between GPUs.
+  if (stream_ordered) return;
+  detail::count_host_sync();
   CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 

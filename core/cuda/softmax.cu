@@ -177,19 +177,15 @@ void dispatch_labels(DType t, F&& f) {
 }
 
 void cross_entropy(const Tensor& logits, const Tensor& labels, double smoothing, Tensor& log_probs, Tensor& loss,
-                   int64_t* bad_label) {
+                   Tensor& bad_row) {
   const int64_t rows = logits.size(0), cols = logits.size(1);
   if (rows == 0) return;
   DeviceScope scope(logits);
   cudaStream_t stream = stream_now();
-  // Row index of the first bad label, on the device: kNoBadRow until a block finds one.
-  Tensor bad_row;
-  int64_t* bad_row_ptr = nullptr;
-  if (bad_label) {
-    bad_row = Tensor::empty(Shape{1}, DType::I64, logits.device());
-    bad_row_ptr = bad_row.data<int64_t>();
-    fill_kernel<int64_t><<<1, 1, 0, stream>>>(bad_row_ptr, kNoBadRow, 1);
-  }
+  // Row index of the first bad label, on the device: kNoBadRow (>= rows) until a block finds one. The
+  // host reads it later (core/device.h's deferred checks), so the step does not wait here.
+  int64_t* bad_row_ptr = bad_row.data<int64_t>();
+  fill_kernel<int64_t><<<1, 1, 0, stream>>>(bad_row_ptr, kNoBadRow, 1);
   dispatch_floating(logits.dtype(), "cross_entropy", [&](auto tag) {
     using S = typename decltype(tag)::type;
     using C = compute_t<S>;
@@ -201,12 +197,6 @@ void cross_entropy(const Tensor& logits, const Tensor& labels, double smoothing,
           logits.data<S>(), labels.data<L>(), rows, cols, smoothing, log_probs.data<S>(), loss.data<C>(), bad_row_ptr);
     });
   });
-  if (bad_label) {
-    int64_t host_bad_row = kNoBadRow;
-    CUDA_CHECK(cudaMemcpyAsync(&host_bad_row, bad_row_ptr, sizeof(int64_t), cudaMemcpyDeviceToHost, stream));
-    CUDA_CHECK(cudaStreamSynchronize(stream));
-    if (host_bad_row != kNoBadRow) *bad_label = host_bad_row;
-  }
 }
 
 void cross_entropy_backward(const Tensor& log_probs, const Tensor& labels, double smoothing, double scale,

@@ -44,6 +44,7 @@ void after_op(const char* op) {
   cudaError_t status = cudaGetLastError();
   if (status != cudaSuccess) raise_op_error(op, status, false);
   if (sync_after_every_op()) {
+    detail::count_host_sync();
     status = cudaStreamSynchronize(static_cast<cudaStream_t>(current_stream().handle()));
     if (status == cudaSuccess) status = cudaGetLastError();
     if (status != cudaSuccess) raise_op_error(op, status, true);

@@ -222,23 +222,29 @@ TEST(ResumeConfig, ScheduleChangesAreListedOldToNew) {
 
 // The flags a checkpoint records are the command line's, every one of them (the app's own too), so a
 // resume that changes any flag that is not about how the run is carried out is said, naming old and new.
+namespace {
+
+// The configuration a checkpoint records for an app's command line: the shared flags and two of its own.
+nlohmann::json flags_of(std::vector<std::string> args) {
+  CLI::App app{"t"};
+  TrainerOptions o;
+  std::string data;
+  bool hflip = true;
+  int64_t image_size = 0;
+  add_trainer_flags(app, o, data);
+  app.add_flag("!--no-hflip", hflip, "an app's own flag");
+  app.add_option("--image-size", image_size, "another");
+  args.insert(args.begin(), "t");
+  std::vector<const char*> argv;
+  for (const auto& a : args) argv.push_back(a.c_str());
+  app.parse(static_cast<int>(argv.size()), argv.data());
+  nlohmann::json config = o.to_json();
+  return config;
+}
+
+}  // namespace
+
 TEST(ResumeConfig, EveryFlagOfTheCommandLineIsComparedButTheRuntimeOnes) {
-  auto flags_of = [](std::vector<std::string> args) {
-    CLI::App app{"t"};
-    TrainerOptions o;
-    std::string data;
-    bool hflip = true;
-    int64_t image_size = 0;
-    add_trainer_flags(app, o, data);
-    app.add_flag("!--no-hflip", hflip, "an app's own flag");
-    app.add_option("--image-size", image_size, "another");
-    args.insert(args.begin(), "t");
-    std::vector<const char*> argv;
-    for (const auto& a : args) argv.push_back(a.c_str());
-    app.parse(static_cast<int>(argv.size()), argv.data());
-    nlohmann::json config = o.to_json();
-    return config;
-  };
   const nlohmann::json base = flags_of({"--data", "d", "--lr", "0.1"});
   ASSERT_TRUE(base.contains("flags"));
   EXPECT_EQ(base["flags"]["no_hflip"], "off");
@@ -266,4 +272,27 @@ TEST(ResumeConfig, EveryFlagOfTheCommandLineIsComparedButTheRuntimeOnes) {
   old.erase("flags");
   nlohmann::json now = flags_of({"--data", "d", "--lr", "0.1", "--seed", "5"});
   EXPECT_NE(compare_config(old, now, "f").changes.find("--seed 0 -> 5"), std::string::npos);
+}
+
+// --tf32 changes what f32 convolutions and GEMMs compute on a GPU: another value on resume is said. A
+// checkpoint written before the flag existed has no "tf32" (in its flags nor in its typed configuration);
+// its run used TF32, so it counts as on: resumed with the default nothing is said, with off the change is.
+TEST(ResumeConfig, AnotherTf32IsSaidAndACheckpointWithoutItCountsAsOn) {
+  const nlohmann::json on = flags_of({"--data", "d"}), off = flags_of({"--data", "d", "--tf32", "off"});
+  EXPECT_EQ(compare_config(on, off, "f").changes, "--tf32 on -> off");
+  EXPECT_EQ(compare_config(off, on, "f").changes, "--tf32 off -> on");
+  EXPECT_EQ(compare_config(off, off, "f").changes, "");
+  nlohmann::json before = on;
+  before.erase("tf32");
+  before["flags"].erase("tf32");
+  EXPECT_EQ(compare_config(before, on, "f").changes, "") << "an older checkpoint resumed with the default";
+  EXPECT_EQ(compare_config(before, off, "f").changes, "--tf32 on -> off");
+  nlohmann::json typed = before;  // nor any recorded flags: the typed configurations are compared
+  typed.erase("flags");
+  EXPECT_EQ(compare_config(typed, on, "f").changes, "");
+  EXPECT_EQ(compare_config(typed, off, "f").changes, "--tf32 on -> off");
+  // Only flags introduced later have a value before they existed: another missing flag is still a change.
+  nlohmann::json no_seed = on;
+  no_seed["flags"].erase("seed");
+  EXPECT_EQ(compare_config(no_seed, on, "f").changes, "--seed (none) -> 0");
 }

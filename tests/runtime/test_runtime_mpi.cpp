@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -286,6 +287,52 @@ TEST(Trainer, CheckpointsByTimeOnEveryRanksAgreement) {
   o.checkpoint_every_min = std::nan("");
   EXPECT_NE(testing::error_of([&] { Trainer(world(), o); }).find("--checkpoint-every-min must be 0 (off) or more"),
             std::string::npos);
+  comm::barrier(world().comm());
+  if (world().is_root()) fs::remove_all(dir);
+}
+
+// --tf32: the run computes under the options' choice (whatever the process had before), records it in the
+// plan record and the checkpoints, and a resume under the other choice is said naming the flag.
+TEST(Trainer, RunsUnderItsTf32ChoiceRecordsItAndSaysAChangeOnResume) {
+  const fs::path dir = make_dataset("tf32", 48, 10);
+  TrainerOptions o = small_run(dir / "a");
+  o.steps = 2;
+  o.tf32 = false;
+  o.log_jsonl = (dir / "run.jsonl").string();
+  set_allow_tf32(true);
+  {
+    Trainer trainer(world(), o);
+    auto data = open_shards(dir, {.device = trainer.device()});
+    auto net = small_net(data->info().channels, data->info().classes);
+    EXPECT_EQ(trainer.fit(*net, *data).steps, 2);
+  }
+  EXPECT_FALSE(allow_tf32()) << "--tf32 off did not reach the convolutions and GEMMs";
+  const fs::path written = dir / "a" / "ckpt-step00000002.h5";
+  if (world().is_root()) {
+    std::ifstream log(dir / "run.jsonl");
+    std::string first;
+    ASSERT_TRUE(std::getline(log, first));
+    const nlohmann::json plan = nlohmann::json::parse(first);
+    EXPECT_EQ(plan["type"], "plan");
+    EXPECT_EQ(plan["tf32"], "off") << first;
+    EXPECT_EQ(CheckpointDir::load(written).state.config["tf32"], "off");
+  }
+  o = small_run(dir / "b");
+  o.steps = 2;
+  o.resume = written.string();  // TF32 on (the default) now
+  {
+    Trainer trainer(world(), o);
+    auto data = open_shards(dir, {.device = trainer.device()});
+    auto net = small_net(data->info().channels, data->info().classes);
+    ::testing::internal::CaptureStderr();
+    trainer.fit(*net, *data);
+    const std::string warned = ::testing::internal::GetCapturedStderr();
+    if (world().is_root()) {
+      EXPECT_NE(warned.find("with other flags than it was written with (--tf32 off -> on)"), std::string::npos)
+          << warned;
+    }
+  }
+  EXPECT_TRUE(allow_tf32());
   comm::barrier(world().comm());
   if (world().is_root()) fs::remove_all(dir);
 }

@@ -1,0 +1,63 @@
+// runtime/profiler.cpp: see runtime/profiler.h.
+#include "runtime/profiler.h"
+
+#include <cstdio>
+
+#include "core/check.h"
+
+namespace ringtrain::runtime {
+
+StepProfiler::StepProfiler(Device device, int64_t steps, int64_t first_step, int64_t warmup)
+    : device_(device), steps_(steps), start_(first_step + warmup) {
+  RT_CHECK(steps >= 0 && warmup >= 0, "--profile-steps must be >= 0, got ", steps);
+}
+
+void StepProfiler::begin_step(int64_t step) {
+  if (!on() || table_ || step < start_) return;
+  if (!session_) session_ = std::make_unique<profile::Session>(device_);
+  session_->begin_step();
+}
+
+bool StepProfiler::end_step(int64_t step) {
+  if (!session_ || step < start_) return false;
+  session_->end_step();
+  if (session_->steps() < steps_) return false;
+  table_ = session_->table();
+  session_.reset();
+  return true;
+}
+
+std::string format_profile(const profile::Table& t) {
+  const bool gpu = t.device.is_cuda();
+  std::string out = detail::str_cat("profile (", t.device.str(), ", ", t.steps, " steady step(s), ",
+                                    gpu ? "GPU time from CUDA events" : "host clocks", "):\n");
+  char line[256];
+  std::snprintf(line, sizeof line, "  %-14s %9s %11s %11s %7s\n", "family", "calls", gpu ? "gpu ms" : "-", "host ms",
+                "share");
+  out += line;
+  for (const auto& f : t.families) {
+    std::snprintf(line, sizeof line, "  %-14s %9.1f %11.3f %11.3f %6.1f%%\n", f.family.c_str(), f.calls,
+                  gpu ? f.device_ms : 0.0, f.host_ms, 100.0 * f.share);
+    out += line;
+  }
+  std::snprintf(line, sizeof line,
+                "  step %.3f ms (median); the families cover %.1f%% of it; %.1f host wait(s) per step\n", t.step_ms,
+                100.0 * t.covered_share, t.syncs_per_step);
+  out += line;
+  return out;
+}
+
+nlohmann::json profile_record(const profile::Table& t) {
+  nlohmann::json families = nlohmann::json::array();
+  for (const auto& f : t.families)
+    families.push_back({{"family", f.family},
+                        {"calls", f.calls},
+                        {"device_ms", f.device_ms},
+                        {"host_ms", f.host_ms},
+                        {"share", f.share}});
+  return {{"type", "profile"},    {"device", t.device.str()},           {"steps", t.steps},
+          {"step_ms", t.step_ms}, {"syncs_per_step", t.syncs_per_step}, {"covered_share", t.covered_share},
+          {"families", families}};
+}
+
+}  // namespace ringtrain::runtime
