@@ -211,13 +211,13 @@ int main(int argc, char** argv) {
     int64_t params = 0;
     for (const auto& [name, p] : model.named_parameters()) params += p.numel();
     std::printf(" params=%lld", static_cast<long long>(params));
+    std::printf(" tf32=%s", allow_tf32() ? "on" : "off");
     if (world.size() > 1) std::printf(" ranks=%d backend=%s comm_wait_s=%.4f", world.size(), backend.c_str(), wait);
     if (recompute != "off") std::printf(" recompute=%s", recompute.c_str());
     if (autocast) {
       std::printf(" precision=%s", precision.c_str());
       if (device.is_cpu()) std::printf(" cpu_half_path=%s", cpu_half_path(*autocast).path.c_str());
     }
-    std::printf(" tf32=%s", allow_tf32() ? "on" : "off");
     if (compare)
       std::printf(compare_recompute ? " plain_median_step_s=%.4f recompute_over_plain=%.3f"
                                     : " direct_median_step_s=%.4f auto_over_direct=%.3f",

@@ -161,8 +161,11 @@ Table Session::table() const {
   std::vector<double> sorted = step_ms_;
   std::sort(sorted.begin(), sorted.end());
   const size_t m = sorted.size() / 2;
-  t.step_ms = sorted.size() % 2 ? sorted[m] : 0.5 * (sorted[m - 1] + sorted[m]);
+  t.median_step_ms = sorted.size() % 2 ? sorted[m] : 0.5 * (sorted[m - 1] + sorted[m]);
   const auto n = static_cast<double>(steps_);
+  double total_ms = 0;
+  for (double ms : step_ms_) total_ms += ms;
+  t.step_ms = total_ms / n;
   t.syncs_per_step = static_cast<double>(syncs_) / n;
   const bool gpu = device_.is_cuda();
   for (const auto& [family, s] : sums_) {

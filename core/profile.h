@@ -38,7 +38,9 @@ struct FamilyRow {
 struct Table {
   Device device = Device::cpu();
   int64_t steps = 0;
-  double step_ms = 0;               // median step, host wall clock from begin_step to end_step (device drained)
+  double step_ms = 0;               // mean step, host wall clock from begin_step to end_step (device drained); the
+                                    // families' figures are means too, so their shares add up to at most 1
+  double median_step_ms = 0;        // the median step, less moved by one slow step
   double syncs_per_step = 0;        // host waits on the GPU per step (core/device.h), the profiler's own excluded
   double covered_share = 0;         // what the families add up to, of the step
   std::vector<FamilyRow> families;  // largest first

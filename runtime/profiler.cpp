@@ -41,8 +41,8 @@ std::string format_profile(const profile::Table& t) {
     out += line;
   }
   std::snprintf(line, sizeof line,
-                "  step %.3f ms (median); the families cover %.1f%% of it; %.1f host wait(s) per step\n", t.step_ms,
-                100.0 * t.covered_share, t.syncs_per_step);
+                "  step %.3f ms (mean; median %.3f); the families cover %.1f%% of it; %.1f host wait(s) per step\n",
+                t.step_ms, t.median_step_ms, 100.0 * t.covered_share, t.syncs_per_step);
   out += line;
   return out;
 }
@@ -55,8 +55,13 @@ nlohmann::json profile_record(const profile::Table& t) {
                         {"device_ms", f.device_ms},
                         {"host_ms", f.host_ms},
                         {"share", f.share}});
-  return {{"type", "profile"},    {"device", t.device.str()},           {"steps", t.steps},
-          {"step_ms", t.step_ms}, {"syncs_per_step", t.syncs_per_step}, {"covered_share", t.covered_share},
+  return {{"type", "profile"},
+          {"device", t.device.str()},
+          {"steps", t.steps},
+          {"step_ms", t.step_ms},
+          {"median_step_ms", t.median_step_ms},
+          {"syncs_per_step", t.syncs_per_step},
+          {"covered_share", t.covered_share},
           {"families", families}};
 }
 

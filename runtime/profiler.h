@@ -2,7 +2,8 @@
 // its cache), core's recorder (core/profile.h) times every op of --profile-steps steady steps; the table
 // per op family (calls per step, GPU time from CUDA events on the op's stream, host time, share of the
 // step, host waits per step) is printed by rank 0 and written as the JSONL record
-//   {"type":"profile","device":…,"steps":…,"step_ms":…,"syncs_per_step":…,"covered_share":…,
+//   {"type":"profile","device":…,"steps":…,"step_ms":… (mean),"median_step_ms":…,"syncs_per_step":…,
+//    "covered_share":…,
 //    "families":[{"family":"conv_fwd","calls":…,"device_ms":…,"host_ms":…,"share":…},…]}
 // On the CPU the same table uses host clocks. Profiling drains the device at each profiled step's start
 // and end (to read its events), so those steps are not timed for the run's own figures.
