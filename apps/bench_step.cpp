@@ -49,7 +49,7 @@ int main(int argc, char** argv) {
               cpu_conv = "auto", recompute = "off";
   int64_t batch = 128, hw = 32, in_ch = 3, classes = 10;
   int threads = 0, steps = 10, warmup = 2, profile_steps = 5;
-  bool profile = false;
+  bool profile = false, profile_layers = false;
   std::string profile_jsonl;
   double bucket_mb = 25;
   app.add_option("-a,--arch", arch, "architecture")->capture_default_str();
@@ -108,6 +108,7 @@ int main(int argc, char** argv) {
   app.add_option("--profile-steps", profile_steps, "steps --profile measures")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000000));
+  app.add_flag("--profile-layers", profile_layers, "with --profile: per (layer, family) rows too");
   app.add_option("--profile-jsonl", profile_jsonl, "with --profile: append its record to this JSONL file");
   CLI11_PARSE(app, argc, argv);
   if (cpu_conv == "compare" && recompute == "compare") {
@@ -185,7 +186,7 @@ int main(int argc, char** argv) {
     }
     std::optional<profile::Table> table;
     if (profile) {
-      profile::Session session(device);
+      profile::Session session(device, profile_layers);
       for (int s = 0; s < profile_steps; ++s) {
         session.begin_step();
         train_step(-1);

@@ -8,6 +8,7 @@
 
 #include "core/check.h"
 #include "core/ops.h"
+#include "core/profile.h"
 
 namespace ringtrain {
 namespace {
@@ -62,7 +63,7 @@ std::shared_ptr<Node> gradient_edge(const Tensor& t) {
 
 }  // namespace
 
-Node::Node() : sequence(g_sequence.fetch_add(1)) {}
+Node::Node() : sequence(g_sequence.fetch_add(1)), layer(profile::current_layer()) {}
 
 Node::~Node() {
   // Steal uniquely owned successors so destruction of a long chain is a loop, not a recursion.
@@ -204,7 +205,10 @@ void run_backward(Tensor root, Tensor gradient, bool retain_graph) {
     }
     // A branch no gradient flowed into (all its producers returned none) just passes nothing on.
     std::vector<Tensor> input_grads;
-    if (grad_output.defined()) input_grads = node->apply(std::move(grad_output));
+    if (grad_output.defined()) {
+      profile::LayerScope layer(node->layer);  // the backward's ops belong to the forward's layer
+      input_grads = node->apply(std::move(grad_output));
+    }
     // Its saved tensors go now, not at the end of the pass: a node runs once a pass, and what the rest of
     // the backward holds is then only what it still needs (a checkpointed block's input, for example).
     if (!retain_graph) node->release();

@@ -26,6 +26,7 @@ struct Node {
   std::vector<std::shared_ptr<Node>> next;  // per input: its grad_fn / AccumulateGrad, or null
   std::vector<InputMeta> inputs;            // to check the gradients backward returns
   bool released = false;                    // saved tensors freed after a backward
+  const std::string* layer = nullptr;       // --profile's layer label when it was recorded (core/profile.h)
 
   Node();
   virtual ~Node();  // iterative: tearing down a long chain does not recurse

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstring>
 #include <mutex>
+#include <set>
 #include <utility>
 
 #include "core/check.h"
@@ -31,6 +32,7 @@ struct Recorder {
   size_t used = 0;            // events handed out this step
   struct Pending {
     const char* family;
+    const std::string* layer;
     int event;  // -1 for a host-only span
     double host_ms;
   };
@@ -42,9 +44,38 @@ Recorder& recorder() {
   return r;
 }
 
-thread_local int t_depth = 0;  // open Spans of this thread
+thread_local int t_depth = 0;                       // open Spans of this thread
+thread_local const std::string* t_layer = nullptr;  // the thread's current layer label
+std::atomic<bool> g_per_layer{false};               // an open session records per layer
+
+const std::string* intern(const std::string& label) {
+  static std::mutex mutex;
+  static std::set<std::string> labels;  // node-based: addresses stay valid
+  std::lock_guard<std::mutex> lock(mutex);
+  return &*labels.insert(label).first;
+}
 
 }  // namespace
+
+const std::string* current_layer() { return t_layer; }
+
+LayerScope::LayerScope(const std::string& path) {
+  if (!g_per_layer.load(std::memory_order_relaxed) || !on()) return;
+  set_ = true;
+  previous_ = t_layer;
+  t_layer = path.empty() ? t_layer : intern(path);
+}
+
+LayerScope::LayerScope(const std::string* label) {
+  if (!label || !on()) return;
+  set_ = true;
+  previous_ = t_layer;
+  t_layer = label;
+}
+
+LayerScope::~LayerScope() {
+  if (set_) t_layer = previous_;
+}
 
 const char* family_of_kernel(const char* entry) {
   struct Entry {
@@ -87,18 +118,20 @@ const char* family_of_kernel(const char* entry) {
   return "other";
 }
 
-Session::Session(Device device) : device_(device) {
+Session::Session(Device device, bool per_layer) : device_(device), per_layer_(per_layer) {
   Recorder& r = recorder();
   std::lock_guard<std::mutex> lock(r.mutex);
   RT_CHECK(r.session == nullptr, "profile::Session: another session is open in this process");
   r.session = this;
   r.pending.clear();
   r.used = 0;
+  g_per_layer.store(per_layer, std::memory_order_relaxed);
   detail::g_on.store(true, std::memory_order_relaxed);
 }
 
 Session::~Session() {
   detail::g_on.store(false, std::memory_order_relaxed);
+  g_per_layer.store(false, std::memory_order_relaxed);
   Recorder& r = recorder();
   std::lock_guard<std::mutex> lock(r.mutex);
   r.session = nullptr;
@@ -133,7 +166,7 @@ void Session::end_step() {
         const auto i = static_cast<size_t>(p.event);
         device_ms = static_cast<double>(r.events[i + 1].elapsed_ms_since(r.events[i]));
       }
-      add(p.family, device_ms, p.host_ms);
+      add(p.family, p.layer, device_ms, p.host_ms);
     }
     r.used = 0;
   }
@@ -142,15 +175,26 @@ void Session::end_step() {
   ++steps_;
 }
 
-void Session::add(const std::string& family, double device_ms, double host_ms) {
+void Session::add(const std::string& family, const std::string* layer, double device_ms, double host_ms) {
+  auto count = [&](Sum& s) {
+    s.calls += 1;
+    s.device_ms += device_ms;
+    s.host_ms += host_ms;
+  };
   auto it = std::find_if(sums_.begin(), sums_.end(), [&](const auto& s) { return s.first == family; });
   if (it == sums_.end()) {
     sums_.emplace_back(family, Sum{});
     it = std::prev(sums_.end());
   }
-  it->second.calls += 1;
-  it->second.device_ms += device_ms;
-  it->second.host_ms += host_ms;
+  count(it->second);
+  if (!per_layer_) return;
+  auto lt = std::find_if(layer_sums_.begin(), layer_sums_.end(),
+                         [&](const auto& s) { return s.first.first == layer && s.first.second == family; });
+  if (lt == layer_sums_.end()) {
+    layer_sums_.emplace_back(std::pair{layer, family}, Sum{});
+    lt = std::prev(layer_sums_.end());
+  }
+  count(lt->second);
 }
 
 Table Session::table() const {
@@ -174,8 +218,19 @@ Table Session::table() const {
     t.covered_share += row.share;
     t.families.push_back(row);
   }
-  std::sort(t.families.begin(), t.families.end(), [](const FamilyRow& a, const FamilyRow& b) {
+  auto larger = [](const FamilyRow& a, const FamilyRow& b) {
     return a.share != b.share ? a.share > b.share : a.family < b.family;
+  };
+  std::sort(t.families.begin(), t.families.end(), larger);
+  for (const auto& [key, s] : layer_sums_) {
+    FamilyRow row{key.second, s.calls / n, s.device_ms / n, s.host_ms / n, 0};
+    row.share = t.step_ms > 0 ? (gpu ? row.device_ms : row.host_ms) / t.step_ms : 0;
+    t.layers.push_back({key.first ? *key.first : std::string("(none)"), row});
+  }
+  std::sort(t.layers.begin(), t.layers.end(), [&](const LayerRow& a, const LayerRow& b) {
+    return a.figures.share != b.figures.share ? a.figures.share > b.figures.share
+           : a.layer != b.layer               ? a.layer < b.layer
+                                              : a.figures.family < b.figures.family;
   });
   return t;
 }
@@ -186,6 +241,7 @@ void Span::begin(const char* family, Device device, const char* name) {
   Recorder& r = recorder();
   active_ = true;
   family_ = family;
+  layer_ = t_layer;
   device_ = device;
   if (device.is_cuda()) {
     std::lock_guard<std::mutex> lock(r.mutex);
@@ -219,7 +275,7 @@ void Span::end() noexcept {
     std::lock_guard<std::mutex> lock(r.mutex);
     if (!r.session) return;
     if (event_ >= 0) r.events[static_cast<size_t>(event_) + 1].record(current_stream());
-    r.pending.push_back({family_, event_, host_ms});
+    r.pending.push_back({family_, layer_, event_, host_ms});
   } catch (...) {
     // A failed event record loses this span's figures, never the op's result.
   }

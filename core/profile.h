@@ -24,6 +24,24 @@ extern std::atomic<bool> g_on;
 
 inline bool on() { return detail::g_on.load(std::memory_order_relaxed); }
 
+// Per-layer attribution (Session(device, /*per_layer=*/true)): a module's call sets its dotted path as the
+// thread's layer (layers/module.cpp), autograd nodes remember the layer they were recorded in and their
+// backward runs under it (core/autograd.cpp), and each span is counted under its layer too. Labels are
+// interned: a pointer stays valid for the process. nullptr: no layer (the loss, the optimizer, ...).
+const std::string* current_layer();
+class LayerScope {
+ public:
+  explicit LayerScope(const std::string& path);   // interns the path; no-op unless per-layer recording is on
+  explicit LayerScope(const std::string* label);  // an interned label (or null) as it is
+  ~LayerScope();
+  LayerScope(const LayerScope&) = delete;
+  LayerScope& operator=(const LayerScope&) = delete;
+
+ private:
+  bool set_ = false;
+  const std::string* previous_ = nullptr;
+};
+
 // The family of a KernelTable entry ("conv2d_forward" -> "conv_fwd"); "other" when unknown.
 const char* family_of_kernel(const char* entry);
 
@@ -35,6 +53,11 @@ struct FamilyRow {
   double host_ms = 0;    // per step: host time of the calls (on the CPU: their whole run time)
   double share = 0;      // of the step: device_ms (GPU) or host_ms (CPU) over step_ms
 };
+// One (layer, family) pair's figures, per step, with per-layer recording.
+struct LayerRow {
+  std::string layer;  // "(none)" for ops outside any module
+  FamilyRow figures;
+};
 struct Table {
   Device device = Device::cpu();
   int64_t steps = 0;
@@ -44,13 +67,14 @@ struct Table {
   double syncs_per_step = 0;        // host waits on the GPU per step (core/device.h), the profiler's own excluded
   double covered_share = 0;         // what the families add up to, of the step
   std::vector<FamilyRow> families;  // largest first
+  std::vector<LayerRow> layers;     // per-layer recording only; largest first
 };
 
 // Records while open (one at a time in a process). Steps are bracketed by begin_step / end_step on the
 // thread that trains; end_step waits for the device so that the step's events can be read.
 class Session {
  public:
-  explicit Session(Device device);
+  explicit Session(Device device, bool per_layer = false);
   ~Session();
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
@@ -62,6 +86,7 @@ class Session {
 
  private:
   Device device_;
+  bool per_layer_ = false;
   int64_t steps_ = 0;
   int64_t syncs_at_begin_ = 0, syncs_ = 0;
   std::vector<double> step_ms_;
@@ -70,7 +95,8 @@ class Session {
     double calls = 0, device_ms = 0, host_ms = 0;
   };
   std::vector<std::pair<std::string, Sum>> sums_;  // by family, in first-seen order
-  void add(const std::string& family, double device_ms, double host_ms);
+  std::vector<std::pair<std::pair<const std::string*, std::string>, Sum>> layer_sums_;  // by (layer, family)
+  void add(const std::string& family, const std::string* layer, double device_ms, double host_ms);
   friend class Span;
 };
 
@@ -95,6 +121,7 @@ class Span {
   bool active_ = false;   // the outermost: records
   bool nvtx_ = false;
   const char* family_ = nullptr;
+  const std::string* layer_ = nullptr;
   Device device_ = Device::cpu();
   double host_start_ = 0;
   int event_ = -1;  // index of the start event in the session's pool (CUDA)

@@ -4,6 +4,7 @@
 #include "core/autograd.h"
 #include "core/check.h"
 #include "core/ops.h"
+#include "core/profile.h"
 
 namespace ringtrain {
 
@@ -19,6 +20,7 @@ BatchNorm2d::BatchNorm2d(int64_t channels, double momentum, double eps, DType dt
 }
 
 Tensor BatchNorm2d::run(const Tensor& x, bool relu, const Tensor& residual) {
+  profile::LayerScope layer(path());
   use_parameters();
   if (x.ndim() != 4 || x.size(3) != channels_)
     RT_THROW("BatchNorm2d(", channels_, ") '", weight_.name(), "': input ", x.describe(), " must be (N, H, W, ",

@@ -5,6 +5,7 @@
 
 #include "core/autograd.h"
 #include "core/check.h"
+#include "core/profile.h"
 
 namespace ringtrain {
 
@@ -40,6 +41,7 @@ void Conv2d::kaiming_normal_fan_out(uint64_t seed, uint64_t stream) {
 }
 
 Tensor Conv2d::forward(const Tensor& x) {
+  profile::LayerScope layer(path());
   use_parameters();
   if (x.ndim() != 4 || x.size(3) != in_)
     RT_THROW("Conv2d(", in_, " -> ", out_, ") '", weight_.name(), "': input ", x.describe(), " must be (N, H, W, ", in_,

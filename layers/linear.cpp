@@ -5,6 +5,7 @@
 
 #include "core/check.h"
 #include "core/ops.h"
+#include "core/profile.h"
 
 namespace ringtrain {
 
@@ -21,6 +22,7 @@ Linear::Linear(int64_t in_features, int64_t out_features, Bias bias, DType dtype
 }
 
 Tensor Linear::forward(const Tensor& x) {
+  profile::LayerScope layer(path());
   use_parameters();
   if (x.ndim() < 1 || x.size(-1) != in_)
     RT_THROW("Linear(", in_, " -> ", out_, ") '", weight_.name(), "': input ", x.describe(), " must end in ", in_,

@@ -6,6 +6,7 @@
 
 #include "core/autograd.h"
 #include "core/check.h"
+#include "core/profile.h"
 #include "layers/checkpoint.h"
 
 namespace ringtrain {
@@ -41,7 +42,8 @@ void Module::attach_child(std::string name, std::shared_ptr<Module> child) {
   check_name(name, "module");
   RT_CHECK(child != nullptr, "module '", name, "' is null");
   for (const auto& [n, c] : children_) RT_CHECK(n != name, "module '", name, "' registered twice in ", type_name());
-  child->rename_tensors(name + ".");
+  child->rename_tensors(name + ".");  // its descendants' paths too
+  child->path_ = name;                // a parent attached later prefixes it in turn
   children_.emplace_back(std::move(name), std::move(child));
 }
 
@@ -54,6 +56,7 @@ void Module::rename_tensors(const std::string& prefix) {
   // Tensor names carry the full dotted path so errors deep in an op can name the parameter.
   for (auto& [n, t] : parameters_) t.set_name(prefix + t.name());
   for (auto& [n, t] : buffers_) t.set_name(prefix + t.name());
+  path_ = prefix + path_;
   for (auto& [n, c] : children_) c->rename_tensors(prefix);
 }
 
@@ -137,7 +140,11 @@ void Module::load_state_dict(const StateDict& state, StrictLoad strict) {
   }
 }
 
-Tensor Module::operator()(const Tensor& x) { return recompute_ && grad_enabled() ? checkpoint(*this, x) : forward(x); }
+Tensor Module::operator()(const Tensor& x) {
+  // --profile --profile-layers: the ops of this call (and the backward nodes they record) carry its path.
+  profile::LayerScope layer(path_);
+  return recompute_ && grad_enabled() ? checkpoint(*this, x) : forward(x);
+}
 
 void Module::train(bool on) {
   training_ = on;

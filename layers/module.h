@@ -95,6 +95,9 @@ class Module {
   // For constructors. Parameters require grad and carry their dotted name once attached to a parent.
   Tensor register_parameter(std::string name, Tensor value);
   Tensor register_buffer(std::string name, Tensor value);
+  // The module's dotted path from the model ("layer1.0.conv1"). Layers whose forward a parent may call
+  // directly (not through operator()) open profile::LayerScope(path()) themselves, for --profile-layers.
+  const std::string& path() const { return path_; }
   // Layers: before reading their own parameters in forward (see set_use_hook).
   void use_parameters() const {
     if (auto hook = use_hook_.lock()) (*hook)(*this);
@@ -114,6 +117,7 @@ class Module {
 
   std::vector<std::pair<std::string, Tensor>> parameters_, buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  std::string path_;  // the dotted path from the model ("layer1.0.conv1"): --profile's per-layer label
   bool training_ = true;
   bool recompute_ = false;
   mutable std::weak_ptr<const UseHook> use_hook_;  // instrumentation, not state: settable on a const model

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "core/ops.h"
+#include "core/profile.h"
 #include "layers/module.h"
 
 namespace ringtrain {
@@ -10,7 +11,10 @@ class MaxPool2d : public Module {
  public:
   MaxPool2d(int64_t kernel, int64_t stride, int64_t padding = 0)
       : params_{kernel, kernel, stride, stride, padding, padding} {}
-  Tensor forward(const Tensor& x) override { return max_pool2d(x, params_); }
+  Tensor forward(const Tensor& x) override {
+    profile::LayerScope layer(path());
+    return max_pool2d(x, params_);
+  }
   std::string type_name() const override { return "MaxPool2d"; }
 
  private:

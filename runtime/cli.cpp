@@ -235,6 +235,14 @@ void add_output_flags(CLI::App& app, TrainerOptions& o) {
       "record");
   app.add_option("--profile-steps", o.profile_steps, "steps --profile measures (giving it turns --profile on)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  app.add_flag_callback(
+      "--profile-layers",
+      [&o] {
+        o.profile_layers = true;
+        o.profile_steps = o.profile_steps > 0 ? o.profile_steps : 5;
+      },
+      "--profile per layer too: each op under the module that ran it (its backward under the module that "
+      "recorded it); prints the largest rows, the JSONL record has all");
   app.add_flag("--check", o.check, "run the preflight doctor (ringtrain_env) first");
   app.add_option("--timeout", o.timeout,
                  "seconds a step phase or collective may take before the job is aborted (0: off)")

@@ -103,7 +103,8 @@ struct TrainerOptions {
   int64_t log_every = 50;  // steps between progress lines / train records
   std::string log_jsonl, trace;
   int64_t trace_steps = 100;
-  int64_t profile_steps = 0;  // > 0: --profile's steady steps (runtime/profiler.h), after 3 warm-up steps
+  bool profile_layers = false;  // --profile-layers: the table per (layer, family) too
+  int64_t profile_steps = 0;    // > 0: --profile's steady steps (runtime/profiler.h), after 3 warm-up steps
   ProgressStyle progress = ProgressStyle::Auto;
   double timeout = 1800;  // seconds a phase may take before the job is aborted (0: off)
   bool check = false;     // run the preflight first

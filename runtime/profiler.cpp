@@ -1,20 +1,21 @@
 // runtime/profiler.cpp: see runtime/profiler.h.
 #include "runtime/profiler.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "core/check.h"
 
 namespace ringtrain::runtime {
 
-StepProfiler::StepProfiler(Device device, int64_t steps, int64_t first_step, int64_t warmup)
-    : device_(device), steps_(steps), start_(first_step + warmup) {
+StepProfiler::StepProfiler(Device device, int64_t steps, int64_t first_step, int64_t warmup, bool per_layer)
+    : device_(device), steps_(steps), start_(first_step + warmup), per_layer_(per_layer) {
   RT_CHECK(steps >= 0 && warmup >= 0, "--profile-steps must be >= 0, got ", steps);
 }
 
 void StepProfiler::begin_step(int64_t step) {
   if (!on() || table_ || step < start_) return;
-  if (!session_) session_ = std::make_unique<profile::Session>(device_);
+  if (!session_) session_ = std::make_unique<profile::Session>(device_, per_layer_);
   session_->begin_step();
 }
 
@@ -27,7 +28,7 @@ bool StepProfiler::end_step(int64_t step) {
   return true;
 }
 
-std::string format_profile(const profile::Table& t) {
+std::string format_profile(const profile::Table& t, size_t top_layers) {
   const bool gpu = t.device.is_cuda();
   std::string out = detail::str_cat("profile (", t.device.str(), ", ", t.steps, " steady step(s), ",
                                     gpu ? "GPU time from CUDA events" : "host clocks", "):\n");
@@ -44,10 +45,29 @@ std::string format_profile(const profile::Table& t) {
                 "  step %.3f ms (mean; median %.3f); the families cover %.1f%% of it; %.1f host wait(s) per step\n",
                 t.step_ms, t.median_step_ms, 100.0 * t.covered_share, t.syncs_per_step);
   out += line;
+  if (!t.layers.empty()) {
+    out += detail::str_cat("  the ", std::min(top_layers, t.layers.size()), " largest of ", t.layers.size(),
+                           " (layer, family) rows (all in the JSONL record):\n");
+    for (size_t i = 0; i < t.layers.size() && i < top_layers; ++i) {
+      const auto& l = t.layers[i];
+      std::snprintf(line, sizeof line, "  %-28s %-12s %7.1f %11.3f %11.3f %6.1f%%\n", l.layer.c_str(),
+                    l.figures.family.c_str(), l.figures.calls, gpu ? l.figures.device_ms : 0.0, l.figures.host_ms,
+                    100.0 * l.figures.share);
+      out += line;
+    }
+  }
   return out;
 }
 
 nlohmann::json profile_record(const profile::Table& t) {
+  nlohmann::json layers = nlohmann::json::array();
+  for (const auto& l : t.layers)
+    layers.push_back({{"layer", l.layer},
+                      {"family", l.figures.family},
+                      {"calls", l.figures.calls},
+                      {"device_ms", l.figures.device_ms},
+                      {"host_ms", l.figures.host_ms},
+                      {"share", l.figures.share}});
   nlohmann::json families = nlohmann::json::array();
   for (const auto& f : t.families)
     families.push_back({{"family", f.family},
@@ -62,7 +82,8 @@ nlohmann::json profile_record(const profile::Table& t) {
           {"median_step_ms", t.median_step_ms},
           {"syncs_per_step", t.syncs_per_step},
           {"covered_share", t.covered_share},
-          {"families", families}};
+          {"families", families},
+          {"layers", layers}};
 }
 
 }  // namespace ringtrain::runtime

@@ -5,6 +5,8 @@
 //   {"type":"profile","device":…,"steps":…,"step_ms":… (mean),"median_step_ms":…,"syncs_per_step":…,
 //    "covered_share":…,
 //    "families":[{"family":"conv_fwd","calls":…,"device_ms":…,"host_ms":…,"share":…},…]}
+// and with --profile-layers "layers":[{"layer":"layer1.0.conv1","family":"conv_fwd",…},…]: each op under the
+// module whose call ran it (its backward under the module that recorded it; "(none)": outside modules).
 // On the CPU the same table uses host clocks. Profiling drains the device at each profiled step's start
 // and end (to read its events), so those steps are not timed for the run's own figures.
 #pragma once
@@ -24,7 +26,7 @@ class StepProfiler {
  public:
   // steps == 0: off. `first_step`: the run's first step (a resumed run starts later); the window opens
   // after `warmup` steps of this process.
-  StepProfiler(Device device, int64_t steps, int64_t first_step, int64_t warmup = 3);
+  StepProfiler(Device device, int64_t steps, int64_t first_step, int64_t warmup = 3, bool per_layer = false);
   bool on() const { return steps_ > 0; }
   // Around each optimizer step `step` (steps done before it).
   void begin_step(int64_t step);
@@ -36,12 +38,14 @@ class StepProfiler {
  private:
   Device device_;
   int64_t steps_, start_;
+  bool per_layer_;
   std::unique_ptr<profile::Session> session_;
   std::optional<profile::Table> table_;
 };
 
 // The table as printed, one line per family: calls, GPU ms, host ms, share; then the step and its waits.
-std::string format_profile(const profile::Table& t);
+// With per-layer rows, the `top_layers` largest (layer, family) rows follow (all are in the record).
+std::string format_profile(const profile::Table& t, size_t top_layers = 25);
 nlohmann::json profile_record(const profile::Table& t);
 
 }  // namespace ringtrain::runtime

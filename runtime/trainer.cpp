@@ -258,7 +258,7 @@ TrainResult Run::run() {
   reporter_->announce(*replica_, threads_, at, resumed_from_, run_id_, data_.warnings());
   run_start_ = last_save_ = Clock::now();
   first_step_ = at.step;
-  profiler_ = std::make_unique<StepProfiler>(device_, o_.profile_steps, first_step_);
+  profiler_ = std::make_unique<StepProfiler>(device_, o_.profile_steps, first_step_, 3, o_.profile_layers);
   for (int64_t epoch = at.position.epoch; epoch < plan_.epochs && !finished(at, plan_); ++epoch) {
     const EpochEnd end = train_epoch(epoch, at);
     at = end.at;

@@ -8,7 +8,7 @@ build=$1 work=$2
 rm -rf "$work" && mkdir -p "$work"
 fail() { echo "profile: FAILED: $*" >&2; exit 1; }
 
-timeout 300 "$build/train_resnet" --synthetic -a resnet20 -b 32 --image-size 32 --threads 2 --steps 8 --log-every 4 \
+timeout 300 "$build/train_resnet" --synthetic -a resnet20 -b 32 --image-size 32 --threads 1 --steps 8 --log-every 4 \
   --profile --profile-steps 4 --log-jsonl "$work/run.jsonl" > "$work/run.log" 2>&1 || { cat "$work/run.log"; fail "train_resnet --profile"; }
 grep -q "^profile (cpu, 4 steady step(s), host clocks)" "$work/run.log" || { cat "$work/run.log"; fail "no table"; }
 for family in conv_fwd conv_dgrad conv_wgrad bn_fwd bn_bwd loss optimizer data; do
@@ -37,6 +37,20 @@ timeout 300 "$build/bench_step" -a resnet20 -b 8 --hw 16 --threads 2 --steps 2 -
 grep -q "median_step_s=" "$work/bench.log" && grep -q "^profile (cpu, 2 steady step(s)" "$work/bench.log" ||
   { cat "$work/bench.log"; fail "bench_step: no timing line or no table"; }
 grep -q '"type":"profile"' "$work/bench.jsonl" || fail "bench_step: no record in --profile-jsonl"
+
+# --profile-layers: rows per (layer, family) under the modules' dotted paths, all of them in the record.
+timeout 300 "$build/train_resnet" --synthetic -a resnet20 -b 8 --image-size 16 --threads 2 --steps 5 --profile-layers \
+  --profile-steps 2 --log-jsonl "$work/layers.jsonl" > "$work/layers.log" 2>&1 || { cat "$work/layers.log"; fail "--profile-layers"; }
+grep -qE "^  layer[1-3][.][0-2][.](conv|bn)[12] " "$work/layers.log" || { cat "$work/layers.log"; fail "no per-layer rows"; }
+python3 - "$work/layers.jsonl" <<'PY'
+import json, sys
+p = [json.loads(l) for l in open(sys.argv[1]) if '"profile"' in l][0]
+layers = {(r["layer"], r["family"]) for r in p["layers"]}
+for want in [("conv1", "conv_fwd"), ("bn1", "bn_fwd"), ("layer1.0.conv1", "conv_fwd"), ("layer3.2.bn2", "bn_bwd"), ("layer3.2.conv2", "conv_wgrad"), ("fc", "gemm"), ("(none)", "loss")]:
+    assert want in layers, f"no {want} row in {sorted(layers)}"
+total = sum(r["host_ms"] for r in p["layers"]), sum(f["host_ms"] for f in p["families"])
+assert abs(total[0] - total[1]) < 1e-6 * max(1, total[1]), total
+PY
 
 # Shorter than warm-up + window: no table, and the run says why.
 timeout 300 "$build/train_resnet" --synthetic -a resnet20 -b 4 --image-size 8 --threads 1 --steps 2 --profile \

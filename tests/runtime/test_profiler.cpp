@@ -4,12 +4,21 @@
 
 #include <cmath>
 #include <limits>
+#include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "core/check.h"
 #include "core/device.h"
+#include "core/profile.h"
+#include "layers/basic.h"
+#include "layers/batchnorm.h"
+#include "layers/conv2d.h"
+#include "layers/linear.h"
+#include "layers/loss.h"
+#include "layers/pooling.h"
 #include "runtime/loss_log.h"
 #include "runtime/profiler.h"
 #include "test_util.h"
@@ -139,6 +148,51 @@ TEST(StepProfiler, OpensAfterTheWarmUpAndClosesAfterItsSteps) {
   p.begin_step(15);
   EXPECT_FALSE(p.in_window()) << "one window per run";
   EXPECT_FALSE(p.end_step(15));
+}
+
+// --profile-layers: each op under the module whose call ran it, the backward under the module that recorded
+// it; the loss outside any module is "(none)". Layer names are the modules' dotted paths.
+TEST(ProfileLayers, OpsAndTheirBackwardCountUnderTheirModule) {
+  auto block = std::make_shared<Sequential>();
+  block->add(std::make_shared<Conv2d>(3, 4, Conv2dOptions{.padding = 1}))
+      .add(std::make_shared<BatchNorm2d>(4))
+      .add(std::make_shared<ReLU>());
+  Sequential model;
+  model.add(block).add(std::make_shared<GlobalAvgPool>()).add(std::make_shared<Linear>(4, 3));
+  Tensor x = Tensor::uniform(Shape{2, 6, 6, 3}, -1, 1, 5);
+  Tensor y = Tensor::from_vector({0, 2}, Shape{2}, DType::I64);
+  CrossEntropyLoss loss_fn;
+  profile::Session session(Device::cpu(), /*per_layer=*/true);
+  session.begin_step();
+  loss_fn(model(x), y).backward();
+  session.end_step();
+  const profile::Table t = session.table();
+  std::set<std::pair<std::string, std::string>> rows;
+  for (const auto& l : t.layers) rows.insert({l.layer, l.figures.family});
+  EXPECT_TRUE(rows.count({"0.0", "conv_fwd"})) << "the convolution under its path";
+  EXPECT_TRUE(rows.count({"0.0", "conv_wgrad"})) << "its backward under the module that recorded it";
+  EXPECT_TRUE(rows.count({"0.1", "bn_fwd"}));
+  EXPECT_TRUE(rows.count({"0.1", "bn_bwd"}));
+  EXPECT_TRUE(rows.count({"2", "gemm"}));
+  EXPECT_TRUE(rows.count({"(none)", "loss"})) << "the loss runs outside the model";
+  double layer_ms = 0, family_ms = 0;
+  for (const auto& l : t.layers) layer_ms += l.figures.host_ms;
+  for (const auto& f : t.families) family_ms += f.host_ms;
+  EXPECT_NEAR(layer_ms, family_ms, 1e-9) << "the layer rows split the families' time, nothing more";
+  const auto record = profile_record(t);
+  EXPECT_EQ(record["layers"].size(), t.layers.size());
+  EXPECT_NE(format_profile(t).find("0.0"), std::string::npos);
+}
+
+TEST(ProfileLayers, OffByDefault) {
+  Sequential model;
+  model.add(std::make_shared<Linear>(4, 3));
+  profile::Session session(Device::cpu());
+  session.begin_step();
+  model(Tensor::zeros(Shape{2, 4}));
+  session.end_step();
+  EXPECT_TRUE(session.table().layers.empty());
+  EXPECT_EQ(profile::current_layer(), nullptr);
 }
 
 TEST(StepProfiler, OffDoesNothing) {
