@@ -68,6 +68,32 @@ MemoryPrediction predict_peak(const TrainerOptions& o, const MemoryFacts& f, int
 
 bool fits(int64_t predicted, int64_t budget) { return predicted + predicted / 20 <= budget; }
 
+ActivationCurve measure_curve(int64_t per, const std::function<std::function<void()>(int64_t)>& pass,
+                              const ProbeMeter& meter) {
+  RT_CHECK(per >= 1, "the memory plan's probe: ", per, " images per pass");
+  const int64_t sizes[2] = {per, 2 * per};
+  int64_t cost[2] = {0, 0}, high_water = 0;
+  for (int i = 0; i < 2; ++i) {
+    const std::function<void()> run = pass(sizes[i]);  // holds the batch until the next pass
+    // A caching allocator's reserve only grows: read there, the second pass would stand on the first's
+    // blocks, which its twice as large requests cannot use, and the line would count both (ResNet-18
+    // bf16 on an H200: 25.8 MB an image against the 11.9 its tensors hold). Its tensors' high-water mark,
+    // from an empty cache, is what the run's tensors reach.
+    if (meter.release_cache) meter.release_cache();
+    const int64_t before = meter.stats().allocated_bytes;
+    meter.reset_peak();
+    run();
+    const int64_t peak = meter.stats().peak_allocated_bytes;
+    cost[i] = std::max<int64_t>(0, peak - before);
+    high_water = std::max(high_water, peak);
+  }
+  ActivationCurve c;
+  c.per_image = std::max<int64_t>(0, (cost[1] - cost[0]) / per);
+  c.fixed = std::max<int64_t>(0, cost[0] - c.per_image * per);
+  c.high_water = high_water;
+  return c;
+}
+
 ActivationCurve probe_activations(const TrainerOptions& o, Device device, Module& model, const DataInfo& info,
                                   const StepFn& step_fn) {
   RT_CHECK(info.height > 0 && info.width > 0 && info.channels > 0, "the memory plan's probe: the data's image shape ",
@@ -81,48 +107,45 @@ ActivationCurve probe_activations(const TrainerOptions& o, Device device, Module
     if (p.requires_grad()) p.set_grad(Tensor::zeros(p.shape(), p.dtype(), device));
   const CrossEntropyLoss loss_fn(o.label_smoothing);
   const std::optional<DType> autocast = autocast_type(o.precision);
-  // Batches of one and two images per compute thread (at least two: batch norm needs two values per
-  // channel): kernels split work by image, and the run's steps give every thread some.
-  const int64_t per = device.is_cuda() ? 2 : std::max(2, num_threads());
-  const int64_t sizes[2] = {per, 2 * per};
-  int64_t cost[2] = {0, 0}, high_water = 0;
-  for (int i = 0; i < 2; ++i) {
-    const int64_t b = sizes[i];
-    data::Batch batch;
+  // Batches of one and two images per compute thread on the CPU (at least two: batch norm needs two values
+  // per channel): kernels split work by image, and the run's steps give every thread some. On CUDA 8 and
+  // 16: at 2 and 4 the caching allocator's rounding of the probe's 1-4 MiB tensors to 128 KiB added 2-3%
+  // to the per-image cost (ResNet-18 bf16 at 224x224: 12.3 MB against 11.9).
+  const int64_t per = device.is_cuda() ? 8 : std::max(2, num_threads());
+  auto pass = [&](int64_t b) -> std::function<void()> {
     // Random images, not zeros: with --recompute the block inputs kept are packed by their zeros
     // (core/pack.h), and a zero batch would make every activation zero. A fixed seed, not the run's
     // generator; batch norm makes the activations' density what it is on real data at the start.
-    batch.images =
+    auto batch = std::make_shared<data::Batch>();
+    batch->images =
         Tensor::normal(Shape{b, info.height, info.width, info.channels}, 0.0, 1.0, /*seed=*/0x5eed, DType::F32, device);
-    batch.labels = Tensor::zeros(Shape{b}, DType::I64, device);
-    batch.valid = b;
+    batch->labels = Tensor::zeros(Shape{b}, DType::I64, device);
+    batch->valid = b;
     synchronize(device);
-    const int64_t before = memory_stats(device).allocated_bytes;
-    reset_peak_memory(device);
-    {
-      Tensor loss;
+    return [&, batch] {
       {
-        AutocastGuard scope(autocast);
-        loss = step_fn ? step_fn(model, batch) : loss_fn(model(batch.images), batch.labels);
+        Tensor loss;
+        {
+          AutocastGuard scope(autocast);
+          loss = step_fn ? step_fn(model, *batch) : loss_fn(model(batch->images), batch->labels);
+        }
+        RT_CHECK(loss.defined() && loss.numel() == 1, "the memory plan's probe: the step function must return a ",
+                 "scalar loss, got ", loss.defined() ? loss.describe() : std::string("an undefined tensor"));
+        if (loss.requires_grad()) loss.backward();
       }
-      RT_CHECK(loss.defined() && loss.numel() == 1, "the memory plan's probe: the step function must return a ",
-               "scalar loss, got ", loss.defined() ? loss.describe() : std::string("an undefined tensor"));
-      if (loss.requires_grad()) loss.backward();
-    }
-    synchronize(device);
-    const AllocatorStats s = memory_stats(device);
-    const int64_t peak = device.is_cuda() ? s.peak_reserved_bytes : s.peak_allocated_bytes;
-    cost[i] = std::max<int64_t>(0, peak - before);
-    high_water = std::max(high_water, peak);
-  }
+      synchronize(device);
+    };
+  };
+  ProbeMeter meter{[device] { return memory_stats(device); }, [device] { reset_peak_memory(device); }, {}};
+  if (device.is_cuda()) meter.release_cache = [device] { empty_cache(device); };
+  const ActivationCurve c = measure_curve(per, pass, meter);
   model.zero_grad(true);
   const auto buffers = model.named_buffers();
   for (size_t i = 0; i < buffers.size(); ++i) Tensor(buffers[i].second).copy_(saved[i]);
   set_rng_stream(stream);
-  ActivationCurve c;
-  c.per_image = std::max<int64_t>(0, (cost[1] - cost[0]) / per);
-  c.fixed = std::max<int64_t>(0, cost[0] - c.per_image * per);
-  c.high_water = high_water;
+  // The probe's blocks are smaller than the run's requests, which they would not serve (a cached block
+  // serves requests of 4/5 of its size or more): kept, they would only add to the device's reserve.
+  if (device.is_cuda()) empty_cache(device);
   return c;
 }
 

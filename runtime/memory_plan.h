@@ -12,15 +12,23 @@
 //   MemoryPrediction p = predict_peak(o, f, world_size);   // p.total <= budget, or refuse with remedies(...)
 //
 // On the CPU the prediction is of the peak resident set (what the summary's peak_mem_bytes measures); on
-// CUDA of the caching allocator's peak reserve on the device (cuDNN workspaces come through it; its
-// rounding is in the per-image cost the probe measures). docs/MEMORY.md holds the measured accuracy.
+// CUDA of the caching allocator's high-water mark of tensors (the summary's peak_tensor_bytes): what has to
+// fit on the device. Its reserve above that (cached blocks, never split, that a request of another size
+// cannot use) is given back when a cudaMalloc fails (core/allocator.cpp), so it is not a need, and it
+// depends on the order of requests, which a probe of a few images does not repeat at the run's batch.
+// cuDNN's workspaces are tensors of that allocator: the algorithm search's (RINGTRAIN_CUDNN_WORKSPACE_MB,
+// 1 GiB by default, at most half the free memory) is held in the first step of each shape, while its
+// activations are alive, so the probe (whose shapes are new) measures it in its fixed part, as the run's
+// first step will hold it. docs/MEMORY.md holds the measured accuracy.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "core/allocator.h"
 #include "core/device.h"
 #include "layers/module.h"
 #include "runtime/data_source.h"
@@ -31,7 +39,8 @@ namespace ringtrain::runtime {
 
 // What a micro-batch of B images adds above the state while its forward and backward run.
 struct ActivationCurve {
-  int64_t fixed = 0;       // the batch-independent part (weight casts, plans, the loss's own tensors)
+  int64_t fixed = 0;       // the batch-independent part (weight casts, plans, the loss's own tensors;
+                           // on CUDA also the algorithm search's workspace)
   int64_t per_image = 0;   // each image's activations and scratch
   int64_t high_water = 0;  // probe_activations: the allocator's largest total while it ran (all tensors)
   int64_t at(int64_t batch) const { return fixed + per_image * batch; }
@@ -40,7 +49,7 @@ struct ActivationCurve {
 // The measured part of the model: everything the options do not say.
 struct MemoryFacts {
   bool cuda = false;
-  int64_t baseline = 0;           // CPU: resident set at fit() after the probe; CUDA: the device's reserve then
+  int64_t baseline = 0;           // CPU: resident set at fit() after the probe; CUDA: the tensors held then
   int64_t peak_so_far = 0;        // the high-water mark reached before fit(): the prediction is never below it
   int64_t param_bytes = 0;        // the parameters the optimizer updates (their gradients are as large)
   int64_t image_bytes = 0;        // one image of a batch and its label
@@ -67,9 +76,24 @@ bool fits(int64_t predicted, int64_t budget);
 // The activation curve of `model` on `device` (moved there already) under `o`'s precision and the
 // model's recompute marks, for images of `info`'s shape: forward (step_fn's, called twice on batches of
 // zeros, or cross-entropy) and backward at two batch sizes into preallocated gradients. The model is left
-// as it was: gradients none, BatchNorm statistics and the generator's stream put back.
+// as it was: gradients none, BatchNorm statistics and the generator's stream put back; on CUDA the
+// allocator's cache is given back after it (a bigger batch cannot use the probe's blocks).
 ActivationCurve probe_activations(const TrainerOptions& o, Device device, Module& model, const DataInfo& info,
                                   const StepFn& step_fn);
+
+// How the probe reads the allocator of its device (a fake one in the tests).
+struct ProbeMeter {
+  std::function<AllocatorStats()> stats;
+  std::function<void()> reset_peak;
+  // A caching allocator's (CUDA's): its cached blocks given back before each pass, so that a pass is measured
+  // from an empty cache, whatever ran before it. Empty on the CPU, whose heap keeps its pages (baseline).
+  std::function<void()> release_cache;
+};
+// The line through two passes, of `per` and of `2 * per` images: pass(images) makes that batch and returns
+// the forward and backward to measure; each pass's cost is the tensors' high-water mark while it runs above
+// what they held before it (never the allocator's reserve: see the top).
+ActivationCurve measure_curve(int64_t per, const std::function<std::function<void()>(int64_t)>& pass,
+                              const ProbeMeter& meter);
 
 // A remedy of an over-budget run: the flags to change, their options, and what they are predicted to reach.
 struct Remedy {

@@ -295,7 +295,7 @@ command -v ninja >/dev/null && [[ ! -f $build_dir/Makefile ]] && cmake_args+=(-G
 t0=$(date +%s)
 built=1
 # Only what the check runs (the CPU-only tests and tools are CI's).
-targets=(ringtrain_env train_resnet bench_step test_cuda_vs_cpu test_cuda_conv test_cuda_norm_pool test_mixed_precision
+targets=(ringtrain_env train_resnet bench_step make_shards test_cuda_vs_cpu test_cuda_conv test_cuda_norm_pool test_mixed_precision
   test_core_basics test_tensor test_runtime test_module test_loader test_gpu_monitor test_comm test_grad_sync test_pipeline_mpi)
 if ! { run cmake "${cmake_args[@]}" && run cmake --build "$build_dir" -j "$jobs" --target "${targets[@]}"; }; then
   fail "build"
@@ -378,6 +378,34 @@ if [[ $mode != build ]]; then
       fail "train_resnet $arch"
     fi
   done
+  # Real data: the Fashion-MNIST subset of scripts/gpu_data.sh (it travels in .gpu_data), ResNet-20 for one
+  # epoch with the same seed and recipe on the GPU (fp32, TF32 on) and on this machine's CPU cores: the two
+  # test accuracies must agree within 1 point (they differ only by rounding, which training amplifies).
+  fmnist=$repo/.gpu_data/fashion-mnist
+  if [[ -f $fmnist/train-images-idx3-ubyte.gz ]]; then
+    run limit 60 "$build_dir/make_shards" fashion-mnist "$fmnist" "$work/fmnist" --shards 4 >/dev/null || fail "make_shards fashion-mnist"
+    for device in cuda cpu; do
+      rm -f "$results/fmnist_$device.jsonl"
+      run limit 150 "$build_dir/train_resnet" --data "$work/fmnist" -a resnet20 -b 128 --epochs 1 --lr 0.1 --momentum 0.9 \
+        --wd 5e-4 --lr-schedule cosine --device "$device" --log-every 50 --log-jsonl "$results/fmnist_$device.jsonl" ||
+        fail "train_resnet fashion-mnist on $device"
+    done
+    if [[ $mode != dry ]]; then
+      top1() { "$python" -c 'import json,sys; r=[json.loads(l) for l in open(sys.argv[1])]; print([x for x in r if x.get("type")=="eval"][-1]["test_top1"])' "$1" 2>/dev/null || echo ""; }
+      gpu_top1=$(top1 "$results/fmnist_cuda.jsonl") cpu_top1=$(top1 "$results/fmnist_cpu.jsonl")
+      if [[ -n $gpu_top1 && -n $cpu_top1 ]]; then
+        fact real_data.gpu_top1 "$gpu_top1"; fact real_data.cpu_top1 "$cpu_top1"
+        echo "Fashion-MNIST subset, ResNet-20, 1 epoch: test top-1 $gpu_top1 on the GPU, $cpu_top1 on the CPU"
+        "$python" -c 'import sys; sys.exit(0 if abs(float(sys.argv[1]) - float(sys.argv[2])) <= 0.01 else 1)' "$gpu_top1" "$cpu_top1" ||
+          fail "real data: GPU and CPU test accuracies differ by more than 1 point ($gpu_top1 vs $cpu_top1)"
+      else
+        fail "real data: no eval record from both runs"
+      fi
+    fi
+  else
+    echo "(real-data run skipped: no .gpu_data/fashion-mnist; make it with scripts/gpu_data.sh)"
+    fact_s real_data.skipped "no .gpu_data/fashion-mnist (scripts/gpu_data.sh)"
+  fi
   # fp16 and fp32 (TF32 on) beside bf16: bench_step's median step and its profile table.
   for precision in fp16 fp32; do
     rm -f "$results/bench_resnet50_$precision.jsonl"
@@ -387,14 +415,28 @@ if [[ $mode != build ]]; then
   done
   fi
 
-  section "5. PyTorch peer (torchvision, channels_last, bf16 autocast, SGD; same batch and steps)"
+  section "5. PyTorch peer (torchvision, channels_last, bf16 autocast, SGD; same batch and steps; fp16, fp32 beside)"
+  # ResNet-50 bf16 also profiles 5 steps after its timed ones (torch.profiler): its kernels' GPU time by
+  # ringtrain's families (scripts/peers/kernel_families.py), beside train_resnet's --profile table.
   for arch in resnet50 resnet18; do
     if [[ -z $torch_version ]]; then
       echo "(skipped: no PyTorch)"
       continue
     fi
+    peer_profile=()
+    if [[ $arch = resnet50 ]]; then peer_profile=(--profile-steps 5 --profile-json "$results/peer_profile_resnet50_bf16.json"); fi
+    rm -f "$results/peer_$arch.json" "$results/peer_profile_${arch}_bf16.json"
     run limit 300 env "${original_env[@]}" "$python" "$repo/scripts/peers/torch_gpu_peer.py" -a "$arch" -b 256 --steps "$steps" \
-      --precision bf16 --device cuda --json "$results/peer_$arch.json" || fail "PyTorch peer $arch"
+      --precision bf16 --device cuda --json "$results/peer_$arch.json" ${peer_profile[@]+"${peer_profile[@]}"} ||
+      fail "PyTorch peer $arch"
+  done
+  # fp16 (GradScaler) and fp32 (TF32 on, as bench_step's) beside bench_step's runs of step 4: 20 steps each.
+  for precision in fp16 fp32; do
+    [[ -n $torch_version ]] || continue
+    rm -f "$results/peer_resnet50_$precision.json"
+    run limit 150 env "${original_env[@]}" "$python" "$repo/scripts/peers/torch_gpu_peer.py" -a resnet50 -b 256 --steps 20 \
+      --precision "$precision" --tf32 on --device cuda --json "$results/peer_resnet50_$precision.json" ||
+      fail "PyTorch peer resnet50 $precision"
   done
 fi
 

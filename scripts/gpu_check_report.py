@@ -3,6 +3,11 @@ the summary table. Reads the facts file ("dotted.key<TAB>JSON" lines), the gtest
 (WORK/gtest_LABEL*.json, one per rank under mpirun), train_resnet's JSONL logs (RESULTS_DIR/train_ARCH.jsonl)
 and the PyTorch peer's JSON (RESULTS_DIR/peer_ARCH.json). img_per_s is batch / median step for both, and
 img_per_s_wall all images / the whole run's time (first steps, cuDNN's algorithm search included).
+Where the GPU time goes, side by side: train_resnet's profile record (type "profile" in train_resnet50.jsonl)
+and the peer's (peer_profile_resnet50_bf16.json, torch.profiler's kernels by the same families) as
+"profile_resnet50_bf16". fp16 and fp32 (TF32 on): bench_step's line (WORK/bench_resnet50_P.txt) and profile
+record (bench_resnet50_P.jsonl) beside the peer's (peer_resnet50_P.json) as "precisions_resnet50". Any of
+these files may be missing (a dry run has none): what is there is reported.
   python3 scripts/gpu_check_report.py FACTS WORK RESULTS_DIR MODE [TEST_LABEL...]
 Exit status 1 when it finds a failure the shell could not see: a GPU test skipped for want of a device in
 a full run (the check did not check), or a GPU training summary without its GPU figures."""
@@ -116,6 +121,97 @@ if runs:
         out["goals"] = {"resnet50_bf16_img_per_s_at_least_6000": (goal["ringtrain"].get("img_per_s") or 0) >= 6000,
                         "resnet50_bf16_at_least_1.15x_pytorch": (goal.get("speed_ratio_median_step") or 0) >= 1.15}
 
+
+def records(path, kind):
+    """The JSONL file's records of one type ([] when the file is missing; unreadable lines are left out)."""
+    found = []
+    try:
+        with open(path, errors="replace") as f:
+            for l in f:
+                try:
+                    r = json.loads(l)
+                except ValueError:
+                    continue  # a line cut short when the program was stopped
+                if isinstance(r, dict) and r.get("type") == kind:
+                    found.append(r)
+    except OSError:
+        pass
+    return found
+
+
+def load_json(path):
+    try:
+        with open(path) as f:
+            r = json.load(f)
+        return r if isinstance(r, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def family_ms(record):
+    """{family: (GPU ms a step, calls a step)} of a profile record."""
+    return {f["family"]: (f.get("device_ms"), f.get("calls")) for f in (record or {}).get("families", [])
+            if isinstance(f, dict) and f.get("family")}
+
+
+# Where the GPU time goes: ringtrain's --profile table beside PyTorch's kernels by the same families.
+mine_profile = (records(os.path.join(results, "train_resnet50.jsonl"), "profile") or [None])[-1]
+peer_profile = load_json(os.path.join(results, "peer_profile_resnet50_bf16.json"))
+if mine_profile or peer_profile:
+    rf, pf = family_ms(mine_profile), family_ms(peer_profile)
+    order = sorted(set(rf) | set(pf), key=lambda f: -max(rf.get(f, (0, 0))[0] or 0, pf.get(f, (0, 0))[0] or 0))
+    out["profile_resnet50_bf16"] = {
+        "ringtrain_step_ms": (mine_profile or {}).get("step_ms"),
+        "ringtrain_median_step_ms": (mine_profile or {}).get("median_step_ms"),
+        "ringtrain_covered_share": (mine_profile or {}).get("covered_share"),
+        "ringtrain_syncs_per_step": (mine_profile or {}).get("syncs_per_step"),
+        "pytorch_step_ms": (peer_profile or {}).get("step_ms"),
+        "pytorch_median_step_ms": (peer_profile or {}).get("median_step_ms"),
+        "pytorch_kernel_ms": (peer_profile or {}).get("kernel_ms"),
+        "pytorch_covered_share": (peer_profile or {}).get("covered_share"),
+        "steps": {"ringtrain": (mine_profile or {}).get("steps"), "pytorch": (peer_profile or {}).get("steps")},
+        "families": {f: {"ringtrain_ms": rf.get(f, (None, None))[0], "pytorch_ms": pf.get(f, (None, None))[0],
+                         "ringtrain_calls": rf.get(f, (None, None))[1], "pytorch_calls": pf.get(f, (None, None))[1]}
+                     for f in order},
+    }
+
+# fp16 and fp32 (TF32 on): bench_step's median step and profile beside the peer's.
+precisions = {}
+for precision in ("fp16", "fp32"):
+    line, bench = None, {}
+    try:
+        with open(os.path.join(work, "bench_resnet50_%s.txt" % precision), errors="replace") as f:
+            line = next((l.strip() for l in f if l.startswith("ringtrain ") and "median_step_s=" in l), None)
+    except OSError:
+        pass
+    if line:
+        fields = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
+        for key in ("median_step_s", "img_per_s"):
+            try:
+                bench[key] = float(fields[key])
+            except (KeyError, ValueError):
+                pass
+        bench["tf32"] = fields.get("tf32")
+    prof = (records(os.path.join(results, "bench_resnet50_%s.jsonl" % precision), "profile") or [None])[-1]
+    if prof:
+        bench["profile_step_ms"] = prof.get("step_ms")
+        bench["profile_median_step_ms"] = prof.get("median_step_ms")
+        bench["profile_families_ms"] = {f: ms for f, (ms, _) in family_ms(prof).items()}
+    peer = load_json(os.path.join(results, "peer_resnet50_%s.json" % precision))
+    if not bench and not peer:
+        continue
+    entry = {}
+    if bench:
+        entry["ringtrain"] = bench
+    if peer:
+        entry["pytorch"] = {k: peer.get(k) for k in ("median_step_s", "img_per_s", "img_per_s_wall", "peak_gpu_mem_bytes",
+                                                     "steps", "tf32", "loss_scaling", "last_loss")}
+    if bench.get("median_step_s") and peer and peer.get("median_step_s"):
+        entry["speed_ratio_median_step"] = peer["median_step_s"] / bench["median_step_s"]  # > 1: ringtrain faster
+    precisions[precision] = entry
+if precisions:
+    out["precisions_resnet50"] = precisions
+
 with open(os.path.join(results, "gpu_check.json"), "w") as f:
     json.dump(out, f, indent=1)
 def fmt(v, digits):
@@ -128,6 +224,26 @@ for arch, run in runs.items():
              fmt(r.get("median_step_s"), 4), fmt((r.get("peak_gpu_mem_bytes") or 0) / 2**30, 2),
              fmt(p.get("img_per_s"), 0), fmt(p.get("median_step_s"), 4), fmt((p.get("peak_gpu_mem_bytes") or 0) / 2**30, 2),
              fmt(run.get("speed_ratio_median_step"), 3)))
+for precision, entry in precisions.items():
+    r, p = entry.get("ringtrain", {}), entry.get("pytorch", {})
+    print("resnet50 %s ringtrain %s img/s (median step %s s, profiled step %s ms) | PyTorch %s img/s (median step %s s) | ratio %s"
+          % (precision, fmt(r.get("img_per_s"), 0), fmt(r.get("median_step_s"), 4), fmt(r.get("profile_step_ms"), 1),
+             fmt(p.get("img_per_s"), 0), fmt(p.get("median_step_s"), 4), fmt(entry.get("speed_ratio_median_step"), 3)))
+if "profile_resnet50_bf16" in out:
+    prof = out["profile_resnet50_bf16"]
+    print("resnet50 bf16, GPU ms a step by family: ringtrain (--profile, step %s ms) | PyTorch (torch.profiler, step %s ms)"
+          % (fmt(prof["ringtrain_step_ms"], 1), fmt(prof["pytorch_step_ms"], 1)))
+    print("  %-12s %10s %10s %8s" % ("family", "ringtrain", "PyTorch", "r/p"))
+    totals = [None, None]  # None: that side has no profile
+    for fam, v in prof["families"].items():
+        r, p = v["ringtrain_ms"], v["pytorch_ms"]
+        if r is not None:
+            totals[0] = (totals[0] or 0) + r
+        if p is not None:
+            totals[1] = (totals[1] or 0) + p
+        print("  %-12s %10s %10s %8s" % (fam, fmt(r, 2), fmt(p, 2), fmt(r / p if r is not None and p else None, 2)))
+    print("  %-12s %10s %10s %8s" % ("all", fmt(totals[0], 2), fmt(totals[1], 2),
+                                     fmt(totals[0] / totals[1] if totals[0] is not None and totals[1] else None, 2)))
 for label, t in tests.items():
     print("tests %-22s %3d passed, %d failed%s, %d skipped%s" % (label, t["passed"], len(t["failed"]),
           (" (" + ", ".join(t["failed"]) + ")") if t["failed"] else "", len(t["skipped"]),

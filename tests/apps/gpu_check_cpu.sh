@@ -36,7 +36,10 @@ else
   for step in "DRINGTRAIN_CUDA=ON" "DCMAKE_CUDA_ARCHITECTURES=" "tests/test_cuda_vs_cpu " "tests/test_cuda_conv " \
     "-np 2 .*tests/test_grad_sync .*GradSyncGpu" "-np 1 .*tests/test_comm .*GpuCollectives" \
     "train_resnet --synthetic -a resnet50 -b 256 --precision bf16 --device cuda --steps 60" \
-    "train_resnet --synthetic -a resnet18" "torch_gpu_peer.py -a resnet50 -b 256 --steps 60 --precision bf16"; do
+    "train_resnet --synthetic -a resnet18" "torch_gpu_peer.py -a resnet50 -b 256 --steps 60 --precision bf16" \
+    "torch_gpu_peer.py -a resnet50 .*--precision bf16 .*--profile-steps 5 --profile-json .*/peer_profile_resnet50_bf16.json" \
+    "torch_gpu_peer.py -a resnet50 -b 256 --steps 20 --precision fp16 --tf32 on" \
+    "torch_gpu_peer.py -a resnet50 -b 256 --steps 20 --precision fp32 --tf32 on"; do
     grep -Eq -- "^\+ .*$step" "$work/r/gpu_check.log" || { echo "FAIL: the dry run's plan lacks /$step/"; fails=$((fails + 1)); }
   done
   "$PYTHON" - "$work/r/gpu_check.json" <<'PY' || fails=$((fails + 1))
