@@ -669,7 +669,7 @@ json plan_memory(comm::World& world, TrainerOptions& o, Device device, Watchdog&
     const AllocatorStats before = memory_stats(device);
     f.curve = probe_activations(o, device, model, info, step_fn);
     if (f.cuda) {
-      f.baseline = before.allocated_bytes;  // the weights; the probe's blocks stay cached for the run to reuse
+      f.baseline = before.allocated_bytes;  // the weights; the probe gave its cached blocks back (memory_plan.h)
     } else {
       // The heap keeps what tensors freed (core/allocator.h, cpu_malloc_reuse), so the resident set is what
       // is not a tensor (libraries, their first-use buffers, the data) plus the tensors' high-water mark.

@@ -1,21 +1,26 @@
 // Tests for runtime/memory_plan.h: the prediction's terms follow the options (optimizer slots, ZeRO's 1/N,
 // compression's wire, the batch), the probe measures a curve that grows with the batch and leaves the model
-// as it was, the remedies of an over-budget run each fit, and -b auto picks the largest batch that fits.
+// as it was, on a caching allocator (CUDA's) the curve is the tensors' high-water mark of a bigger batch's
+// first step, the remedies of an over-budget run each fit, and -b auto picks the largest batch that fits.
 #include "runtime/memory_plan.h"
 
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <set>
 
 #include "core/allocator.h"
+#include "core/autocast.h"
 #include "core/check.h"
 #include "core/ops.h"
 #include "layers/checkpoint.h"
+#include "layers/loss.h"
 #include "layers/models/resnet.h"
 
 namespace ringtrain::runtime {
 namespace {
 
+constexpr int64_t KiB = int64_t{1} << 10;
 constexpr int64_t MiB = int64_t{1} << 20;
 
 bool same_bits(const Tensor& a, const Tensor& b) {
@@ -191,6 +196,139 @@ TEST(MemoryPlan, ProbeGrowsWithTheBatchAndLeavesTheModelAsItWas) {
   EXPECT_LT(recomputed.per_image, plain.per_image);
   recompute_blocks(*model, false);
   EXPECT_EQ(probe_activations(o, Device::cpu(), *model, info, {}).per_image, plain.per_image);
+}
+
+// Device memory that is never touched: distinct addresses for the caching allocator (CUDA's, core/allocator.h).
+class AddressBackend final : public RawBackend {
+ public:
+  void* raw_allocate(int64_t nbytes) override {
+    void* p = reinterpret_cast<void*>(next_);
+    next_ += static_cast<uintptr_t>(nbytes) + 4096;
+    return p;
+  }
+  void raw_free(void*) noexcept override {}
+  int64_t device_total_bytes() const override { return 0; }
+  std::string device_name() const override { return "cuda:9"; }
+
+ private:
+  uintptr_t next_ = 1 << 20;
+};
+
+// A network's forward and backward of b images as its tensors go through a caching allocator: weight copies
+// (3 MiB, whatever the batch), activations kept for the backward (b x 256, 768 and 1024 KiB: 2 MiB an
+// image), a temporary of b x 576 KiB freed before the 768 KiB one is asked for (which that block is too
+// small to serve: the reserve holds both), and, the first time a batch size is seen, cuDNN's algorithm
+// search: 64 MiB at the top of the pass, while every activation is alive (once per shape, as on a GPU).
+struct FakeNet {
+  CachingAllocator& alloc;
+  std::set<int64_t> searched;
+  void pass(int64_t b) {
+    std::vector<void*> kept{alloc.allocate(3 * MiB, nullptr), alloc.allocate(b * 256 * KiB, nullptr)};
+    alloc.free(alloc.allocate(b * 576 * KiB, nullptr));
+    kept.push_back(alloc.allocate(b * 768 * KiB, nullptr));
+    kept.push_back(alloc.allocate(b * 1024 * KiB, nullptr));
+    if (searched.insert(b).second) alloc.free(alloc.allocate(64 * MiB, nullptr));
+    for (auto it = kept.rbegin(); it != kept.rend(); ++it) alloc.free(*it);  // the backward lets them go
+  }
+};
+
+// The GPU's term of the plan: on a caching allocator the probe's line is the tensors' high-water mark, each
+// pass from an empty cache, so that it predicts the first step of a bigger batch (the plan's peak on CUDA,
+// the algorithm search's workspace in the fixed part). Read off the reserve, as it once was, the second
+// pass stood on the first one's blocks and the line counted both: ResNet-50 bf16 at batch 256 on an H200
+// was predicted at 16.11 GiB for an 11.82 GiB tensor peak (docs/gpu_runs, shared/gpu/2026-12-04).
+TEST(MemoryPlan, OnACachingAllocatorTheCurveIsTheTensorsPeakOfABiggerBatch) {
+  CachingAllocator alloc(std::make_unique<AddressBackend>());
+  FakeNet net{alloc, {}};
+  ProbeMeter meter{[&] { return alloc.stats(); }, [&] { alloc.reset_peak(); }, [&] { alloc.empty_cache(); }};
+  auto pass = [&](int64_t b) -> std::function<void()> { return [&net, b] { net.pass(b); }; };
+  const ActivationCurve c = measure_curve(4, pass, meter);
+  EXPECT_EQ(c.per_image, 2 * MiB);         // 256 + 768 + 1024 KiB: the temporary is not kept
+  EXPECT_EQ(c.fixed, 3 * MiB + 64 * MiB);  // the weight copies and the search's workspace
+  EXPECT_EQ(c.high_water, c.at(8));
+  // The run: what the probe held given back (probe_activations), then the first step at 64 images, whose
+  // new shapes are searched, and a steady one, which holds no search workspace.
+  alloc.empty_cache();
+  for (int step = 0; step < 2; ++step) {
+    const int64_t before = alloc.stats().allocated_bytes;
+    alloc.reset_peak();
+    net.pass(64);
+    const int64_t peak = alloc.stats().peak_allocated_bytes - before;
+    EXPECT_EQ(peak, step == 0 ? c.at(64) : c.at(64) - 64 * MiB) << "step " << step;
+  }
+  MemoryFacts f = facts();
+  f.cuda = true;
+  f.curve = c;
+  EXPECT_EQ(predict_peak(sgd(64), f, 1).activations, c.at(64));
+  // What the reserve would have said: more than the tensors, and, with the first pass's blocks kept, more
+  // again (the second pass's requests, twice as large, mostly cannot use them).
+  FakeNet fresh{alloc, {}};
+  auto fresh_pass = [&](int64_t b) -> std::function<void()> { return [&fresh, b] { fresh.pass(b); }; };
+  ProbeMeter reserve = meter;
+  reserve.stats = [&] {  // the cost of a pass: the reserve's high-water mark above the tensors held before
+    AllocatorStats s = alloc.stats();
+    s.peak_allocated_bytes = s.peak_reserved_bytes;
+    return s;
+  };
+  alloc.empty_cache();
+  EXPECT_GT(measure_curve(4, fresh_pass, reserve).per_image, c.per_image + c.per_image / 4);
+  reserve.release_cache = {};
+  fresh.searched.clear();
+  alloc.empty_cache();
+  EXPECT_GT(measure_curve(4, fresh_pass, reserve).per_image, 2 * c.per_image);
+  // Kept blocks also serve larger requests than they were made for (up to 5/4), which counts them larger.
+  ProbeMeter kept = meter;
+  kept.release_cache = {};
+  fresh.searched.clear();
+  alloc.empty_cache();
+  EXPECT_GT(measure_curve(4, fresh_pass, kept).per_image, c.per_image);
+}
+
+// On a GPU (skipped without one): the probe's line gives the tensors' high-water mark of a model's first
+// step at bigger batches (new shapes: cuDNN searches their algorithms, as in a run's first step), in bf16
+// and f32: the per-image slope between two batches, and the level.
+TEST(MemoryPlan, CudaProbeGivesTheFirstStepsTensorPeak) {
+  if (!cuda_available()) GTEST_SKIP() << "needs a GPU";
+  const Device gpu = Device::cuda(0);
+  for (const Precision precision : {Precision::BF16, Precision::FP32}) {
+    manual_seed(3);
+    auto model = std::make_shared<ResNet>("resnet18", ResNetOptions{.num_classes = 10});
+    model->to(gpu);
+    model->train();
+    DataInfo info;
+    info.height = info.width = 128;
+    info.channels = 3;
+    info.classes = 10;
+    TrainerOptions o = sgd(64);
+    o.precision = precision;
+    const ActivationCurve c = probe_activations(o, gpu, *model, info, {});
+    for (auto& [n, p] : model->named_parameters()) p.set_grad(Tensor::zeros(p.shape(), p.dtype(), gpu));
+    auto first_step = [&](int64_t b) {
+      const Tensor images = Tensor::normal(Shape{b, 128, 128, 3}, 0.0, 1.0, /*seed=*/7, DType::F32, gpu);
+      const Tensor labels = Tensor::zeros(Shape{b}, DType::I64, gpu);
+      synchronize(gpu);
+      empty_cache(gpu);
+      const int64_t before = memory_stats(gpu).allocated_bytes;
+      reset_peak_memory(gpu);
+      {
+        Tensor loss;
+        {
+          AutocastGuard scope(autocast_type(precision));
+          loss = CrossEntropyLoss()((*model)(images), labels);
+        }
+        loss.backward();
+      }
+      synchronize(gpu);
+      return memory_stats(gpu).peak_allocated_bytes - before;
+    };
+    const int64_t at32 = first_step(32), at64 = first_step(64);
+    const double slope = static_cast<double>(at64 - at32) / 32;
+    EXPECT_NEAR(static_cast<double>(c.per_image) / slope, 1.0, 0.10)
+        << name_of(precision) << ": probe " << c.per_image << " B an image, first steps " << slope;
+    EXPECT_NEAR(static_cast<double>(c.at(64)) / static_cast<double>(at64), 1.0, 0.10)
+        << name_of(precision) << ": probe " << c.at(64) << " B at 64 images, first step " << at64;
+    model->zero_grad(true);
+  }
 }
 
 }  // namespace
