@@ -362,7 +362,7 @@ if [[ $mode != build ]]; then
     test_loader test_gpu_monitor test_tensor; do
     gtest "$program" 0 "$program"
   done
-  gtest runtime_gpu 0 test_runtime --gtest_filter='LossLog.*:StepProfiler.*:ProfileReport.*'
+  gtest runtime_gpu 0 test_runtime --gtest_filter='LossLog.*:StepProfiler.*:ProfileReport.*:ProfileLayers.*:MemoryPlan.*'
   gtest comm_np1 1 test_comm --gtest_filter='GpuCollectives.*'
   gtest comm_np2 2 test_comm --gtest_filter='GpuCollectives.*'
   gtest grad_sync_np1 1 test_grad_sync --gtest_filter='GradSyncGpu.*'
@@ -378,6 +378,30 @@ if [[ $mode != build ]]; then
       fail "train_resnet $arch"
     fi
   done
+  # The memory plan against the tensors' peak: ResNet-50 and ResNet-18 bf16 b256 above, and ResNet-50 fp32
+  # b128 here (10 steps). Each must be within 10% (docs/MEMORY.md).
+  rm -f "$results/train_resnet50_fp32_b128.jsonl"
+  run limit 100 "$build_dir/train_resnet" --synthetic -a resnet50 -b 128 --precision fp32 --device cuda --steps 10 \
+    --log-jsonl "$results/train_resnet50_fp32_b128.jsonl" >/dev/null || fail "train_resnet resnet50 fp32 b128"
+  if [[ $mode != dry ]]; then
+    for run_name in resnet50 resnet18 resnet50_fp32_b128; do
+      line=$("$python" - "$results/train_$run_name.jsonl" <<'PY' 2>&1
+import json, sys
+r = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+plan = [x for x in r if x.get("type") == "plan"][-1]
+summary = [x for x in r if x.get("type") == "summary"][-1]
+predicted, peak = plan["predicted_peak_mem_bytes"], summary["peak_tensor_bytes"]
+print(f"{predicted} {peak} {predicted / peak - 1:+.3f}")
+PY
+) || { fail "memory plan $run_name: $line"; continue; }
+      read -r predicted peak error <<< "$line"
+      fact "memory_plan.$run_name.predicted_bytes" "$predicted"; fact "memory_plan.$run_name.peak_tensor_bytes" "$peak"
+      fact "memory_plan.$run_name.error" "$error"
+      echo "memory plan $run_name: predicted $predicted B, tensor peak $peak B ($error)"
+      "$python" -c 'import sys; sys.exit(0 if abs(float(sys.argv[1])) <= 0.10 else 1)' "$error" ||
+        fail "memory plan $run_name: $error off the tensor peak (more than 10%)"
+    done
+  fi
   # Real data: the Fashion-MNIST subset of scripts/gpu_data.sh (it travels in .gpu_data), ResNet-20 for one
   # epoch with the same seed and recipe on the GPU (fp32, TF32 on) and on this machine's CPU cores: the two
   # test accuracies must agree within 1 point (they differ only by rounding, which training amplifies).
@@ -410,7 +434,7 @@ if [[ $mode != build ]]; then
   for precision in fp16 fp32; do
     rm -f "$results/bench_resnet50_$precision.jsonl"
     run limit 200 "$build_dir/bench_step" -a resnet50 -b 256 --hw 224 --classes 1000 --device cuda --precision "$precision" \
-      --steps 10 --warmup 3 --profile --profile-jsonl "$results/bench_resnet50_$precision.jsonl" |
+      --steps 5 --warmup 2 --profile --profile-jsonl "$results/bench_resnet50_$precision.jsonl" |
       tee "$work/bench_resnet50_$precision.txt" || fail "bench_step resnet50 $precision"
   done
   fi
