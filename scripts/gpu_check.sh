@@ -382,7 +382,7 @@ if [[ $mode != build ]]; then
   # b128 here (10 steps). Each must be within 10% (docs/MEMORY.md).
   rm -f "$results/train_resnet50_fp32_b128.jsonl"
   run limit 100 "$build_dir/train_resnet" --synthetic -a resnet50 -b 128 --precision fp32 --device cuda --steps 10 \
-    --log-jsonl "$results/train_resnet50_fp32_b128.jsonl" >/dev/null || fail "train_resnet resnet50 fp32 b128"
+    --log-jsonl "$results/train_resnet50_fp32_b128.jsonl" || fail "train_resnet resnet50 fp32 b128"
   if [[ $mode != dry ]]; then
     for run_name in resnet50 resnet18 resnet50_fp32_b128; do
       line=$("$python" - "$results/train_$run_name.jsonl" <<'PY' 2>&1
@@ -407,7 +407,7 @@ PY
   # test accuracies must agree within 1 point (they differ only by rounding, which training amplifies).
   fmnist=$repo/.gpu_data/fashion-mnist
   if [[ -f $fmnist/train-images-idx3-ubyte.gz ]]; then
-    run limit 60 "$build_dir/make_shards" fashion-mnist "$fmnist" "$work/fmnist" --shards 4 >/dev/null || fail "make_shards fashion-mnist"
+    run limit 60 "$build_dir/make_shards" fashion-mnist "$fmnist" "$work/fmnist" --shards 4 || fail "make_shards fashion-mnist"
     for device in cuda cpu; do
       rm -f "$results/fmnist_$device.jsonl"
       run limit 150 "$build_dir/train_resnet" --data "$work/fmnist" -a resnet20 -b 128 --epochs 1 --lr 0.1 --momentum 0.9 \
