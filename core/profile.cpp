@@ -59,11 +59,15 @@ const std::string* intern(const std::string& label) {
 
 const std::string* current_layer() { return t_layer; }
 
+// Each layer is an NVTX range too (inside it, each op's), for Nsight Systems.
 LayerScope::LayerScope(const std::string& path) {
-  if (!g_per_layer.load(std::memory_order_relaxed) || !on()) return;
+  if (!g_per_layer.load(std::memory_order_relaxed) || !on() || path.empty()) return;
   set_ = true;
   previous_ = t_layer;
-  t_layer = path.empty() ? t_layer : intern(path);
+  t_layer = intern(path);
+#if RINGTRAIN_WITH_CUDA
+  nvtxRangePushA(t_layer->c_str());
+#endif
 }
 
 LayerScope::LayerScope(const std::string* label) {
@@ -71,10 +75,17 @@ LayerScope::LayerScope(const std::string* label) {
   set_ = true;
   previous_ = t_layer;
   t_layer = label;
+#if RINGTRAIN_WITH_CUDA
+  nvtxRangePushA(t_layer->c_str());
+#endif
 }
 
 LayerScope::~LayerScope() {
-  if (set_) t_layer = previous_;
+  if (!set_) return;
+  t_layer = previous_;
+#if RINGTRAIN_WITH_CUDA
+  nvtxRangePop();
+#endif
 }
 
 const char* family_of_kernel(const char* entry) {

@@ -384,6 +384,13 @@ if [[ $mode != build ]]; then
   run limit 100 "$build_dir/train_resnet" --synthetic -a resnet50 -b 128 --precision fp32 --device cuda --steps 10 \
     --log-jsonl "$results/train_resnet50_fp32_b128.jsonl" || fail "train_resnet resnet50 fp32 b128"
   if [[ $mode != dry ]]; then
+    # A steady bf16 step makes no host wait (losses and the label check are read at log points only).
+    for arch in resnet50 resnet18; do
+      waits=$("$python" -c 'import json,sys; print([json.loads(l) for l in open(sys.argv[1]) if "\"profile\"" in l][-1]["syncs_per_step"])' \
+        "$results/train_$arch.jsonl" 2>/dev/null || echo "")
+      fact_s "host_waits_per_step.$arch" "${waits:-none}"
+      [[ $waits == 0 || $waits == 0.0 ]] || fail "train_resnet $arch: ${waits:-no profile record for the} host waits per step (want 0)"
+    done
     for run_name in resnet50 resnet18 resnet50_fp32_b128; do
       line=$("$python" - "$results/train_$run_name.jsonl" <<'PY' 2>&1
 import json, sys
