@@ -1011,8 +1011,17 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels, double label_sm
   detail::after_op(logits.device(), "cross_entropy");
   // On the GPU the flag is read at the next host read of device data (the loss, at a log point), so the
   // step makes no host wait for it; the error still names the label, its row and the logits.
+  // The read goes on the stream the kernel ran on, whichever thread's read runs the check.
   const bool deferred = !logits.device().is_cpu();
-  auto check = [bad_row, labels = labels.detach(), rows, cols, what = logits.describe(), deferred] {
+  auto check = [bad_row, labels = labels.detach(), rows, cols, what = logits.describe(), deferred,
+                stream = deferred ? current_stream() : Stream()] {
+    struct OnStream {  // the kernel's stream current for the reads, the caller's again after them
+      Stream before = current_stream();
+      explicit OnStream(const Stream& s, bool on) {
+        if (on) set_current_stream(s);
+      }
+      ~OnStream() { set_current_stream(before); }
+    } on_stream(stream, deferred);
     const int64_t row = bad_row.to(Device::cpu()).data<int64_t>()[0];
     if (row < 0 || row >= rows) return;
     const auto value = static_cast<long long>(labels.slice(row, row + 1).item());
