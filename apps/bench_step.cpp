@@ -48,7 +48,7 @@ int main(int argc, char** argv) {
   std::string arch = "resnet20", device_text = "cpu", precision = "fp32", tf32 = "on", backend = "ring",
               cpu_conv = "auto", recompute = "off";
   int64_t batch = 128, hw = 32, in_ch = 3, classes = 10;
-  int threads = 0, steps = 10, warmup = 2, profile_steps = 5;
+  int threads = 0, steps = 10, warmup = 2, profile_steps = static_cast<int>(runtime::kProfileDefaultSteps);
   bool profile = false, profile_layers = false;
   std::string profile_jsonl;
   double bucket_mb = 25;

@@ -183,7 +183,6 @@ void Session::end_step() {
   }
   syncs_ += syncs;
   step_ms_.push_back(step_ms);
-  ++steps_;
 }
 
 void Session::add(const std::string& family, const std::string* layer, double device_ms, double host_ms) {
@@ -192,52 +191,40 @@ void Session::add(const std::string& family, const std::string* layer, double de
     s.device_ms += device_ms;
     s.host_ms += host_ms;
   };
-  auto it = std::find_if(sums_.begin(), sums_.end(), [&](const auto& s) { return s.first == family; });
-  if (it == sums_.end()) {
-    sums_.emplace_back(family, Sum{});
-    it = std::prev(sums_.end());
-  }
-  count(it->second);
-  if (!per_layer_) return;
-  auto lt = std::find_if(layer_sums_.begin(), layer_sums_.end(),
-                         [&](const auto& s) { return s.first.first == layer && s.first.second == family; });
-  if (lt == layer_sums_.end()) {
-    layer_sums_.emplace_back(std::pair{layer, family}, Sum{});
-    lt = std::prev(layer_sums_.end());
-  }
-  count(lt->second);
+  count(sums_[family]);
+  if (per_layer_) count(layer_sums_[{layer, family}]);
 }
 
 Table Session::table() const {
   Table t;
   t.device = device_;
-  t.steps = steps_;
-  if (steps_ == 0) return t;
+  t.steps = steps();
+  if (t.steps == 0) return t;
   std::vector<double> sorted = step_ms_;
   std::sort(sorted.begin(), sorted.end());
   const size_t m = sorted.size() / 2;
   t.median_step_ms = sorted.size() % 2 ? sorted[m] : 0.5 * (sorted[m - 1] + sorted[m]);
-  const auto n = static_cast<double>(steps_);
+  const auto n = static_cast<double>(t.steps);
   double total_ms = 0;
   for (double ms : step_ms_) total_ms += ms;
   t.step_ms = total_ms / n;
   t.syncs_per_step = static_cast<double>(syncs_) / n;
   const bool gpu = device_.is_cuda();
-  for (const auto& [family, s] : sums_) {
+  auto per_step = [&](const std::string& family, const Sum& s) {
     FamilyRow row{family, s.calls / n, s.device_ms / n, s.host_ms / n, 0};
     row.share = t.step_ms > 0 ? (gpu ? row.device_ms : row.host_ms) / t.step_ms : 0;
-    t.covered_share += row.share;
-    t.families.push_back(row);
+    return row;
+  };
+  for (const auto& [family, s] : sums_) {
+    t.families.push_back(per_step(family, s));
+    t.covered_share += t.families.back().share;
   }
   auto larger = [](const FamilyRow& a, const FamilyRow& b) {
     return a.share != b.share ? a.share > b.share : a.family < b.family;
   };
   std::sort(t.families.begin(), t.families.end(), larger);
-  for (const auto& [key, s] : layer_sums_) {
-    FamilyRow row{key.second, s.calls / n, s.device_ms / n, s.host_ms / n, 0};
-    row.share = t.step_ms > 0 ? (gpu ? row.device_ms : row.host_ms) / t.step_ms : 0;
-    t.layers.push_back({key.first ? *key.first : std::string("(none)"), row});
-  }
+  for (const auto& [key, s] : layer_sums_)
+    t.layers.push_back({key.first ? *key.first : std::string("(none)"), per_step(key.second, s)});
   std::sort(t.layers.begin(), t.layers.end(), [&](const LayerRow& a, const LayerRow& b) {
     return a.figures.share != b.figures.share ? a.figures.share > b.figures.share
            : a.layer != b.layer               ? a.layer < b.layer

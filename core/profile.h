@@ -11,7 +11,9 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/device.h"
@@ -81,21 +83,20 @@ class Session {
 
   void begin_step();
   void end_step();
-  int64_t steps() const { return steps_; }
+  int64_t steps() const { return static_cast<int64_t>(step_ms_.size()); }
   Table table() const;
 
  private:
   Device device_;
   bool per_layer_ = false;
-  int64_t steps_ = 0;
   int64_t syncs_at_begin_ = 0, syncs_ = 0;
   std::vector<double> step_ms_;
   double step_started_ = 0;  // seconds, steady clock
   struct Sum {
     double calls = 0, device_ms = 0, host_ms = 0;
   };
-  std::vector<std::pair<std::string, Sum>> sums_;  // by family, in first-seen order
-  std::vector<std::pair<std::pair<const std::string*, std::string>, Sum>> layer_sums_;  // by (layer, family)
+  std::map<std::string, Sum> sums_;                                       // by family
+  std::map<std::pair<const std::string*, std::string>, Sum> layer_sums_;  // by (layer, family)
   void add(const std::string& family, const std::string* layer, double device_ms, double host_ms);
   friend class Span;
 };

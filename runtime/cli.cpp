@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/allocator.h"
+#include "runtime/profiler.h"
 
 namespace ringtrain::runtime {
 
@@ -229,17 +230,18 @@ void add_output_flags(CLI::App& app, TrainerOptions& o) {
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   app.add_flag_callback(
-      "--profile", [&o] { o.profile_steps = o.profile_steps > 0 ? o.profile_steps : 5; },
-      "after 3 warm-up steps, time every op of --profile-steps steps: a table per op family (GPU time from CUDA "
-      "events, host time, share of the step, host waits per step), printed and written as a JSONL profile "
-      "record");
+      "--profile", [&o] { o.profile_steps = o.profile_steps > 0 ? o.profile_steps : kProfileDefaultSteps; },
+      detail::str_cat("after ", kProfileWarmupSteps,
+                      " warm-up steps, time every op of --profile-steps steps: a table per op family (GPU time from "
+                      "CUDA events, host time, share of the step, host waits per step), printed and written as a "
+                      "JSONL profile record"));
   app.add_option("--profile-steps", o.profile_steps, "steps --profile measures (giving it turns --profile on)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   app.add_flag_callback(
       "--profile-layers",
       [&o] {
         o.profile_layers = true;
-        o.profile_steps = o.profile_steps > 0 ? o.profile_steps : 5;
+        o.profile_steps = o.profile_steps > 0 ? o.profile_steps : kProfileDefaultSteps;
       },
       "--profile per layer too: each op under the module that ran it (its backward under the module that "
       "recorded it); prints the largest rows, the JSONL record has all");

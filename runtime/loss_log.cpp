@@ -15,14 +15,14 @@ LossLog::LossLog(bool defer, int64_t capacity) : defer_(defer), capacity_(capaci
 void LossLog::add(const Tensor& loss, const Origin& origin, const Take& take) {
   RT_CHECK(loss.defined() && loss.numel() == 1, "LossLog: a loss is one element, got ",
            loss.defined() ? loss.describe() : std::string("an undefined tensor"));
-  if (!defer_) {
-    flush(take);
+  if (!defer_) {  // nothing is ever pending then
     take(origin, loss.item());
     return;
   }
-  if (buffer_.defined() && buffer_.device() != loss.device()) flush(take);
-  if (!buffer_.defined() || buffer_.device() != loss.device())
+  if (!buffer_.defined() || buffer_.device() != loss.device()) {
+    flush(take);  // the other device's losses, if any
     buffer_ = Tensor::empty(Shape{capacity_}, DType::F64, loss.device());
+  }
   if (pending() == capacity_) flush(take);
   NoGradGuard no_grad;
   // A copy on the stream (a conversion kernel, or a device-to-device copy): no host wait.

@@ -104,7 +104,7 @@ struct TrainerOptions {
   std::string log_jsonl, trace;
   int64_t trace_steps = 100;
   bool profile_layers = false;  // --profile-layers: the table per (layer, family) too
-  int64_t profile_steps = 0;    // > 0: --profile's steady steps (runtime/profiler.h), after 3 warm-up steps
+  int64_t profile_steps = 0;    // > 0: --profile's steady steps (runtime/profiler.h), after kProfileWarmupSteps
   ProgressStyle progress = ProgressStyle::Auto;
   double timeout = 1800;  // seconds a phase may take before the job is aborted (0: off)
   bool check = false;     // run the preflight first

@@ -60,21 +60,19 @@ std::string format_profile(const profile::Table& t, size_t top_layers) {
 }
 
 nlohmann::json profile_record(const profile::Table& t) {
-  nlohmann::json layers = nlohmann::json::array();
-  for (const auto& l : t.layers)
-    layers.push_back({{"layer", l.layer},
-                      {"family", l.figures.family},
-                      {"calls", l.figures.calls},
-                      {"device_ms", l.figures.device_ms},
-                      {"host_ms", l.figures.host_ms},
-                      {"share", l.figures.share}});
-  nlohmann::json families = nlohmann::json::array();
-  for (const auto& f : t.families)
-    families.push_back({{"family", f.family},
-                        {"calls", f.calls},
-                        {"device_ms", f.device_ms},
-                        {"host_ms", f.host_ms},
-                        {"share", f.share}});
+  auto row = [](const profile::FamilyRow& f) {
+    return nlohmann::json{{"family", f.family},
+                          {"calls", f.calls},
+                          {"device_ms", f.device_ms},
+                          {"host_ms", f.host_ms},
+                          {"share", f.share}};
+  };
+  nlohmann::json families = nlohmann::json::array(), layers = nlohmann::json::array();
+  for (const auto& f : t.families) families.push_back(row(f));
+  for (const auto& l : t.layers) {
+    layers.push_back(row(l.figures));
+    layers.back()["layer"] = l.layer;
+  }
   return {{"type", "profile"},
           {"device", t.device.str()},
           {"steps", t.steps},

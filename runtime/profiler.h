@@ -22,11 +22,16 @@
 
 namespace ringtrain::runtime {
 
+// --profile: the warm-up steps before its window, and the steps it measures unless --profile-steps says.
+constexpr int64_t kProfileWarmupSteps = 3;
+constexpr int64_t kProfileDefaultSteps = 5;
+
 class StepProfiler {
  public:
   // steps == 0: off. `first_step`: the run's first step (a resumed run starts later); the window opens
   // after `warmup` steps of this process.
-  StepProfiler(Device device, int64_t steps, int64_t first_step, int64_t warmup = 3, bool per_layer = false);
+  StepProfiler(Device device, int64_t steps, int64_t first_step, int64_t warmup = kProfileWarmupSteps,
+               bool per_layer = false);
   bool on() const { return steps_ > 0; }
   // Around each optimizer step `step` (steps done before it).
   void begin_step(int64_t step);

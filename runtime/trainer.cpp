@@ -258,7 +258,8 @@ TrainResult Run::run() {
   reporter_->announce(*replica_, threads_, at, resumed_from_, run_id_, data_.warnings());
   run_start_ = last_save_ = Clock::now();
   first_step_ = at.step;
-  profiler_ = std::make_unique<StepProfiler>(device_, o_.profile_steps, first_step_, 3, o_.profile_layers);
+  profiler_ =
+      std::make_unique<StepProfiler>(device_, o_.profile_steps, first_step_, kProfileWarmupSteps, o_.profile_layers);
   for (int64_t epoch = at.position.epoch; epoch < plan_.epochs && !finished(at, plan_); ++epoch) {
     const EpochEnd end = train_epoch(epoch, at);
     at = end.at;
@@ -272,9 +273,10 @@ TrainResult Run::run() {
   data_.stop();
   if (profiler_->on() && !profiler_->table() && world_.is_root())
     std::fprintf(stderr,
-                 "%s: profile: the run ended before --profile's window (3 warm-up steps, then %lld) was over; "
+                 "%s: profile: the run ended before --profile's window (%lld warm-up steps, then %lld) was over; "
                  "no table\n",
-                 o_.program.c_str(), static_cast<long long>(o_.profile_steps));
+                 o_.program.c_str(), static_cast<long long>(kProfileWarmupSteps),
+                 static_cast<long long>(o_.profile_steps));
   if (at.step > first_step_) save(at);  // a finished run relaunched writes nothing new
   dog_.phase("summary (waiting for other ranks)", at.step);
   const double elapsed_s = seconds(Clock::now() - run_start_);

@@ -383,25 +383,27 @@ if [[ $mode != build ]]; then
   rm -f "$results/train_resnet50_fp32_b128.jsonl"
   run limit 100 "$build_dir/train_resnet" --synthetic -a resnet50 -b 128 --precision fp32 --device cuda --steps 10 \
     --log-jsonl "$results/train_resnet50_fp32_b128.jsonl" || fail "train_resnet resnet50 fp32 b128"
+  # record_field JSONL TYPE KEY: KEY of the log's last record of TYPE (nothing when there is none).
+  record_field() {
+    "$python" -c 'import json, sys
+r = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+print([x for x in r if x.get("type") == sys.argv[2]][-1][sys.argv[3]])' "$@" 2>/dev/null || true
+  }
   if [[ $mode != dry ]]; then
     # A steady bf16 step makes no host wait (losses and the label check are read at log points only).
     for arch in resnet50 resnet18; do
-      waits=$("$python" -c 'import json,sys; print([json.loads(l) for l in open(sys.argv[1]) if "\"profile\"" in l][-1]["syncs_per_step"])' \
-        "$results/train_$arch.jsonl" 2>/dev/null || echo "")
+      waits=$(record_field "$results/train_$arch.jsonl" profile syncs_per_step)
       fact_s "host_waits_per_step.$arch" "${waits:-none}"
       [[ $waits == 0 || $waits == 0.0 ]] || fail "train_resnet $arch: ${waits:-no profile record for the} host waits per step (want 0)"
     done
     for run_name in resnet50 resnet18 resnet50_fp32_b128; do
-      line=$("$python" - "$results/train_$run_name.jsonl" <<'PY' 2>&1
-import json, sys
-r = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-plan = [x for x in r if x.get("type") == "plan"][-1]
-summary = [x for x in r if x.get("type") == "summary"][-1]
-predicted, peak = plan["predicted_peak_mem_bytes"], summary["peak_tensor_bytes"]
-print(f"{predicted} {peak} {predicted / peak - 1:+.3f}")
-PY
-) || { fail "memory plan $run_name: $line"; continue; }
-      read -r predicted peak error <<< "$line"
+      predicted=$(record_field "$results/train_$run_name.jsonl" plan predicted_peak_mem_bytes)
+      peak=$(record_field "$results/train_$run_name.jsonl" summary peak_tensor_bytes)
+      if [[ -z $predicted || -z $peak ]]; then
+        fail "memory plan $run_name: no plan record with a prediction or no summary in train_$run_name.jsonl"
+        continue
+      fi
+      error=$("$python" -c 'import sys; print(f"{float(sys.argv[1]) / float(sys.argv[2]) - 1:+.3f}")' "$predicted" "$peak")
       fact "memory_plan.$run_name.predicted_bytes" "$predicted"; fact "memory_plan.$run_name.peak_tensor_bytes" "$peak"
       fact "memory_plan.$run_name.error" "$error"
       echo "memory plan $run_name: predicted $predicted B, tensor peak $peak B ($error)"
@@ -422,8 +424,8 @@ PY
         fail "train_resnet fashion-mnist on $device"
     done
     if [[ $mode != dry ]]; then
-      top1() { "$python" -c 'import json,sys; r=[json.loads(l) for l in open(sys.argv[1])]; print([x for x in r if x.get("type")=="eval"][-1]["test_top1"])' "$1" 2>/dev/null || echo ""; }
-      gpu_top1=$(top1 "$results/fmnist_cuda.jsonl") cpu_top1=$(top1 "$results/fmnist_cpu.jsonl")
+      gpu_top1=$(record_field "$results/fmnist_cuda.jsonl" eval test_top1)
+      cpu_top1=$(record_field "$results/fmnist_cpu.jsonl" eval test_top1)
       if [[ -n $gpu_top1 && -n $cpu_top1 ]]; then
         fact real_data.gpu_top1 "$gpu_top1"; fact real_data.cpu_top1 "$cpu_top1"
         echo "Fashion-MNIST subset, ResNet-20, 1 epoch: test top-1 $gpu_top1 on the GPU, $cpu_top1 on the CPU"
