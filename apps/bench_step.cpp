@@ -18,7 +18,7 @@
 // comm_wait_s (median time finish() waited for gradients after backward: the communication not hidden).
 // --backend none under mpirun runs the ranks side by side without synchronising them.
 // --profile runs --profile-steps more steps after the timed ones (which it leaves untouched) under the
-// per-op profiler and prints its table (runtime/profiler.h); --profile-jsonl PATH appends its record.
+// per-op profiler and prints its table (runtime/telemetry/profiler.h); --profile-jsonl PATH appends its record.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -39,7 +39,7 @@
 #include "layers/loss.h"
 #include "layers/models/resnet.h"
 #include "optim/optimizer.h"
-#include "runtime/profiler.h"
+#include "runtime/telemetry/profiler.h"
 
 using namespace ringtrain;
 

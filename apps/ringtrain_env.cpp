@@ -3,9 +3,9 @@
 // Prints per host the CPU model, cores, memory and GPUs (through NVML: each GPU's processes with their users
 // and memory, utilisation, ECC errors and throttling, and a warning for a busy one); each device's free
 // memory and the budget a rank
-// of it would get (runtime/memory_budget.h: its share among the host's ranks); the library versions (CUDA runtime,
-// driver, cuDNN, cuBLAS, NCCL, MPI, HDF5, OpenBLAS, oneDNN); the rank -> host -> device map. Then runs checks, each
-// printed as PASS or FAIL with its reason:
+// of it would get (runtime/memory/memory_budget.h: its share among the host's ranks); the library versions (CUDA
+// runtime, driver, cuDNN, cuBLAS, NCCL, MPI, HDF5, OpenBLAS, oneDNN); the rank -> host -> device map. Then runs checks,
+// each printed as PASS or FAIL with its reason:
 //   same build      every rank runs the same ringtrain build against the same library versions
 //   self-test       a small MLP learns on every device of every rank
 //   all-reduce      a checked, timed all-reduce per available backend, with its busbw
@@ -27,10 +27,10 @@
 #include "core/cpu_features.h"
 #include "core/device.h"
 #include "core/parallel.h"
-#include "runtime/gpu_choice.h"
-#include "runtime/job_view.h"
-#include "runtime/memory_budget.h"
-#include "runtime/preflight.h"
+#include "runtime/cluster/gpu_choice.h"
+#include "runtime/cluster/preflight.h"
+#include "runtime/memory/memory_budget.h"
+#include "runtime/tools/job_view.h"
 
 using namespace ringtrain;
 
@@ -71,7 +71,7 @@ std::string memory_report(const comm::World& world) {
 }
 
 // Per GPU of this host (NVML): who uses it (pid, user, memory), how busy it is, its ECC errors and
-// throttling, and a warning for one a training rank would not take (runtime/gpu_choice.h).
+// throttling, and a warning for one a training rank would not take (runtime/cluster/gpu_choice.h).
 std::string gpu_report(const comm::World& world, const std::set<unsigned>& own) {
   const runtime::GpuInventory inv = runtime::read_gpu_inventory();
   if (!inv.error.empty())
@@ -97,7 +97,7 @@ std::string gpu_report(const comm::World& world, const std::set<unsigned>& own) 
   return text;
 }
 
-// --watch: redraws the job's view (runtime/job_view.h) every `interval` seconds until its summary appears.
+// --watch: redraws the job's view (runtime/tools/job_view.h) every `interval` seconds until its summary appears.
 int watch_job(const std::string& path, double interval, bool once) {
   runtime::LogTail tail(path);
   const bool tty = ::isatty(STDOUT_FILENO) != 0;

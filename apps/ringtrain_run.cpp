@@ -14,7 +14,7 @@
 // The job tells it what it needs through event lines (comm::kEventPrefix, only under a supervisor): its
 // plan, each step, each checkpoint, and every rank's error with whether a restart can fix it. Hosts are
 // probed through the same launch agent mpirun uses (--mca plm_rsh_agent, else ssh; srun under Slurm).
-// The decisions live in runtime/supervisor.h; this file drives the processes. Every restart is one line on
+// The decisions live in runtime/tools/supervisor.h; this file drives the processes. Every restart is one line on
 // stdout and a record in the JSONL log (the job's --log-jsonl unless --log-jsonl is given here).
 #include <fcntl.h>
 #include <poll.h>
@@ -41,8 +41,8 @@
 
 #include "core/check.h"
 #include "io/files.h"
-#include "runtime/process.h"
-#include "runtime/supervisor.h"
+#include "runtime/cluster/process.h"
+#include "runtime/tools/supervisor.h"
 
 using namespace ringtrain;
 using namespace ringtrain::runtime::supervisor;

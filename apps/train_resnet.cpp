@@ -2,7 +2,7 @@
 //   mpirun -np 8 ./train_resnet --data /shards/cifar10 -a resnet56 -b 128 --epochs 90 --checkpoint-dir ckpt
 // `--help` lists every flag with its default. The app is the ResNet-specific part — the architecture, the
 // image transforms, synthetic data shaped for the model — on top of the runtime's Trainer, which owns the
-// loop and everything that makes a run trustworthy (runtime/trainer.h): GradSync, exact resume,
+// loop and everything that makes a run trustworthy (runtime/loop/trainer.h): GradSync, exact resume,
 // checkpoints, evaluation, the watchdog (--timeout), the check-in, the JSONL log and the merged trace.
 // An error on any rank prints "rank R (host): reason" once and ends the whole job (comm::run_main).
 #include <CLI/CLI.hpp>
@@ -13,9 +13,9 @@
 #include "core/check.h"
 #include "data/loader.h"
 #include "layers/models/resnet.h"
-#include "runtime/cli.h"
-#include "runtime/data_source.h"
-#include "runtime/trainer.h"
+#include "runtime/config/cli.h"
+#include "runtime/config/data_source.h"
+#include "runtime/loop/trainer.h"
 
 using namespace ringtrain;
 

@@ -10,13 +10,14 @@
 include(CMakePackageConfigHelpers)
 
 install(TARGETS ringtrain ringtrain_core ringtrain_io ringtrain_optim ringtrain_data ringtrain_layers ringtrain_comm
-                ringtrain_runtime
+                ringtrain_runtime ${RINGTRAIN_RUNTIME_AREAS}
         EXPORT ringtrainTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
 # Public headers keep their folders (include/ringtrain/core/tensor.h, ...); the CPU and CUDA kernel
 # headers under core/cpu and core/cuda are internal.
-foreach(dir core io optim layers layers/models comm data runtime)
+foreach(dir core io optim layers layers/models comm data runtime runtime/cluster runtime/config runtime/telemetry
+            runtime/checkpoint runtime/step runtime/memory runtime/pipeline runtime/loop runtime/tools)
   file(GLOB _rt_headers CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/${dir}/*.h)
   install(FILES ${_rt_headers} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/ringtrain/${dir})
 endforeach()

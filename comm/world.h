@@ -49,7 +49,7 @@ class World {
   // Binds this rank: `want` cpu, or cuda (any index: the GPU is local_rank % device_count). More local
   // ranks than GPUs is an error naming both counts unless `allow_shared_gpu`. threads <= 0 means the
   // cores this process may use / local ranks (at least 1). Sets the device and the CPU thread count.
-  // `chosen` >= 0: that CUDA index (runtime/gpu_choice.h chose it by occupancy) instead of local_rank % count.
+  // `chosen` >= 0: that CUDA index (runtime/cluster/gpu_choice.h chose it by occupancy) instead of local_rank % count.
   DeviceBinding bind(Device want, int threads = 0, bool allow_shared_gpu = false, int chosen = -1) const;
 
   // Prints "ringtrain: rank R (host): message" to stderr and aborts every rank of the job. `permanent`:

@@ -105,7 +105,7 @@ void synchronize(Device d);
 // The host's waits for the GPU in this process so far: stream, event and device synchronisations, and the
 // copies that end in one (the host reading device data, or a copy between devices). A device-to-device
 // copy on one GPU is ordered on the stream and waits for nothing. Always 0 without CUDA. The profiler
-// (runtime/profiler.h) reports it per step; a steady training step makes none between log points.
+// (runtime/telemetry/profiler.h) reports it per step; a steady training step makes none between log points.
 int64_t cuda_host_syncs();
 
 // Checks whose evidence lives on the device (cross_entropy's label check): recorded without a host wait,

@@ -6,7 +6,7 @@
 // profile::Span. Only the outermost call of a thread is counted, so nested calls are never counted twice.
 // With the Session closed the cost of a kernel call is one relaxed atomic load. In a CUDA build each call
 // is also an NVTX range named after its kernel, for Nsight Systems (only while a Session is open).
-// The report (the table, its JSONL record) is built by runtime/profiler.h.
+// The report (the table, its JSONL record) is built by runtime/telemetry/profiler.h.
 #pragma once
 
 #include <atomic>

@@ -22,7 +22,7 @@ using StateDict = std::vector<std::pair<std::string, Tensor>>;
 class Module;
 
 // A piece of a model whose composition in order is the model's forward: block i takes block i-1's
-// output. What pipeline stages split a model into (runtime/pipeline.h). `modules` holds the block's
+// output. What pipeline stages split a model into (runtime/pipeline/pipeline.h). `modules` holds the block's
 // parameters and buffers (a module belongs to one block).
 struct Block {
   std::string name;  // "stem", "layer1.0", "head", or a Sequential's child index

@@ -11,9 +11,9 @@
 #include "layers/conv2d.h"
 #include "layers/linear.h"
 #include "layers/pooling.h"
-#include "runtime/cli.h"
-#include "runtime/data_source.h"
-#include "runtime/trainer.h"
+#include "runtime/config/cli.h"
+#include "runtime/config/data_source.h"
+#include "runtime/loop/trainer.h"
 
 using namespace ringtrain;
 

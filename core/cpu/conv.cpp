@@ -188,7 +188,7 @@ PassDescs pass_descs(const ConvDescs& d, dnnl::algorithm alg, const memory::desc
   const bool bias = d.bias.get_size() > 0;
   // The workspaces come from ringtrain's allocator, one per execution: oneDNN's own (a per-thread buffer
   // that only grows) would hold the largest a run ever needed outside the allocator's accounting, which
-  // the memory plan (runtime/memory_plan.h) measures.
+  // the memory plan (runtime/memory/memory_plan.h) measures.
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   PassDescs p;

@@ -206,8 +206,8 @@ PY
       if "${train[@]}" --steps 2 --lr-milestones 1,2 > ms.log 2>&1; then fail "early: --lr-milestones without multistep"; fi
       expect ms.log "--lr-milestones 1,2 applies to --lr-schedule multistep only, but the schedule is cosine" early
       # A check's place is named in the source tree, not by the build machine's absolute path.
-      expect ms.log "\[check .* at runtime/options.cpp:[0-9]+\]" early
-      grep -q "at /.*runtime/options.cpp" ms.log && fail "early: a check's place is an absolute build path"
+      expect ms.log "\[check .* at runtime/config/options.cpp:[0-9]+\]" early
+      grep -q "at /.*runtime/config/options.cpp" ms.log && fail "early: a check's place is an absolute build path"
       if RINGTRAIN_INJECT=throw:5:1 "${train[@]}" --steps 2 > inj.log 2>&1; then fail "early: a fault for rank 5 of 1"; fi
       expect inj.log "RINGTRAIN_INJECT: rank 5 does not exist: this job has 1 rank\(s\)" early
       cp -r data fifo-data && rm fifo-data/manifest.json && mkfifo fifo-data/manifest.json

@@ -1,4 +1,4 @@
-// Tests for runtime/checkpoint_dir.h: naming and retention (keep_last), the resume pick that skips
+// Tests for runtime/checkpoint/checkpoint_dir.h: naming and retention (keep_last), the resume pick that skips
 // half-written, foreign and corrupt files with a warning naming them, stale temporary files removed,
 // TrainState's round trip and its errors naming the file and key, and the sampler position converted
 // across world sizes.
@@ -9,7 +9,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "runtime/checkpoint_dir.h"
+#include "runtime/checkpoint/checkpoint_dir.h"
 #include "test_util.h"
 
 namespace ringtrain::runtime {

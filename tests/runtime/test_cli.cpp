@@ -1,13 +1,13 @@
-// tests/runtime/test_cli.cpp: the shared training flags (runtime/cli.h) as a user gives them: parsed into
-// TrainerOptions, refused naming the flag, shown by --help, and recorded by the options (runtime/options.h).
+// tests/runtime/test_cli.cpp: the shared training flags (runtime/config/cli.h) as a user gives them: parsed into
+// TrainerOptions, refused naming the flag, shown by --help, and recorded by the options (runtime/config/options.h).
 // No MPI, no files.
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
 
-#include "runtime/cli.h"
-#include "runtime/options.h"
+#include "runtime/config/cli.h"
+#include "runtime/config/options.h"
 #include "test_util.h"
 
 using namespace ringtrain;

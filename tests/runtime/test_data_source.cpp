@@ -1,4 +1,4 @@
-// Tests for runtime/data_source.h: the shard source refuses a test split that does not fit the train split
+// Tests for runtime/config/data_source.h: the shard source refuses a test split that does not fit the train split
 // (classes, image shape after the transforms) naming both, skips an empty test split with a warning, and
 // the synthetic source serves the sampler's batches, deterministic per (seed, epoch, batch, rank).
 #include <gtest/gtest.h>
@@ -7,7 +7,7 @@
 #include <filesystem>
 
 #include "data/sampler.h"
-#include "runtime/data_source.h"
+#include "runtime/config/data_source.h"
 #include "test_util.h"
 
 namespace ringtrain::runtime {

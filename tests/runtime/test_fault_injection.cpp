@@ -1,10 +1,10 @@
-// Tests for runtime/fault_injection.h: RINGTRAIN_INJECT is parsed strictly (a malformed value is an error
+// Tests for runtime/cluster/fault_injection.h: RINGTRAIN_INJECT is parsed strictly (a malformed value is an error
 // naming the variable, never ignored) and each fault fires on its rank and step only.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 
-#include "runtime/fault_injection.h"
+#include "runtime/cluster/fault_injection.h"
 #include "test_util.h"
 
 namespace ringtrain::runtime {

@@ -1,5 +1,5 @@
-// Tests for runtime/folder_lock.h: a second live writer of a checkpoint folder is refused, naming the holder;
-// a lock whose holder is gone (its pid on this host, no refresh from another host, an earlier launch of the
+// Tests for runtime/checkpoint/folder_lock.h: a second live writer of a checkpoint folder is refused, naming the
+// holder; a lock whose holder is gone (its pid on this host, no refresh from another host, an earlier launch of the
 // same supervised run) is taken over, saying so; the lock goes with its holder.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -14,8 +14,8 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "runtime/folder_lock.h"
-#include "runtime/process.h"
+#include "runtime/checkpoint/folder_lock.h"
+#include "runtime/cluster/process.h"
 #include "test_util.h"
 
 namespace ringtrain::runtime {

@@ -1,4 +1,4 @@
-// runtime/gpu_choice.h against the fake NVML (tests/runtime/fake_nvml.c, configured by a file per test):
+// runtime/cluster/gpu_choice.h against the fake NVML (tests/runtime/fake_nvml.c, configured by a file per test):
 // the inventory with other users' processes, ECC and throttling; CUDA_VISIBLE_DEVICES by index and UUID;
 // a free GPU chosen over busy ones; a busy one only with --allow-shared-gpu; the refusal naming who holds
 // what; the wait that ends when a GPU comes free, and the one that times out; two jobs never on one GPU
@@ -12,7 +12,7 @@
 #include <thread>
 
 #include "core/check.h"
-#include "runtime/gpu_choice.h"
+#include "runtime/cluster/gpu_choice.h"
 #include "test_util.h"
 
 namespace ringtrain::runtime {

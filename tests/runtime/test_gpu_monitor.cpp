@@ -4,7 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 
-#include "runtime/gpu_monitor.h"
+#include "runtime/telemetry/gpu_monitor.h"
 
 namespace ringtrain {
 namespace {

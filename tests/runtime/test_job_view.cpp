@@ -1,7 +1,7 @@
-// runtime/job_view.h: the tail of a growing log (complete lines only, a replaced log started over) and the
+// runtime/tools/job_view.h: the tail of a growing log (complete lines only, a replaced log started over) and the
 // screen drawn from it (the plan, progress against the run's steps, the step's phases, the evaluation,
 // every rank's GPU, the summary once it came).
-#include "runtime/job_view.h"
+#include "runtime/tools/job_view.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

@@ -1,7 +1,7 @@
-// Tests for runtime/memory_budget.h: the free memory is MemAvailable unless a cgroup's limit leaves less
+// Tests for runtime/memory/memory_budget.h: the free memory is MemAvailable unless a cgroup's limit leaves less
 // (v2 and v1; "max" and v1's no-limit sentinel do not bound it), a damaged file is named in the error, and a
 // rank's budget is what it holds plus its share of the free memory.
-#include "runtime/memory_budget.h"
+#include "runtime/memory/memory_budget.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

@@ -1,8 +1,8 @@
-// Tests for runtime/memory_plan.h: the prediction's terms follow the options (optimizer slots, ZeRO's 1/N,
+// Tests for runtime/memory/memory_plan.h: the prediction's terms follow the options (optimizer slots, ZeRO's 1/N,
 // compression's wire, the batch), the probe measures a curve that grows with the batch and leaves the model
 // as it was, on a caching allocator (CUDA's) the curve is the tensors' high-water mark of a bigger batch's
 // first step, the remedies of an over-budget run each fit, and -b auto picks the largest batch that fits.
-#include "runtime/memory_plan.h"
+#include "runtime/memory/memory_plan.h"
 
 #include <gtest/gtest.h>
 

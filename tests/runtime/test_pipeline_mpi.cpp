@@ -19,8 +19,8 @@
 #include "layers/linear.h"
 #include "layers/pooling.h"
 #include "mpi_datasets.h"
-#include "runtime/data_source.h"
-#include "runtime/trainer.h"
+#include "runtime/config/data_source.h"
+#include "runtime/loop/trainer.h"
 #include "test_util.h"
 
 namespace ringtrain::runtime {

@@ -1,4 +1,4 @@
-// runtime/pipeline_plan.h: where a rank sits, how a model's blocks are split into stages (given, balanced on
+// runtime/pipeline/pipeline_plan.h: where a rank sits, how a model's blocks are split into stages (given, balanced on
 // time or memory, even), the stages' orders of work for 1F1B and GPipe (each micro-batch forward once and
 // backward once after it, backwards in micro-batch order, an order that cannot deadlock), the activations
 // each order holds and the ideal bubble.
@@ -10,7 +10,7 @@
 #include <map>
 #include <random>
 
-#include "runtime/pipeline_plan.h"
+#include "runtime/pipeline/pipeline_plan.h"
 #include "test_util.h"
 
 using namespace ringtrain;
@@ -199,7 +199,7 @@ TEST(PipelineOrder, OneFOneBHoldsFewerActivationsThanGPipe) {
   EXPECT_DOUBLE_EQ(ideal_bubble(4, 16), 3.0 / 19.0);
 }
 
-// The stages' orders run together with asynchronous sends and blocking receives (what runtime/pipeline.cpp
+// The stages' orders run together with asynchronous sends and blocking receives (what runtime/pipeline/pipeline.cpp
 // does) finish: no stage waits for a message its neighbour only sends after waiting for it.
 TEST(PipelineOrder, TheStagesOrdersCannotDeadlock) {
   for (PipelineSchedule sched : {PipelineSchedule::OneFOneB, PipelineSchedule::GPipe})

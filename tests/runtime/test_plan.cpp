@@ -1,12 +1,12 @@
-// tests/runtime/test_plan.cpp: the loop's policies on their own (runtime/plan.h, runtime/resume.h's config
-// comparison): the run's shape, the learning-rate schedule, the report/checkpoint/evaluate/stop cadences.
-// Pure functions: no MPI, no files.
+// tests/runtime/test_plan.cpp: the loop's policies on their own (runtime/config/plan.h, runtime/checkpoint/resume.h's
+// config comparison): the run's shape, the learning-rate schedule, the report/checkpoint/evaluate/stop cadences. Pure
+// functions: no MPI, no files.
 #include <gtest/gtest.h>
 
-#include "runtime/cli.h"
-#include "runtime/data_source.h"
-#include "runtime/plan.h"
-#include "runtime/resume.h"
+#include "runtime/checkpoint/resume.h"
+#include "runtime/config/cli.h"
+#include "runtime/config/data_source.h"
+#include "runtime/config/plan.h"
 #include "test_util.h"
 
 using namespace ringtrain;

@@ -1,5 +1,5 @@
-// --profile's report (runtime/profiler.h) and the loss log that keeps a GPU step free of host waits
-// (runtime/loss_log.h).
+// --profile's report (runtime/telemetry/profiler.h) and the loss log that keeps a GPU step free of host waits
+// (runtime/step/loss_log.h).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -19,8 +19,8 @@
 #include "layers/linear.h"
 #include "layers/loss.h"
 #include "layers/pooling.h"
-#include "runtime/loss_log.h"
-#include "runtime/profiler.h"
+#include "runtime/step/loss_log.h"
+#include "runtime/telemetry/profiler.h"
 #include "test_util.h"
 
 namespace ringtrain::runtime {

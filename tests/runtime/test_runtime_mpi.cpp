@@ -25,12 +25,12 @@
 #include "layers/loss.h"
 #include "layers/pooling.h"
 #include "mpi_datasets.h"
-#include "runtime/check_in.h"
-#include "runtime/checkpoint_dir.h"
-#include "runtime/data_source.h"
-#include "runtime/evaluate.h"
-#include "runtime/trainer.h"
-#include "runtime/watchdog.h"
+#include "runtime/checkpoint/checkpoint_dir.h"
+#include "runtime/cluster/check_in.h"
+#include "runtime/cluster/watchdog.h"
+#include "runtime/config/data_source.h"
+#include "runtime/loop/trainer.h"
+#include "runtime/step/evaluate.h"
 #include "test_util.h"
 
 namespace ringtrain::runtime {
@@ -186,7 +186,7 @@ TEST(Trainer, ResumesACustomModelBitwiseExactly) {
     full = trainer.fit(*net, *data, step);
   }
   EXPECT_EQ(full.steps, 6);
-  EXPECT_EQ(calls, 6 + 2);  // and the memory plan's probe (runtime/memory_plan.h) twice
+  EXPECT_EQ(calls, 6 + 2);  // and the memory plan's probe (runtime/memory/memory_plan.h) twice
   ASSERT_TRUE(full.eval);
   EXPECT_EQ(full.eval->count, 10);
   TrainResult resumed;

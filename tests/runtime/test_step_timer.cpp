@@ -1,13 +1,13 @@
-// Tests for runtime/step_timer.h and runtime/run_log.h: the phase sums, the breakdown that leaves out the
-// run's first step, the median, per-bucket means, and the JSONL records' documented fields.
+// Tests for runtime/telemetry/step_timer.h and runtime/telemetry/run_log.h: the phase sums, the breakdown that leaves
+// out the run's first step, the median, per-bucket means, and the JSONL records' documented fields.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 
-#include "runtime/run_log.h"
-#include "runtime/step_timer.h"
+#include "runtime/telemetry/run_log.h"
+#include "runtime/telemetry/step_timer.h"
 #include "test_util.h"
 
 namespace ringtrain::runtime {

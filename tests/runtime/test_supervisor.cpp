@@ -1,7 +1,7 @@
-// Tests for runtime/supervisor.h: the elastic supervisor's decisions — hostfiles, mpirun arguments, the
+// Tests for runtime/tools/supervisor.h: the elastic supervisor's decisions — hostfiles, mpirun arguments, the
 // training command's flags, the world of a relaunch (the global batch kept), event lines and the verdict
 // on a failure. The processes themselves are tests/apps/elastic.sh's and the cluster "elastic" scenario's.
-#include "runtime/supervisor.h"
+#include "runtime/tools/supervisor.h"
 
 #include <gtest/gtest.h>
 

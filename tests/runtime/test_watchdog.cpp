@@ -1,4 +1,4 @@
-// Tests for runtime/watchdog.h: a phase older than the timeout is reported once, naming the step, the
+// Tests for runtime/cluster/watchdog.h: a phase older than the timeout is reported once, naming the step, the
 // phase and whether this rank is behind or waiting; phases that keep moving never fire; 0 turns it off.
 #include <gtest/gtest.h>
 
@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "comm/world.h"
-#include "runtime/watchdog.h"
+#include "runtime/cluster/watchdog.h"
 
 namespace ringtrain::runtime {
 namespace {

@@ -1,0 +1,100 @@
+// runtime/cluster/fault_injection.cpp: RINGTRAIN_INJECT parsing and the faults themselves.
+#include "runtime/cluster/fault_injection.h"
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+#include <vector>
+
+#include "core/check.h"
+
+namespace ringtrain::runtime {
+namespace {
+
+int64_t parse_count(const std::string& text, const std::string& whole, const char* field, int64_t max) {
+  const bool digits = !text.empty() && text.size() <= 18 && text.find_first_not_of("0123456789") == std::string::npos;
+  if (!digits || std::stoll(text) > max)
+    RT_THROW("RINGTRAIN_INJECT: ", field, " must be a number from 0 to ", max, ", got '", text, "' in '", whole,
+             "' (expected KIND:RANK:STEP, e.g. throw:1:2)");
+  return std::stoll(text);
+}
+
+}  // namespace
+
+FaultInjection FaultInjection::parse(const std::string& s, int64_t this_attempt) {
+  std::vector<std::string> fields;
+  for (size_t from = 0;;) {
+    const size_t colon = s.find(':', from);
+    fields.push_back(s.substr(from, colon - from));
+    if (colon == std::string::npos) break;
+    from = colon + 1;
+  }
+  RT_CHECK(fields.size() == 3 || fields.size() == 4,
+           "RINGTRAIN_INJECT: expected KIND:RANK:STEP[:ATTEMPT] (e.g. throw:1:2), got '", s, "'");
+  FaultInjection f;
+  const std::string& kind = fields[0];
+  if (kind == "throw")
+    f.kind = Kind::Throw;
+  else if (kind == "desync")
+    f.kind = Kind::Desync;
+  else if (kind == "hang")
+    f.kind = Kind::Hang;
+  else if (kind == "hang-checkpoint")
+    f.kind = Kind::HangCheckpoint;
+  else
+    RT_THROW("RINGTRAIN_INJECT: unknown kind '", kind, "' in '", s,
+             "' (expected throw, desync, hang or hang-checkpoint)");
+  f.rank = static_cast<int>(parse_count(fields[1], s, "RANK", 1 << 24));
+  f.step = parse_count(fields[2], s, "STEP", int64_t{1} << 40);
+  RT_CHECK(f.step >= 1, "RINGTRAIN_INJECT: STEP counts optimizer steps from 1, got 0 in '", s, "'");
+  if (fields.size() == 4) f.attempt = parse_count(fields[3], s, "ATTEMPT", 1 << 20);
+  RT_CHECK(f.kind != Kind::HangCheckpoint || f.rank == 0,
+           "RINGTRAIN_INJECT: hang-checkpoint needs RANK 0 (rank 0 alone writes checkpoints), got '", s, "'");
+  f.this_attempt = this_attempt;
+  return f;
+}
+
+FaultInjection FaultInjection::from_env() {
+  int64_t attempt = 0;
+  if (const char* restart = std::getenv("RINGTRAIN_RESTART")) {
+    const std::string text = restart;
+    RT_CHECK(!text.empty() && text.size() <= 9 && text.find_first_not_of("0123456789") == std::string::npos,
+             "RINGTRAIN_RESTART must be a restart count (0, 1, ...), got '", text, "'");
+    attempt = std::stoll(text);
+  }
+  const char* text = std::getenv("RINGTRAIN_INJECT");
+  return text && *text ? parse(text, attempt) : FaultInjection{};  // set but empty: off
+}
+
+void FaultInjection::check_world(int world_size) const {
+  RT_CHECK(kind == Kind::None || rank < world_size, "RINGTRAIN_INJECT: rank ", rank, " does not exist: this job has ",
+           world_size, " rank(s) (0 to ", world_size - 1, "), so the fault would never fire");
+}
+
+int64_t FaultInjection::after_step(int rank_here, int64_t step_now) const {
+  if (!fires(rank_here, step_now)) return step_now;
+  switch (kind) {
+    case Kind::Throw:
+      RT_THROW("injected failure at step ", step_now);
+    case Kind::Desync:
+      return step_now + 1;
+    case Kind::Hang:
+      std::this_thread::sleep_for(std::chrono::hours(1));
+      return step_now;
+    case Kind::HangCheckpoint:
+    case Kind::None:
+      break;
+  }
+  return step_now;
+}
+
+void FaultInjection::in_checkpoint_write(int rank_here, int64_t step_now) const {
+  if (kind != Kind::HangCheckpoint || !armed(rank_here, step_now)) return;
+  std::fprintf(stderr, "ringtrain: injected hang inside the write of the step-%lld checkpoint (RINGTRAIN_INJECT)\n",
+               static_cast<long long>(step_now));
+  std::fflush(stderr);
+  std::this_thread::sleep_for(std::chrono::hours(1));
+}
+
+}  // namespace ringtrain::runtime

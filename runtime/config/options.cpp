@@ -1,0 +1,235 @@
+// runtime/config/options.cpp: the names of the options' enums, their JSON form, their checks and the ranks'
+// agreement.
+#include "runtime/config/options.h"
+
+#include "runtime/cluster/gpu_choice.h"
+
+#include <cmath>
+
+#include "core/check.h"
+
+namespace ringtrain::runtime {
+
+using json = nlohmann::json;
+
+// ---------------------------------------------------------------------------------------------------
+// Names of the choices, as the flags and the checkpoints' config spell them.
+
+namespace {
+
+template <typename E>
+struct Named {
+  const char* name;
+  E value;
+};
+
+constexpr Named<OptimizerKind> kOptimizers[] = {{"sgd", OptimizerKind::Sgd}, {"adamw", OptimizerKind::AdamW}};
+constexpr Named<LrShape> kShapes[] = {{"cosine", LrShape::Cosine},
+                                      {"step", LrShape::Step},
+                                      {"multistep", LrShape::MultiStep},
+                                      {"constant", LrShape::Constant}};
+constexpr Named<LrScaling> kScalings[] = {{"none", LrScaling::None}, {"linear", LrScaling::Linear}};
+constexpr Named<Precision> kPrecisions[] = {
+    {"fp32", Precision::FP32}, {"bf16", Precision::BF16}, {"fp16", Precision::FP16}};
+constexpr Named<DeviceChoice> kDevices[] = {
+    {"auto", DeviceChoice::Auto}, {"cpu", DeviceChoice::Cpu}, {"cuda", DeviceChoice::Cuda}};
+constexpr Named<bool> kOnOff[] = {{"on", true}, {"off", false}};
+constexpr Named<ProgressStyle> kProgress[] = {
+    {"auto", ProgressStyle::Auto}, {"bar", ProgressStyle::Bar}, {"lines", ProgressStyle::Lines}};
+
+template <typename E, size_t N>
+const char* name_in(const Named<E> (&table)[N], E v) {
+  for (const auto& n : table)
+    if (n.value == v) return n.name;
+  return "?";
+}
+
+template <typename E, size_t N>
+E parse_in(const Named<E> (&table)[N], const std::string& text, const std::string& flag) {
+  std::string names;
+  for (const auto& n : table) {
+    if (text == n.name) return n.value;
+    names += detail::str_cat(names.empty() ? "" : ", ", n.name);
+  }
+  RT_THROW(flag, ": '", text, "' is not one of ", names);
+}
+
+}  // namespace
+
+const char* name_of(OptimizerKind v) { return name_in(kOptimizers, v); }
+const char* name_of(LrShape v) { return name_in(kShapes, v); }
+const char* name_of(LrScaling v) { return name_in(kScalings, v); }
+const char* name_of(Precision v) { return name_in(kPrecisions, v); }
+const char* name_of(DeviceChoice v) { return name_in(kDevices, v); }
+const char* name_of(ProgressStyle v) { return name_in(kProgress, v); }
+const char* name_of(PipelineSchedule s) { return s == PipelineSchedule::GPipe ? "gpipe" : "1f1b"; }
+const char* name_of(PipelineBalance b) { return b == PipelineBalance::Memory ? "memory" : "time"; }
+
+ProgressStyle parse_progress(const std::string& text) {
+  if (text == "auto") return ProgressStyle::Auto;
+  if (text == "bar") return ProgressStyle::Bar;
+  if (text == "lines") return ProgressStyle::Lines;
+  RT_THROW("--progress must be auto, bar or lines, got '", text, "'");
+}
+
+PipelineSchedule parse_pipeline_schedule(const std::string& text, const std::string& flag) {
+  if (text == "1f1b") return PipelineSchedule::OneFOneB;
+  if (text == "gpipe") return PipelineSchedule::GPipe;
+  RT_THROW(flag, ": '", text, "' is not one of 1f1b, gpipe");
+}
+
+PipelineBalance parse_pipeline_balance(const std::string& text, const std::string& flag) {
+  if (text == "time") return PipelineBalance::Time;
+  if (text == "memory") return PipelineBalance::Memory;
+  RT_THROW(flag, ": '", text, "' is not one of time, memory");
+}
+OptimizerKind parse_optimizer(const std::string& t, const std::string& flag) { return parse_in(kOptimizers, t, flag); }
+LrShape parse_lr_shape(const std::string& t, const std::string& flag) { return parse_in(kShapes, t, flag); }
+LrScaling parse_lr_scaling(const std::string& t, const std::string& flag) { return parse_in(kScalings, t, flag); }
+Precision parse_precision(const std::string& t, const std::string& flag) { return parse_in(kPrecisions, t, flag); }
+DeviceChoice parse_device_choice(const std::string& t, const std::string& flag) { return parse_in(kDevices, t, flag); }
+const char* on_off(bool v) { return name_in(kOnOff, v); }
+bool parse_on_off(const std::string& t, const std::string& flag) { return parse_in(kOnOff, t, flag); }
+
+const char* compression_name(comm::Compression c) {
+  switch (c) {
+    case comm::Compression::None:
+      return "none";
+    case comm::Compression::BF16:
+      return "bf16";
+    case comm::Compression::F16:
+      return "fp16";
+  }
+  return "?";
+}
+
+std::optional<DType> autocast_type(Precision p) {
+  if (p == Precision::FP32) return std::nullopt;
+  return p == Precision::BF16 ? DType::BF16 : DType::F16;
+}
+
+json TrainerOptions::to_json() const {
+  json j{{"model", model_name},
+         {"batch_size", batch},
+         {"epochs", epochs},
+         {"steps", steps},
+         {"accum_steps", accum},
+         {"seed", seed},
+         {"optimizer", name_of(optimizer)},
+         {"lr", lr},
+         {"momentum", momentum},
+         {"wd", wd},
+         {"nesterov", nesterov},
+         {"warmup_epochs", warmup_epochs},
+         {"lr_schedule", name_of(lr_schedule)},
+         {"lr_step_epochs", lr_step_epochs},
+         {"lr_milestones", lr_milestones},
+         {"lr_gamma", lr_gamma},
+         {"lr_scaling", name_of(lr_scaling)},
+         {"label_smoothing", label_smoothing},
+         {"device", name_of(device)},
+         {"precision", name_of(precision)},
+         {"tf32", on_off(tf32)},
+         {"backend", backend ? comm::backend_name(*backend) : "auto"},
+         {"bucket_mb", bucket_mb},
+         {"compression", compression_name(compression)},
+         {"sync_bn", sync_bn},
+         {"clip_grad_norm", clip_grad_norm}};
+  // How the model is spread over the ranks and what it keeps, not what it computes: recorded, and
+  // changeable on resume.
+  if (recompute) j["recompute"] = true;
+  if (pipeline_stages > 1)
+    j["pipeline"] = {{"stages", pipeline_stages},
+                     {"split", pipeline_split},
+                     {"schedule", name_of(pipeline_schedule)},
+                     {"balance", name_of(pipeline_balance)},
+                     {"recompute", pipeline_recompute}};
+  for (const auto& [key, value] : app_config.items()) j[key] = value;
+  if (!flags.empty()) j["flags"] = flags;
+  return j;
+}
+
+void validate_options(const TrainerOptions& o) {
+  auto finite = [](double v) { return std::isfinite(v); };
+  RT_CHECK(o.batch >= 0, "--batch-size must be at least 1 (or auto), got ", o.batch);
+  RT_CHECK(o.global_batch >= 0, "--global-batch must be 0 (off) or more, got ", o.global_batch);
+  RT_CHECK(std::isfinite(o.wait_for_gpu) && o.wait_for_gpu >= 0,
+           "--wait-for-gpu must be 0 (no wait) or more minutes, got ", o.wait_for_gpu);
+  if (!o.gpus.empty()) parse_gpu_list(o.gpus);
+  RT_CHECK(o.max_memory >= 0, "--max-memory must be 0 (the free memory) or more, got ", o.max_memory);
+  RT_CHECK(o.batch > 0 || o.pipeline_stages == 1,
+           "-b auto needs one pipeline stage (the memory plan of --pipeline-stages is not predicted): give -b");
+  RT_CHECK(o.global_batch == 0 || o.accum == 1, "--global-batch chooses --accum-steps: give one of the two, not both");
+  RT_CHECK(o.epochs >= 1, "--epochs must be at least 1, got ", o.epochs);
+  RT_CHECK(o.steps >= 0, "--steps must be 0 (off) or more, got ", o.steps);
+  RT_CHECK(o.accum >= 1, "--accum-steps must be at least 1, got ", o.accum);
+  RT_CHECK(finite(o.lr) && o.lr > 0, "--lr must be a positive number, got ", o.lr);
+  RT_CHECK(finite(o.momentum) && o.momentum >= 0 && o.momentum <= 1, "--momentum must be in [0, 1], got ", o.momentum);
+  RT_CHECK(finite(o.wd) && o.wd >= 0, "--wd must be 0 or more, got ", o.wd);
+  RT_CHECK(finite(o.warmup_epochs) && o.warmup_epochs >= 0, "--warmup-epochs must be 0 or more, got ", o.warmup_epochs);
+  RT_CHECK(finite(o.lr_step_epochs) && o.lr_step_epochs > 0, "--lr-step-epochs must be positive, got ",
+           o.lr_step_epochs);
+  RT_CHECK(finite(o.lr_gamma) && o.lr_gamma > 0, "--lr-gamma must be positive, got ", o.lr_gamma);
+  RT_CHECK(finite(o.label_smoothing) && o.label_smoothing >= 0 && o.label_smoothing < 1,
+           "--label-smoothing must be in [0, 1), got ", o.label_smoothing);
+  RT_CHECK(o.threads >= 0 && o.loader_threads >= 0,
+           "--threads and --loader-threads must be 0 (automatic) or more, got ", o.threads, " and ", o.loader_threads);
+  RT_CHECK(finite(o.bucket_mb) && o.bucket_mb > 0, "--bucket-mb must be positive, got ", o.bucket_mb);
+  RT_CHECK(o.checkpoint_every >= 0, "--checkpoint-every must be 0 (every epoch) or more, got ", o.checkpoint_every);
+  RT_CHECK(finite(o.checkpoint_every_min) && o.checkpoint_every_min >= 0,
+           "--checkpoint-every-min must be 0 (off) or more minutes, got ", o.checkpoint_every_min);
+  RT_CHECK(o.keep_last >= 0, "--keep-last must be 0 (keep all) or more, got ", o.keep_last);
+  RT_CHECK(o.eval_every >= 1 && o.log_every >= 1 && o.trace_steps >= 1,
+           "--eval-every, --log-every and --trace-steps must be at least 1, got ", o.eval_every, ", ", o.log_every,
+           " and ", o.trace_steps);
+  RT_CHECK(finite(o.timeout) && o.timeout >= 0, "--timeout must be 0 (off) or more seconds, got ", o.timeout);
+  RT_CHECK(o.resume != "auto" || !o.checkpoint_dir.empty(),
+           "--resume auto needs --checkpoint-dir (the folder to take the newest checkpoint from)");
+  RT_CHECK(o.checkpoint_every == 0 || !o.checkpoint_dir.empty(), "--checkpoint-every ", o.checkpoint_every,
+           " needs --checkpoint-dir (where to write them)");
+  RT_CHECK(o.keep_last == 0 || !o.checkpoint_dir.empty(), "--keep-last needs --checkpoint-dir");
+  RT_CHECK(o.zero == 0 || o.zero == 1, "--zero must be 0 or 1, got ", o.zero);
+  RT_CHECK(o.zero == 0 || o.compression == comm::Compression::None, "--zero 1 does not combine with --compression");
+  RT_CHECK(finite(o.clip_grad_norm) && o.clip_grad_norm >= 0,
+           "--clip-grad-norm must be 0 (off) or a positive norm, got ", o.clip_grad_norm);
+  RT_CHECK(!o.start_over || !o.checkpoint_dir.empty(),
+           "--start-over needs --checkpoint-dir (the folder to start over in)");
+  RT_CHECK(!o.start_over || o.resume != "auto",
+           "--start-over does not combine with --resume auto: continue the folder's run with --resume auto, or start "
+           "a new one with --start-over");
+  RT_CHECK(o.lr_milestones.empty() || o.lr_schedule == LrShape::MultiStep, "--lr-milestones ", o.lr_milestones,
+           " applies to --lr-schedule multistep only, but the schedule is ", name_of(o.lr_schedule));
+  RT_CHECK(o.pipeline_stages >= 1, "--pipeline-stages must be at least 1, got ", o.pipeline_stages);
+  RT_CHECK(o.pipeline_split.empty() || o.pipeline_stages > 1, "--pipeline-split ", o.pipeline_split,
+           " needs --pipeline-stages 2 or more");
+  RT_CHECK(!o.pipeline_recompute || o.pipeline_stages > 1, "--pipeline-recompute needs --pipeline-stages 2 or more");
+  RT_CHECK(!o.recompute || !o.pipeline_recompute,
+           "--recompute and --pipeline-recompute: choose one (--pipeline-recompute keeps only each stage's input, "
+           "--recompute each block's)");
+  RT_CHECK(o.checkpoint_every_min == 0 || !o.checkpoint_dir.empty(), "--checkpoint-every-min ", o.checkpoint_every_min,
+           " needs --checkpoint-dir (where to write them)");
+}
+
+json rank_agreement(const TrainerOptions& o) {
+  nlohmann::json j = o.to_json();
+  j.erase("flags");  // the typed options above are what must agree (a rank's --threads may differ)
+  j["log_every"] = o.log_every;
+  j["eval_every"] = o.eval_every;
+  j["checkpoint_every"] = o.checkpoint_every;
+  j["checkpoint_every_min"] = o.checkpoint_every_min;
+  j["zero"] = o.zero;  // the collectives of a step differ
+  j["pipeline_stages"] = o.pipeline_stages;
+  j["pipeline_split"] = o.pipeline_split;
+  j["pipeline_schedule"] = name_of(o.pipeline_schedule);
+  j["pipeline_balance"] = name_of(o.pipeline_balance);
+  j["pipeline_recompute"] = o.pipeline_recompute;
+  j["trace_steps"] = o.trace_steps;
+  j["check"] = o.check;
+  j["timeout"] = o.timeout;  // a watchdog of its own on some ranks but not others makes a collective differ
+  for (const auto& [key, path] : {std::pair{"checkpoint_dir", &o.checkpoint_dir}, std::pair{"log_jsonl", &o.log_jsonl},
+                                  std::pair{"trace", &o.trace}})
+    j[key] = path->empty() ? "(unset)" : "(set)";
+  return j;
+}
+
+}  // namespace ringtrain::runtime

@@ -1,0 +1,141 @@
+// runtime/tools/job_view.cpp: reading a growing JSONL log, and the screen of the job it describes.
+#include "runtime/tools/job_view.h"
+
+#include <sys/stat.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+
+#include "core/allocator.h"
+#include "core/check.h"
+
+namespace ringtrain::runtime {
+
+using json = nlohmann::json;
+
+bool LogTail::poll() {
+  std::ifstream in(path_, std::ios::binary);
+  if (!in) return false;
+  in.seekg(0, std::ios::end);
+  const int64_t size = in.tellg();
+  if (size < offset_) {  // replaced by a new run's log: start over
+    offset_ = 0;
+    partial_.clear();
+    last_.clear();
+  }
+  in.seekg(offset_);
+  std::string chunk(static_cast<size_t>(size - offset_), '\0');
+  in.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
+  offset_ = size;
+  partial_ += chunk;
+  size_t start = 0;
+  for (size_t end; (end = partial_.find('\n', start)) != std::string::npos; start = end + 1) {
+    const json record = json::parse(partial_.begin() + static_cast<std::ptrdiff_t>(start),
+                                    partial_.begin() + static_cast<std::ptrdiff_t>(end), nullptr, false);
+    if (record.is_object() && record.contains("type") && record["type"].is_string())
+      last_[record["type"].get<std::string>()] = record;
+  }
+  partial_.erase(0, start);
+  return true;
+}
+
+double LogTail::seconds_since_change() const {
+  struct stat st {};
+  if (::stat(path_.c_str(), &st) != 0) return 0;
+  const double modified = static_cast<double>(st.st_mtim.tv_sec) + 1e-9 * static_cast<double>(st.st_mtim.tv_nsec);
+  const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  return std::max(0.0, now - modified);
+}
+
+namespace {
+
+double number(const json& j, const char* key, double otherwise = NAN) {
+  return j.contains(key) && j[key].is_number() ? j[key].get<double>() : otherwise;
+}
+
+std::string bytes(double b) { return std::isfinite(b) ? format_bytes(static_cast<int64_t>(b)) : std::string("?"); }
+
+}  // namespace
+
+std::string render_job_view(const std::map<std::string, json>& last, double age_s) {
+  std::string out;
+  char line[512];
+  const auto plan = last.find("plan");
+  if (plan == last.end()) return "no plan record yet: the job has not started training\n";
+  const json& p = plan->second;
+  std::snprintf(line, sizeof line,
+                "ringtrain job: %s on %s, %d rank(s) on %d node(s), %s, batch %lld x %lld accum = %lld global\n",
+                p.value("arch", "?").c_str(), p.value("device", "?").c_str(), p.value("world_size", 0),
+                p.value("nodes", 0), p.value("backend", "?").c_str(), p.value("batch_size", 0LL),
+                p.value("accum_steps", 1LL), p.value("global_batch", 0LL));
+  out += line;
+  if (p.contains("predicted_peak_mem_bytes")) {
+    out += "memory: predicted peak " + bytes(number(p, "predicted_peak_mem_bytes")) + " per rank";
+    if (p.contains("memory") && p["memory"].contains("budget_bytes_by_rank") &&
+        !p["memory"]["budget_bytes_by_rank"].empty())
+      out += ", budget " + bytes(p["memory"]["budget_bytes_by_rank"][0].get<double>()) + " (rank 0)";
+    out += "\n";
+  }
+  const double total = number(p, "total_steps", 0);
+  if (const auto t = last.find("train"); t != last.end()) {
+    const json& r = t->second;
+    const double step = number(r, "step", 0);
+    std::snprintf(line, sizeof line, "step %.0f", step);
+    out += line;
+    if (total > 0) {
+      std::snprintf(line, sizeof line, "/%.0f (%.0f%%)", total, 100 * step / total);
+      out += line;
+    }
+    std::snprintf(line, sizeof line, ", epoch %.0f: loss %.4f, lr %.4g, %.0f img/s\n", number(r, "epoch", 0) + 1,
+                  number(r, "loss"), number(r, "lr"), number(r, "img_per_s"));
+    out += line;
+    if (r.contains("time") && r["time"].is_object()) {
+      const json& tm = r["time"];
+      const double parts[5] = {number(tm, "data_wait", 0), number(tm, "forward", 0), number(tm, "backward", 0),
+                               number(tm, "exposed_comm", 0), number(tm, "optimizer", 0)};
+      std::snprintf(line, sizeof line,
+                    "step time %.3f s = data %.3f + forward %.3f + backward %.3f + comm %.3f + optimizer %.3f\n",
+                    parts[0] + parts[1] + parts[2] + parts[3] + parts[4], parts[0], parts[1], parts[2], parts[3],
+                    parts[4]);
+      out += line;
+    }
+  } else {
+    out += "no step reported yet\n";
+  }
+  if (const auto e = last.find("eval"); e != last.end()) {
+    const json& r = e->second;
+    std::snprintf(line, sizeof line, "evaluation at step %.0f: top-1 %.2f%%, top-5 %.2f%%, loss %.4f\n",
+                  number(r, "step", 0), 100 * number(r, "test_top1"), 100 * number(r, "test_top5"),
+                  number(r, "test_loss"));
+    out += line;
+  }
+  if (const auto g = last.find("gpu"); g != last.end() && g->second.contains("samples")) {
+    out += "rank   gpu   memory                       temp    power\n";
+    for (const json& s : g->second["samples"]) {
+      std::snprintf(line, sizeof line, "%4d  %3.0f%%   %-11s of %-11s   %3.0fC  %5.0f W\n", s.value("rank", -1),
+                    number(s, "util_pct"), bytes(number(s, "mem_used_bytes")).c_str(),
+                    bytes(number(s, "mem_total_bytes")).c_str(), number(s, "temperature_c"), number(s, "power_w"));
+      out += line;
+    }
+  } else {
+    out += "no GPU readings (a CPU run, or no NVML)\n";
+  }
+  if (const auto s = last.find("summary"); s != last.end()) {
+    const json& r = s->second;
+    std::snprintf(line, sizeof line, "finished: %.0f steps in %.0f s, %.0f img/s, peak memory %s",
+                  number(r, "steps", 0), number(r, "elapsed_s", 0), number(r, "img_per_s", 0),
+                  bytes(number(r, "peak_mem_bytes")).c_str());
+    out += line;
+    if (r.contains("predicted_peak_mem_bytes"))
+      out += " (predicted " + bytes(number(r, "predicted_peak_mem_bytes")) + ")";
+    out += "\n";
+  } else {
+    std::snprintf(line, sizeof line, "running; the log last grew %.0f s ago\n", age_s);
+    out += line;
+  }
+  return out;
+}
+
+}  // namespace ringtrain::runtime
