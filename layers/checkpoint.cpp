@@ -9,6 +9,7 @@
 #include "core/check.h"
 #include "core/ops.h"
 #include "core/pack.h"
+#include "layers/model_state.h"
 
 namespace ringtrain {
 
@@ -54,26 +55,25 @@ struct CheckpointNode final : Node {
   BatchNormTape stats;  // the forward's batch statistics, which the recompute takes instead of reducing again
 
   std::vector<Tensor> apply(Tensor grad) override {
-    std::vector<Tensor> kept;
-    for (const Tensor& b : buffers) kept.push_back(b.clone());
-    const uint64_t now = rng_stream();
     Tensor in = saved->get();
     // Once unpacked the packed copy is not needed again, unless the graph is kept for another backward.
     if (!backward_retains_graph()) saved = nullptr;
     if (x_grad) in.set_requires_grad(true);
     Tensor out;
     {
-      EnableGradGuard grad_on;
-      AutocastGuard autocast(cast);
-      BatchNormTape::Scope replay(stats, BatchNormTape::Mode::kReplay);
-      set_rng_stream(stream);
-      out = fn(in);
+      // The running statistics move once (in the forward), and the generator goes on from where it is now.
+      ModelStateGuard untouched(buffers);
+      {
+        EnableGradGuard grad_on;
+        AutocastGuard autocast(cast);
+        BatchNormTape::Scope replay(stats, BatchNormTape::Mode::kReplay);
+        set_rng_stream(stream);
+        out = fn(in);
+      }
+      RT_CHECK(stats.replayed() == stats.size(), "checkpoint: the recompute ran ", stats.replayed(),
+               " training-mode batch norms but the forward it repeats ran ", stats.size(),
+               " (a recomputed block must run the same ops from the same input)");
     }
-    set_rng_stream(now);
-    RT_CHECK(stats.replayed() == stats.size(), "checkpoint: the recompute ran ", stats.replayed(),
-             " training-mode batch norms but the forward it repeats ran ", stats.size(),
-             " (a recomputed block must run the same ops from the same input)");
-    for (size_t k = 0; k < buffers.size(); ++k) Tensor(buffers[k]).copy_(kept[k]);
     // The parameters' gradients accumulate (and their ready hooks fire: the all-reduce) in this inner
     // backward; the node hands back x's only. The output's gradient is passed on, not kept: it goes as
     // soon as the block's last op has used it.

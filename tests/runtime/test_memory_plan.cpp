@@ -198,6 +198,38 @@ TEST(MemoryPlan, ProbeGrowsWithTheBatchAndLeavesTheModelAsItWas) {
   EXPECT_EQ(probe_activations(o, Device::cpu(), *model, info, {}).per_image, plain.per_image);
 }
 
+// A step function that fails after its forward (and a backward of its own) mid-probe: the probe's error
+// reaches the caller, and the model is as it was (statistics, generator, gradients), so that a run that
+// warns and goes on without a plan trains the model it was given.
+TEST(MemoryPlan, ProbeThatThrowsLeavesTheModelAsItWas) {
+  manual_seed(4);
+  auto model = std::make_shared<ResNet>("resnet20", ResNetOptions{.num_classes = 10});
+  model->to(Device::cpu());
+  model->train();
+  DataInfo info;
+  info.height = info.width = 16;
+  info.channels = 3;
+  info.classes = 10;
+  std::vector<Tensor> before;
+  for (const auto& [n, b] : model->named_buffers()) before.push_back(b.clone());
+  const uint64_t stream = rng_stream();
+  int calls = 0;
+  const StepFn failing = [&](Module& m, const data::Batch& batch) -> Tensor {
+    Tensor loss = CrossEntropyLoss()(m(batch.images), batch.labels);
+    if (++calls == 2) {  // the second pass's forward: the first pass's gradients are there by now
+      loss.backward();
+      RT_THROW("the step function failed after its forward");
+    }
+    return loss;
+  };
+  EXPECT_THROW(probe_activations(sgd(4), Device::cpu(), *model, info, failing), Error);
+  EXPECT_EQ(calls, 2);
+  EXPECT_EQ(rng_stream(), stream);
+  const auto after = model->named_buffers();
+  for (size_t i = 0; i < after.size(); ++i) EXPECT_TRUE(same_bits(after[i].second, before[i])) << after[i].first;
+  for (const auto& [n, p] : model->named_parameters()) EXPECT_FALSE(p.grad().defined()) << n;
+}
+
 // Device memory that is never touched: distinct addresses for the caching allocator (CUDA's, core/allocator.h).
 class AddressBackend final : public RawBackend {
  public:
