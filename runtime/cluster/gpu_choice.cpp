@@ -1,8 +1,7 @@
-// runtime/cluster/gpu_choice.cpp: NVML's inventory through dlsym (its ABI structs mirrored, as in gpu_monitor.cpp),
+// runtime/cluster/gpu_choice.cpp: NVML's inventory (runtime/cluster/nvml.h),
 // CUDA_VISIBLE_DEVICES, the lock files and the choice.
 #include "runtime/cluster/gpu_choice.h"
 
-#include <dlfcn.h>
 #include <fcntl.h>
 #include <pwd.h>
 #include <sys/file.h>
@@ -17,102 +16,16 @@
 #include <span>
 #include <sstream>
 #include <thread>
-#include <type_traits>
 
 #include "comm/host_collectives.h"
 #include "comm/world.h"
 #include "core/allocator.h"
 #include "core/check.h"
+#include "runtime/cluster/nvml.h"
 
 namespace ringtrain::runtime {
 
 namespace {
-
-struct NvmlMemory {
-  unsigned long long total, free, used;
-};
-struct NvmlUtilization {
-  unsigned int gpu, memory;
-};
-struct NvmlPciInfo {  // nvmlPciInfo_t (v3)
-  char bus_id_legacy[16];
-  unsigned int domain, bus, device, pci_device_id, pci_subsystem_id;
-  char bus_id[32];
-};
-struct NvmlProcessInfo {  // nvmlProcessInfo_v2_t / _v3_t
-  unsigned int pid;
-  unsigned long long used_gpu_memory;
-  unsigned int gpu_instance_id, compute_instance_id;
-};
-constexpr int kInsufficientSize = 7;
-
-// The entry points, resolved from the library; the optional ones may be null.
-struct Nvml {
-  void* handle = nullptr;
-  int (*init)() = nullptr;
-  int (*shutdown)() = nullptr;
-  const char* (*error_string)(int) = nullptr;
-  int (*count)(unsigned int*) = nullptr;
-  int (*by_index)(unsigned int, void**) = nullptr;
-  int (*uuid)(void*, char*, unsigned int) = nullptr;
-  int (*name)(void*, char*, unsigned int) = nullptr;
-  int (*pci)(void*, NvmlPciInfo*) = nullptr;
-  int (*memory)(void*, NvmlMemory*) = nullptr;
-  int (*utilization)(void*, NvmlUtilization*) = nullptr;
-  int (*processes)(void*, unsigned int*, NvmlProcessInfo*) = nullptr;
-  int (*ecc)(void*, int, int, unsigned long long*) = nullptr;  // optional
-  int (*throttle)(void*, unsigned long long*) = nullptr;       // optional
-  std::string error;
-
-  explicit Nvml(std::string library) {
-    if (library.empty()) {
-      const char* env = std::getenv("RINGTRAIN_NVML_LIBRARY");
-      library = env && *env ? env : "libnvidia-ml.so.1";
-    }
-    handle = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (!handle) {
-      const char* why = dlerror();
-      error = "NVML library '" + library + "' not loaded: " + (why ? why : "unknown error");
-      return;
-    }
-    std::string missing;
-    auto need = [&](const char* symbol, auto& out) {
-      out = reinterpret_cast<std::remove_reference_t<decltype(out)>>(dlsym(handle, symbol));
-      if (!out && missing.empty()) missing = symbol;
-    };
-    auto either = [&](const char* first, const char* second, auto& out) {
-      out = reinterpret_cast<std::remove_reference_t<decltype(out)>>(dlsym(handle, first));
-      if (!out && second) out = reinterpret_cast<std::remove_reference_t<decltype(out)>>(dlsym(handle, second));
-    };
-    need("nvmlInit_v2", init);
-    need("nvmlShutdown", shutdown);
-    need("nvmlErrorString", error_string);
-    need("nvmlDeviceGetCount_v2", count);
-    need("nvmlDeviceGetHandleByIndex_v2", by_index);
-    need("nvmlDeviceGetUUID", uuid);
-    need("nvmlDeviceGetName", name);
-    need("nvmlDeviceGetPciInfo_v3", pci);
-    need("nvmlDeviceGetMemoryInfo", memory);
-    need("nvmlDeviceGetUtilizationRates", utilization);
-    either("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2", processes);
-    if (!processes && missing.empty()) missing = "nvmlDeviceGetComputeRunningProcesses_v3";
-    either("nvmlDeviceGetTotalEccErrors", nullptr, ecc);
-    either("nvmlDeviceGetCurrentClocksThrottleReasons", "nvmlDeviceGetCurrentClocksEventReasons", throttle);
-    if (!missing.empty()) {
-      error = "NVML library '" + library + "' lacks " + missing;
-      return;
-    }
-    if (const int rc = init(); rc != 0) {
-      error = std::string("nvmlInit failed: ") + error_string(rc);
-      shutdown = nullptr;
-    }
-  }
-  ~Nvml() {
-    if (error.empty() && shutdown) shutdown();
-    if (handle) dlclose(handle);
-  }
-  std::string why(const char* what, int rc) const { return std::string(what) + ": " + error_string(rc); }
-};
 
 // The user running `pid`, from /proc ("?" when this host's /proc does not show it).
 std::string user_of(unsigned pid) {
@@ -158,7 +71,7 @@ GpuInfo read_device(const Nvml& nvml, unsigned index) {
   std::vector<NvmlProcessInfo> procs(8);
   auto n = static_cast<unsigned int>(procs.size());
   int rc = nvml.processes(device, &n, procs.data());
-  if (rc == kInsufficientSize) {
+  if (rc == kNvmlInsufficientSize) {
     procs.resize(n + 8);
     n = static_cast<unsigned int>(procs.size());
     rc = nvml.processes(device, &n, procs.data());
@@ -198,9 +111,9 @@ std::string GpuInfo::throttle_text() const {
 
 GpuInventory read_gpu_inventory(const std::string& library) {
   GpuInventory inv;
-  const Nvml nvml(library);
-  if (!nvml.error.empty()) {
-    inv.error = nvml.error;
+  const Nvml nvml(Nvml::Use::Inventory, library);
+  if (!nvml.ok()) {
+    inv.error = nvml.error();
     return inv;
   }
   unsigned int count = 0;

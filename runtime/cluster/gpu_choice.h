@@ -1,4 +1,4 @@
-// runtime/cluster/gpu_choice.h: GPUs shared with other people's jobs (issue 36). Which GPUs this host has and who
+// runtime/cluster/gpu_choice.h: GPUs shared with other people's jobs. Which GPUs this host has and who
 // uses them (NVML, loaded at run time like runtime/telemetry/gpu_monitor.h: RINGTRAIN_NVML_LIBRARY or
 // libnvidia-ml.so.1), which of them this process's CUDA sees (CUDA_VISIBLE_DEVICES), and the choice of a
 // rank's GPU: a free one (no process of another job, little memory in use), never a busy one unless

@@ -1,13 +1,16 @@
 // runtime/telemetry/gpu_monitor.h: GPU telemetry (utilisation, memory, temperature, power) through NVML, loaded at
-// run time: no build dependency on the driver's library, and a machine without it simply has no
-// samples. The library is libnvidia-ml.so.1 unless RINGTRAIN_NVML_LIBRARY (or the constructor) names
-// another file. The device is found by PCI bus id, so CUDA_VISIBLE_DEVICES renumbering does not
+// run time (runtime/cluster/nvml.h): no build dependency on the driver's library, and a machine without it
+// simply has no samples. The library is libnvidia-ml.so.1 unless RINGTRAIN_NVML_LIBRARY (or the constructor)
+// names another file. The device is found by PCI bus id, so CUDA_VISIBLE_DEVICES renumbering does not
 // matter; without a bus id NVML's index is used.
 #pragma once
+#include <memory>
 #include <optional>
 #include <string>
 
-namespace ringtrain {
+#include "runtime/cluster/nvml.h"
+
+namespace ringtrain::runtime {
 
 // A field the device cannot report (NVML_ERROR_NOT_SUPPORTED) is NaN.
 struct GpuSample {
@@ -32,11 +35,9 @@ class GpuMonitor {
   std::optional<GpuSample> sample();
 
  private:
-  struct Api;
-  void* handle_ = nullptr;  // dlopen handle
-  Api* api_ = nullptr;
+  std::unique_ptr<Nvml> nvml_;
   void* device_ = nullptr;  // nvmlDevice_t
   std::string reason_;
 };
 
-}  // namespace ringtrain
+}  // namespace ringtrain::runtime

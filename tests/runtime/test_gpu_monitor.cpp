@@ -6,7 +6,7 @@
 
 #include "runtime/telemetry/gpu_monitor.h"
 
-namespace ringtrain {
+namespace ringtrain::runtime {
 namespace {
 
 TEST(GpuMonitor, MissingLibraryIsReportedNotThrown) {
@@ -59,4 +59,4 @@ TEST(GpuMonitor, LibraryWithoutNvmlSymbolsNamesTheMissingOne) {
 }
 
 }  // namespace
-}  // namespace ringtrain
+}  // namespace ringtrain::runtime
