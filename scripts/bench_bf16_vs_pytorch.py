@@ -12,7 +12,7 @@ side by side in time), then their median over the rounds. The peer is PyTorch 2.
 --peer-python (default /opt/torch2/bin/python) exists, else Debian's PyTorch 1.13:
   python3 -m venv /opt/torch2 && /opt/torch2/bin/pip install torch==2.15.0 numpy   (about 5.5 GB)
 
-The goal (issue 35): on a CPU with bf16 instructions (avx512_bf16 or AMX), ringtrain bf16 at most 0.85x
+The goal: on a CPU with bf16 instructions (avx512_bf16 or AMX), ringtrain bf16 at most 0.85x
 PyTorch's bf16 step and faster than ringtrain fp32. The header says which instructions this CPU has and
 which path ringtrain's bf16 takes on it (core/cpu_features.h); without them it takes the f32 path, and
 the table shows what that costs.

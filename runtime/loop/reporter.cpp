@@ -113,7 +113,7 @@ void Reporter::add_loss(double loss) {
   last_loss_ = loss;
 }
 
-void Reporter::report(int64_t epoch, int64_t step, double lr, std::optional<double> grad_norm, const json& extra) {
+void Reporter::report(int64_t epoch, int64_t step, double lr, const json& extra) {
   double stats[2] = {interval_loss_, interval_weight_};  // the loss averaged over ranks
   comm::all_reduce(world_.comm(), std::span<double>(stats, 2));
   const double mean_loss = stats[0] / stats[1];
@@ -138,7 +138,7 @@ void Reporter::report(int64_t epoch, int64_t step, double lr, std::optional<doub
                                 .loss = mean_loss,
                                 .img_per_s = img_s,
                                 .time = timer_.interval_mean(),
-                                .grad_norm = grad_norm});
+                                .grad_norm = grad_norm_});
     if (extra.is_object()) record.update(extra);
     log_.write(record);
   }
@@ -153,6 +153,7 @@ void Reporter::end_epoch() const {
 }
 
 void Reporter::evaluated(int64_t epoch, int64_t step, const EvalResult& e) {
+  last_eval_ = e;
   if (!world_.is_root()) return;
   std::printf("epoch %lld: test top-1 %.2f%%  top-5 %.2f%%  loss %.4f  (%lld images)\n",
               static_cast<long long>(epoch + 1), 100 * e.top1, 100 * e.top5, e.loss, static_cast<long long>(e.count));
@@ -168,10 +169,10 @@ TrainResult Reporter::summarize(const Finish& f) {
   double last_loss = last_loss_;  // the last stage's, with pipeline stages
   if (loss_rank_ != 0) MPI_CHECK(MPI_Bcast(&last_loss, 1, MPI_DOUBLE, loss_rank_, world_.comm()));
   r.train_loss = last_loss;
-  r.eval = f.eval;
+  r.eval = last_eval_;
   r.img_per_s = static_cast<double>(r.steps_run * plan_.global_batch) / r.elapsed_s;
   r.median_step_s = timer_.median_step_s();
-  r.skipped_steps = f.skipped_steps;
+  r.skipped_steps = skipped_steps_;
   r.resumed_from = f.resumed_from;
   const double my_peak = peak_rss_bytes();
   // The tensors' part of it (the allocator's high-water mark): the rest is the process and the heap's gaps.
@@ -211,10 +212,10 @@ TrainResult Reporter::summarize(const Finish& f) {
     s.buckets.push_back({buckets[i].bytes, timer_.bucket_ready_s(i), timer_.bucket_allreduce_s(i)});
   s.precision = name_of(o_.precision);
   s.device = device_.str();
-  s.eval = f.eval;
+  s.eval = last_eval_;
   if (const auto& scaler = f.replica->scaler()) {
     s.loss_scale = scaler->scale();
-    s.skipped_steps = f.skipped_steps;
+    s.skipped_steps = skipped_steps_;
   }
   if (device_.is_cuda()) {
     s.peak_gpu_mem_bytes = peak_gpu;
@@ -223,7 +224,7 @@ TrainResult Reporter::summarize(const Finish& f) {
   log_.write(summary_record(s));
   std::printf("done: %lld steps in %s, %.0f img/s, final train loss %.4f", static_cast<long long>(f.at.step),
               format_duration(r.elapsed_s).c_str(), r.img_per_s, last_loss);
-  if (f.eval) std::printf(", test top-1 %.2f%% top-5 %.2f%%", 100 * f.eval->top1, 100 * f.eval->top5);
+  if (last_eval_) std::printf(", test top-1 %.2f%% top-5 %.2f%%", 100 * last_eval_->top1, 100 * last_eval_->top5);
   std::printf("\n");
   std::fflush(stdout);
   return r;

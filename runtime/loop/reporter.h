@@ -40,11 +40,14 @@ class Reporter {
                 const std::string& run_id, const std::vector<std::string>& data_warnings);
   // A micro-batch's loss: the finite ones make the interval's mean and the last loss.
   void add_loss(double loss);
+  // A step taken with --clip-grad-norm: its gradient norm before clipping, which the next report shows.
+  void add_grad_norm(double norm) { grad_norm_ = norm; }
+  // An f16 step skipped for non-finite gradients (the summary counts them).
+  void step_skipped() { ++skipped_steps_; }
   // Collective: the interval's loss averaged over ranks; rank 0 prints the progress and writes the train
   // record; then the gpu record. Starts the next interval.
   // `extra` (an object) is merged into the train record (a pipeline's per-stage figures).
-  void report(int64_t epoch, int64_t step, double lr, std::optional<double> grad_norm,
-              const nlohmann::json& extra = nullptr);
+  void report(int64_t epoch, int64_t step, double lr, const nlohmann::json& extra = nullptr);
   // Rank 0: a record of its own (--profile's) into the JSONL log.
   void write_record(const nlohmann::json& record);
   // Ends the epoch's bar line.
@@ -55,9 +58,8 @@ class Reporter {
   // What the summary needs from the loop.
   struct Finish {
     Cursor at;
-    int64_t first_step = 0, skipped_steps = 0;
+    int64_t first_step = 0;
     double elapsed_s = 0;
-    std::optional<EvalResult> eval;
     const Replica* replica = nullptr;
     std::string resumed_from;
   };
@@ -78,6 +80,9 @@ class Reporter {
   nlohmann::json memory_;  // the memory plan (runtime/memory/memory_plan.h), null when not predicted
   int loss_rank_ = 0;      // whose losses the closing line shows: the last pipeline stage's first replica
   double interval_loss_ = 0, interval_weight_ = 0, last_loss_ = 0;
+  std::optional<double> grad_norm_;  // of the last step taken (with --clip-grad-norm)
+  int64_t skipped_steps_ = 0;
+  std::optional<EvalResult> last_eval_;  // the summary's
   Clock::time_point interval_start_ = Clock::now();
 };
 

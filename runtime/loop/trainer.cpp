@@ -191,8 +191,20 @@ class Run {
   Cursor start();
   std::vector<CheckpointDir::Entry> claim_folder(const std::optional<Resumed>& resumed);
   void tidy_folder(const std::vector<CheckpointDir::Entry>& others, const std::optional<Resumed>& resumed);
-  EpochEnd train_epoch(int64_t epoch, Cursor at);
-  std::optional<bool> train_step(int64_t epoch, int64_t step, int64_t& micro);
+  // The last checkpoint this run wrote: its step (-1: none yet) and when (--checkpoint-every-min counts from
+  // it, or from the start).
+  struct Saved {
+    int64_t step = -1;
+    Clock::time_point when;
+  };
+  EpochEnd train_epoch(int64_t epoch, Cursor at, Saved& saved);
+  // How a step ended: whether it ran (no: the epoch's batches ran out first), and whether rank 0 asked for a
+  // checkpoint now (--checkpoint-every-min: its clock decides, the check-in tells every rank).
+  struct StepEnd {
+    bool ran = false;
+    bool checkpoint_asked = false;
+  };
+  StepEnd train_step(int64_t epoch, int64_t step, int64_t& micro, const Saved& saved);
   // One step's micro-batches: this rank's forwards and backwards (through the pipeline's stages with
   // --pipeline-stages). False when the epoch's batches ran out first.
   struct MicroTimes {
@@ -204,9 +216,8 @@ class Run {
   // Reads the pending losses (losses_): each into the report, a non-finite one (unscaled) as the error.
   void read_losses();
   void take_loss(const LossLog::Origin& at, double loss);
-  nlohmann::json pipeline_report();
   void evaluate_now(int64_t epoch, int64_t step);
-  void save(const Cursor& at);
+  Saved save(const Cursor& at);
 
   // What the run is, fixed at its start.
   comm::World& world_;
@@ -229,22 +240,15 @@ class Run {
   std::unique_ptr<Replica> replica_;
   std::unique_ptr<Reporter> reporter_;
   Trace trace_;
-  const json memory_;         // the memory plan's prediction (the plan record's), null with --pipeline-stages
-  uint64_t bucket_plan_ = 0;  // checked at every step's check-in
-  // What it has done.
-  std::string run_id_;                 // this run's identity, in every checkpoint it writes
+  const json memory_;  // the memory plan's prediction (the plan record's), null with --pipeline-stages
+  // Where it started, set once by start(): what every checkpoint it writes records.
+  std::string run_id_;                 // this run's identity
   bool steps_follow_position_ = true;  // false once a resume changed the global batch (TrainState)
   std::string resumed_from_;
-  int64_t first_step_ = 0, saved_step_ = -1, skipped_steps_ = 0;
-  double grad_norm_ = 0;  // of the last step taken, before clipping (with --clip-grad-norm)
-  // This stage's compute and step time since the last report (with --pipeline-stages).
-  double interval_busy_s_ = 0, interval_step_s_ = 0;
-  int64_t interval_held_bytes_ = 0;  // the most activation memory a step of the interval held
-  std::optional<EvalResult> last_eval_;
+  int64_t first_step_ = 0;
   // The losses since the host last read them: on the GPU, read at reports, checkpoints and epoch ends only.
   LossLog losses_{device_.is_cuda()};
-  std::unique_ptr<StepProfiler> profiler_;   // --profile: made when the first step is known
-  Clock::time_point run_start_, last_save_;  // rank 0's last_save_: --checkpoint-every-min counts from it
+  std::unique_ptr<StepProfiler> profiler_;  // --profile: made when the first step is known
 };
 
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
@@ -256,19 +260,20 @@ TrainResult Run::run() {
   model_.train();
   Cursor at = start();
   reporter_->announce(*replica_, threads_, at, resumed_from_, run_id_, data_.warnings());
-  run_start_ = last_save_ = Clock::now();
+  const Clock::time_point run_start = Clock::now();
+  Saved saved{.step = -1, .when = run_start};
   first_step_ = at.step;
   profiler_ =
       std::make_unique<StepProfiler>(device_, o_.profile_steps, first_step_, kProfileWarmupSteps, o_.profile_layers);
   for (int64_t epoch = at.position.epoch; epoch < plan_.epochs && !finished(at, plan_); ++epoch) {
-    const EpochEnd end = train_epoch(epoch, at);
+    const EpochEnd end = train_epoch(epoch, at, saved);
     at = end.at;
-    const AfterEpoch next = after_epoch(o_, plan_, epoch, finished(at, plan_), end.complete, saved_step_ == at.step);
+    const AfterEpoch next = after_epoch(o_, plan_, epoch, finished(at, plan_), end.complete, saved.step == at.step);
     if (next.evaluate) evaluate_now(epoch, at.step);
     for (const std::string& w : data_.take_decode_warnings())  // each rank of its own records
       std::fprintf(stderr, "%s: warning: rank %d, epoch %lld: %s; --strict refuses them\n", o_.program.c_str(),
                    world_.rank(), static_cast<long long>(epoch + 1), w.c_str());
-    if (next.checkpoint) save(at);
+    if (next.checkpoint) saved = save(at);
   }
   data_.stop();
   if (profiler_->on() && !profiler_->table() && world_.is_root())
@@ -279,13 +284,11 @@ TrainResult Run::run() {
                  static_cast<long long>(o_.profile_steps));
   if (at.step > first_step_) save(at);  // a finished run relaunched writes nothing new
   dog_.phase("summary (waiting for other ranks)", at.step);
-  const double elapsed_s = seconds(Clock::now() - run_start_);
+  const double elapsed_s = seconds(Clock::now() - run_start);
   trace_.write(world_);
   TrainResult result = reporter_->summarize({.at = at,
                                              .first_step = first_step_,
-                                             .skipped_steps = skipped_steps_,
                                              .elapsed_s = elapsed_s,
-                                             .eval = last_eval_,
                                              .replica = replica_.get(),
                                              .resumed_from = resumed_from_});
   // The collective teardown, on the success path only: destructors never communicate.
@@ -331,18 +334,6 @@ Cursor Run::start() {
   replica_ = std::make_unique<Replica>(world_, o_, device_, model_, step_fn_, from, scope);
   reporter_ = std::make_unique<Reporter>(world_, o_, device_, plan_, replica_->sync().buckets().size(),
                                          pipeline_ ? pipeline_->plan() : json(), memory_);
-  // Each stage has its own buckets: the check-in compares one hash of every stage's.
-  bucket_plan_ = bucket_plan_hash(replica_->sync().buckets());
-  if (pipeline_) {
-    const std::vector<int64_t> all =
-        comm::all_gather(world_.comm(), std::span<const int64_t>(reinterpret_cast<const int64_t*>(&bucket_plan_), 1));
-    uint64_t h = 1469598103934665603ull;
-    for (int s = 0; s < layout_.stages; ++s)
-      h = (h ^ static_cast<uint64_t>(all[static_cast<size_t>(layout_.rank_of(s, 0))])) * 1099511628211ull;
-    // A rank whose plan differs from its stage's first replica's differs from rank 0's hash too.
-    bucket_plan_ =
-        h ^ bucket_plan_ ^ static_cast<uint64_t>(all[static_cast<size_t>(layout_.rank_of(layout_.stage, 0))]);
-  }
   tidy_folder(others, resumed);
   if (!resumed) return Cursor{};
   resumed_from_ = resumed->path;
@@ -401,23 +392,23 @@ void Run::tidy_folder(const std::vector<CheckpointDir::Entry>& others, const std
 
 // One epoch's optimizer steps from `at`, until the run's last step or the epoch's last complete step, each
 // followed by its report and checkpoint where the cadence says.
-Run::EpochEnd Run::train_epoch(int64_t epoch, Cursor at) {
+Run::EpochEnd Run::train_epoch(int64_t epoch, Cursor at, Saved& saved) {
   sampler_.set_epoch(epoch);
   if (epoch == at.position.epoch && at.position.next_batch > 0) sampler_.restore(at.position);
   int64_t micro = sampler_.state().next_batch;  // the epoch's micro-batches taken
   if (!pipeline_ || pipeline_->reads_data()) data_.start_epoch(sampler_, epoch);
   replica_->zero_grad();
   while (!finished(at, plan_)) {
-    const std::optional<bool> checkpoint_requested = train_step(epoch, at.step, micro);
-    if (!checkpoint_requested) break;  // the epoch's batches ran out
+    const StepEnd step = train_step(epoch, at.step, micro, saved);
+    if (!step.ran) break;  // the epoch's batches ran out
     at = {at.step + 1, pipeline_ ? data::SamplerState{epoch, micro} : data_.position()};
     const AfterStep next =
-        after_step(o_, plan_, at.step, reporter_->steps_since_report(), reporter_->bar(), *checkpoint_requested);
+        after_step(o_, plan_, at.step, reporter_->steps_since_report(), reporter_->bar(), step.checkpoint_asked);
     if (next.report || next.checkpoint) read_losses();
     if (next.report)
       reporter_->report(epoch, at.step, schedule_.at(at.step - 1),
-                        o_.clip_grad_norm > 0 ? std::optional<double>(grad_norm_) : std::nullopt, pipeline_report());
-    if (next.checkpoint) save(at);
+                        pipeline_ ? pipeline_->interval_report(reporter_->steps_since_report()) : json());
+    if (next.checkpoint) saved = save(at);
   }
   read_losses();
   reporter_->end_epoch();
@@ -502,36 +493,17 @@ bool Run::run_pipelined(int64_t epoch, int64_t step, int64_t& micro, MicroTimes&
   time.forward += w.forward_s;
   time.backward += w.backward_s;
   time.exposed_comm += w.wait_s;  // waiting for the neighbours: the bubble (the check-in adds its own below)
-  interval_busy_s_ += w.busy_s;
-  interval_held_bytes_ = std::max(interval_held_bytes_, w.held_bytes);
   m.backward_start = w.backward_start;
   m.backward_end = w.backward_end;
   return true;
 }
 
-// Per stage (the first replica's): compute per step over the interval, and the share of the step it left idle.
-nlohmann::json Run::pipeline_report() {
-  if (!pipeline_) return json();
-  const auto n = static_cast<double>(std::max<int64_t>(1, reporter_->steps_since_report()));
-  const std::vector<double> busy = pipeline_->per_stage(interval_busy_s_ / n);
-  const std::vector<double> steps = pipeline_->per_stage(interval_step_s_ / n);
-  const std::vector<double> held = pipeline_->per_stage(static_cast<double>(interval_held_bytes_));
-  interval_busy_s_ = interval_step_s_ = 0;
-  interval_held_bytes_ = 0;
-  json bubble = json::array();
-  for (size_t s = 0; s < busy.size(); ++s) bubble.push_back(steps[s] > 0 ? 1.0 - busy[s] / steps[s] : 0.0);
-  return json{{"busy_s", busy},
-              {"bubble", bubble},
-              {"activation_bytes", held},
-              {"ideal_bubble", ideal_bubble(layout_.stages, static_cast<int>(plan_.accum))}};
-}
-
 // The accum micro-batches of one optimizer step (`step`: steps done before it), the step, and the ranks'
-// check-in. nullopt when the epoch's batches ran out first; else whether rank 0 asked for a checkpoint now.
-std::optional<bool> Run::train_step(int64_t epoch, int64_t step, int64_t& micro) {
+// check-in.
+Run::StepEnd Run::train_step(int64_t epoch, int64_t step, int64_t& micro, const Saved& saved) {
   MicroTimes m;
   profiler_->begin_step(step);
-  if (!run_micro_batches(epoch, step, micro, m)) return std::nullopt;
+  if (!run_micro_batches(epoch, step, micro, m)) return {};
   PhaseTimes& time = reporter_->timer().current();
   const Clock::time_point begin = m.begin, backward_start = m.backward_start, backward_end = m.backward_end;
   dog_.phase("gradient all-reduce (waiting for other ranks)", step);
@@ -542,16 +514,17 @@ std::optional<bool> Run::train_step(int64_t epoch, int64_t step, int64_t& micro)
   const auto t4 = Clock::now();
   dog_.phase("optimizer", step);
   const StepOutcome outcome = replica_->step(schedule_.at(step), step);
-  if (!outcome.took) ++skipped_steps_;
-  if (outcome.took && o_.clip_grad_norm > 0) grad_norm_ = outcome.grad_norm;
+  if (!outcome.took) reporter_->step_skipped();
+  if (outcome.took && o_.clip_grad_norm > 0) reporter_->add_grad_norm(outcome.grad_norm);
   const auto t5 = Clock::now();
   const int64_t done = step + 1;
   if (inject_.fires(world_.rank(), done)) dog_.phase("injected fault (RINGTRAIN_INJECT)", done);
   const int64_t reported = inject_.after_step(world_.rank(), done);
   dog_.phase("step check-in (waiting for other ranks)", done);
   // --checkpoint-every-min: rank 0's clock decides, and its decision reaches every rank in the check-in.
-  const bool want_checkpoint = world_.is_root() && time_checkpoint_due(o_, seconds(Clock::now() - last_save_));
-  const bool checkpoint_requested = check_in_step(world_, reported, bucket_plan_, want_checkpoint ? 1 : 0) > 0;
+  const bool want_checkpoint = world_.is_root() && time_checkpoint_due(o_, seconds(Clock::now() - saved.when));
+  const bool checkpoint_requested =
+      check_in_step(world_, reported, replica_->bucket_plan(), want_checkpoint ? 1 : 0) > 0;
   const auto t6 = Clock::now();
   if (world_.is_root()) comm::supervisor_event(json{{"event", "step"}, {"step", done}}.dump());
   const auto& buckets = replica_->sync().last_bucket_timings();
@@ -561,7 +534,7 @@ std::optional<bool> Run::train_step(int64_t epoch, int64_t step, int64_t& micro)
   trace_.span("step check-in", t5, t6, step);
   // The check-in waits for the slowest rank: exposed communication, not optimizer time.
   time.exposed_comm += seconds(t4 - backward_end) + seconds(t6 - t5);
-  interval_step_s_ += seconds(t6 - begin);
+  if (pipeline_) pipeline_->end_step(seconds(t6 - begin));
   time.optimizer = seconds(t5 - t4);
   reporter_->timer().end_step(seconds(t6 - begin), counts_in_breakdown(done, first_step_, plan_.total_steps),
                               backward_start, buckets);
@@ -570,7 +543,7 @@ std::optional<bool> Run::train_step(int64_t epoch, int64_t step, int64_t& micro)
     if (world_.is_root()) std::printf("%s", format_profile(table).c_str());
     reporter_->write_record(profile_record(table));
   }
-  return checkpoint_requested;
+  return {.ran = true, .checkpoint_asked = checkpoint_requested};
 }
 
 void Run::evaluate_now(int64_t epoch, int64_t step) {
@@ -578,8 +551,8 @@ void Run::evaluate_now(int64_t epoch, int64_t step) {
   if (!loader) return;
   replica_->average_buffers();  // without SyncBatchNorm the running statistics differ per rank
   if (pipeline_) {
-    last_eval_ = pipeline_->evaluate(loader, data_.info().test_size, o_.batch, o_.label_smoothing, step);
-    reporter_->evaluated(epoch, step, *last_eval_);
+    reporter_->evaluated(epoch, step,
+                         pipeline_->evaluate(loader, data_.info().test_size, o_.batch, o_.label_smoothing, step));
     return;
   }
   EvalOptions eo;
@@ -587,12 +560,11 @@ void Run::evaluate_now(int64_t epoch, int64_t step) {
   eo.label_smoothing = o_.label_smoothing;
   eo.on_batch = [&] { dog_.phase("evaluation", step); };
   eo.on_wait = [&] { dog_.phase("evaluation all-reduce (waiting for other ranks)", step); };
-  last_eval_ = evaluate(model_, *loader, data_.info().test_size, world_, eo);
-  reporter_->evaluated(epoch, step, *last_eval_);
+  reporter_->evaluated(epoch, step, evaluate(model_, *loader, data_.info().test_size, world_, eo));
 }
 
-void Run::save(const Cursor& at) {
-  if (!ckpt_.on()) return;
+Run::Saved Run::save(const Cursor& at) {
+  if (!ckpt_.on()) return {-1, Clock::now()};
   dog_.phase("checkpoint", at.step);
   replica_->wait_parameters();  // ZeRO-1: the last step's all-gather, left to the next forward
   // Rank 0's file must describe every rank: BatchNorm running statistics (per rank without SyncBN) are
@@ -634,168 +606,9 @@ void Run::save(const Cursor& at) {
     dog_.phase("checkpoint (waiting for other ranks: rank 0 writes it)", at.step);
   }
   comm::agree_or_throw(world_.comm(), error, "writing the checkpoint");
-  last_save_ = Clock::now();
-  saved_step_ = at.step;
   if (world_.is_root())
     comm::supervisor_event(json{{"event", "checkpoint"}, {"step", at.step}, {"path", written}}.dump());
-}
-
-// The memory plan (runtime/memory/memory_plan.h), collective: every rank probes what a micro-batch costs it; rank 0
-// resolves -b auto and --global-batch for every rank's budget, and refuses a run some rank's budget does not
-// hold (naming the remedies that fit) before anything else is built. Returns the plan record's part.
-json plan_memory(comm::World& world, TrainerOptions& o, Device device, Watchdog& dog, Module& model, DataSource& data,
-                 const StepFn& step_fn) {
-  // --global-batch with a given -b: the accumulation that makes it (with -b auto the plan chooses both).
-  if (o.global_batch > 0 && o.batch > 0) {
-    const int64_t per = o.batch * (world.size() / o.pipeline_stages);
-    if (o.global_batch % per != 0)
-      RT_THROW_PERMANENT("--global-batch ", o.global_batch, " is not a multiple of -b ", o.batch, " x ",
-                         world.size() / o.pipeline_stages, o.pipeline_stages > 1 ? " replicas" : " ranks");
-    o.accum = o.global_batch / per;
-  }
-  // A stage's memory is its blocks' (the pipeline's own plan measures them).
-  if (o.pipeline_stages > 1) return json();
-  dog.phase("startup: the memory plan (a forward and backward of a few images)", 0);
-  const auto plan_start = Clock::now();
-  const DataInfo& info = data.info();
-  MemoryFacts f;
-  int64_t budget = 0;
-  std::string error, budget_source;
-  try {
-    f.cuda = device.is_cuda();
-    f.peak_so_far = f.cuda ? 0 : static_cast<int64_t>(peak_rss_bytes());
-    for (const auto& [name, p] : model.named_parameters())
-      if (p.requires_grad()) f.param_bytes += p.nbytes();
-    f.image_bytes = info.height * info.width * info.channels * 4 + 8;
-    f.batches_in_flight = data.batches_in_flight();
-    const AllocatorStats before = memory_stats(device);
-    f.curve = probe_activations(o, device, model, info, step_fn);
-    if (f.cuda) {
-      f.baseline = before.allocated_bytes;  // the weights; the probe gave its cached blocks back (memory_plan.h)
-    } else {
-      // The heap keeps what tensors freed (core/allocator.h, cpu_malloc_reuse), so the resident set is what
-      // is not a tensor (libraries, their first-use buffers, the data) plus the tensors' high-water mark.
-      // The baseline is the first and the tensors held now (the weights): the run's tensors come on top.
-      // Without that reuse (RINGTRAIN_MALLOC_DEFAULTS=1) freed blocks go back: only the held ones are resident.
-      const int64_t high = cpu_malloc_reuse() ? std::max(before.peak_allocated_bytes, f.curve.high_water)
-                                              : memory_stats(device).allocated_bytes;
-      f.baseline = std::max<int64_t>(0, resident_bytes() - high) + memory_stats(device).allocated_bytes;
-    }
-    if (o.max_memory > 0) {
-      budget = o.max_memory;
-      budget_source = "--max-memory";
-    } else {
-      const FreeMemory free = f.cuda ? device_free_memory(device) : host_free_memory();
-      const int sharing = f.cuda ? 1 : world.local_size();
-      const int64_t held = f.cuda ? memory_stats(device).reserved_bytes : resident_bytes();
-      budget = rank_budget(free.bytes, held, sharing);
-      budget_source = detail::str_cat(free.str(), sharing > 1 ? detail::str_cat(" / ", sharing, " local ranks") : "");
-    }
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
-  // A model the probe cannot train (say, one that needs real labels) skips the plan, unless the run needs it.
-  const bool failed = comm::all_reduce(world.comm(), int64_t{error.empty() ? 0 : 1}, comm::HostOp::Max) > 0;
-  if (failed && o.batch > 0 && o.max_memory == 0) {
-    if (world.is_root())
-      std::fprintf(stderr, "%s: warning: no memory plan (no predicted peak, no budget check): %s\n", o.program.c_str(),
-                   error.empty() ? "its probe failed on another rank" : error.c_str());
-    return json();
-  }
-  comm::agree_or_throw(world.comm(), error, "the memory plan (which -b auto and --max-memory need)", true);
-  const int64_t mine[5] = {f.baseline, f.peak_so_far, f.curve.fixed, f.curve.per_image, budget};
-  const std::vector<int64_t> all = comm::all_gather(world.comm(), std::span<const int64_t>(mine, 5));
-  const auto n = static_cast<size_t>(world.size());
-  auto facts_of = [&](size_t r) {
-    MemoryFacts g = f;
-    g.baseline = all[5 * r];
-    g.peak_so_far = all[5 * r + 1];
-    g.curve = {all[5 * r + 2], all[5 * r + 3]};
-    return g;
-  };
-  // Rank 0 decides: the batch and accumulation, or the refusal.
-  int64_t decided[2] = {o.batch, o.accum};
-  error.clear();
-  if (world.is_root()) {
-    try {
-      if (o.batch == 0) {
-        const int64_t max_batch = std::max<int64_t>(1, info.train_size / world.size() / o.accum);
-        AutoBatch best{0, 1};
-        for (size_t r = 0; r < n; ++r) {
-          const AutoBatch b = choose_batch(o, facts_of(r), world.size(), all[5 * r + 4], max_batch);
-          if (best.batch == 0 || b.batch < best.batch) best = b;
-        }
-        decided[0] = best.batch;
-        decided[1] = best.accum;
-      }
-      TrainerOptions v = o;
-      v.batch = decided[0];
-      v.accum = decided[1];
-      size_t worst = 0;
-      int64_t over = INT64_MIN;
-      bool fit = true;
-      for (size_t r = 0; r < n; ++r) {
-        const int64_t predicted = predict_peak(v, facts_of(r), world.size()).total;
-        fit = fit && fits(predicted, all[5 * r + 4]);
-        if (predicted - all[5 * r + 4] > over) over = predicted - all[5 * r + 4], worst = r;
-      }
-      if (!fit) {
-        const MemoryFacts g = facts_of(worst);
-        const int64_t budget_w = all[5 * worst + 4];
-        auto probe = [&](const TrainerOptions& w) {
-          if (w.recompute != v.recompute) recompute_blocks(model, w.recompute);
-          const ActivationCurve c = probe_activations(w, device, model, info, step_fn);
-          if (w.recompute != v.recompute) recompute_blocks(model, v.recompute);
-          return c;
-        };
-        const std::vector<Remedy> fixes = remedies(v, g, world.size(), budget_w, probe);
-        std::string list;
-        for (const Remedy& r : fixes) list += detail::str_cat("\n  ", r.flags, ": ", format_bytes(r.prediction.total));
-        error = detail::str_cat(
-            "the run does not fit: rank ", worst, " is predicted to reach ", predict_peak(v, g, world.size()).str(),
-            " at batch ", v.batch, ", over its budget of ", format_bytes(budget_w), " less 5% to spare (",
-            worst == 0 ? budget_source : std::string("its share of its device's free memory"), "). ",
-            fixes.empty() ? "Nothing ringtrain can change fits it; free memory or raise --max-memory"
-                          : "These changes fit, with their predicted peaks:" + list,
-            fixes.empty() ? "" : "\n(or raise --max-memory)",
-            detail::str_cat("\n(planned in ", std::lround(1000 * seconds(Clock::now() - plan_start)),
-                            " ms, before any step)"));
-      }
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-  }
-  comm::agree_or_throw(world.comm(), error, "the memory plan", true);
-  decided[0] = comm::broadcast(world.comm(), decided[0], 0);
-  decided[1] = comm::broadcast(world.comm(), decided[1], 0);
-  const bool chosen = o.batch == 0;
-  o.batch = decided[0];
-  o.accum = decided[1];
-  json by_rank = json::array(), budgets = json::array();
-  MemoryPrediction top;
-  for (size_t r = 0; r < n; ++r) {
-    const MemoryPrediction p = predict_peak(o, facts_of(r), world.size());
-    by_rank.push_back(p.total);
-    budgets.push_back(all[5 * r + 4]);
-    if (r == 0) top = p;
-  }
-  if (world.is_root()) {
-    if (chosen)
-      std::printf("-b auto: batch %lld x accum %lld per rank, the largest micro-batch the memory budget holds%s\n",
-                  static_cast<long long>(o.batch), static_cast<long long>(o.accum),
-                  o.global_batch > 0 ? detail::str_cat(" for --global-batch ", o.global_batch).c_str() : "");
-    std::printf("memory: rank 0 predicted to peak at %s; budget %s (%s)\n", top.str().c_str(),
-                format_bytes(all[4]).c_str(), budget_source.c_str());
-    std::fflush(stdout);
-  }
-  json breakdown = top.to_json();
-  return {{"predicted_peak_mem_bytes_by_rank", by_rank},
-          {"budget_bytes_by_rank", budgets},
-          {"budget", budget_source},
-          {"breakdown", breakdown},
-          {"activations_fixed", f.curve.fixed},
-          {"activations_per_image", f.curve.per_image},
-          {"batch_auto", chosen}};
+  return {at.step, Clock::now()};
 }
 
 }  // namespace

@@ -58,7 +58,8 @@ class Trainer {
   // Collective. Moves the model to device(), trains it on `data` and returns the figures rank 0 printed.
   // May be called again (another model or run) with the same Trainer; each call is a run of its own (a
   // fresh one refuses a --checkpoint-dir holding another run's checkpoints, as runtime/checkpoint/resume.h says).
-  // The memory plan's probe calls `step_fn` twice first, on batches of zeros, and puts the model back.
+  // The memory plan's probe calls `step_fn` twice first, on batches of random images (a fixed seed), and
+  // puts the model back as it was (layers/model_state.h), also when it throws.
   TrainResult fit(Module& model, DataSource& data, const StepFn& step_fn = {});
 
  private:

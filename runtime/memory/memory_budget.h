@@ -1,4 +1,4 @@
-// runtime/memory/memory_budget.h: how much memory a rank may use, the budget the memory plan of issue 34 checks a
+// runtime/memory/memory_budget.h: how much memory a rank may use, the budget the memory plan checks a
 // configuration's predicted peak against. On the CPU the free memory is the smaller of MemAvailable
 // (/proc/meminfo) and what the cgroup's limit leaves (v2 memory.max - memory.current, or v1
 // memory.limit_in_bytes - memory.usage_in_bytes); on CUDA it is cudaMemGetInfo's free bytes. The ranks of

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <optional>
 
 #include "core/allocator.h"
 #include "core/autocast.h"
@@ -15,6 +16,7 @@
 #include "core/parallel.h"
 #include "layers/checkpoint.h"
 #include "layers/loss.h"
+#include "layers/model_state.h"
 
 namespace ringtrain::runtime {
 
@@ -99,10 +101,9 @@ ActivationCurve probe_activations(const TrainerOptions& o, Device device, Module
                                   const StepFn& step_fn) {
   RT_CHECK(info.height > 0 && info.width > 0 && info.channels > 0, "the memory plan's probe: the data's image shape ",
            info.height, "x", info.width, "x", info.channels, " is not known");
-  // The probe trains: BatchNorm statistics and the generator's stream are put back after it.
-  std::vector<Tensor> saved;
-  for (const auto& [name, b] : model.named_buffers()) saved.push_back(b.clone());
-  const uint64_t stream = rng_stream();
+  // The probe trains: BatchNorm statistics, the generator's stream and the gradients are put back after it,
+  // also when it throws.
+  std::optional<ModelStateGuard> untouched(std::in_place, model);
   // Gradients exist before the first step (GradSync's buckets): they are state, not the micro-batch's.
   for (auto& [name, p] : model.named_parameters())
     if (p.requires_grad()) p.set_grad(Tensor::zeros(p.shape(), p.dtype(), device));
@@ -140,10 +141,7 @@ ActivationCurve probe_activations(const TrainerOptions& o, Device device, Module
   ProbeMeter meter{[device] { return memory_stats(device); }, [device] { reset_peak_memory(device); }, {}};
   if (device.is_cuda()) meter.release_cache = [device] { empty_cache(device); };
   const ActivationCurve c = measure_curve(per, pass, meter);
-  model.zero_grad(true);
-  const auto buffers = model.named_buffers();
-  for (size_t i = 0; i < buffers.size(); ++i) Tensor(buffers[i].second).copy_(saved[i]);
-  set_rng_stream(stream);
+  untouched.reset();
   // The probe's blocks are smaller than the run's requests, which they would not serve (a cached block
   // serves requests of 4/5 of its size or more): kept, they would only add to the device's reserve.
   if (device.is_cuda()) empty_cache(device);

@@ -1,6 +1,6 @@
-// runtime/memory/memory_plan.h: the memory model of a training run (issue 34). Before the first step every rank
+// runtime/memory/memory_plan.h: the memory model of a training run. Before the first step every rank
 // measures what one micro-batch costs above the model's state (probe_activations: a forward and backward of
-// one and of two zero images per compute thread, at least 2 and 4, the tensor allocator's high-water mark
+// one and of two random images per compute thread, at least 2 and 4, the tensor allocator's high-water mark
 // above what it held before; oneDNN's workspaces are tensors too, core/cpu/conv.cpp), and the model
 // adds the rest from the options: the process baseline (its resident set at fit(), which holds the weights),
 // the gradient buckets, the optimizer state (1/N of it with --zero 1), the compressed gradients' wire
@@ -8,8 +8,10 @@
 // options, so the remedies of a refused run (a smaller micro-batch with more accumulation, --recompute,
 // --precision bf16, --zero 1, --pipeline-stages 2) are predicted by the same arithmetic, and so is -b auto.
 //
-//   MemoryFacts f = measure_memory_facts(o, device, model, info, step_fn, batches_in_flight);
+//   MemoryFacts f = measure_memory_facts(o, device, model, data, step_fn);
 //   MemoryPrediction p = predict_peak(o, f, world_size);   // p.total <= budget, or refuse with remedies(...)
+//
+// plan_memory() does that on every rank, collectively, before fit()'s run is built.
 //
 // On the CPU the prediction is of the peak resident set (what the summary's peak_mem_bytes measures); on
 // CUDA of the caching allocator's high-water mark of tensors (the summary's peak_tensor_bytes): what has to
@@ -28,9 +30,11 @@
 #include <string>
 #include <vector>
 
+#include "comm/world.h"
 #include "core/allocator.h"
 #include "core/device.h"
 #include "layers/module.h"
+#include "runtime/cluster/watchdog.h"
 #include "runtime/config/data_source.h"
 #include "runtime/config/options.h"
 #include "runtime/types.h"
@@ -75,9 +79,10 @@ bool fits(int64_t predicted, int64_t budget);
 
 // The activation curve of `model` on `device` (moved there already) under `o`'s precision and the
 // model's recompute marks, for images of `info`'s shape: forward (step_fn's, called twice on batches of
-// zeros, or cross-entropy) and backward at two batch sizes into preallocated gradients. The model is left
-// as it was: gradients none, BatchNorm statistics and the generator's stream put back; on CUDA the
-// allocator's cache is given back after it (a bigger batch cannot use the probe's blocks).
+// random images with a fixed seed, or cross-entropy) and backward at two batch sizes into preallocated
+// gradients. The model is left as it was, also when the probe throws (layers/model_state.h): its gradients,
+// BatchNorm statistics and the generator's stream; on CUDA the allocator's cache is given back after it (a
+// bigger batch cannot use the probe's blocks).
 ActivationCurve probe_activations(const TrainerOptions& o, Device device, Module& model, const DataInfo& info,
                                   const StepFn& step_fn);
 
@@ -117,5 +122,23 @@ AutoBatch choose_batch(const TrainerOptions& o, const MemoryFacts& f, int world_
 
 // The resident set of this process now (/proc/self/statm), in bytes.
 int64_t resident_bytes();
+
+// This rank's measured facts: the probe's curve (probe_activations), the baseline (the resident set or the
+// device's tensors, less the probe's), the parameters, one image, the input batches in flight.
+MemoryFacts measure_memory_facts(const TrainerOptions& o, Device device, Module& model, const DataSource& data,
+                                 const StepFn& step_fn);
+// This rank's budget: --max-memory, else its share of its device's free memory (runtime/memory/memory_budget.h).
+struct RankBudget {
+  int64_t bytes = 0;
+  std::string source;  // "--max-memory", or the free memory and the ranks sharing it
+};
+RankBudget rank_budget_of(const TrainerOptions& o, const comm::World& world, Device device);
+
+// Collective, before fit()'s run is built: every rank measures its facts and budget; rank 0 resolves -b auto
+// and --global-batch (into o.batch and o.accum) for every rank's budget, and refuses a run some rank's budget
+// does not hold, naming the remedies that fit. A model the probe cannot train skips the plan with a warning
+// (unless -b auto or --max-memory needs it). Returns the plan record's "memory" part (null when no plan).
+nlohmann::json plan_memory(comm::World& world, TrainerOptions& o, Device device, Watchdog& dog, Module& model,
+                           DataSource& data, const StepFn& step_fn);
 
 }  // namespace ringtrain::runtime

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <optional>
 
 #include "comm/host_collectives.h"
 #include "comm/mpi_check.h"
@@ -12,7 +13,9 @@
 #include "core/autocast.h"
 #include "core/autograd.h"
 #include "core/check.h"
+#include "core/hash.h"
 #include "core/ops.h"
+#include "layers/model_state.h"
 #include "runtime/step/evaluate.h"
 
 namespace ringtrain::runtime {
@@ -138,10 +141,9 @@ void Pipeline::decide_split(const TrainerOptions& o, const DataInfo& info) {
     dog_.phase("startup: measuring the model's blocks for the pipeline (rank 0)", 0);
     try {
       const bool measure = o.pipeline_split.empty();
-      // The measurement trains the blocks: their BatchNorm statistics and the generator are put back after.
-      std::vector<Tensor> saved;
-      for (const auto& [name, b] : model_.named_buffers()) saved.push_back(b.clone());
-      const uint64_t stream = rng_stream();
+      // The measurement trains the blocks: their BatchNorm statistics, the generator and the gradients are
+      // put back after it.
+      std::optional<ModelStateGuard> untouched(std::in_place, model_);
       Tensor x = Tensor::zeros(Shape{o.batch, info.height, info.width, info.channels}, DType::F32, device_);
       std::vector<BlockCost> costs(blocks_.size());
       json outputs = json::array();
@@ -195,9 +197,7 @@ void Pipeline::decide_split(const TrainerOptions& o, const DataInfo& info) {
         }
         model_.zero_grad();
       }
-      const auto buffers = model_.named_buffers();
-      for (size_t i = 0; i < buffers.size(); ++i) Tensor(buffers[i].second).copy_(saved[i]);
-      set_rng_stream(stream);
+      untouched.reset();
       const int n = static_cast<int>(blocks_.size());
       PipelineSplit split;
       if (!measure) {
@@ -293,7 +293,19 @@ ReplicaScope Pipeline::scope() const {
   s.parameters = &params_;
   s.buffers = &buffers_;
   s.across = across_.get();
+  s.bucket_plan_of = [this](uint64_t mine) { return combined_bucket_plan(mine); };
   return s;
+}
+
+// Each stage has its own buckets: the check-in compares one hash of every stage's (their first replicas'),
+// and a rank whose plan differs from its stage's first replica's differs from rank 0's hash too.
+uint64_t Pipeline::combined_bucket_plan(uint64_t mine) const {
+  const std::vector<int64_t> all =
+      comm::all_gather(world_.comm(), std::span<const int64_t>(reinterpret_cast<const int64_t*>(&mine), 1));
+  Fnv1a h;
+  for (int s = 0; s < layout_.stages; ++s)
+    h.add_word(static_cast<uint64_t>(all[static_cast<size_t>(layout_.rank_of(s, 0))]));
+  return h.value() ^ mine ^ static_cast<uint64_t>(all[static_cast<size_t>(layout_.rank_of(layout_.stage, 0))]);
 }
 
 json Pipeline::plan() const {
@@ -461,7 +473,23 @@ Pipeline::StepWork Pipeline::run_step(Replica& replica, int64_t step, const std:
   for (auto& send : sends) send->wait();
   set_rng_stream(step_stream + static_cast<uint64_t>(m) * draws_per_micro_);
   w.busy_s = w.forward_s + w.backward_s;
+  interval_.busy_s += w.busy_s;
+  interval_.held_bytes = std::max(interval_.held_bytes, w.held_bytes);
   return w;
+}
+
+json Pipeline::interval_report(int64_t steps) {
+  const auto n = static_cast<double>(std::max<int64_t>(1, steps));
+  const std::vector<double> busy = per_stage(interval_.busy_s / n);
+  const std::vector<double> step = per_stage(interval_.step_s / n);
+  const std::vector<double> held = per_stage(static_cast<double>(interval_.held_bytes));
+  interval_ = {};
+  json bubble = json::array();
+  for (size_t s = 0; s < busy.size(); ++s) bubble.push_back(step[s] > 0 ? 1.0 - busy[s] / step[s] : 0.0);
+  return json{{"busy_s", busy},
+              {"bubble", bubble},
+              {"activation_bytes", held},
+              {"ideal_bubble", ideal_bubble(layout_.stages, static_cast<int>(o_.accum))}};
 }
 
 // --pipeline-recompute: the stage's forward again, block by block. A pass without gradients keeps each
@@ -476,8 +504,10 @@ void Pipeline::recomputed_backward(Replica& replica, const Tensor& input, uint64
   const auto t0 = Clock::now();
   const int first = split_[static_cast<size_t>(layout_.stage)], end = split_[static_cast<size_t>(layout_.stage) + 1];
   const auto n = static_cast<size_t>(end - first);
-  for (size_t k = 0; k < buffers_.size(); ++k) Tensor(buffer_copies_[k]).copy_(buffers_[k].second);
-  const uint64_t now = rng_stream();
+  // The running statistics the two passes would move again, and the generator, are put back at the end.
+  std::vector<Tensor> buffers;
+  for (const auto& [name, b] : buffers_) buffers.push_back(b);
+  ModelStateGuard untouched(std::move(buffers), &buffer_copies_);
   AutocastGuard autocast(replica.autocast());
   std::vector<Tensor> x(n);
   std::vector<uint64_t> at(n);
@@ -509,8 +539,6 @@ void Pipeline::recomputed_backward(Replica& replica, const Tensor& input, uint64
     if (j > 0) g = x[j].grad();
     x[j] = Tensor();
   }
-  set_rng_stream(now);
-  for (size_t k = 0; k < buffers_.size(); ++k) Tensor(buffers_[k].second).copy_(buffer_copies_[k]);
 }
 
 EvalResult Pipeline::evaluate(data::Loader* loader, int64_t test_size, int64_t batch, double label_smoothing,

@@ -88,11 +88,23 @@ class Pipeline {
 
   // Collective: every rank's `value`, per stage (replica 0's), on every rank.
   std::vector<double> per_stage(double value) const;
+  // A step's whole time (from its first micro-batch to the end of its check-in), for the report's bubble.
+  void end_step(double step_s) { interval_.step_s += step_s; }
+  // Collective: per stage (the first replica's) since the last report: compute per step over the `steps`
+  // steps, the share of the step it left idle, the most activation memory a step held, the ideal bubble.
+  // Starts the next interval.
+  nlohmann::json interval_report(int64_t steps);
 
   // Collective: the channels and communicators closed (the success path only).
   void close();
 
  private:
+  struct Interval {
+    double busy_s = 0, step_s = 0;  // this stage's compute and step time since the last report
+    int64_t held_bytes = 0;         // the most activation memory a step of the interval held
+  };
+  Interval interval_;
+  uint64_t combined_bucket_plan(uint64_t mine) const;  // collective (ReplicaScope::bucket_plan_of)
   struct Boundary {
     Shape shape;  // of one micro-batch
     DType dtype = DType::F32;

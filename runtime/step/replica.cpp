@@ -13,6 +13,7 @@
 #include "core/cpu_features.h"
 #include "core/ops.h"
 #include "optim/clip.h"
+#include "runtime/cluster/check_in.h"
 
 namespace ringtrain::runtime {
 
@@ -82,6 +83,8 @@ Replica::Replica(comm::World& world, const TrainerOptions& o, Device device, Mod
   // all-gather is then waited for at once instead of overlapping the next forward.
   sync_ = scope.parameters ? std::make_unique<comm::GradSync>(*scope.parameters, *scope.buffers, comm_, gso)
                            : std::make_unique<comm::GradSync>(model_, comm_, gso);
+  bucket_plan_ = bucket_plan_hash(sync_->buckets());
+  if (scope.bucket_plan_of) bucket_plan_ = scope.bucket_plan_of(bucket_plan_);
   const auto named = scope.parameters ? *scope.parameters : model_.named_parameters();
   if (o_.zero == 1) {
     auto zero = std::make_unique<comm::ZeroOptimizer>(

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -52,6 +53,9 @@ struct ReplicaScope {
   // The holders of the other parameters (other pipeline stages): the clipping norm and the f16 scaler's
   // finite check combine over them too, so every stage takes the same decision.
   const GradientParts* across = nullptr;
+  // Collective, with pipeline stages: this rank's bucket plan fingerprint made into one that every rank of
+  // a consistent job shares (each stage's buckets differ). Null: the rank's own.
+  std::function<uint64_t(uint64_t)> bucket_plan_of;
 };
 
 struct StepOutcome {
@@ -93,6 +97,8 @@ class Replica {
   const std::optional<GradScaler>& scaler() const { return scaler_; }
   comm::Backend backend() const { return backend_; }
   const comm::GradSync& sync() const { return *sync_; }
+  // The fingerprint of the gradient buckets (the scope's combined one) the step check-in compares.
+  uint64_t bucket_plan() const { return bucket_plan_; }
   int64_t optimizer_state_bytes() const;
   // Collective with --zero 1 (the shards gathered to rank 0): the canonical optimizer state, complete on
   // rank 0 (and on every rank without ZeRO).
@@ -118,6 +124,7 @@ class Replica {
   comm::ZeroOptimizer* zero_ = nullptr;  // opt_ with --zero 1
   std::optional<GradScaler> scaler_;
   std::vector<Tensor> parameters_;
+  uint64_t bucket_plan_ = 0;
   int holders_ = 1;                             // ranks of the scope's communicator
   std::unique_ptr<const GradientParts> parts_;  // ZeRO's shards and the scope's other holders, combined
 };

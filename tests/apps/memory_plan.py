@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""tests/apps/memory_plan.py BUILD_DIR WORK_DIR: the memory plan through train_resnet (issue 34).
+"""tests/apps/memory_plan.py BUILD_DIR WORK_DIR: the memory plan through train_resnet.
 
   - every run's plan record holds predicted_peak_mem_bytes with its breakdown; the summary has it beside
     the measured peak_mem_bytes;
