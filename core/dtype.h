@@ -133,38 +133,6 @@ RT_HOST_DEVICE inline float f16_to_f32(Half h) {
   return bits_f32(sign | ((exponent + 112u) << 23) | (mantissa << 13));
 }
 
-// Maps DType to its storage type and back; used by the CPU kernels' dispatch.
-template <DType T>
-struct StorageOf;
-template <>
-struct StorageOf<DType::F32> {
-  using type = float;
-};
-template <>
-struct StorageOf<DType::F64> {
-  using type = double;
-};
-template <>
-struct StorageOf<DType::F16> {
-  using type = Half;
-};
-template <>
-struct StorageOf<DType::BF16> {
-  using type = BFloat16;
-};
-template <>
-struct StorageOf<DType::I32> {
-  using type = int32_t;
-};
-template <>
-struct StorageOf<DType::I64> {
-  using type = int64_t;
-};
-template <>
-struct StorageOf<DType::U8> {
-  using type = uint8_t;
-};
-
 // The type kernels compute in for storage type S: f32 for f32 and the 16-bit floats, f64 for f64,
 // i64 for every integer type. Shared by the CPU and CUDA kernels so both round the same way.
 template <typename S>

@@ -7,9 +7,11 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 
 #include "core/check.h"
 #include "core/dtype.h"
+#include "core/dtype_visit.h"
 #include "core/kernels.h"
 
 namespace ringtrain::cpu {
@@ -38,58 +40,14 @@ void set_onednn_threads(int n);
 
 inline constexpr int64_t kGrain = 1 << 14;  // elements per task for cheap elementwise work
 
-template <typename T>
-struct TypeTag {
-  using type = T;
-};
+using ringtrain::TypeTag;
+using ringtrain::visit_dtype;
 
-// Calls fn(TypeTag<storage type>) for the tensor's dtype.
-template <typename Fn>
-void visit_dtype(DType dtype, Fn&& fn) {
-  switch (dtype) {
-    case DType::F32:
-      fn(TypeTag<float>{});
-      return;
-    case DType::F64:
-      fn(TypeTag<double>{});
-      return;
-    case DType::F16:
-      fn(TypeTag<Half>{});
-      return;
-    case DType::BF16:
-      fn(TypeTag<BFloat16>{});
-      return;
-    case DType::I32:
-      fn(TypeTag<int32_t>{});
-      return;
-    case DType::I64:
-      fn(TypeTag<int64_t>{});
-      return;
-    case DType::U8:
-      fn(TypeTag<uint8_t>{});
-      return;
-  }
-  RT_THROW("unknown dtype");
-}
-
+// The floating dtypes' kernels; another dtype is an error naming the op.
 template <typename Fn>
 void visit_floating(DType dtype, const char* op, Fn&& fn) {
-  switch (dtype) {
-    case DType::F32:
-      fn(TypeTag<float>{});
-      return;
-    case DType::F64:
-      fn(TypeTag<double>{});
-      return;
-    case DType::F16:
-      fn(TypeTag<Half>{});
-      return;
-    case DType::BF16:
-      fn(TypeTag<BFloat16>{});
-      return;
-    default:
-      RT_THROW("op '", op, "' has no CPU kernel for dtype ", dtype_name(dtype));
-  }
+  ringtrain::visit_floating(dtype, std::forward<Fn>(fn),
+                            [&] { RT_THROW("op '", op, "' has no CPU kernel for dtype ", dtype_name(dtype)); });
 }
 
 // Vectorized f32 hot loops: one binary per ISA, picked at load time.

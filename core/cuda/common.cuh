@@ -7,11 +7,13 @@
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "core/check.h"
 #include "core/cuda/cuda_check.h"
 #include "core/device.h"
 #include "core/dtype.h"
+#include "core/dtype_visit.h"
 #include "core/tensor.h"
 
 namespace ringtrain::cuda_common {
@@ -67,9 +69,7 @@ __global__ void fill_kernel(S* out /* (n) */, S value, int64_t n) {
 // Types: storage type S, compute type compute_t<S> (core/dtype.h).
 
 template <typename T>
-struct Tag {
-  using type = T;
-};
+using Tag = TypeTag<T>;  // core/dtype_visit.h
 
 [[noreturn]] inline void raise_unsupported(const char* op, DType t) {
   RT_THROW("op '", op, "': the CUDA kernel does not support dtype ", dtype_name(t));
@@ -88,50 +88,12 @@ constexpr DType accumulator_dtype() {
 
 template <typename F>
 void dispatch_all(DType t, F&& f) {
-  switch (t) {
-    case DType::F32:
-      f(Tag<float>{});
-      return;
-    case DType::F64:
-      f(Tag<double>{});
-      return;
-    case DType::F16:
-      f(Tag<Half>{});
-      return;
-    case DType::BF16:
-      f(Tag<BFloat16>{});
-      return;
-    case DType::I32:
-      f(Tag<int32_t>{});
-      return;
-    case DType::I64:
-      f(Tag<int64_t>{});
-      return;
-    case DType::U8:
-      f(Tag<uint8_t>{});
-      return;
-  }
-  RT_THROW("unknown dtype ", static_cast<int>(t));
+  visit_dtype(t, std::forward<F>(f));
 }
 
 template <typename F>
 void dispatch_floating(DType t, const char* op, F&& f) {
-  switch (t) {
-    case DType::F32:
-      f(Tag<float>{});
-      return;
-    case DType::F64:
-      f(Tag<double>{});
-      return;
-    case DType::F16:
-      f(Tag<Half>{});
-      return;
-    case DType::BF16:
-      f(Tag<BFloat16>{});
-      return;
-    default:
-      raise_unsupported(op, t);
-  }
+  visit_floating(t, std::forward<F>(f), [&] { raise_unsupported(op, t); });
 }
 
 // ---------------------------------------------------------------------------------------------------
