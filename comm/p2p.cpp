@@ -5,9 +5,11 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <mutex>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -325,6 +327,89 @@ std::unique_ptr<Channel> make_channel(MPI_Comm parent, Device device, const std:
     if (!shared) return make_nccl_channel(parent, name, timeout);
   }
   return std::make_unique<MpiChannel>(parent, name);
+}
+
+namespace {
+
+constexpr int kHeaderTag = 71, kBytesTag = 72;
+constexpr int64_t kChunk = int64_t{1} << 30;  // bytes per MPI message (its count is an int)
+
+void put(std::vector<char>& out, int64_t v) {
+  const auto* p = reinterpret_cast<const char*>(&v);
+  out.insert(out.end(), p, p + sizeof v);
+}
+
+int64_t take(const std::vector<char>& in, size_t& at) {
+  RT_CHECK(at + sizeof(int64_t) <= in.size(), "recv_named: a truncated header (", in.size(), " bytes)");
+  int64_t v = 0;
+  std::memcpy(&v, in.data() + at, sizeof v);
+  at += sizeof v;
+  return v;
+}
+
+}  // namespace
+
+void send_named(MPI_Comm comm, const NamedTensors& tensors, int dest) {
+  // The header: the count, then per tensor its name's length, dtype, rank and dims, then its name.
+  std::vector<char> header;
+  int64_t total = 0;
+  put(header, static_cast<int64_t>(tensors.size()));
+  for (const auto& [name, t] : tensors) {
+    put(header, static_cast<int64_t>(name.size()));
+    put(header, static_cast<int64_t>(t.dtype()));
+    put(header, t.ndim());
+    for (int64_t d = 0; d < t.ndim(); ++d) put(header, t.size(d));
+    header.insert(header.end(), name.begin(), name.end());
+    total += t.nbytes();
+  }
+  MPI_CHECK(MPI_Send(header.data(), static_cast<int>(header.size()), MPI_BYTE, dest, kHeaderTag, comm));
+  std::vector<char> bytes(static_cast<size_t>(total));
+  int64_t at = 0;
+  for (const auto& [name, t] : tensors) {
+    const Tensor host = t.to(Device::cpu());
+    std::copy_n(static_cast<const char*>(host.data_ptr()), host.nbytes(), bytes.data() + at);
+    at += host.nbytes();
+  }
+  for (int64_t off = 0; off < total; off += kChunk) {
+    const int n = static_cast<int>(std::min(kChunk, total - off));
+    MPI_CHECK(MPI_Send(bytes.data() + off, n, MPI_BYTE, dest, kBytesTag, comm));
+  }
+}
+
+NamedTensors recv_named(MPI_Comm comm, int source) {
+  MPI_Status status;
+  MPI_CHECK(MPI_Probe(source, kHeaderTag, comm, &status));
+  int length = 0;
+  MPI_CHECK(MPI_Get_count(&status, MPI_BYTE, &length));
+  std::vector<char> header(static_cast<size_t>(length));
+  MPI_CHECK(MPI_Recv(header.data(), length, MPI_BYTE, source, kHeaderTag, comm, MPI_STATUS_IGNORE));
+  size_t at = 0;
+  const int64_t count = take(header, at);
+  NamedTensors out;
+  int64_t total = 0;
+  for (int64_t k = 0; k < count; ++k) {
+    const int64_t name_size = take(header, at);
+    const auto dtype = static_cast<DType>(take(header, at));
+    std::vector<int64_t> dims(static_cast<size_t>(take(header, at)));
+    for (int64_t& d : dims) d = take(header, at);
+    RT_CHECK(name_size >= 0 && at + static_cast<size_t>(name_size) <= header.size(), "recv_named: a truncated header (",
+             header.size(), " bytes)");
+    std::string name(header.data() + at, static_cast<size_t>(name_size));
+    at += static_cast<size_t>(name_size);
+    out.emplace_back(std::move(name), Tensor::empty(Shape(std::span<const int64_t>(dims.data(), dims.size())), dtype));
+    total += out.back().second.nbytes();
+  }
+  std::vector<char> bytes(static_cast<size_t>(total));
+  for (int64_t off = 0; off < total; off += kChunk) {
+    const int n = static_cast<int>(std::min(kChunk, total - off));
+    MPI_CHECK(MPI_Recv(bytes.data() + off, n, MPI_BYTE, source, kBytesTag, comm, MPI_STATUS_IGNORE));
+  }
+  int64_t offset = 0;
+  for (auto& [name, t] : out) {
+    std::copy_n(bytes.data() + offset, t.nbytes(), static_cast<char*>(t.data_ptr()));
+    offset += t.nbytes();
+  }
+  return out;
 }
 
 }  // namespace ringtrain::comm

@@ -20,6 +20,8 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "comm/communicator.h"
 #include "core/tensor.h"
@@ -39,5 +41,13 @@ class Channel {
 // Collective over `parent`. `device`: where the tensors live (CPU: MPI; CUDA: NCCL, CUDA builds only).
 std::unique_ptr<Channel> make_channel(MPI_Comm parent, Device device, const std::string& name,
                                       std::chrono::milliseconds timeout = std::chrono::minutes(30));
+
+// Blocking: a set of named tensors of any shapes and dtypes from this rank to `dest` of `comm` (a header with
+// their names, dtypes and shapes, then their bytes in one message per GiB, through host copies), and the
+// matching receive, which makes CPU tensors of what arrives. For what no channel knows the shape of in
+// advance: a pipeline stage's parameters and optimizer state gathered into one checkpoint.
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+void send_named(MPI_Comm comm, const NamedTensors& tensors, int dest);
+NamedTensors recv_named(MPI_Comm comm, int source);
 
 }  // namespace ringtrain::comm

@@ -550,17 +550,14 @@ void Run::evaluate_now(int64_t epoch, int64_t step) {
   data::Loader* loader = data_.test_loader();
   if (!loader) return;
   replica_->average_buffers();  // without SyncBatchNorm the running statistics differ per rank
-  if (pipeline_) {
-    reporter_->evaluated(epoch, step,
-                         pipeline_->evaluate(loader, data_.info().test_size, o_.batch, o_.label_smoothing, step));
-    return;
-  }
   EvalOptions eo;
   eo.batch = o_.batch;
   eo.label_smoothing = o_.label_smoothing;
   eo.on_batch = [&] { dog_.phase("evaluation", step); };
   eo.on_wait = [&] { dog_.phase("evaluation all-reduce (waiting for other ranks)", step); };
-  reporter_->evaluated(epoch, step, evaluate(model_, *loader, data_.info().test_size, world_, eo));
+  reporter_->evaluated(epoch, step,
+                       pipeline_ ? pipeline_->evaluate(loader, data_.info().test_size, eo, step)
+                                 : evaluate(model_, *loader, data_.info().test_size, world_, eo));
 }
 
 Run::Saved Run::save(const Cursor& at) {

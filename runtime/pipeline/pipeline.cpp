@@ -44,60 +44,6 @@ Shape shape_of(const json& j) {
   return Shape(std::span<const int64_t>(dims.data(), dims.size()));
 }
 
-// Named tensors to another rank and back: a header (names, shapes, dtypes) then the bytes, CPU copies.
-constexpr int kHeaderTag = 71, kBytesTag = 72;
-
-void send_named(MPI_Comm comm, const Pipeline::Named& tensors, int dest) {
-  json header = json::array();
-  int64_t total = 0;
-  for (const auto& [name, t] : tensors) {
-    header.push_back({{"name", name}, {"shape", shape_json(t.shape())}, {"dtype", dtype_name(t.dtype())}});
-    total += t.nbytes();
-  }
-  const std::string text = header.dump();
-  MPI_CHECK(MPI_Send(text.data(), static_cast<int>(text.size()), MPI_CHAR, dest, kHeaderTag, comm));
-  std::vector<char> bytes(static_cast<size_t>(total));
-  int64_t at = 0;
-  for (const auto& [name, t] : tensors) {
-    const Tensor host = t.to(Device::cpu());
-    std::copy_n(static_cast<const char*>(host.data_ptr()), host.nbytes(), bytes.data() + at);
-    at += host.nbytes();
-  }
-  for (int64_t off = 0; off < total || off == 0; off += int64_t{1} << 30) {
-    const int n = static_cast<int>(std::min<int64_t>(int64_t{1} << 30, total - off));
-    MPI_CHECK(MPI_Send(bytes.data() + off, n, MPI_BYTE, dest, kBytesTag, comm));
-    if (total == 0) break;
-  }
-}
-
-Pipeline::Named recv_named(MPI_Comm comm, int source) {
-  MPI_Status status;
-  MPI_CHECK(MPI_Probe(source, kHeaderTag, comm, &status));
-  int length = 0;
-  MPI_CHECK(MPI_Get_count(&status, MPI_CHAR, &length));
-  std::string text(static_cast<size_t>(length), '\0');
-  MPI_CHECK(MPI_Recv(text.data(), length, MPI_CHAR, source, kHeaderTag, comm, MPI_STATUS_IGNORE));
-  Pipeline::Named out;
-  int64_t total = 0;
-  for (const json& e : json::parse(text)) {
-    out.emplace_back(e["name"].get<std::string>(),
-                     Tensor::empty(shape_of(e["shape"]), parse_dtype(e["dtype"].get<std::string>())));
-    total += out.back().second.nbytes();
-  }
-  std::vector<char> bytes(static_cast<size_t>(total));
-  for (int64_t off = 0; off < total || off == 0; off += int64_t{1} << 30) {
-    const int n = static_cast<int>(std::min<int64_t>(int64_t{1} << 30, total - off));
-    MPI_CHECK(MPI_Recv(bytes.data() + off, n, MPI_BYTE, source, kBytesTag, comm, MPI_STATUS_IGNORE));
-    if (total == 0) break;
-  }
-  int64_t at = 0;
-  for (auto& [name, t] : out) {
-    std::copy_n(bytes.data() + at, t.nbytes(), static_cast<char*>(t.data_ptr()));
-    at += t.nbytes();
-  }
-  return out;
-}
-
 }  // namespace
 
 Pipeline::Pipeline(comm::World& world, const TrainerOptions& o, Device device, Module& model, const DataInfo& info,
@@ -541,14 +487,13 @@ void Pipeline::recomputed_backward(Replica& replica, const Tensor& input, uint64
   }
 }
 
-EvalResult Pipeline::evaluate(data::Loader* loader, int64_t test_size, int64_t batch, double label_smoothing,
-                              int64_t step) {
+EvalResult Pipeline::evaluate(data::Loader* loader, int64_t test_size, const EvalOptions& options, int64_t step) {
   const int s = layout_.stage;
-  const auto batches = data::eval_batches(test_size, layout_.replica, layout_.replicas, batch);
-  if (reads_data()) loader->start(batches, 0);
+  const auto batches = eval_share(test_size, layout_.replica, layout_.replicas, options);
+  if (reads_data()) loader->start(batches, options.epoch);
   EvalScope scope(model_);
   EvalSums sums;
-  CrossEntropyLoss loss_fn(label_smoothing);
+  CrossEntropyLoss loss_fn(options.label_smoothing);
   // Evaluation runs without autocast, as it does without stages: every boundary is f32.
   const Boundary* in = layout_.first() ? nullptr : &outputs_[static_cast<size_t>(split_[static_cast<size_t>(s)] - 1)];
   std::vector<comm::WorkPtr> sends;
@@ -604,7 +549,7 @@ Pipeline::Named Pipeline::gather_model() {
 Pipeline::Named Pipeline::gather_optimizer(const Named& part) {
   if (layout_.replica != 0) return {};
   if (layout_.stage != 0) {
-    send_named(pipe_comm_, part, 0);
+    comm::send_named(pipe_comm_, part, 0);
     return {};
   }
   // Every stage's entries in stage order (the model's parameter order); an entry every stage has (the
@@ -614,7 +559,7 @@ Pipeline::Named Pipeline::gather_optimizer(const Named& part) {
   const std::string last_name = shared_last ? part.back().first : "";
   std::optional<std::pair<std::string, Tensor>> shared;
   for (int s = 1; s < layout_.stages; ++s)
-    for (auto& [name, t] : recv_named(pipe_comm_, s)) {
+    for (auto& [name, t] : comm::recv_named(pipe_comm_, s)) {
       const bool seen = std::any_of(all.begin(), all.end(), [&](const auto& e) { return e.first == name; });
       if (!seen)
         all.emplace_back(std::move(name), std::move(t));

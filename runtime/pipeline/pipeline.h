@@ -33,6 +33,7 @@
 #include "runtime/config/data_source.h"
 #include "runtime/config/options.h"
 #include "runtime/pipeline/pipeline_plan.h"
+#include "runtime/step/evaluate.h"
 #include "runtime/step/replica.h"
 #include "runtime/telemetry/run_log.h"
 #include "runtime/telemetry/trace.h"
@@ -79,7 +80,8 @@ class Pipeline {
 
   // Collective: evaluation through the pipeline, every test image scored once (the first stage reads them,
   // the last the labels), the sums all-reduced over the world.
-  EvalResult evaluate(data::Loader* loader, int64_t test_size, int64_t batch, double label_smoothing, int64_t step);
+  // The options and their checks are evaluate()'s (runtime/step/evaluate.h); `step` names the watchdog's phases.
+  EvalResult evaluate(data::Loader* loader, int64_t test_size, const EvalOptions& options, int64_t step);
 
   // Collective over the world: the whole model's state (every stage's parameters and buffers) and the
   // optimizer's canonical state, on world rank 0 (empty elsewhere). `optimizer` is this stage's.

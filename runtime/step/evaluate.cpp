@@ -10,13 +10,17 @@
 
 namespace ringtrain::runtime {
 
+std::vector<std::vector<int64_t>> eval_share(int64_t test_size, int replica, int replicas, const EvalOptions& options) {
+  RT_CHECK(options.batch > 0, "evaluate: batch must be positive, got ", options.batch);
+  RT_CHECK(test_size > 0, "evaluate: the test split is empty (skip the evaluation instead)");
+  return data::eval_batches(test_size, replica, replicas, options.batch);
+}
+
 EvalResult evaluate(Module& model, data::Loader& test_loader, int64_t test_size, const comm::World& world,
                     const EvalOptions& options) {
-  RT_CHECK(options.batch > 0, "evaluate: batch must be positive, got ", options.batch);
-  // Scoring nothing would report 0% as if it were a result.
-  RT_CHECK(test_size > 0, "evaluate: the test split is empty (skip the evaluation instead)");
+  const auto batches = eval_share(test_size, world.rank(), world.size(), options);
   EvalScope scope(model);
-  test_loader.start(data::eval_batches(test_size, world.rank(), world.size(), options.batch), options.epoch);
+  test_loader.start(batches, options.epoch);
   EvalSums sums;
   CrossEntropyLoss loss_fn(options.label_smoothing);
   while (auto b = test_loader.next()) {
