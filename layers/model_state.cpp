@@ -29,8 +29,8 @@ ModelStateGuard::ModelStateGuard(std::vector<Tensor> buffers, std::vector<Tensor
     for (const Tensor& b : buffers_) c.push_back(Tensor::empty(b.shape(), b.dtype(), b.device()));
   }
   for (size_t k = 0; k < buffers_.size(); ++k) {
-    RT_CHECK(c[k].shape() == buffers_[k].shape() && c[k].dtype() == buffers_[k].dtype(),
-             "ModelStateGuard: storage ", k, " is ", c[k].describe(), " but its buffer is ", buffers_[k].describe());
+    RT_CHECK(c[k].shape() == buffers_[k].shape() && c[k].dtype() == buffers_[k].dtype(), "ModelStateGuard: storage ", k,
+             " is ", c[k].describe(), " but its buffer is ", buffers_[k].describe());
     c[k].copy_(buffers_[k]);
   }
 }

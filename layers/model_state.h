@@ -43,9 +43,9 @@ class ModelStateGuard {
 
  private:
   void restore();
-  std::vector<Tensor> buffers_;   // the live buffers
-  std::vector<Tensor> own_;       // their copies, when no storage was given
-  std::vector<Tensor>* copies_;   // own_ or the caller's storage
+  std::vector<Tensor> buffers_;  // the live buffers
+  std::vector<Tensor> own_;      // their copies, when no storage was given
+  std::vector<Tensor>* copies_;  // own_ or the caller's storage
   uint64_t stream_ = 0;
   struct Grad {
     Tensor param, held, copy;  // held: the gradient tensor at entry (undefined: none); copy: its values

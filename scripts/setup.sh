@@ -29,6 +29,11 @@ if ! command -v nvcc >/dev/null && [[ -x /usr/local/cuda/bin/nvcc ]]; then
   export PATH=/usr/local/cuda/bin:$PATH
 fi
 
+# Commit messages keep their subjects at 72 characters (.githooks/commit-msg; CI: scripts/check_commits.sh).
+if git rev-parse --is-inside-work-tree > /dev/null 2>&1 && [[ -z $(git config core.hooksPath || true) ]]; then
+  git config core.hooksPath .githooks
+fi
+
 build_dir=${BUILD_DIR:-build}
 # Only settings given in the environment are passed, so rerunning setup keeps an existing build's choices.
 options=(-DCMAKE_BUILD_TYPE=Release)

@@ -26,7 +26,7 @@ struct NvmlProcessInfo {  // nvmlProcessInfo_v2_t / _v3_t
   unsigned long long used_gpu_memory;
   unsigned int gpu_instance_id, compute_instance_id;
 };
-constexpr int kNvmlNotSupported = 3;     // NVML_ERROR_NOT_SUPPORTED
+constexpr int kNvmlNotSupported = 3;      // NVML_ERROR_NOT_SUPPORTED
 constexpr int kNvmlInsufficientSize = 7;  // NVML_ERROR_INSUFFICIENT_SIZE
 constexpr int kNvmlTemperatureGpu = 0;    // NVML_TEMPERATURE_GPU
 

@@ -10,9 +10,9 @@
 #include "core/allocator.h"
 #include "core/check.h"
 #include "layers/checkpoint.h"
+#include "runtime/cluster/watchdog.h"
 #include "runtime/memory/memory_budget.h"
 #include "runtime/memory/memory_plan.h"
-#include "runtime/cluster/watchdog.h"
 
 namespace ringtrain::runtime {
 
@@ -68,8 +68,8 @@ RankBudget rank_budget_of(const TrainerOptions& o, const comm::World& world, Dev
 // The memory plan (runtime/memory/memory_plan.h), collective: every rank probes what a micro-batch costs it; rank 0
 // resolves -b auto and --global-batch for every rank's budget, and refuses a run some rank's budget does not
 // hold (naming the remedies that fit) before anything else is built. Returns the plan record's part.
-nlohmann::json plan_memory(comm::World& world, TrainerOptions& o, Device device, Watchdog& dog, Module& model, DataSource& data,
-                 const StepFn& step_fn) {
+nlohmann::json plan_memory(comm::World& world, TrainerOptions& o, Device device, Watchdog& dog, Module& model,
+                           DataSource& data, const StepFn& step_fn) {
   // --global-batch with a given -b: the accumulation that makes it (with -b auto the plan chooses both).
   if (o.global_batch > 0 && o.batch > 0) {
     const int64_t per = o.batch * (world.size() / o.pipeline_stages);
