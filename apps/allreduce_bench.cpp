@@ -23,6 +23,7 @@
 #include "core/check.h"
 #include "core/device.h"
 #include "core/dtype.h"
+#include "runtime/config/cli.h"
 
 using namespace ringtrain;
 using namespace ringtrain::comm;
@@ -62,40 +63,34 @@ int64_t count_wrong(const Tensor& result, int n) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
   CLI::App app{"All-reduce bandwidth sweep (nccl-tests style)"};
-  std::string backends_text = "ring", min_text = "8", max_text = "64M", dtype_text = "f32", json_path,
-              device_text = "cpu", op_text = "sum", chunk_text = "512K", net_chunk_text = "64000";
+  std::string backends_text = "ring", dtype_text = "f32", json_path, device_text = "cpu", op_text = "sum";
+  int64_t min_bytes = 8, max_bytes = int64_t{64} << 20, chunk_bytes = int64_t{512} << 10, net_chunk_bytes = 64000;
   double step_factor = 2;
   int iters = 20, warmup = 5, depth = 4;
   bool check = false;
   app.add_option("--backend", backends_text, "ring, hierarchical, mpi or nccl; a comma list compares them")
       ->capture_default_str();
-  app.add_option("-b,--min-bytes", min_text, "smallest size (K/M/G suffixes)")->capture_default_str();
-  app.add_option("-e,--max-bytes", max_text, "largest size (K/M/G suffixes)")->capture_default_str();
-  app.add_option("-f,--step-factor", step_factor, "size multiplier between rows")->capture_default_str();
-  app.add_option("-n,--iters", iters, "timed operations per size")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 10000000));
-  app.add_option("-w,--warmup", warmup, "untimed operations per size")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 10000000));
+  runtime::add_bytes(app, "-b,--min-bytes", min_bytes, "smallest size (512, 64K, 16M)")->default_str("8");
+  runtime::add_bytes(app, "-e,--max-bytes", max_bytes, "largest size")->default_str("64M");
+  runtime::add_number(app, "-f,--step-factor", step_factor, "size multiplier between rows", 1.01, 1024.0);
+  runtime::add_number(app, "-n,--iters", iters, "timed operations per size", 1, 10000000);
+  runtime::add_number(app, "-w,--warmup", warmup, "untimed operations per size", 0, 10000000);
   app.add_option("--dtype", dtype_text, "f32, bf16 or f16")
       ->capture_default_str()
       ->check(CLI::IsMember({"f32", "bf16", "f16"}));
   app.add_option("--op", op_text, "sum or avg")->capture_default_str()->check(CLI::IsMember({"sum", "avg"}));
   app.add_option("--device", device_text, "cpu or cuda (nccl needs cuda)")->capture_default_str();
-  app.add_option("--chunk-bytes", chunk_text, "ring: bytes per pipelined message")->capture_default_str();
-  app.add_option("--net-chunk-bytes", net_chunk_text, "ring: bytes per message between nodes")->capture_default_str();
-  app.add_option("--pipeline-depth", depth, "ring: receive buffers in flight")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1024));
+  runtime::add_bytes(app, "--chunk-bytes", chunk_bytes, "ring: bytes per pipelined message")->default_str("512K");
+  runtime::add_bytes(app, "--net-chunk-bytes", net_chunk_bytes, "ring: bytes per message between nodes")
+      ->default_str("64000");
+  runtime::add_number(app, "--pipeline-depth", depth, "ring: receive buffers in flight", 1, 1024);
   app.add_flag("-c,--check", check, "verify results (wrong-element count)");
   app.add_option("--json", json_path, "write {\"results\": [...]} here (rank 0)");
-  CLI11_PARSE(app, argc, argv);
+  RT_PARSE_FLAGS(app, argc, argv);
 
   return run_main(argc, argv, [&](World& world) {
-    const int64_t min_bytes = parse_bytes("--min-bytes", min_text), max_bytes = parse_bytes("--max-bytes", max_text);
     RT_CHECK(min_bytes > 0 && min_bytes <= max_bytes, "--min-bytes (", min_bytes,
              ") must be positive and at most --max-bytes (", max_bytes, ")");
     RT_CHECK(std::isfinite(step_factor) && step_factor > 1,
@@ -105,9 +100,9 @@ int main(int argc, char** argv) {
     RT_CHECK(!(check && op == ReduceOp::Average), "--check verifies sums; drop --op avg or --check");
     const DeviceBinding binding = world.bind(parse_device(device_text));
     CommOptions options;
-    options.chunk_bytes = parse_bytes("--chunk-bytes", chunk_text);
+    options.chunk_bytes = chunk_bytes;
     options.pipeline_depth = depth;
-    options.net_chunk_bytes = parse_bytes("--net-chunk-bytes", net_chunk_text);
+    options.net_chunk_bytes = net_chunk_bytes;
     std::vector<std::pair<std::string, CommunicatorPtr>> comms;
     for (const std::string& name : split(backends_text))
       comms.emplace_back(name, make_communicator(parse_backend(name), world.comm(), options));
@@ -182,4 +177,6 @@ int main(int argc, char** argv) {
     comms.clear();
     return total_wrong == 0 ? 0 : 2;
   });
+} catch (...) {
+  return runtime::main_error("allreduce_bench");  // no exception escapes main
 }

@@ -13,11 +13,12 @@
 
 #include "core/check.h"
 #include "data/loader.h"
+#include "runtime/config/cli.h"
 
 using namespace ringtrain;
 using namespace ringtrain::data;
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
   CLI::App app{"Measures the loader's images/s on a shard split"};
   std::string data_dir, split = "train", threads_text = "1,2";
   int64_t batch = 128, batches = 100, pad_crop = 0, resized_crop = 0;
@@ -26,29 +27,22 @@ int main(int argc, char** argv) {
   bool hflip = false, hdf5_reads = false;
   app.add_option("--data", data_dir, "shard dataset folder (made by make_shards)")->required();
   app.add_option("--split", split, "split to read")->capture_default_str();
-  app.add_option("-b,--batch-size", batch, "records per batch")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-  app.add_option("--threads", threads_text, "comma-separated worker thread counts to measure")->capture_default_str();
-  app.add_option("--batches", batches, "batches per measured run")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
-  app.add_option("--pad-crop", pad_crop, "random crop after zero padding by this many pixels")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 16));
-  app.add_option("--resized-crop", resized_crop, "random-resized crop to this size (0 = off)")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{0}, int64_t{8192}));
+  runtime::add_number(app, "-b,--batch-size", batch, "records per batch", 1, int64_t{1} << 20);
+  runtime::add_number_list(app, "--threads", threads_text, "comma-separated worker thread counts to measure",
+                           NumberRange<int>{1, 1024})
+      ->capture_default_str();
+  runtime::add_number(app, "--batches", batches, "batches per measured run", 1, int64_t{1} << 30);
+  runtime::add_number(app, "--pad-crop", pad_crop, "random crop after zero padding by this many pixels", 0,
+                      int64_t{1} << 16);
+  runtime::add_number(app, "--resized-crop", resized_crop, "random-resized crop to this size (0 = off)", 0, 8192);
   app.add_flag("--hflip", hflip, "random horizontal flip");
   app.add_flag("--hdf5-reads", hdf5_reads, "read decoded images through HDF5 (its lock) instead of pread, to compare");
   app.add_option("--decode", decode_text,
                  "comma-separated JPEG decode modes to measure, interleaved: scaled (the crop's region at the "
                  "smallest DCT scale covering it), region (the region at full size), whole (all of it at full size)")
       ->capture_default_str();
-  app.add_option("--repeats", repeats, "runs per configuration (median reported)")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1000));
-  CLI11_PARSE(app, argc, argv);
+  runtime::add_number(app, "--repeats", repeats, "runs per configuration (median reported)", 1, 1000);
+  RT_PARSE_FLAGS(app, argc, argv);
   try {
     auto items = [](const std::string& text) {
       std::vector<std::string> out;
@@ -57,13 +51,7 @@ int main(int argc, char** argv) {
       return out;
     };
     std::vector<int> thread_counts;
-    for (const std::string& item : items(threads_text)) {
-      const bool digits =
-          !item.empty() && item.size() <= 4 && item.find_first_not_of("0123456789") == std::string::npos;
-      const int t = digits ? std::stoi(item) : 0;
-      if (t <= 0 || t > 1024) RT_THROW("--threads: '", item, "' is not a thread count from 1 to 1024");
-      thread_counts.push_back(t);
-    }
+    for (const int t : parse_number_list<int>("--threads", threads_text, {1, 1024})) thread_counts.push_back(t);
     if (thread_counts.empty()) RT_THROW("--threads: no thread count in '", threads_text, "'");
     const std::vector<std::string> decodes = items(decode_text);
     for (const std::string& d : decodes)
@@ -138,4 +126,6 @@ int main(int argc, char** argv) {
     return 1;
   }
   return 0;
+} catch (...) {
+  return runtime::main_error("bench_loader");  // no exception escapes main
 }

@@ -39,11 +39,12 @@
 #include "layers/loss.h"
 #include "layers/models/resnet.h"
 #include "optim/optimizer.h"
+#include "runtime/config/cli.h"
 #include "runtime/telemetry/profiler.h"
 
 using namespace ringtrain;
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
   CLI::App app{"Times ResNet training steps on synthetic data"};
   std::string arch = "resnet20", device_text = "cpu", precision = "fp32", tf32 = "on", backend = "ring",
               cpu_conv = "auto", recompute = "off";
@@ -53,25 +54,13 @@ int main(int argc, char** argv) {
   std::string profile_jsonl;
   double bucket_mb = 25;
   app.add_option("-a,--arch", arch, "architecture")->capture_default_str();
-  app.add_option("-b,--batch-size", batch, "images per step")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 16));
-  app.add_option("--threads", threads, "CPU threads (0: cores / local ranks)")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 4096));
-  app.add_option("--hw", hw, "image height and width")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{1}, int64_t{4096}));
-  app.add_option("--in-ch", in_ch, "input channels")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{1}, int64_t{4096}));
-  app.add_option("--classes", classes, "classes")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-  app.add_option("--steps", steps, "timed steps (median reported)")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1000000));
-  app.add_option("--warmup", warmup, "untimed steps first")->capture_default_str()->check(CLI::Range(0, 1000000));
+  runtime::add_number(app, "-b,--batch-size", batch, "images per step", 1, int64_t{1} << 16);
+  runtime::add_number(app, "--threads", threads, "CPU threads (0: cores / local ranks)", 0, 1024);
+  runtime::add_number(app, "--hw", hw, "image height and width", 1, 4096);
+  runtime::add_number(app, "--in-ch", in_ch, "input channels", 1, 4096);
+  runtime::add_number(app, "--classes", classes, "classes", 1, int64_t{1} << 20);
+  runtime::add_number(app, "--steps", steps, "timed steps (median reported)", 1, 1000000);
+  runtime::add_number(app, "--warmup", warmup, "untimed steps first", 0, 1000000);
   app.add_option("--device", device_text, "cpu or cuda[:i]")->capture_default_str();
   app.add_option("--precision", precision,
                  "fp32, or bf16/fp16: convolutions and GEMMs autocast to it, as train_resnet --precision (no loss "
@@ -89,9 +78,7 @@ int main(int argc, char** argv) {
                  "machine's own slowdown from running ranks side by side, the ceiling for weak scaling)")
       ->capture_default_str()
       ->check(CLI::IsMember({"ring", "hierarchical", "mpi", "nccl", "none"}));
-  app.add_option("--bucket-mb", bucket_mb, "gradient bucket size under mpirun")
-      ->capture_default_str()
-      ->check(CLI::Range(1e-6, 1e6));
+  runtime::add_number(app, "--bucket-mb", bucket_mb, "gradient bucket size under mpirun", 1e-6, 1e6);
   app.add_option("--cpu-conv", cpu_conv,
                  "CPU convolutions: auto (Winograd where faster), direct, or compare (alternate the two step by step); "
                  "default: RINGTRAIN_CPU_CONV, else auto")
@@ -105,12 +92,10 @@ int main(int argc, char** argv) {
   app.add_flag("--profile", profile,
                "after the timed steps, profile --profile-steps more: the table per op family (GPU time from CUDA "
                "events, host time, share of the step, host waits per step)");
-  app.add_option("--profile-steps", profile_steps, "steps --profile measures")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1000000));
+  runtime::add_number(app, "--profile-steps", profile_steps, "steps --profile measures", 1, 1000000);
   app.add_flag("--profile-layers", profile_layers, "with --profile: per (layer, family) rows too");
   app.add_option("--profile-jsonl", profile_jsonl, "with --profile: append its record to this JSONL file");
-  CLI11_PARSE(app, argc, argv);
+  RT_PARSE_FLAGS(app, argc, argv);
   if (cpu_conv == "compare" && recompute == "compare") {
     std::fprintf(stderr, "bench_step: --cpu-conv compare and --recompute compare: compare one at a time\n");
     return 2;
@@ -234,4 +219,6 @@ int main(int argc, char** argv) {
     }
     return 0;
   });
+} catch (...) {
+  return runtime::main_error("bench_step");  // no exception escapes main
 }

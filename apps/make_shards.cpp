@@ -12,6 +12,7 @@
 
 #include "data/converters.h"
 #include "io/files.h"
+#include "runtime/config/cli.h"
 
 using namespace ringtrain;
 using namespace ringtrain::data;
@@ -25,22 +26,23 @@ struct CommonArgs {
 };
 
 void add_common_options(CLI::App* sub, CommonArgs& args) {
-  sub->add_option("--shards", args.shards,
-                  "Shards of the train split; smaller splits get proportionally fewer, at least 1")
-      ->check(CLI::Range(1, 99999));
-  sub->add_option("--seed", args.seed, "Seed for the imagefolder shuffle and synthetic data");
+  runtime::add_number(*sub, "--shards", args.shards,
+                      "Shards of the train split; smaller splits get proportionally fewer, at least 1", 1, 99999);
+  runtime::add_number(*sub, "--seed", args.seed, "Seed for the imagefolder shuffle and synthetic data", uint64_t{0},
+                      std::numeric_limits<uint64_t>::max());
   sub->add_flag("--quiet", args.quiet, "No progress line on stderr");
 }
 
 // "HxWxC" -> three positive sizes; empty string on success (CLI11's validator convention).
 std::string parse_shape(const std::string& text, int64_t shape[3]) {
-  long long h = 0, w = 0, c = 0;
-  char tail = 0;
-  if (std::sscanf(text.c_str(), "%lldx%lldx%lld%c", &h, &w, &c, &tail) != 3)
-    return "expected HxWxC, e.g. 32x32x3, got '" + text + "'";
-  if (h < 1 || w < 1 || c < 1 || h > 65536 || w > 65536 || c > 4096)
-    return "sizes must be in 1..65536 (channels 1..4096), got '" + text + "'";
-  shape[0] = h, shape[1] = w, shape[2] = c;
+  const size_t x1 = text.find('x'), x2 = x1 == std::string::npos ? x1 : text.find('x', x1 + 1);
+  if (x2 == std::string::npos) return "expected HxWxC, e.g. 32x32x3, got '" + text + "'";
+  const std::optional<int64_t> h = to_number<int64_t>(text.substr(0, x1)),
+                               w = to_number<int64_t>(text.substr(x1 + 1, x2 - x1 - 1)),
+                               c = to_number<int64_t>(text.substr(x2 + 1));
+  if (!h || !w || !c || *h < 1 || *w < 1 || *c < 1 || *h > 65536 || *w > 65536 || *c > 4096)
+    return "expected HxWxC with sizes in 1..65536 (channels 1..4096), got '" + text + "'";
+  shape[0] = *h, shape[1] = *w, shape[2] = *c;
   return "";
 }
 
@@ -67,7 +69,7 @@ void print_summary(const ConvertResult& result, const std::string& out) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
   CLI::App app{"make_shards: converts a dataset into ringtrain HDF5 shards plus manifest.json (docs/DATA_FORMAT.md)"};
   app.option_defaults()->always_capture_default();  // --help shows every default
   app.require_subcommand(1);
@@ -93,22 +95,22 @@ int main(int argc, char** argv) {
       "imagefolder", "Class-per-subfolder JPEG/PNG tree: SRC/train/<class>/* (+ SRC/val, SRC/test) or SRC/<class>/*");
   imagefolder->add_option("SRC", src, "Source folder")->required()->check(CLI::ExistingDirectory);
   imagefolder->add_option("OUT", out, "Output dataset folder (created if missing)")->required();
-  imagefolder
-      ->add_option("--size", image_options.size,
-                   "Output side: shorter side resized to S, then center-cropped to SxS; 0 (with --encode jpeg): every "
-                   "image kept as it is, at its own size (for random-resized crops when training, as for ImageNet)")
+  runtime::add_number(
+      *imagefolder, "--size", image_options.size,
+      "Output side: shorter side resized to S, then center-cropped to SxS; 0 (with --encode jpeg): every "
+      "image kept as it is, at its own size (for random-resized crops when training, as for ImageNet)",
+      0, 8192)
       ->required()
-      ->default_str("")  // required: a default in --help would mislead
-      ->check(CLI::Range(int64_t{0}, int64_t{8192}));
-  imagefolder->add_option("--channels", image_options.channels, "1 (grayscale) or 3 (RGB); other images are converted")
-      ->check(CLI::IsMember({1, 3}));
+      ->default_str("");  // required: a default in --help would mislead
+  runtime::add_number(*imagefolder, "--channels", image_options.channels,
+                      "1 (grayscale) or 3 (RGB); other images are converted", 1, 3)
+      ->check(CLI::IsMember({"1", "3"}));
   std::string encode = "raw";
   imagefolder->add_option("--encode", encode, "raw (decoded pixels) or jpeg (the resized images re-encoded)")
       ->capture_default_str()
       ->check(CLI::IsMember({"raw", "jpeg"}));
   imagefolder->add_flag("--keep-encoded", keep_encoded, "The same as --encode jpeg");
-  imagefolder->add_option("--quality", image_options.jpeg_quality, "JPEG quality for --encode jpeg")
-      ->check(CLI::Range(1, 100));
+  runtime::add_number(*imagefolder, "--quality", image_options.jpeg_quality, "JPEG quality for --encode jpeg", 1, 100);
   imagefolder->add_flag("--strict", image_options.strict,
                         "Refuse images that decode only with libjpeg warnings (corrupt data) instead of counting them");
   add_common_options(imagefolder, common);
@@ -121,19 +123,17 @@ int main(int argc, char** argv) {
   synthetic->add_option("OUT", out, "Output dataset folder (created if missing)")->required();
   synthetic->add_option("--shape", shape_text, "Image shape HxWxC")
       ->check(CLI::Validator([&shape](std::string& text) { return parse_shape(text, shape); }, "HxWxC"));
-  synthetic->add_option("--count", spec.count, "Train records")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
-  synthetic->add_option("--classes", spec.num_classes, "Number of classes")->check(CLI::Range(1, 1 << 20));
+  runtime::add_number(*synthetic, "--count", spec.count, "Train records", 1, int64_t{1} << 40);
+  runtime::add_number(*synthetic, "--classes", spec.num_classes, "Number of classes", 1, 1 << 20);
   std::string synthetic_encode = "raw";
   synthetic
       ->add_option("--encode", synthetic_encode, "raw (pixels) or jpeg (each record JPEG-encoded; 1 or 3 channels)")
       ->capture_default_str()
       ->check(CLI::IsMember({"raw", "jpeg"}));
-  synthetic->add_option("--quality", spec.jpeg_quality, "JPEG quality for --encode jpeg")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 100));
+  runtime::add_number(*synthetic, "--quality", spec.jpeg_quality, "JPEG quality for --encode jpeg", 1, 100);
   add_common_options(synthetic, common);
 
-  CLI11_PARSE(app, argc, argv);
+  RT_PARSE_FLAGS(app, argc, argv);
 
   try {
     ConvertOptions options;
@@ -163,4 +163,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "make_shards: error: %s\n", io::explain_write_failure(out, e.what()).c_str());
     return 1;
   }
+} catch (...) {
+  return runtime::main_error("make_shards");  // no exception escapes main
 }

@@ -29,6 +29,7 @@
 #include "core/parallel.h"
 #include "runtime/cluster/gpu_choice.h"
 #include "runtime/cluster/preflight.h"
+#include "runtime/config/cli.h"
 #include "runtime/memory/memory_budget.h"
 #include "runtime/tools/job_view.h"
 
@@ -123,28 +124,36 @@ int watch_job(const std::string& path, double interval, bool once) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
   CLI::App app{"ringtrain's preflight doctor: machine, libraries, rank map and checks (alone or under mpirun)"};
-  std::string data_dir, bytes_text = "16M";
+  std::string data_dir;
+  int64_t bytes = int64_t{16} << 20;
   bool decode_all = false;
-  app.add_option("--data", data_dir,
-                 "also validate every split of this shard folder, decoding a sample of every shard's encoded records");
-  app.add_flag("--decode-all", decode_all, "with --data: decode every encoded record, not a sample of each shard");
-  app.add_option("--bytes", bytes_text, "all-reduce size for the timed check (K/M/G suffixes)")->capture_default_str();
+  CLI::Option* data_option = app.add_option(
+      "--data", data_dir,
+      "also validate every split of this shard folder, decoding a sample of every shard's encoded records");
+  CLI::Option* decode_option =
+      app.add_flag("--decode-all", decode_all, "with --data: decode every encoded record, not a sample of each shard")
+          ->needs(data_option);
+  CLI::Option* bytes_option =
+      runtime::add_bytes(app, "--bytes", bytes, "all-reduce size for the timed check (512K, 16M, 1G)")
+          ->default_str("16M");
   std::string watch;
   double interval = 2;
   bool once = false;
-  app.add_option("--watch", watch,
-                 "instead of the checks: a one-screen view of a running job from its --log-jsonl file, redrawn until "
-                 "the job's summary appears (no MPI needed)");
-  app.add_option("--interval", interval, "--watch: seconds between redraws")
-      ->capture_default_str()
-      ->check(CLI::Range(0.1, 3600.0));
-  app.add_flag("--once", once, "--watch: draw once and exit");
-  CLI11_PARSE(app, argc, argv);
+  CLI::Option* watch_option =
+      app.add_option("--watch", watch,
+                     "instead of the checks: a one-screen view of a running job from its --log-jsonl file, redrawn "
+                     "until the job's summary appears (no MPI needed)")
+          ->excludes(data_option)
+          ->excludes(decode_option)
+          ->excludes(bytes_option);
+  runtime::add_number(app, "--interval", interval, "--watch: seconds between redraws", 0.1, 3600.0)
+      ->needs(watch_option);
+  app.add_flag("--once", once, "--watch: draw once and exit")->needs(watch_option);
+  RT_PARSE_FLAGS(app, argc, argv);
   if (!watch.empty()) return watch_job(watch, interval, once);
   return comm::run_main(argc, argv, [&](comm::World& world) {
-    const int64_t bytes = parse_bytes("--bytes", bytes_text);
     // The thread count a training rank would get.
     const comm::DeviceBinding cpu = world.bind(Device::cpu());
     const CudaStatus& cuda = cuda_status();
@@ -202,4 +211,6 @@ int main(int argc, char** argv) {
     if (world.is_root()) std::printf("%s\n", all_ok ? "all checks passed" : "some checks FAILED");
     return all_ok ? 0 : 1;
   });
+} catch (...) {
+  return runtime::main_error("ringtrain_env");  // no exception escapes main
 }

@@ -42,6 +42,7 @@
 #include "core/check.h"
 #include "io/files.h"
 #include "runtime/cluster/process.h"
+#include "runtime/config/cli.h"
 #include "runtime/tools/supervisor.h"
 
 using namespace ringtrain;
@@ -663,7 +664,7 @@ int Supervisor::stop(const Stop& s) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
   CLI::App app{
       "Elastic supervisor: runs a training job under mpirun and restarts it on the surviving hosts, from "
       "its newest checkpoint, when a rank or host fails"};
@@ -671,29 +672,21 @@ int main(int argc, char** argv) {
   app.add_option("--hostfile", o.hostfile,
                  "Open MPI hostfile of the hosts to use (else the one in --mpirun-args, "
                  "the Slurm allocation, or this host)");
-  app.add_option("--np", o.np, "ranks of the first launch")->required()->check(CLI::Range(1, 1 << 20));
-  app.add_option("--max-restarts", o.max_restarts, "relaunches after failures before giving up")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 1000));
-  app.add_option("--min-np", o.min_np, "fewest ranks a relaunch may use")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 20));
-  app.add_option("--max-np", o.max_np, "most ranks a relaunch may use when hosts come back (0: --np)")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 1 << 20));
-  app.add_option("--restart-delay", o.restart_delay, "seconds to wait before a relaunch")
-      ->capture_default_str()
-      ->check(CLI::Range(0.0, 86400.0));
-  app.add_option("--probe-timeout", o.probe_timeout, "seconds a host may take to answer the liveness probe")
-      ->capture_default_str()
-      ->check(CLI::Range(0.1, 3600.0));
+  runtime::add_number(app, "--np", o.np, "ranks of the first launch", 1, 1 << 20)->required();
+  runtime::add_number(app, "--max-restarts", o.max_restarts, "relaunches after failures before giving up", 0, 1000);
+  runtime::add_number(app, "--min-np", o.min_np, "fewest ranks a relaunch may use", 1, 1 << 20);
+  runtime::add_number(app, "--max-np", o.max_np, "most ranks a relaunch may use when hosts come back (0: --np)", 0,
+                      1 << 20);
+  runtime::add_number(app, "--restart-delay", o.restart_delay, "seconds to wait before a relaunch", 0.0, 86400.0);
+  runtime::add_number(app, "--probe-timeout", o.probe_timeout, "seconds a host may take to answer the liveness probe",
+                      0.1, 3600.0);
   app.add_flag("--allow-batch-change", o.allow_batch_change,
                "relaunch even when the global batch cannot be kept on the ranks left (the training changes)");
   app.add_option("--mpirun-args", o.mpirun_args, "options passed to every mpirun (one string, split as sh does)");
   app.add_option("--mpirun", o.mpirun, "the mpirun to run")->capture_default_str();
   app.add_option("--log-jsonl", o.log_jsonl, "append the restart records here (default: the job's --log-jsonl)");
   app.add_option("command", o.command, "the training command, after --")->required();
-  CLI11_PARSE(app, argc, argv);
+  RT_PARSE_FLAGS(app, argc, argv);
   struct sigaction sa {};
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
@@ -704,4 +697,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ringtrain_run: %s\n", e.what());
     return 2;
   }
+} catch (...) {
+  return runtime::main_error("ringtrain_run");  // no exception escapes main
 }

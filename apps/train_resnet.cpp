@@ -87,7 +87,7 @@ int train(comm::World& world, runtime::TrainerOptions options, const std::string
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
   CLI::App app{"Data-parallel ResNet training (run under mpirun for several ranks)"};
   runtime::TrainerOptions options;
   options.program = "train_resnet";
@@ -97,20 +97,18 @@ int main(int argc, char** argv) {
   // their defaults first and let the user's flags override them.
   runtime::add_trainer_flags(app, options, data_dir);
   app.add_flag("--synthetic", f.synthetic, "random data shaped for the model instead of --data");
-  app.add_option("--synthetic-size", f.synthetic_size, "records per synthetic epoch")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  runtime::add_number(app, "--synthetic-size", f.synthetic_size, "records per synthetic epoch", 1, int64_t{1} << 40);
   app.add_option("-a,--arch", f.arch, "resnet20|32|44|56|110 (CIFAR) or resnet18|34|50|101|152")
       ->capture_default_str()
       ->check(CLI::IsMember(resnet_archs()));
-  app.add_option("--pad-crop", f.pad_crop, "random crop padding (-1: 4 for images up to 64 px, else off)")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{-1}, int64_t{1} << 16));
-  app.add_option("--image-size", f.image_size,
-                 "random-resized-crop size for large images / synthetic size (0: model default)")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 16));
+  runtime::add_number(app, "--pad-crop", f.pad_crop, "random crop padding (-1: 4 for images up to 64 px, else off)", -1,
+                      int64_t{1} << 16);
+  runtime::add_number(app, "--image-size", f.image_size,
+                      "random-resized-crop size for large images / synthetic size (0: model default)", 0,
+                      int64_t{1} << 16);
   app.add_flag("!--no-hflip", f.hflip, "disable random horizontal flips");
-  CLI11_PARSE(app, argc, argv);
+  RT_PARSE_FLAGS(app, argc, argv);
   return comm::run_main(argc, argv, [&](comm::World& world) { return train(world, options, data_dir, f); });
+} catch (...) {
+  return runtime::main_error("train_resnet");  // no exception escapes main
 }

@@ -32,31 +32,6 @@ std::string format_bytes(int64_t nbytes) {
   return buffer;
 }
 
-int64_t parse_bytes(const std::string& what, const std::string& text) {
-  size_t used = 0;
-  double value = 0;
-  try {
-    value = std::stod(text, &used);
-  } catch (const std::exception&) {
-    RT_THROW(what, ": expected a size like 8, 64K, 16M or 1G, got '", text, "'");
-  }
-  const std::string suffix = text.substr(used);
-  double scale = 1;
-  if (suffix == "K" || suffix == "k" || suffix == "KiB")
-    scale = 1024.0;
-  else if (suffix == "M" || suffix == "MiB")
-    scale = 1024.0 * 1024;
-  else if (suffix == "G" || suffix == "GiB")
-    scale = 1024.0 * 1024 * 1024;
-  else if (!suffix.empty() && suffix != "B")
-    RT_THROW(what, ": unknown size suffix '", suffix, "' in '", text, "' (use K, M or G)");
-  RT_CHECK(std::isfinite(value), what, ": size must be a finite number, got '", text, "'");
-  RT_CHECK(value >= 0, what, ": size must not be negative, got '", text, "'");
-  const double bytes = value * scale;
-  RT_CHECK(bytes < 9.2e18, what, ": size '", text, "' does not fit in 64 bits");
-  return static_cast<int64_t>(bytes);
-}
-
 double peak_rss_bytes() {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);

@@ -123,10 +123,6 @@ void copy_bytes_async(void* dst, Device dst_device, const void* src, Device src_
 
 // Human-readable byte counts: "512 B", "1.50 MiB".
 std::string format_bytes(int64_t nbytes);
-// The inverse, for flags: "8", "64K", "16M", "1G" (also k, KiB, MiB, GiB, a trailing B); binary units.
-// Errors name `what` (the flag) and the text: not a number, an unknown suffix, negative, not finite or
-// beyond int64.
-int64_t parse_bytes(const std::string& what, const std::string& text);
 // The high-water mark of this process's resident memory (getrusage), in bytes.
 double peak_rss_bytes();
 

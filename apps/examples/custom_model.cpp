@@ -31,7 +31,7 @@ std::shared_ptr<Sequential> make_net(int64_t channels, int64_t classes, double d
   return net;
 }
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
   CLI::App app{"A custom CNN trained data-parallel on shard files (ringtrain's library example)"};
   runtime::TrainerOptions options;  // this app's defaults; --help shows them
   options.program = "custom_model";
@@ -41,10 +41,8 @@ int main(int argc, char** argv) {
   std::string data_dir;
   double dropout = 0;
   runtime::add_trainer_flags(app, options, data_dir);
-  app.add_option("--dropout", dropout, "dropout before the classifier (0: none)")
-      ->capture_default_str()
-      ->check(CLI::Range(0.0, 0.95));
-  CLI11_PARSE(app, argc, argv);
+  runtime::add_number(app, "--dropout", dropout, "dropout before the classifier (0: none)", 0.0, 0.95);
+  RT_PARSE_FLAGS(app, argc, argv);
   return comm::run_main(argc, argv, [&](comm::World& world) {
     RT_CHECK(!data_dir.empty(), "usage: custom_model --data DATA_DIR [flags] (--help lists them)");
     runtime::Trainer trainer(world, options);  // binds this rank, seeds the init, starts the watchdog
@@ -56,4 +54,6 @@ int main(int argc, char** argv) {
     trainer.fit(*net, *data);  // SGD, cosine schedule, GradSync, checkpoints, evaluation, summary
     return 0;
   });
+} catch (...) {
+  return runtime::main_error("custom_model");  // no exception escapes main
 }

@@ -15,6 +15,7 @@
 #include "core/check.h"
 #include "core/ops.h"
 #include "core/parallel.h"
+#include "core/parse.h"
 #include "data/idx.h"
 
 using namespace ringtrain;
@@ -45,13 +46,12 @@ Split load_split(const fs::path& dir, const std::string& prefix) {
   return {x, lab.to(DType::I64)};
 }
 
-int flag_int(int argc, char** argv, const char* name, int fallback) {
-  for (int i = 1; i + 1 < argc; ++i)
+// The value after `name`, a whole number in [1, hi] (core/parse.h: nothing wraps or truncates), or `fallback`.
+int flag_int(int argc, char** argv, const char* name, int fallback, int hi) {
+  for (int i = 1; i < argc; ++i)
     if (std::strcmp(argv[i], name) == 0) {
-      char* end = nullptr;
-      long v = std::strtol(argv[i + 1], &end, 10);
-      if (*end != '\0' || v <= 0) RT_THROW("flag ", name, " needs a positive integer, got '", argv[i + 1], "'");
-      return static_cast<int>(v);
+      RT_CHECK(i + 1 < argc, name, " needs a value");
+      return parse_number<int>(name, argv[i + 1], {1, hi});
     }
   return fallback;
 }
@@ -67,8 +67,9 @@ int main(int argc, char** argv) try {
     }
     if (std::strcmp(argv[i], "--data") == 0 && i + 1 < argc) data_dir = argv[i + 1];
   }
-  const int epochs = flag_int(argc, argv, "--epochs", 2), batch = flag_int(argc, argv, "--batch-size", 128);
-  if (int t = flag_int(argc, argv, "--threads", 0); t > 0) set_num_threads(t);
+  const int epochs = flag_int(argc, argv, "--epochs", 2, 1000000),
+            batch = flag_int(argc, argv, "--batch-size", 128, 60000);
+  if (int t = flag_int(argc, argv, "--threads", 0, 1024); t > 0) set_num_threads(t);
 
   Split train = load_split(data_dir, "train"), test = load_split(data_dir, "t10k");
   std::printf("Fashion-MNIST from %s: %lld train, %lld test images; %d CPU threads\n", data_dir.c_str(),
@@ -114,5 +115,8 @@ int main(int argc, char** argv) try {
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "fashion_mnist_mlp: error: %s\n", e.what());
+  return 1;
+} catch (...) {
+  std::fprintf(stderr, "fashion_mnist_mlp: error: an unknown exception\n");
   return 1;
 }

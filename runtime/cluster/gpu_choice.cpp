@@ -21,6 +21,7 @@
 #include "comm/world.h"
 #include "core/allocator.h"
 #include "core/check.h"
+#include "core/parse.h"
 #include "runtime/cluster/nvml.h"
 
 namespace ringtrain::runtime {
@@ -228,15 +229,7 @@ std::unique_ptr<GpuLock> GpuLock::try_acquire(const std::string& uuid, std::stri
 GpuLock::~GpuLock() { ::close(fd_); }  // releases the flock
 
 std::vector<int> parse_gpu_list(const std::string& text) {
-  std::vector<int> out;
-  std::stringstream ss(text);
-  for (std::string item; std::getline(ss, item, ',');) {
-    RT_CHECK(!item.empty() && item.size() <= 4 && item.find_first_not_of("0123456789") == std::string::npos,
-             "--gpus: expected comma-separated GPU indices (as CUDA numbers them), got '", text, "'");
-    out.push_back(std::stoi(item));
-  }
-  RT_CHECK(!out.empty(), "--gpus: expected comma-separated GPU indices, got '", text, "'");
-  return out;
+  return parse_number_list<int>("--gpus (GPU indices as CUDA numbers them)", text, {0, 1023});
 }
 
 GpuChoice choose_gpu(const GpuChoiceOptions& o, const std::set<unsigned>& own_pids, const std::string& where,

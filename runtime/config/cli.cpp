@@ -3,8 +3,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <limits>
 
 #include "core/allocator.h"
+#include "core/parse.h"
 
 namespace ringtrain::runtime {
 
@@ -34,88 +38,51 @@ CLI::Option* add_choice(CLI::App& app, const std::string& name, const std::strin
 
 void add_length_flags(CLI::App& app, TrainerOptions& o, std::string& data) {
   app.add_option("--data", data, "shard folder (make_shards output with train/ and optionally test/ splits)");
+  static constexpr NumberRange<int64_t> kBatch{1, int64_t{1} << 24};
   app.add_option_function<std::string>(
-         "-b,--batch-size",
-         [&o](const std::string& v) {
-           o.batch = v == "auto" ? 0 : std::stoll(v);  // checked below
-         },
+         "-b,--batch-size", [&o](const std::string& v) { o.batch = v == "auto" ? 0 : *to_number<int64_t>(v); },
          "images per rank per micro-batch, or auto: the largest the memory budget holds (--max-memory)")
       ->default_str(std::to_string(o.batch))
+      ->type_name("auto|" + number_type_name(kBatch))
       ->check(CLI::Validator(
           [](std::string& v) {
-            if (v == "auto") return std::string();
-            try {
-              size_t used = 0;
-              const long long b = std::stoll(v, &used);
-              if (used == v.size() && b >= 1 && b <= (1ll << 24)) return std::string();
-            } catch (const std::exception&) {
-            }
-            return "expected auto or a number of images in [1, 16777216], got '" + v + "'";
+            const std::string problem = v == "auto" ? std::string() : number_problem(v, kBatch);
+            return problem.empty() ? problem : problem + " (or auto)";
           },
-          "auto|INT"));
-  app.add_option("--global-batch", o.global_batch,
-                 "images per optimizer step over all ranks: --accum-steps chosen to make it (with -b auto, the "
-                 "batch too); 0 = off")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
-  app.add_option_function<std::string>(
-         "--max-memory", [&o](const std::string& v) { o.max_memory = parse_bytes("--max-memory", v); },
-         "memory a rank may use (8G, 512M): a run predicted to need more is refused before its first step, with "
-         "the remedies that fit; default: the device's free memory shared by its ranks")
+          ""));
+  add_number(app, "--global-batch", o.global_batch,
+             "images per optimizer step over all ranks: --accum-steps chosen to make it (with -b auto, the "
+             "batch too); 0 = off",
+             0, int64_t{1} << 40);
+  add_bytes(app, "--max-memory", o.max_memory,
+            "memory a rank may use (8G, 512M, 300MB): a run predicted to need more is refused before its first "
+            "step, with the remedies that fit; default: the device's free memory shared by its ranks")
       ->default_str("free memory");
-  app.add_option("--epochs", o.epochs, "epochs")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{1}, int64_t{1000000}));
-  app.add_option("--steps", o.steps, "stop after this many optimizer steps (overrides --epochs; 0 = off)")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
-  app.add_option("--accum-steps", o.accum, "micro-batches per optimizer step")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-  app.add_option("--seed", o.seed, "seed for init, shuffling and augmentation")->capture_default_str();
+  add_number(app, "--epochs", o.epochs, "epochs", 1, 1000000);
+  add_number(app, "--steps", o.steps, "stop after this many optimizer steps (overrides --epochs; 0 = off)", 0,
+             int64_t{1} << 40);
+  add_number(app, "--accum-steps", o.accum, "micro-batches per optimizer step", 1, int64_t{1} << 20);
+  add_number(app, "--seed", o.seed, "seed for init, shuffling and augmentation", uint64_t{0},
+             std::numeric_limits<uint64_t>::max());
 }
 
 void add_optimisation_flags(CLI::App& app, TrainerOptions& o) {
-  app.add_option("--lr", o.lr, "base learning rate")
-      ->capture_default_str()
-      ->check(finite_number())
-      ->check(CLI::PositiveNumber);
-  app.add_option("--momentum", o.momentum, "SGD momentum")
-      ->capture_default_str()
-      ->check(finite_number())
-      ->check(CLI::Range(0.0, 1.0));
-  app.add_option("--wd", o.wd, "weight decay")
-      ->capture_default_str()
-      ->check(finite_number())
-      ->check(CLI::NonNegativeNumber);
+  add_positive(app, "--lr", o.lr, "base learning rate", std::numeric_limits<double>::max());
+  add_number(app, "--momentum", o.momentum, "SGD momentum", 0.0, 1.0);
+  add_number(app, "--wd", o.wd, "weight decay", 0.0, 1e6);
   app.add_flag("--nesterov", o.nesterov, "Nesterov momentum");
-  app.add_option("--warmup-epochs", o.warmup_epochs, "linear warmup")
-      ->capture_default_str()
-      ->check(finite_number())
-      ->check(CLI::NonNegativeNumber);
+  add_number(app, "--warmup-epochs", o.warmup_epochs, "linear warmup", 0.0, 1e6);
   add_choice(app, "--lr-schedule", "cosine, step or multistep", name_of(o.lr_schedule), {"cosine", "step", "multistep"},
              [&o](const std::string& v) { o.lr_schedule = parse_lr_shape(v); });
-  app.add_option("--lr-step-epochs", o.lr_step_epochs, "step: decay every this many epochs")
-      ->capture_default_str()
-      ->check(finite_number())
-      ->check(CLI::PositiveNumber);
-  app.add_option("--lr-milestones", o.lr_milestones,
-                 "multistep: epochs, comma-separated (default 50% and 75% of the run)");
-  app.add_option("--lr-gamma", o.lr_gamma, "step/multistep decay factor")
-      ->capture_default_str()
-      ->check(finite_number())
-      ->check(CLI::PositiveNumber);
+  add_positive(app, "--lr-step-epochs", o.lr_step_epochs, "step: decay every this many epochs", 1e6);
+  add_number_list(app, "--lr-milestones", o.lr_milestones,
+                  "multistep: epochs, comma-separated (default 50% and 75% of the run)", NumberRange<double>{0.0, 1e6});
+  add_positive(app, "--lr-gamma", o.lr_gamma, "step/multistep decay factor", 1e6);
   add_choice(app, "--lr-scaling", "none, or linear: lr x global batch / 256", name_of(o.lr_scaling), {"none", "linear"},
              [&o](const std::string& v) { o.lr_scaling = parse_lr_scaling(v); });
-  app.add_option("--label-smoothing", o.label_smoothing, "cross-entropy label smoothing")
-      ->capture_default_str()
-      ->check(finite_number())
-      ->check(CLI::Range(0.0, 1.0));
-  app.add_option("--clip-grad-norm", o.clip_grad_norm,
-                 "scale the gradients down to this global L2 norm when it is larger (0: off)")
-      ->capture_default_str()
-      ->check(finite_number())
-      ->check(CLI::NonNegativeNumber);
+  add_number(app, "--label-smoothing", o.label_smoothing, "cross-entropy label smoothing", 0.0, 1.0);
+  add_number(app, "--clip-grad-norm", o.clip_grad_norm,
+             "scale the gradients down to this global L2 norm when it is larger (0: off)", 0.0, 1e12);
   add_choice(app, "--optimizer", "sgd or adamw", name_of(o.optimizer), {"sgd", "adamw"},
              [&o](const std::string& v) { o.optimizer = parse_optimizer(v); });
 }
@@ -133,25 +100,21 @@ void add_device_flags(CLI::App& app, TrainerOptions& o) {
                "activation recompute: every block but the last (a ResNet's stem and residual blocks, a Sequential's "
                "children) keeps only its input, and its backward runs its forward again (less memory for one more "
                "forward; the same training, bit for bit)");
-  app.add_option("--threads", o.threads, "CPU threads per rank (0: cores / local ranks)")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 4096));
-  app.add_option("--loader-threads", o.loader_threads, "loader threads per rank (0: automatic)")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 4096));
-  app.add_option("--loader-nice", o.loader_nice,
-                 "loader threads run this much lower in priority than the compute threads, so a busy step keeps its "
-                 "cores (0: the same priority)")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 19));
+  add_number(app, "--threads", o.threads,
+             "CPU threads per rank (0: cores / local ranks; more than 16 per core available is refused)", 0, 1024);
+  add_number(app, "--loader-threads", o.loader_threads, "loader threads per rank (0: automatic)", 0, 1024);
+  add_number(app, "--loader-nice", o.loader_nice,
+             "loader threads run this much lower in priority than the compute threads, so a busy step keeps its "
+             "cores (0: the same priority)",
+             0, 19);
   app.add_flag("--allow-shared-gpu", o.allow_shared_gpu,
                "when no free GPU is left, take one that another job uses (or that another rank of this job has)");
-  app.add_option("--gpus", o.gpus, "the GPUs this job may take, as CUDA numbers them (0,2); default: any free one");
-  app.add_option("--wait-for-gpu", o.wait_for_gpu,
-                 "minutes to wait for a free GPU (no other job's process on it) before giving up naming who holds them")
-      ->capture_default_str()
-      ->check(finite_number())
-      ->check(CLI::NonNegativeNumber);
+  add_number_list(app, "--gpus", o.gpus,
+                  "the GPUs this job may take, as CUDA numbers them (0,2); default: any free one",
+                  NumberRange<int>{0, 1023});
+  add_number(app, "--wait-for-gpu", o.wait_for_gpu,
+             "minutes to wait for a free GPU (no other job's process on it) before giving up naming who holds them",
+             0.0, 1e7);
 }
 
 void add_parallel_flags(CLI::App& app, TrainerOptions& o) {
@@ -162,24 +125,19 @@ void add_parallel_flags(CLI::App& app, TrainerOptions& o) {
              [&o](const std::string& v) {
                o.backend = v == "auto" ? std::nullopt : std::optional<comm::Backend>(comm::parse_backend(v));
              });
-  app.add_option("--bucket-mb", o.bucket_mb, "gradient bucket size")
-      ->capture_default_str()
-      ->check(finite_number())
-      ->check(CLI::PositiveNumber);
+  add_positive(app, "--bucket-mb", o.bucket_mb, "gradient bucket size", 1e6);
   add_choice(app, "--compression", "gradients on the wire: none, bf16 or fp16 (half the traffic)", "none",
              {"none", "bf16", "fp16"}, [&o](const std::string& v) { o.compression = comm::parse_compression(v); });
   app.add_flag("--sync-bn", o.sync_bn, "synchronise BatchNorm statistics across ranks");
-  app.add_option("--zero", o.zero,
-                 "ZeRO stage: 1 keeps 1/N of the optimizer state on each rank (bitwise the same training)")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 1));
-  app.add_option("--pipeline-stages", o.pipeline_stages,
-                 "split the model into this many consecutive stages on consecutive ranks (world = stages x "
-                 "replicas); --accum-steps is the micro-batches in flight")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1024));
-  app.add_option("--pipeline-split", o.pipeline_split,
-                 "each stage's first block, e.g. 0,9,18 (default: balanced on measured block costs)");
+  add_number(app, "--zero", o.zero,
+             "ZeRO stage: 1 keeps 1/N of the optimizer state on each rank (bitwise the same training)", 0, 1);
+  add_number(app, "--pipeline-stages", o.pipeline_stages,
+             "split the model into this many consecutive stages on consecutive ranks (world = stages x "
+             "replicas); --accum-steps is the micro-batches in flight",
+             1, 1024);
+  add_number_list(app, "--pipeline-split", o.pipeline_split,
+                  "each stage's first block, e.g. 0,9,18 (default: balanced on measured block costs)",
+                  NumberRange<int>{0, 1 << 20});
   add_choice(app, "--pipeline-schedule", "1f1b (fewer activations held) or gpipe", name_of(o.pipeline_schedule),
              {"1f1b", "gpipe"}, [&o](const std::string& v) { o.pipeline_schedule = parse_pipeline_schedule(v); });
   add_choice(app, "--pipeline-balance", "balance the stages' measured time, or their memory",
@@ -193,19 +151,13 @@ void add_parallel_flags(CLI::App& app, TrainerOptions& o) {
 
 void add_output_flags(CLI::App& app, TrainerOptions& o) {
   app.add_option("--checkpoint-dir", o.checkpoint_dir, "write checkpoints here (always one at the end)");
-  app.add_option("--checkpoint-every", o.checkpoint_every,
-                 "optimizer steps between checkpoints (0: end of every epoch)")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
-  app.add_option(
-         "--checkpoint-every-min", o.checkpoint_every_min,
-         "also write one when this many minutes passed since the last (0: off); bounds the work a failure loses")
-      ->capture_default_str()
-      ->check(finite_number())
-      ->check(CLI::Range(0.0, 1e7));
-  app.add_option("--keep-last", o.keep_last, "checkpoints kept in --checkpoint-dir, older ones deleted (0: all)")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+  add_number(app, "--checkpoint-every", o.checkpoint_every,
+             "optimizer steps between checkpoints (0: end of every epoch)", 0, int64_t{1} << 40);
+  add_number(app, "--checkpoint-every-min", o.checkpoint_every_min,
+             "also write one when this many minutes passed since the last (0: off); bounds the work a failure loses",
+             0.0, 1e7);
+  add_number(app, "--keep-last", o.keep_last, "checkpoints kept in --checkpoint-dir, older ones deleted (0: all)", 0,
+             int64_t{1} << 20);
   app.add_option("--resume", o.resume, "auto (newest in --checkpoint-dir, if any) or a checkpoint path");
   app.add_flag("--allow-batch-change", o.allow_batch_change,
                "resume a checkpoint written at another global batch (the training changes; refused otherwise)");
@@ -214,28 +166,22 @@ void add_output_flags(CLI::App& app, TrainerOptions& o) {
   app.add_flag("--start-over", o.start_over,
                "start a new run in a --checkpoint-dir that holds another run's checkpoints, moving them into a "
                "set-aside-<date> folder of it first (refused otherwise)");
-  app.add_option("--eval-every", o.eval_every, "epochs between evaluations")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{1}, int64_t{1000000}));
-  app.add_option("--log-every", o.log_every, "steps between progress lines / JSONL records")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  add_number(app, "--eval-every", o.eval_every, "epochs between evaluations", 1, 1000000);
+  add_number(app, "--log-every", o.log_every, "steps between progress lines / JSONL records", 1, int64_t{1} << 40);
   add_choice(app, "--progress", "auto (a bar on a terminal when not under mpirun, else lines), bar or lines",
              name_of(o.progress), {"auto", "bar", "lines"},
              [&o](const std::string& v) { o.progress = parse_progress(v); });
   app.add_option("--log-jsonl", o.log_jsonl, "append one JSON object per log interval, eval and a summary");
   app.add_option("--trace", o.trace, "write a Chrome/Perfetto trace merged across ranks");
-  app.add_option("--trace-steps", o.trace_steps, "steps the trace covers (from the first)")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  add_number(app, "--trace-steps", o.trace_steps, "steps the trace covers (from the first)", 1, int64_t{1} << 40);
   app.add_flag_callback(
       "--profile", [&o] { o.profile_steps = o.profile_steps > 0 ? o.profile_steps : kProfileDefaultSteps; },
       detail::str_cat("after ", kProfileWarmupSteps,
                       " warm-up steps, time every op of --profile-steps steps: a table per op family (GPU time from "
                       "CUDA events, host time, share of the step, host waits per step), printed and written as a "
                       "JSONL profile record"));
-  app.add_option("--profile-steps", o.profile_steps, "steps --profile measures (giving it turns --profile on)")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  add_number(app, "--profile-steps", o.profile_steps, "steps --profile measures (giving it turns --profile on)", 1,
+             int64_t{1} << 20);
   app.add_flag_callback(
       "--profile-layers",
       [&o] {
@@ -245,11 +191,8 @@ void add_output_flags(CLI::App& app, TrainerOptions& o) {
       "--profile per layer too: each op under the module that ran it (its backward under the module that "
       "recorded it); prints the largest rows, the JSONL record has all");
   app.add_flag("--check", o.check, "run the preflight doctor (ringtrain_env) first");
-  app.add_option("--timeout", o.timeout,
-                 "seconds a step phase or collective may take before the job is aborted (0: off)")
-      ->capture_default_str()
-      ->check(finite_number())
-      ->check(CLI::NonNegativeNumber);
+  add_number(app, "--timeout", o.timeout,
+             "seconds a step phase or collective may take before the job is aborted (0: off)", 0.0, 1e9);
 }
 
 }  // namespace
@@ -281,6 +224,50 @@ void add_trainer_flags(CLI::App& app, TrainerOptions& options, std::string& data
   // Every flag of the app (its own too, added after this call) is recorded once parsing is done, so a
   // checkpoint knows the run's whole command line and a resume that changes any of it is said.
   app.parse_complete_callback([&app, &options] { options.flags = flag_values(app); });
+}
+
+CLI::Option* add_bytes(CLI::App& app, const std::string& names, int64_t& target, const std::string& help, int64_t min) {
+  return app
+      .add_option_function<std::string>(
+          names, [&target](const std::string& v) { target = parse_bytes("size", v); }, help)
+      ->type_name("SIZE")
+      ->check(CLI::Validator(
+          [min](std::string& v) {
+            try {
+              const int64_t bytes = parse_bytes("size", v);
+              if (bytes >= min) return std::string();
+              return detail::str_cat("expected at least ", format_bytes(min), ", got '", v, "' (", bytes, " bytes)");
+            } catch (const std::exception& e) {
+              return std::string(e.what()).substr(6);  // without "size: "
+            }
+          },
+          ""));
+}
+
+std::optional<int> parse_flags(CLI::App& app, int argc, const char* const* argv) {
+  try {
+    app.parse(argc, argv);
+    return std::nullopt;
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const std::exception& e) {  // a flag's callback refused its value
+    const std::string program = argc > 0 ? std::filesystem::path(argv[0]).filename().string() : "ringtrain";
+    std::fprintf(stderr, "%s: %s\nRun with --help for more information.\n", program.c_str(), e.what());
+    return 2;
+  }
+}
+
+int main_error(const char* program) noexcept {
+  try {
+    throw;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "%s: error: out of host memory (an allocation failed)\n", program);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: error: %s\n", program, e.what());
+  } catch (...) {
+    std::fprintf(stderr, "%s: error: an unknown exception (not derived from std::exception)\n", program);
+  }
+  return 1;
 }
 
 }  // namespace ringtrain::runtime

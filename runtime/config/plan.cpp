@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "core/check.h"
+#include "core/parse.h"
 #include "runtime/config/data_source.h"
 
 namespace ringtrain::runtime {
@@ -42,21 +43,7 @@ double base_lr(const TrainerOptions& o, const RunPlan& plan) {
 }
 
 std::vector<double> parse_milestones(const std::string& text) {
-  std::vector<double> out;
-  std::stringstream ss(text);
-  for (std::string item; std::getline(ss, item, ',');) {
-    size_t used = 0;
-    double v = 0;
-    try {
-      v = std::stod(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    RT_CHECK(used == item.size() && used > 0 && std::isfinite(v) && v >= 0,
-             "--lr-milestones: expected comma-separated epochs, got '", text, "'");
-    out.push_back(v);
-  }
-  return out;
+  return parse_number_list<double>("--lr-milestones (epochs)", text, {0.0, 1e6});
 }
 
 LrScheduleOptions schedule_for(const TrainerOptions& o, const RunPlan& plan) {

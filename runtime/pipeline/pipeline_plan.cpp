@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/check.h"
+#include "core/parse.h"
 
 namespace ringtrain::runtime {
 
@@ -28,19 +29,8 @@ PipelineSplit parse_pipeline_split(const std::string& text, int blocks, int stag
   PipelineSplit split;
   RT_CHECK(!text.empty(), "--pipeline-split: expected the first block of every stage, comma-separated (e.g. 0,9,18), ",
            "got ''");
-  std::stringstream ss(text);
-  for (std::string item; std::getline(ss, item, ',');) {
-    size_t used = 0;
-    long long v = -1;
-    try {
-      v = std::stoll(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    RT_CHECK(used == item.size() && used > 0, "--pipeline-split: expected the first block of every stage, ",
-             "comma-separated (e.g. 0,9,18), got '", text, "'");
-    split.push_back(static_cast<int>(v));
-  }
+  for (const int first : parse_number_list<int>("--pipeline-split (each stage's first block)", text, {0, 1 << 20}))
+    split.push_back(first);
   RT_CHECK(static_cast<int>(split.size()) == stages, "--pipeline-split '", text, "' gives ", split.size(),
            " stage(s) but --pipeline-stages is ", stages);
   RT_CHECK(split.front() == 0, "--pipeline-split '", text, "' must start at block 0 (the first stage's first block)");

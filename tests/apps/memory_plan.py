@@ -170,7 +170,7 @@ if "--max-memory" in p.stdout.split("other flags than it was written with", 1)[-
 print(f"resumed under {int(smaller) / MiB:.0f} MiB: batch {plan['batch_size']} x accum {plan['accum_steps']}")
 
 # 6. Bad values name the flag.
-for flags, message in ((["-b", "many"], "expected auto or a number"),
+for flags, message in ((["-b", "many"], "--batch-size: expected an integer in [1, 16777216], got 'many' (or auto)"),
                        (["--max-memory", "12Q"], "--max-memory"),
                        (["--global-batch", "256", "--accum-steps", "2"], "--global-batch chooses --accum-steps"),
                        (["--global-batch", "100", "-b", "64"], "--global-batch 100 is not a multiple"),

@@ -177,7 +177,10 @@ TEST_F(GpuChoiceTest, MemoryInUseWithoutAVisibleProcessIsBusy) {
   machine("gpu GPU-dddd 0000:02:00.0 A100 500 81920 60 0 0\n");  // little memory, but its kernels run
   EXPECT_EQ(gpu_busy(read_gpu_inventory(RINGTRAIN_FAKE_NVML).gpus[0], {}), "60% utilised by processes not shown here");
   EXPECT_EQ(parse_gpu_list("0,2"), (std::vector<int>{0, 2}));
-  EXPECT_NE(testing::error_of([] { parse_gpu_list("0,x"); }).find("--gpus: expected"), std::string::npos);
+  EXPECT_NE(testing::error_of([] {
+              parse_gpu_list("0,x");
+            }).find("--gpus (GPU indices as CUDA numbers them): a comma-separated list"),
+            std::string::npos);
 }
 
 }  // namespace

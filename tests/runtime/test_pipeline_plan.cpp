@@ -92,8 +92,13 @@ TEST(PipelineSplit, AGivenSplitIsCheckedNamingTheFlag) {
   EXPECT_NE(error("0,9,9", 28, 3).find("must be increasing: every stage needs a block"), std::string::npos);
   EXPECT_NE(error("0,28", 28, 2).find("the model has 28 blocks (0 to 27), so stage 1 would hold none"),
             std::string::npos);
-  for (const char* bad : {"0,x", "0,,3", "", "0;4", "0,4 "})
-    EXPECT_NE(error(bad, 28, 2).find("expected the first block of every stage"), std::string::npos) << bad;
+  for (const char* bad : {"0,x", "0,,3", "0;4", "0,4 ", "0,4294967301"})  // the last once trained as 0,5
+    EXPECT_NE(error(bad, 28, 2)
+                  .find("--pipeline-split (each stage's first block): a comma-separated list, each item "
+                        "an integer in [0, 1048576]"),
+              std::string::npos)
+        << bad;
+  EXPECT_NE(error("", 28, 2).find("expected the first block of every stage"), std::string::npos);
   EXPECT_EQ(split_text({0, 9, 18, 28}), "0,9,18");
 }
 

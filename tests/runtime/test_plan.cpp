@@ -121,7 +121,7 @@ TEST(LearningRate, MilestonesThatAreNotEpochsNameTheFlag) {
   for (const char* bad : {"30,,60", "x", "-1", "nan", "30;60", "1e400"})
     EXPECT_NE(ringtrain::testing::error_of([&] {
                 parse_milestones(bad);
-              }).find("--lr-milestones: expected comma-separated epochs"),
+              }).find("--lr-milestones (epochs): a comma-separated list, each item a finite number in [0, 1e+06]"),
               std::string::npos)
         << bad;
 }
