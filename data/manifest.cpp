@@ -9,6 +9,7 @@
 #include "core/check.h"
 #include "data/shard_format.h"
 #include "io/files.h"
+#include "io/json_in.h"
 
 namespace ringtrain::data {
 namespace fs = std::filesystem;
@@ -78,31 +79,17 @@ json split_to_json(const SplitInfo& s) {
 
 namespace {
 
-// Typed reads of a split's manifest entry; errors name the key ("shards[2].records") and what is wrong.
-struct Entry {
-  const json& j;
-  std::string where;  // "shards[2]." for nested entries
-
-  const json& at(const char* key) const {
-    if (!j.is_object() || !j.contains(key)) RT_THROW("key '", where, key, "' is missing");
-    return j.at(key);
-  }
-  int64_t integer(const char* key, int64_t min, int64_t max) const { return checked(at(key), key, min, max); }
-  int64_t checked(const json& v, const std::string& key, int64_t min, int64_t max) const {
-    if (!v.is_number_integer()) RT_THROW("key '", where, key, "' must be a whole number, got ", v.dump());
-    const int64_t x =
-        v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(max) ? max + 1 : v.get<int64_t>();
-    if (x < min || x > max) RT_THROW("key '", where, key, "' must be from ", min, " to ", max, ", got ", v.dump());
-    return x;
-  }
-  std::string text(const char* key) const {
-    const json& v = at(key);
-    if (!v.is_string()) RT_THROW("key '", where, key, "' must be a string, got ", v.dump());
-    return v.get<std::string>();
-  }
-};
-
 constexpr int64_t kMaxRecords = int64_t{1} << 40;
+
+// An entry of image_shape, checked.
+int64_t shape_entry(const io::JsonIn& e, size_t i, int64_t min, int64_t max) {
+  const json& v = e.raw()["image_shape"][i];
+  if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(max)) ||
+      v.get<int64_t>() < min || v.get<int64_t>() > max)
+    RT_THROW(e.name(detail::str_cat("image_shape[", i, "]")), " must be a whole number from ", min, " to ", max,
+             ", got ", v.dump());
+  return v.get<int64_t>();
+}
 
 }  // namespace
 
@@ -112,52 +99,60 @@ SplitInfo split_from_json(const std::string& name, const json& j, const fs::path
     // lead out of the folder ('/', "..") or confuse the "-NNNNN-of-NNNNN" tail ('-').
     if (name.empty() || name.find_first_of("/\\-") != std::string::npos || name.find("..") != std::string::npos)
       RT_THROW("the split name must be non-empty, without '/', '\\', '-' or '..'");
-    const Entry e{j, ""};
+    const io::JsonIn e(j, manifest.string(), "splits." + name);
     SplitInfo s;
     s.split = name;
     s.records = e.integer("records", 0, kMaxRecords);
-    const json& shape = e.at("image_shape");
-    if (!shape.is_array() || shape.size() != 3) RT_THROW("key 'image_shape' must be [H, W, C], got ", shape.dump());
-    s.encoded = j.value("encoded", false);
+    const json& shape = j.contains("image_shape") ? j["image_shape"] : json();
+    if (!shape.is_array() || shape.size() != 3) e.wrong("image_shape", "[H, W, C]");
+    s.encoded = e.boolean_or("encoded", false);
     // [0, 0, C]: encoded images of varied sizes.
     const bool varied = s.encoded && shape[0] == 0 && shape[1] == 0;
-    s.height = varied ? 0 : e.checked(shape[0], "image_shape[0]", 1, 1 << 16);
-    s.width = varied ? 0 : e.checked(shape[1], "image_shape[1]", 1, 1 << 16);
-    s.channels = e.checked(shape[2], "image_shape[2]", 1, 4096);
-    if (s.record_bytes() > (int64_t{1} << 30)) RT_THROW("key 'image_shape' ", shape.dump(), " is over 1 GiB per image");
+    s.height = varied ? 0 : shape_entry(e, 0, 1, 1 << 16);
+    s.width = varied ? 0 : shape_entry(e, 1, 1, 1 << 16);
+    s.channels = shape_entry(e, 2, 1, 4096);
+    if (s.record_bytes() > (int64_t{1} << 30))
+      RT_THROW(e.name("image_shape"), " ", shape.dump(), " is over 1 GiB per image");
     s.num_classes = static_cast<int>(e.integer("num_classes", 1, 1 << 24));
-    s.classes = j.value("classes", std::vector<std::string>{});
+    s.classes = e.texts_or("classes");
     if (!s.classes.empty() && static_cast<int>(s.classes.size()) != s.num_classes)
-      RT_THROW("key 'classes' has ", s.classes.size(), " names for num_classes ", s.num_classes);
-    s.mean = j.value("mean", std::vector<float>{});
-    s.std = j.value("std", std::vector<float>{});
+      RT_THROW(e.name("classes"), " has ", s.classes.size(), " names for num_classes ", s.num_classes);
+    s.mean = e.floats_or("mean");
+    s.std = e.floats_or("std");
     for (const auto* v : {&s.mean, &s.std})
       if (!v->empty() && static_cast<int64_t>(v->size()) != s.channels)
-        RT_THROW("key '", v == &s.mean ? "mean" : "std", "' has ", v->size(), " entries for ", s.channels, " channels");
-    s.source = j.value("source", std::string());
-    const json& shards = e.at("shards");
-    if (!shards.is_array() || shards.empty()) RT_THROW("key 'shards' must be a non-empty list, got ", shards.dump());
+        RT_THROW(e.name(v == &s.mean ? "mean" : "std"), " has ", v->size(), " entries for ", s.channels, " channels");
+    // Inputs are divided by std: 0 or below would not normalise as the data says (it was once replaced by 1).
+    for (size_t c = 0; c < s.std.size(); ++c)
+      if (!(s.std[c] > 0))
+        RT_THROW(e.name(detail::str_cat("std[", c, "]")), " is ", s.std[c],
+                 ": a standard deviation must be above 0 (rewrite the ", "dataset with make_shards, or fix the value)");
+    s.source = e.text_or("source", "");
+    const std::vector<io::JsonIn> shards = e.objects("shards");
+    if (shards.empty()) e.wrong("shards", "a non-empty list");
     std::set<std::string> seen;
     for (size_t i = 0; i < shards.size(); ++i) {
-      const Entry sh{shards[i], detail::str_cat("shards[", i, "].")};
+      const io::JsonIn& sh = shards[i];
       ShardInfo info;
       info.file = sh.text("file");
       // A plain file name of this split: never a path out of the dataset folder (or into another split).
       if (!is_shard_file_of(info.file, name))
-        RT_THROW("key 'shards[", i, "].file' is '", info.file, "', not a shard file of split '", name,
+        RT_THROW(sh.name("file"), " is '", info.file, "', not a shard file of split '", name,
                  "' in the dataset folder (",
                  shard_file_name(name, static_cast<int>(i), static_cast<int>(shards.size())), " and the like)");
       if (!seen.insert(info.file).second) RT_THROW("shard '", info.file, "' is listed twice (shards[", i, "])");
       info.records = sh.integer("records", 0, kMaxRecords);
       const std::string crc = sh.text("crc32");
       if (crc.size() != 8 || crc.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos)
-        RT_THROW("key 'shards[", i, "].crc32' must be 8 hex digits, got '", crc, "'");
+        sh.wrong("crc32", "8 hex digits");
       info.crc32 = static_cast<uint32_t>(std::stoul(crc, nullptr, 16));
       s.shards.push_back(info);
     }
     return s;
   } catch (const Error& e) {
-    RT_THROW("manifest '", manifest.string(), "', split '", name, "': ", e.what());
+    const std::string text = e.what();
+    if (text.find(manifest.string()) != std::string::npos) throw;  // JsonIn named the file and key
+    RT_THROW("manifest '", manifest.string(), "', split '", name, "': ", text);
   } catch (const std::exception& e) {
     RT_THROW("manifest '", manifest.string(), "', split '", name, "' is malformed: ", e.what());
   }
@@ -168,24 +163,19 @@ json load_manifest_json(const fs::path& dir) {
   if (!fs::exists(dir)) RT_THROW("dataset folder '", dir.string(), "' does not exist");
   if (!fs::exists(path))
     RT_THROW("dataset folder '", dir.string(), "' has no manifest.json (write one with make_shards)");
-  io::require_regular_file(path, "manifest");
-  std::ifstream in(path);
-  json j;
-  try {
-    j = json::parse(in);
-  } catch (const std::exception& e) {
-    RT_THROW("manifest '", path.string(), "' is not valid JSON: ", e.what());
-  }
-  if (j.value("format", std::string()) != kFormatName)
-    RT_THROW("manifest '", path.string(), "' has format '", j.value("format", std::string("?")), "', expected '",
-             kFormatName, "'");
-  const int version = j.value("format_version", 0);
+  json j = io::parse_json_file(path, "manifest");
+  const io::JsonIn in(j, path.string());
+  const std::string format = in.text_or("format", "?");
+  if (format != kFormatName)
+    RT_THROW("manifest '", path.string(), "' has format '", format, "', expected '", kFormatName, "'");
+  const int64_t version = in.integer_or("format_version", 0, 0, 1 << 30);
   if (version < kOldestReadableFormatVersion || version > kFormatVersion)
     RT_THROW("manifest '", path.string(), "' has format_version ", version, "; this ringtrain reads versions ",
              kOldestReadableFormatVersion, " to ", kFormatVersion,
              version > kFormatVersion
                  ? " (written by a newer ringtrain: update, or rewrite the dataset with make_shards)"
                  : "");
+  in.at("splits");  // an object, or an error naming the file and the key
   return j;
 }
 

@@ -309,7 +309,10 @@ SplitInfo ShardWriter::finish() {
     const double mean = m.sums[static_cast<size_t>(c)] / pixels;
     const double var = std::max(0.0, m.squares[static_cast<size_t>(c)] / pixels - mean * mean);
     info.mean.push_back(static_cast<float>(mean));
-    info.std.push_back(static_cast<float>(std::sqrt(var)));
+    // A constant channel (or an empty split) has no spread to divide by: 1 leaves it as x/255 - mean,
+    // and readers refuse a std of 0 or below.
+    const float std = static_cast<float>(std::sqrt(var));
+    info.std.push_back(std > 0 ? std : 1.0f);
   }
   // Attributes, then checksum, then rename: a crash never leaves a final-named partial shard.
   for (int s = 0; s < o.num_shards; ++s) {

@@ -12,9 +12,12 @@
 #include <ctime>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "core/check.h"
+#include "io/files.h"
+#include "io/json_in.h"
 #include "runtime/cluster/process.h"
 
 namespace ringtrain::runtime {
@@ -38,26 +41,56 @@ json content(const std::string& run_id) {
               {"run", run_id}};
 }
 
-// Writes `text` to a temporary file beside `path` and returns its name.
+// Writes `text` to a temporary file beside `path` and returns its name; on failure none is left behind
+// and the error says why (a full disk, no permission).
 fs::path write_temp(const fs::path& path, const std::string& text) {
   fs::path tmp = path;
   tmp += detail::str_cat(".tmp-", ::getpid());
-  std::ofstream out(tmp, std::ios::trunc);
-  out << text << "\n";
-  out.close();
-  if (!out) RT_THROW("--checkpoint-dir: cannot write the lock file '", tmp.string(), "'");
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    const int err = errno;
+    RT_THROW("--checkpoint-dir: cannot write the lock file '", tmp.string(),
+             "': ", io::explain_write_failure(path.parent_path(), std::strerror(err)));
+  }
+  const std::string line = text + "\n";
+  const ssize_t wrote = ::write(fd, line.data(), line.size());
+  const int err = wrote == static_cast<ssize_t>(line.size()) ? 0 : (wrote < 0 ? errno : ENOSPC);
+  if (::close(fd) != 0 || err != 0) {
+    ::unlink(tmp.c_str());
+    RT_THROW("--checkpoint-dir: cannot write the lock file '", tmp.string(),
+             "': ", io::explain_write_failure(path.parent_path(), std::strerror(err ? err : EIO), line.size()));
+  }
   return tmp;
 }
 
-// The lock as written, or nullopt when it vanished or is not a lock (then it is replaced).
-std::optional<json> read_lock(const fs::path& path) {
+// Who holds a lock, as its file says.
+struct Holder {
+  std::string host = "?", run, supervisor;
+  int64_t pid = -1, started = 0;
+};
+
+// The lock as written, or nullopt when it vanished or is not JSON (then it is replaced). A lock whose
+// fields have the wrong types is an error naming the file and the key.
+std::optional<Holder> read_lock(const fs::path& path) {
   std::ifstream in(path);
   if (!in) return std::nullopt;
   std::stringstream text;
   text << in.rdbuf();
-  json j = json::parse(text.str(), nullptr, false);
+  const json j = json::parse(text.str(), nullptr, false);
   if (j.is_discarded() || !j.is_object()) return std::nullopt;
-  return j;
+  try {
+    const io::JsonIn lock(j, path.string());
+    Holder h;
+    h.host = lock.text_or("host", "?");
+    h.run = lock.text_or("run", "");
+    h.supervisor = lock.text_or("supervisor", "");
+    h.pid = lock.integer_or("pid", -1, -1, INT32_MAX);
+    h.started = lock.integer_or("started", 0, 0, int64_t{1} << 40);
+    return h;
+  } catch (const Error& e) {
+    RT_THROW("lock file: ", e.what(), " (ringtrain writes host, run and supervisor as strings, pid and started as ",
+             "whole numbers; if no run uses the folder, remove the lock file)");
+  }
 }
 
 double seconds_since_modified(const fs::path& path) {
@@ -74,12 +107,12 @@ std::string when(int64_t unix_seconds) {
 }
 
 // Why the holder is gone (the lock may be taken over), or "" when it may still be writing.
-std::string gone_because(const json& holder, const fs::path& path) {
-  const std::string host = holder.value("host", std::string());
-  const int64_t pid = holder.value("pid", int64_t{-1});
+std::string gone_because(const Holder& holder, const fs::path& path) {
+  const std::string& host = holder.host;
+  const int64_t pid = holder.pid;
   const std::string mine = env_or_empty("RINGTRAIN_SUPERVISOR");
   const char* restart = std::getenv("RINGTRAIN_RESTART");
-  if (!mine.empty() && holder.value("supervisor", std::string()) == mine && restart && std::atoi(restart) > 0)
+  if (!mine.empty() && holder.supervisor == mine && restart && std::atoi(restart) > 0)
     return "an earlier launch of this supervised run (its mpirun has exited)";
   if (host == this_host()) {
     if (pid == ::getpid()) return "this process";
@@ -111,15 +144,14 @@ std::unique_ptr<FolderLock> FolderLock::acquire(const fs::path& dir, std::string
       ::unlink(tmp.c_str());
       RT_THROW("--checkpoint-dir: cannot make the lock file '", path.string(), "': ", std::strerror(err));
     }
-    const std::optional<json> holder = read_lock(path);
+    const std::optional<Holder> holder = read_lock(path);
     const std::string gone = holder ? gone_because(*holder, path) : "it is not a lock file ringtrain wrote";
     if (gone.empty()) {
       ::unlink(tmp.c_str());
-      const json& h = *holder;
-      RT_THROW("--checkpoint-dir '", dir.string(), "' is in use by another run: pid ", h.value("pid", int64_t{-1}),
-               " on host ", h.value("host", std::string("?")), ", started ", when(h.value("started", int64_t{0})),
-               h.value("run", std::string()).empty() ? "" : ", run " + h.value("run", std::string()), " (lock file '",
-               path.string(), "', refreshed ", static_cast<int64_t>(seconds_since_modified(path)),
+      const Holder& h = *holder;
+      RT_THROW("--checkpoint-dir '", dir.string(), "' is in use by another run: pid ", h.pid, " on host ", h.host,
+               ", started ", when(h.started), h.run.empty() ? "" : ", run " + h.run, " (lock file '", path.string(),
+               "', refreshed ", static_cast<int64_t>(seconds_since_modified(path)),
                " s ago). Two runs writing one folder replace each other's checkpoints: wait for that run to end or "
                "give this one another --checkpoint-dir (if that process is gone, remove the lock file)");
     }
@@ -129,12 +161,11 @@ std::unique_ptr<FolderLock> FolderLock::acquire(const fs::path& dir, std::string
       RT_THROW("--checkpoint-dir: cannot take over the lock file '", path.string(), "': ", std::strerror(e));
     }
     // Another taker may have renamed its own over ours in the meantime: the lock is ours only if it says so.
-    const std::optional<json> now = read_lock(path);
-    if (now && now->value("host", std::string()) == this_host() && now->value("pid", int64_t{-1}) == ::getpid()) {
+    const std::optional<Holder> now = read_lock(path);
+    if (now && now->host == this_host() && now->pid == ::getpid()) {
       if (holder && gone != "this process")
-        note =
-            detail::str_cat("took over the lock of '", dir.string(), "' from pid ", holder->value("pid", int64_t{-1}),
-                            " on host ", holder->value("host", std::string("?")), ": ", gone);
+        note = detail::str_cat("took over the lock of '", dir.string(), "' from pid ", holder->pid, " on host ",
+                               holder->host, ": ", gone);
       return std::unique_ptr<FolderLock>(new FolderLock(path));
     }
   }
@@ -145,15 +176,17 @@ FolderLock::~FolderLock() {
   stop_ = true;
   if (refresher_.joinable()) refresher_.join();
   std::lock_guard<std::mutex> guard(mutex_);
-  const std::optional<json> now = read_lock(path_);
-  if (now && now->value("host", std::string()) == this_host() && now->value("pid", int64_t{-1}) == ::getpid())
-    ::unlink(path_.c_str());
+  try {
+    const std::optional<Holder> now = read_lock(path_);
+    if (now && now->host == this_host() && now->pid == ::getpid()) ::unlink(path_.c_str());
+  } catch (const std::exception&) {  // no longer a lock this process wrote: not ours to remove
+  }
 }
 
 void FolderLock::set_run(const std::string& run_id) {
   std::lock_guard<std::mutex> guard(mutex_);
   json c = content(run_id);
-  if (const std::optional<json> now = read_lock(path_)) c["started"] = now->value("started", c["started"]);
+  if (const std::optional<Holder> now = read_lock(path_)) c["started"] = now->started;
   const fs::path tmp = write_temp(path_, c.dump());
   if (::rename(tmp.c_str(), path_.c_str()) != 0) ::unlink(tmp.c_str());
 }

@@ -10,21 +10,56 @@
 
 #include "core/allocator.h"
 #include "core/check.h"
+#include "io/files.h"
+#include "io/json_in.h"
 
 namespace ringtrain::runtime {
 
 using json = nlohmann::json;
 
+namespace {
+
+// The fields the view reads, with their types checked: a wrong one is an error naming the log, the
+// line and the key (io::JsonIn), never a crash or a made-up number.
+void check_record(const json& record, const std::string& where) {
+  const io::JsonIn r(record, where);
+  const std::string type = r.text("type");
+  if (type == "plan") {
+    for (const char* key : {"arch", "device", "backend"}) r.text_or(key, "");
+    for (const char* key : {"world_size", "nodes", "batch_size", "accum_steps", "global_batch", "total_steps"})
+      r.integer_or(key, 0, 0, int64_t{1} << 50);
+    if (r.has("predicted_peak_mem_bytes")) r.number("predicted_peak_mem_bytes");
+    if (r.has("memory") && r.at("memory").has("budget_bytes_by_rank")) {
+      const json& b = record["memory"]["budget_bytes_by_rank"];
+      if (!b.is_array()) r.at("memory").wrong("budget_bytes_by_rank", "a list of numbers");
+      for (const json& v : b)
+        if (!v.is_number()) r.at("memory").wrong("budget_bytes_by_rank", "a list of numbers");
+    }
+  } else if (type == "gpu" && r.has("samples")) {
+    for (const io::JsonIn& sample : r.objects("samples")) sample.integer_or("rank", -1, -1, 1 << 30);
+  }
+}
+
+}  // namespace
+
 bool LogTail::poll() {
+  struct stat st {};
+  if (::stat(path_.c_str(), &st) != 0) return false;
+  // A folder would read as gigabytes of nothing, a FIFO would block: only a regular file is a log.
+  io::require_regular_file(path_, "--watch");
+  if (st.st_ino != inode_ || st.st_dev != device_ || st.st_size < offset_) {  // a new log replaced it
+    inode_ = st.st_ino;
+    device_ = st.st_dev;
+    offset_ = 0;
+    line_ = 0;
+    partial_.clear();
+    last_.clear();
+  }
   std::ifstream in(path_, std::ios::binary);
   if (!in) return false;
   in.seekg(0, std::ios::end);
   const int64_t size = in.tellg();
-  if (size < offset_) {  // replaced by a new run's log: start over
-    offset_ = 0;
-    partial_.clear();
-    last_.clear();
-  }
+  if (size < offset_) return true;  // shrunk between the stat and the open: the next poll starts over
   in.seekg(offset_);
   std::string chunk(static_cast<size_t>(size - offset_), '\0');
   in.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
@@ -32,10 +67,14 @@ bool LogTail::poll() {
   partial_ += chunk;
   size_t start = 0;
   for (size_t end; (end = partial_.find('\n', start)) != std::string::npos; start = end + 1) {
+    ++line_;
     const json record = json::parse(partial_.begin() + static_cast<std::ptrdiff_t>(start),
                                     partial_.begin() + static_cast<std::ptrdiff_t>(end), nullptr, false);
-    if (record.is_object() && record.contains("type") && record["type"].is_string())
-      last_[record["type"].get<std::string>()] = record;
+    if (!record.is_object() || !record.contains("type")) continue;
+    check_record(record, detail::str_cat(path_, ":", line_));
+    const std::string type = record["type"].get<std::string>();
+    if (type == "plan") last_.clear();  // a new run's plan: the view starts over with it
+    last_[type] = record;
   }
   partial_.erase(0, start);
   return true;
@@ -52,7 +91,11 @@ double LogTail::seconds_since_change() const {
 namespace {
 
 double number(const json& j, const char* key, double otherwise = NAN) {
-  return j.contains(key) && j[key].is_number() ? j[key].get<double>() : otherwise;
+  return j.is_object() && j.contains(key) && j[key].is_number() ? j[key].get<double>() : otherwise;
+}
+
+std::string text(const json& j, const char* key) {
+  return j.is_object() && j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : std::string("?");
 }
 
 std::string bytes(double b) { return std::isfinite(b) ? format_bytes(static_cast<int64_t>(b)) : std::string("?"); }
@@ -67,15 +110,20 @@ std::string render_job_view(const std::map<std::string, json>& last, double age_
   const json& p = plan->second;
   std::snprintf(line, sizeof line,
                 "ringtrain job: %s on %s, %d rank(s) on %d node(s), %s, batch %lld x %lld accum = %lld global\n",
-                p.value("arch", "?").c_str(), p.value("device", "?").c_str(), p.value("world_size", 0),
-                p.value("nodes", 0), p.value("backend", "?").c_str(), p.value("batch_size", 0LL),
-                p.value("accum_steps", 1LL), p.value("global_batch", 0LL));
+                text(p, "arch").c_str(), text(p, "device").c_str(), static_cast<int>(number(p, "world_size", 0)),
+                static_cast<int>(number(p, "nodes", 0)), text(p, "backend").c_str(),
+                static_cast<long long>(number(p, "batch_size", 0)), static_cast<long long>(number(p, "accum_steps", 1)),
+                static_cast<long long>(number(p, "global_batch", 0)));
   out += line;
   if (p.contains("predicted_peak_mem_bytes")) {
     out += "memory: predicted peak " + bytes(number(p, "predicted_peak_mem_bytes")) + " per rank";
     if (p.contains("memory") && p["memory"].contains("budget_bytes_by_rank") &&
         !p["memory"]["budget_bytes_by_rank"].empty())
-      out += ", budget " + bytes(p["memory"]["budget_bytes_by_rank"][0].get<double>()) + " (rank 0)";
+      out += ", budget " +
+             bytes(p["memory"]["budget_bytes_by_rank"][0].is_number()
+                       ? p["memory"]["budget_bytes_by_rank"][0].get<double>()
+                       : NAN) +
+             " (rank 0)";
     out += "\n";
   }
   const double total = number(p, "total_steps", 0);
@@ -114,9 +162,10 @@ std::string render_job_view(const std::map<std::string, json>& last, double age_
   if (const auto g = last.find("gpu"); g != last.end() && g->second.contains("samples")) {
     out += "rank   gpu   memory                       temp    power\n";
     for (const json& s : g->second["samples"]) {
-      std::snprintf(line, sizeof line, "%4d  %3.0f%%   %-11s of %-11s   %3.0fC  %5.0f W\n", s.value("rank", -1),
-                    number(s, "util_pct"), bytes(number(s, "mem_used_bytes")).c_str(),
-                    bytes(number(s, "mem_total_bytes")).c_str(), number(s, "temperature_c"), number(s, "power_w"));
+      std::snprintf(line, sizeof line, "%4d  %3.0f%%   %-11s of %-11s   %3.0fC  %5.0f W\n",
+                    static_cast<int>(number(s, "rank", -1)), number(s, "util_pct"),
+                    bytes(number(s, "mem_used_bytes")).c_str(), bytes(number(s, "mem_total_bytes")).c_str(),
+                    number(s, "temperature_c"), number(s, "power_w"));
       out += line;
     }
   } else {

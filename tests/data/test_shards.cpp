@@ -581,24 +581,47 @@ TEST_F(Shards, ManifestEntriesAreCheckedNamingTheKey) {
   };
   auto expect = [](const std::string& e, const std::string& part) {
     EXPECT_NE(e.find(part), std::string::npos) << e;
-    EXPECT_NE(e.find("split 'train'"), std::string::npos) << e;
+    EXPECT_NE(e.find("manifest.json'"), std::string::npos) << e;  // the file, and the key from its top
   };
   expect(edited([](auto& s) { s["shards"][2] = s["shards"][0]; }),
          "shard 'train-00000-of-00003.h5' is listed twice (shards[2])");
-  expect(edited([](auto& s) { s["shards"][1]["file"] = "../elsewhere/train-00001-of-00003.h5"; }),
-         "key 'shards[1].file' is '../elsewhere/train-00001-of-00003.h5', not a shard file of split 'train'");
+  expect(
+      edited([](auto& s) { s["shards"][1]["file"] = "../elsewhere/train-00001-of-00003.h5"; }),
+      "key 'splits.train.shards[1].file' is '../elsewhere/train-00001-of-00003.h5', not a shard file of split 'train'");
   expect(edited([](auto& s) { s["shards"][1]["file"] = "/tmp/train-00001-of-00003.h5"; }), "not a shard file");
   expect(edited([](auto& s) { s["shards"][1]["file"] = "test-00001-of-00003.h5"; }),
          "not a shard file of split 'train'");
-  expect(edited([](auto& s) { s["records"] = 10.5; }), "key 'records' must be a whole number, got 10.5");
-  expect(edited([](auto& s) { s["shards"][0]["records"] = -3; }), "key 'shards[0].records' must be from 0 to");
-  expect(edited([](auto& s) { s["records"] = 1e300; }), "key 'records' must be a whole number");
-  expect(edited([](auto& s) { s["num_classes"] = "3"; }), "key 'num_classes' must be a whole number");
-  expect(edited([](auto& s) { s["image_shape"] = {4, 3}; }), "key 'image_shape' must be [H, W, C]");
-  expect(edited([](auto& s) { s["image_shape"][1] = 0; }), "key 'image_shape[1]' must be from 1");
-  expect(edited([](auto& s) { s["shards"][0]["crc32"] = "xyz"; }), "key 'shards[0].crc32' must be 8 hex digits");
-  expect(edited([](auto& s) { s["shards"] = nlohmann::json::array(); }), "key 'shards' must be a non-empty list");
-  expect(edited([](auto& s) { s.erase("num_classes"); }), "key 'num_classes' is missing");
+  expect(edited([](auto& s) { s["records"] = 10.5; }),
+         "key 'splits.train.records' must be an integer from 0 to 1099511627776, got 10.5");
+  expect(edited([](auto& s) { s["shards"][0]["records"] = -3; }),
+         "key 'splits.train.shards[0].records' must be an integer from 0 to");
+  expect(edited([](auto& s) { s["records"] = 1e300; }), "key 'splits.train.records' must be an integer");
+  expect(edited([](auto& s) { s["num_classes"] = "3"; }), "key 'splits.train.num_classes' must be an integer");
+  expect(edited([](auto& s) { s["image_shape"] = {4, 3}; }), "key 'splits.train.image_shape' must be [H, W, C]");
+  expect(edited([](auto& s) { s["image_shape"][1] = 0; }),
+         "key 'splits.train.image_shape[1]' must be a whole number from 1");
+  expect(edited([](auto& s) { s["shards"][0]["crc32"] = "xyz"; }),
+         "key 'splits.train.shards[0].crc32' must be 8 hex digits");
+  expect(edited([](auto& s) { s["shards"] = nlohmann::json::array(); }),
+         "key 'splits.train.shards' must be a non-empty list");
+  expect(edited([](auto& s) { s.erase("num_classes"); }), "key 'splits.train.num_classes' is missing (given)");
+  expect(edited([](auto& s) {
+           s["std"] = {0.5, 0.0};
+         }),
+         "key 'splits.train.std[1]' is 0: a standard deviation must be above 0");
+  expect(edited([](auto& s) { s["std"] = {0.5, -1.0}; }), "key 'splits.train.std[1]' is -1");
+  expect(edited([](auto& s) { s["classes"] = 5; }), "key 'splits.train.classes' must be a list of strings, got 5");
+  expect(edited([](auto& s) { s["mean"] = {"a", 1}; }), "key 'splits.train.mean' must be a list of finite numbers");
+  expect(edited([](auto& s) { s["encoded"] = "no"; }), "key 'splits.train.encoded' must be true or false");
+  for (const char* text : {"[1, 2]", "", "{\"format\": 5}",
+                           "{\"format\": \"ringtrain-shards\", \"format_version\": "
+                           "\"two\"}"}) {
+    write();
+    std::ofstream(dir_ / "manifest.json") << text;
+    const std::string e = open_error();
+    EXPECT_NE(e.find("manifest.json'"), std::string::npos) << e;
+    EXPECT_EQ(e.find("type_error"), std::string::npos) << e;  // nlohmann's raw text names no file or key
+  }
   // A split named to climb out of the folder, with a matching file name, is refused by its name.
   write();
   nlohmann::json m = nlohmann::json::parse(std::ifstream(dir_ / "manifest.json"));

@@ -120,5 +120,19 @@ TEST_F(FolderLockTest, TheHolderKeepsItsLockFresh) {
   EXPECT_LT(age.count(), 10) << "the refresher did not touch the lock";
 }
 
+// A lock whose fields have the wrong types is an error naming the file and the key (it once surfaced as
+// nlohmann's bare "[json.exception.type_error.302] type must be number, but is string").
+TEST_F(FolderLockTest, AWrongTypedFieldIsNamed) {
+  for (const auto& [text, key] : {std::pair{R"({"host":"h","pid":"x"})", "key 'pid' must be an integer"},
+                                  std::pair{R"({"host":5,"pid":1})", "key 'host' must be a string, got 5"},
+                                  std::pair{R"({"host":"h","pid":1,"started":-4})", "key 'started'"}}) {
+    std::ofstream(dir_ / ".ringtrain-lock") << text;
+    std::string note;
+    const std::string e = testing::error_of([&] { FolderLock::acquire(dir_, note); });
+    EXPECT_NE(e.find((dir_ / ".ringtrain-lock").string() + "': " + key), std::string::npos) << e;
+    EXPECT_NE(e.find("remove the lock file"), std::string::npos) << e;
+  }
+}
+
 }  // namespace
 }  // namespace ringtrain::runtime

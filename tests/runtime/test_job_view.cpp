@@ -6,8 +6,12 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <sys/stat.h>
+
 #include <filesystem>
 #include <fstream>
+
+#include "../test_util.h"
 
 namespace ringtrain::runtime {
 namespace {
@@ -66,6 +70,67 @@ TEST(JobView, TheTailReadsOnlyCompleteLinesAndStartsOverOnANewLog) {
   EXPECT_EQ(tail.last().count("summary"), 0u);
   EXPECT_EQ(has(render_job_view(tail.last(), 0), "resnet50"), "");
   fs::remove(path);
+}
+
+// A longer log moved over the watched one (a new inode, never shorter): the old plan must not be drawn
+// with the new run's steps ("step 8/6 (133%)"); a new plan record starts the view over too.
+TEST(JobView, ALongerLogReplacingTheWatchedOneStartsTheViewOver) {
+  const fs::path dir = fs::path(::testing::TempDir()) / ("rt_jobview_r" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const fs::path path = dir / "log.jsonl";
+  std::ofstream(path) << R"({"type":"plan","arch":"resnet20","total_steps":6})"
+                      << "\n"
+                      << R"({"type":"train","step":3,"epoch":0,"loss":2.5,"lr":0.1,"img_per_s":100})"
+                      << "\n";
+  LogTail tail(path.string());
+  ASSERT_TRUE(tail.poll());
+  EXPECT_EQ(has(render_job_view(tail.last(), 0), "step 3/6 (50%)"), "");
+  std::ofstream(dir / "new.jsonl") << R"({"type":"plan","arch":"resnet56","total_steps":10})"
+                                   << "\n"
+                                   << R"({"type":"train","step":7,"epoch":0,"loss":2.0,"lr":0.1,"img_per_s":100})"
+                                   << "\n"
+                                   << R"({"type":"train","step":8,"epoch":0,"loss":1.9,"lr":0.1,"img_per_s":100})"
+                                   << "\n";
+  fs::rename(dir / "new.jsonl", path);
+  ASSERT_TRUE(tail.poll());
+  std::string s = render_job_view(tail.last(), 0);
+  EXPECT_EQ(has(s, "resnet56"), "");
+  EXPECT_EQ(has(s, "step 8/10 (80%)"), "");
+  // The same file, appended to by a second run: its plan record starts the view over.
+  std::ofstream(path, std::ios::app) << R"({"type":"plan","arch":"resnet110","total_steps":4})"
+                                     << "\n";
+  ASSERT_TRUE(tail.poll());
+  s = render_job_view(tail.last(), 0);
+  EXPECT_EQ(has(s, "resnet110"), "");
+  EXPECT_EQ(has(s, "no step reported yet"), "");
+  fs::remove_all(dir);
+}
+
+// What is not a log, or a record with a field of the wrong type, is an error naming the path, the line
+// and the key; never a crash (bad_alloc on a folder, a type_error) or a hang (a FIFO).
+TEST(JobView, AFolderAFifoOrAWrongTypeIsNamed) {
+  const fs::path dir = fs::path(::testing::TempDir()) / ("rt_jobview_b" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir / "folder");
+  EXPECT_NE(testing::error_of([&] { LogTail((dir / "folder").string()).poll(); }).find("is a folder"),
+            std::string::npos);
+  ASSERT_EQ(::mkfifo((dir / "fifo").c_str(), 0600), 0);
+  EXPECT_NE(testing::error_of([&] { LogTail((dir / "fifo").string()).poll(); }).find("is a FIFO"), std::string::npos);
+  for (const auto& [record, key] :
+       {std::pair{R"({"type":"plan","arch":5})", "key 'arch' must be a string, got 5"},
+        std::pair{R"({"type":"plan","world_size":"two"})", "key 'world_size' must be an integer"},
+        std::pair{R"({"type":"plan","memory":{"budget_bytes_by_rank":"x"}})", "key 'memory.budget_bytes_by_rank'"},
+        std::pair{R"({"type":"gpu","samples":[{"rank":"0"}]})", "key 'samples[0].rank' must be an integer"},
+        std::pair{R"({"type":7})", "key 'type' must be a string"}}) {
+    const fs::path log = dir / "log.jsonl";
+    std::ofstream(log) << R"({"type":"plan","arch":"resnet20"})"
+                       << "\n"
+                       << record << "\n";
+    const std::string e = testing::error_of([&] { LogTail(log.string()).poll(); });
+    EXPECT_NE(e.find(log.string() + ":2': " + key), std::string::npos) << e;
+  }
+  fs::remove_all(dir);
 }
 
 }  // namespace
