@@ -107,7 +107,18 @@ std::string World::describe() const {
 
 DeviceBinding World::bind(Device want, int threads, bool allow_shared_gpu, int chosen) const {
   DeviceBinding b;
-  if (threads <= 0) threads = std::max(1, available_cores() / g_sharing);
+  const int cores = available_cores(), share = std::max(1, cores / g_sharing);
+  // Far more threads than cores only thrash (4096 on 2 cores ran no step in minutes): refused, naming why.
+  RT_CHECK(threads <= kMaxThreadsPerCore * cores, "--threads ", threads, ": rank ", rank_, " on ", host(), " has ",
+           cores, " core(s) available; more than ", kMaxThreadsPerCore,
+           " threads per core only slows a step down (0 gives each of the ", g_sharing, " rank(s) sharing them ", share,
+           ")");
+  if (threads > share && local_rank_ == 0)
+    std::fprintf(stderr,
+                 "warning: --threads %d is more than the %d core(s) available to each of the %d rank(s) on %s: "
+                 "threads will wait for cores (0 chooses %d)\n",
+                 threads, share, g_sharing, host().c_str(), share);
+  if (threads <= 0) threads = share;
   b.threads = threads;
   set_num_threads(threads);
   if (want.is_cpu()) {

@@ -19,6 +19,9 @@
 
 namespace ringtrain::comm {
 
+// World::bind refuses more CPU threads than this many per core available to the process.
+constexpr int kMaxThreadsPerCore = 16;
+
 struct DeviceBinding {
   Device device = Device::cpu();
   int threads = 1;          // CPU threads for this rank's kernels

@@ -18,6 +18,7 @@
 #include <string>
 
 #include "core/check.h"
+#include "core/parse.h"
 #include "io/files.h"
 #include "runtime/cluster/process.h"
 
@@ -30,15 +31,24 @@ namespace {
 constexpr const char* kPrefix = "ckpt-step";
 constexpr const char* kSuffix = ".h5";
 
-// The step of "ckpt-step<digits>.h5", or -1 (no <regex>: GCC 12 warns inside it under the sanitizers).
-int64_t step_of(const std::string& name) {
+// The steps a checkpoint's name may carry: --steps is at most 2^40.
+constexpr NumberRange<int64_t> kStepRange{0, int64_t{1} << 62};
+
+// "ckpt-step<anything>.h5": what a checkpoint of this folder is named like.
+bool named_like_checkpoint(const std::string& name) {
   const std::string prefix = kPrefix, suffix = kSuffix;
-  if (name.size() <= prefix.size() + suffix.size() || name.rfind(prefix, 0) != 0 ||
-      name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
-    return -1;
-  const std::string digits = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
-  if (digits.size() > 18 || digits.find_first_not_of("0123456789") != std::string::npos) return -1;
-  return std::stoll(digits);
+  return name.size() > prefix.size() + suffix.size() && name.rfind(prefix, 0) == 0 &&
+         name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// The step of "ckpt-step<digits>.h5", or -1 for a name that is not like that or whose digits are not a
+// step (list() names those: a file named like a checkpoint is never passed over in silence).
+int64_t step_of(const std::string& name) {
+  if (!named_like_checkpoint(name)) return -1;
+  const std::string digits =
+      name.substr(std::strlen(kPrefix), name.size() - std::strlen(kPrefix) - std::strlen(kSuffix));
+  const std::optional<int64_t> step = to_number<int64_t>(digits);
+  return step && kStepRange.holds(*step) ? *step : -1;
 }
 
 // Typed access to /meta/json with errors naming the file and the dotted key.
@@ -178,7 +188,16 @@ std::vector<std::pair<int64_t, fs::path>> CheckpointDir::list(
   std::error_code ec;
   if (dir_.empty() || !fs::is_directory(dir_, ec)) return out;
   for (const auto& entry : fs::directory_iterator(dir_, ec)) {
-    const int64_t step = step_of(entry.path().filename().string());
+    const std::string name = entry.path().filename().string();
+    const int64_t step = step_of(name);
+    if (step < 0 && named_like_checkpoint(name))
+      throw PermanentError(
+          detail::str_cat("'", entry.path().string(), "' is named like a checkpoint, but '",
+                          name.substr(std::strlen(kPrefix), name.size() - std::strlen(kPrefix) - std::strlen(kSuffix)),
+                          "' is not a step (", kStepRange.text(),
+                          "): ringtrain never writes such a name, so it is another "
+                          "program's file or a damaged name; move it out of '",
+                          dir_.string(), "' (or rename it to its step)"));
     if (step < 0) continue;
     (entry.is_regular_file(ec) ? out : odd_ones).emplace_back(step, entry.path());
   }

@@ -4,11 +4,20 @@
 
 #include "runtime/cluster/gpu_choice.h"
 
-#include <cmath>
+#include <sys/stat.h>
 
+#include <cmath>
+#include <filesystem>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include "core/allocator.h"
 #include "core/check.h"
 
 namespace ringtrain::runtime {
+
+namespace fs = std::filesystem;
 
 using json = nlohmann::json;
 
@@ -149,6 +158,49 @@ json TrainerOptions::to_json() const {
   return j;
 }
 
+namespace {
+
+// What identifies a path's file: (device, inode) when it exists, else its normalised absolute path.
+std::string file_identity(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0) return detail::str_cat("inode ", st.st_dev, ":", st.st_ino);
+  std::error_code ec;
+  const fs::path p = fs::weakly_canonical(fs::absolute(path, ec), ec);
+  return "path " + (ec ? fs::absolute(path).lexically_normal().string() : p.string());
+}
+
+}  // namespace
+
+void check_outputs(const TrainerOptions& o) {
+  // The files a run writes, by flag. Two that are one file (the same path, a link to the other, a hard
+  // link) would interleave and destroy each other.
+  std::vector<std::pair<std::string, std::string>> outputs;  // flag, path
+  if (!o.log_jsonl.empty()) outputs.emplace_back("--log-jsonl", o.log_jsonl);
+  if (!o.trace.empty()) outputs.emplace_back("--trace", o.trace);
+  for (size_t i = 0; i < outputs.size(); ++i)
+    for (size_t j = i + 1; j < outputs.size(); ++j)
+      RT_CHECK(file_identity(outputs[i].second) != file_identity(outputs[j].second), outputs[i].first, " '",
+               outputs[i].second, "' and ", outputs[j].first, " '", outputs[j].second,
+               "' are the same file: each output needs a file of its own");
+  // Nor may an output be the checkpoint folder, or a file in it that the folder's own bookkeeping uses
+  // (checkpoints, their temporary files, the lock, set-aside folders), or the checkpoint resumed from.
+  std::error_code ec;
+  for (const auto& [flag, path] : outputs) {
+    if (!o.resume.empty() && o.resume != "auto")
+      RT_CHECK(file_identity(path) != file_identity(o.resume), flag, " '", path, "' is the checkpoint --resume reads");
+    if (o.checkpoint_dir.empty()) continue;
+    const fs::path dir = fs::weakly_canonical(fs::absolute(o.checkpoint_dir), ec);
+    const fs::path file = fs::weakly_canonical(fs::absolute(path), ec);
+    RT_CHECK(file != dir, flag, " '", path, "' is the --checkpoint-dir folder itself");
+    if (file.parent_path() != dir) continue;
+    const std::string name = file.filename().string();
+    const bool folder_own = name.rfind("ckpt-step", 0) == 0 || name.rfind(".ckpt-step", 0) == 0 ||
+                            name.rfind(".ringtrain-lock", 0) == 0 || name.rfind("set-aside-", 0) == 0;
+    RT_CHECK(!folder_own, flag, " '", path, "' is named like one of --checkpoint-dir's own files (checkpoints, ",
+             "their temporary files, the lock, set-aside folders): write it beside them under another name");
+  }
+}
+
 void validate_options(const TrainerOptions& o) {
   auto finite = [](double v) { return std::isfinite(v); };
   RT_CHECK(o.batch >= 0, "--batch-size must be at least 1 (or auto), got ", o.batch);
@@ -208,6 +260,18 @@ void validate_options(const TrainerOptions& o) {
            "--recompute each block's)");
   RT_CHECK(o.checkpoint_every_min == 0 || !o.checkpoint_dir.empty(), "--checkpoint-every-min ", o.checkpoint_every_min,
            " needs --checkpoint-dir (where to write them)");
+  // Every option takes effect in every mode it is given in, or is refused there naming the mode.
+  RT_CHECK(!o.start_over || o.resume.empty(), "--start-over does not combine with --resume ", o.resume,
+           ": --resume continues a run, --start-over sets the folder's runs aside to begin a new one; choose one");
+  RT_CHECK(o.max_memory == 0 || o.pipeline_stages == 1, "--max-memory ", format_bytes(o.max_memory),
+           " does not apply with --pipeline-stages ", o.pipeline_stages,
+           ": the memory plan predicts one-stage runs only (--pipeline-balance memory balances the stages' memory)");
+  if (o.device == DeviceChoice::Cpu)
+    for (const auto& [given, flag] :
+         {std::pair{!o.gpus.empty(), "--gpus"}, std::pair{o.allow_shared_gpu, "--allow-shared-gpu"},
+          std::pair{o.wait_for_gpu > 0, "--wait-for-gpu"}})
+      RT_CHECK(!given, flag, " chooses GPUs, but --device cpu trains on the CPU: drop ", flag, " or use --device auto");
+  check_outputs(o);
 }
 
 json rank_agreement(const TrainerOptions& o) {

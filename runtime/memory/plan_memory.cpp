@@ -147,15 +147,19 @@ nlohmann::json plan_memory(comm::World& world, TrainerOptions& o, Device device,
           return c;
         };
         const std::vector<Remedy> fixes = remedies(v, g, world.size(), budget_w, probe);
-        std::string list;
-        for (const Remedy& r : fixes) list += detail::str_cat("\n  ", r.flags, ": ", format_bytes(r.prediction.total));
+        std::string list, stages;
+        for (const Remedy& r : fixes) {
+          list += detail::str_cat("\n  ", r.flags, ": ", format_bytes(r.prediction.total));
+          if (r.flags.find("--pipeline-stages") != std::string::npos)
+            stages = "\n(the memory plan predicts one-stage runs only: run --pipeline-stages without --max-memory)";
+        }
         error = detail::str_cat(
             "the run does not fit: rank ", worst, " is predicted to reach ", predict_peak(v, g, world.size()).str(),
             " at batch ", v.batch, ", over its budget of ", format_bytes(budget_w), " less 5% to spare (",
             worst == 0 ? budget.source : std::string("its share of its device's free memory"), "). ",
             fixes.empty() ? "Nothing ringtrain can change fits it; free memory or raise --max-memory"
                           : "These changes fit, with their predicted peaks:" + list,
-            fixes.empty() ? "" : "\n(or raise --max-memory)",
+            fixes.empty() ? "" : "\n(or raise --max-memory)", stages,
             detail::str_cat("\n(planned in ", std::lround(1000 * seconds(Clock::now() - plan_start)),
                             " ms, before any step)"));
       }

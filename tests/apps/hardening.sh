@@ -18,12 +18,20 @@
 #                --lr-milestones without multistep, a fault for a rank the job lacks, a FIFO as manifest
 #                or log, a folder given to --resume, ringtrain_run with an unwritable --log-jsonl, SIGTERM
 #                during --restart-delay
+#   outputs      two outputs that are one file (the same path, a symbolic or a hard link), an output that is
+#                the checkpoint folder or one of its files, a file named like a checkpoint whose step is not
+#                a number (refused by --resume auto and by a new run, not skipped); a full disk at the lock
+#                says so and leaves no temporary file
+#   modes        every option takes effect in the mode it is given in or is refused naming the mode:
+#                --max-memory with --pipeline-stages, GPU flags with --device cpu, --start-over with
+#                --resume FILE, ringtrain_env --once without --watch, --threads beyond the cores;
+#                --max-memory's bad values are usage errors, never an abort
 set -euo pipefail
 build=$(cd "$1" && pwd)
 work=$2
 shift 2
 cases=("$@")
-((${#cases[@]})) || cases=(folder writers changes content data early)
+((${#cases[@]})) || cases=(folder writers changes content data early outputs modes)
 rm -rf "$work"
 mkdir -p "$work"
 cd "$work"
@@ -242,6 +250,78 @@ PY
         expect full.log "checkpoint 'full/ck/ckpt-step00000001.h5': no space left on the device of 'full/ck' \([0-9]+ bytes free, about [0-9]+ needed\): free space or write elsewhere" early
       fi
       echo "early: each refused at the start, naming what is wrong"
+      ;;
+    outputs)
+      for pair in "--log-jsonl o.json --trace o.json" "--log-jsonl o.json --trace ./sub/../o.json"; do
+        mkdir -p sub
+        if "${train[@]}" --steps 1 $pair > same.log 2>&1; then fail "outputs: $pair accepted"; fi
+        expect same.log "are the same file: each output needs a file of its own" outputs
+      done
+      [[ ! -e o.json ]] || fail "outputs: a refused run wrote o.json"
+      echo "{}" > kept.json && ln -s kept.json soft.json && ln kept.json hard.json
+      for other in soft.json hard.json; do
+        if "${train[@]}" --steps 1 --log-jsonl kept.json --trace $other > link.log 2>&1; then
+          fail "outputs: --trace $other, a link to --log-jsonl, accepted"
+        fi
+        expect link.log "--log-jsonl 'kept.json' and --trace '$other' are the same file" outputs
+      done
+      [[ $(cat kept.json) == "{}" ]] || fail "outputs: a refused run changed kept.json"
+      if "${train[@]}" --steps 1 --checkpoint-dir ck --log-jsonl ck/ckpt-step00000001.h5 > ck.log 2>&1; then
+        fail "outputs: a log named like a checkpoint in the checkpoint folder"
+      fi
+      expect ck.log "--log-jsonl 'ck/ckpt-step00000001.h5' is named like one of --checkpoint-dir's own files" outputs
+      if "${train[@]}" --steps 1 --checkpoint-dir ck --trace ck > ckd.log 2>&1; then fail "outputs: --trace the folder"; fi
+      expect ckd.log "--trace 'ck' is the --checkpoint-dir folder itself" outputs
+      # A file named like a checkpoint whose step is not a number is named, by a resume and a new run alike.
+      "${train[@]}" --steps 2 --checkpoint-dir big > big0.log 2>&1 || { cat big0.log; fail "outputs: base run"; }
+      cp big/ckpt-step00000002.h5 big/ckpt-step99999999999999999999.h5
+      for extra in "--resume auto" ""; do
+        if "${train[@]}" --steps 4 --checkpoint-dir big $extra > big.log 2>&1; then
+          fail "outputs: '$extra' passed over ckpt-step99999999999999999999.h5"
+        fi
+        expect big.log "'big/ckpt-step99999999999999999999.h5' is named like a checkpoint, but '99999999999999999999' is not a step" outputs
+      done
+      # A full disk when the lock is written: the reason, and no temporary file left behind.
+      if [[ $(id -u) -eq 0 ]] && mkdir -p tiny && mount -t tmpfs -o size=64K tmpfs tiny 2> /dev/null; then
+        trap 'umount "$work/tiny" 2> /dev/null || true' EXIT
+        mkdir -p tiny/ck
+        head -c 1M /dev/zero > tiny/filler 2> /dev/null || true
+        "${train[@]}" --steps 1 --checkpoint-dir tiny/ck > tiny.log 2>&1 && { umount tiny; fail "outputs: a full disk passed"; }
+        leftovers=$(ls -A tiny/ck)
+        umount tiny
+        trap - EXIT
+        expect tiny.log "cannot write the lock file '.*': no space left on the device of 'tiny/ck'" outputs
+        [[ -z $leftovers ]] || fail "outputs: a full disk left '$leftovers' in the folder"
+      fi
+      echo "outputs: aliases refused, the folder's own names kept, an unreadable checkpoint name said, a full disk said"
+      ;;
+    modes)
+      if "${train[@]}" --steps 1 --max-memory 1M --pipeline-stages 2 > mm.log 2>&1; then fail "modes: --max-memory with stages"; fi
+      expect mm.log "--max-memory 1.00 MiB does not apply with --pipeline-stages 2" modes
+      for flag in "--gpus 0" "--allow-shared-gpu" "--wait-for-gpu 1"; do
+        if "${train[@]}" --steps 1 --device cpu $flag > gpu.log 2>&1; then fail "modes: $flag with --device cpu"; fi
+        expect gpu.log "${flag%% *} chooses GPUs, but --device cpu trains on the CPU" modes
+      done
+      "${train[@]}" --steps 2 --checkpoint-dir so > so0.log 2>&1 || { cat so0.log; fail "modes: base run"; }
+      if "${train[@]}" --steps 2 --checkpoint-dir so --start-over --resume so/ckpt-step00000002.h5 > so.log 2>&1; then
+        fail "modes: --start-over with --resume FILE"
+      fi
+      expect so.log "--start-over does not combine with --resume so/ckpt-step00000002.h5" modes
+      if "$build/ringtrain_env" --once > once.log 2>&1; then fail "modes: ringtrain_env --once without --watch"; fi
+      expect once.log "--once requires --watch" modes
+      for value in abc -1 1e30 10XB 1g0 nan "" 0 0.5; do
+        rc=0
+        "${train[@]}" --steps 1 --max-memory="$value" > mem.log 2>&1 || rc=$?
+        ((rc != 0 && rc != 134)) || { cat mem.log; fail "modes: --max-memory '$value' gave exit $rc"; }
+        expect mem.log "^--max-memory: " modes
+        grep -q "terminate called" mem.log && fail "modes: --max-memory '$value' aborted"
+      done
+      cores=$(nproc)
+      if "${train[@]}" --steps 1 --threads $((17 * cores)) > thr.log 2>&1; then fail "modes: --threads $((17 * cores))"; fi
+      expect thr.log "--threads $((17 * cores)): rank 0 on .* has $cores core\(s\) available; more than 16 threads per core" modes
+      "${train[@]}" --steps 1 --threads $((cores + 1)) > thw.log 2>&1 || { cat thw.log; fail "modes: --threads cores+1"; }
+      expect thw.log "warning: --threads $((cores + 1)) is more than the $cores core\(s\) available" modes
+      echo "modes: each option applies where given or is refused naming the mode"
       ;;
     *) fail "unknown case '$case'" ;;
   esac
