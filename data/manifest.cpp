@@ -28,6 +28,7 @@ int64_t chunk_records_for(int64_t record_bytes) {
 }
 
 uint32_t file_crc32(const fs::path& path) {
+  io::require_regular_file(path, "shard");  // a folder reads as nothing: CRC-32 00000000, "corrupt"
   std::ifstream in(path, std::ios::binary);
   if (!in) RT_THROW("cannot read '", path.string(), "' to checksum it");
   std::vector<char> buffer(1 << 20);
@@ -37,6 +38,7 @@ uint32_t file_crc32(const fs::path& path) {
     std::streamsize got = in.gcount();
     if (got > 0) crc = crc32(crc, reinterpret_cast<const Bytef*>(buffer.data()), static_cast<uInt>(got));
   }
+  if (in.bad()) RT_THROW("reading '", path.string(), "' to checksum it failed");
   return static_cast<uint32_t>(crc);
 }
 

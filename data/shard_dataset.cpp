@@ -17,6 +17,7 @@
 #include "core/check.h"
 #include "data/codec.h"
 #include "data/shard_format.h"
+#include "io/files.h"
 
 namespace ringtrain::data {
 namespace fs = std::filesystem;
@@ -441,6 +442,7 @@ ShardDataset ShardDataset::open(const fs::path& dir, const std::string& split, O
     listed.insert(shard.file);
     const fs::path path = dir / shard.file;
     if (!fs::exists(path)) RT_THROW("shard '", path.string(), "' listed in '", manifest_path.string(), "' is missing");
+    io::require_regular_file(path, "shard");
     if (options.verify_checksums) {
       const uint32_t crc = file_crc32(path);
       if (crc != shard.crc32)

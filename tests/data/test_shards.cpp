@@ -563,6 +563,16 @@ TEST_F(Shards, ManifestThatDisagreesWithTheFiles) {
   EXPECT_NE(e.find("train-00007-of-00009.h5"), std::string::npos) << e;
   EXPECT_NE(e.find("not listed"), std::string::npos) << e;
 
+  // A shard name that is a folder is named as one, not as "corrupt: CRC-32 00000000".
+  write();
+  fs::remove(dir_ / "train-00001-of-00003.h5");
+  fs::create_directory(dir_ / "train-00001-of-00003.h5");
+  e = open_error();
+  EXPECT_NE(e.find("shard '" + (dir_ / "train-00001-of-00003.h5").string() + "' is a folder, not a file"),
+            std::string::npos)
+      << e;
+  fs::remove_all(dir_ / "train-00001-of-00003.h5");
+
   write();
   m = nlohmann::json::parse(std::ifstream(dir_ / "manifest.json"));
   m["format_version"] = 99;
