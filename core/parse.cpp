@@ -78,12 +78,12 @@ std::vector<T> parse_number_list(const std::string& what, std::string_view text,
   }
 }
 
-#define RINGTRAIN_NUMBER(T)                                                                           \
-  template std::string number_text<T>(T);                                                             \
-  template std::optional<T> to_number<T>(std::string_view);                                           \
-  template struct NumberRange<T>;                                                                     \
-  template std::string number_problem<T>(std::string_view, const NumberRange<T>&);                    \
-  template T parse_number<T>(const std::string&, std::string_view, const NumberRange<T>&);            \
+#define RINGTRAIN_NUMBER(T)                                                                \
+  template std::string number_text<T>(T);                                                  \
+  template std::optional<T> to_number<T>(std::string_view);                                \
+  template struct NumberRange<T>;                                                          \
+  template std::string number_problem<T>(std::string_view, const NumberRange<T>&);         \
+  template T parse_number<T>(const std::string&, std::string_view, const NumberRange<T>&); \
   template std::vector<T> parse_number_list<T>(const std::string&, std::string_view, const NumberRange<T>&);
 RINGTRAIN_NUMBER(int)
 RINGTRAIN_NUMBER(unsigned)
@@ -116,9 +116,9 @@ int64_t parse_bytes(const std::string& what, const std::string& text) {
   static const struct {
     const char* name;
     double scale;
-  } kUnits[] = {{"", 1},           {"b", 1},           {"k", 0x1p10},      {"kib", 0x1p10},   {"kb", 1e3},
-                {"m", 0x1p20},     {"mib", 0x1p20},    {"mb", 1e6},        {"g", 0x1p30},     {"gib", 0x1p30},
-                {"gb", 1e9},       {"t", 0x1p40},      {"tib", 0x1p40},    {"tb", 1e12}};
+  } kUnits[] = {{"", 1},       {"b", 1},        {"k", 0x1p10},   {"kib", 0x1p10}, {"kb", 1e3},
+                {"m", 0x1p20}, {"mib", 0x1p20}, {"mb", 1e6},     {"g", 0x1p30},   {"gib", 0x1p30},
+                {"gb", 1e9},   {"t", 0x1p40},   {"tib", 0x1p40}, {"tb", 1e12}};
   for (const auto& u : kUnits)
     if (unit == u.name) scale = u.scale;
   if (scale == 0) throw bad("unknown size unit '" + suffix + "'");

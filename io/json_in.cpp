@@ -18,8 +18,8 @@ json parse_json_file(const fs::path& path, const std::string& what, int64_t max_
   std::error_code ec;
   const auto size = fs::file_size(path, ec);
   RT_CHECK(!ec, what, " '", path.string(), "': cannot read its size: ", ec.message());
-  RT_CHECK(static_cast<int64_t>(size) <= max_bytes, what, " '", path.string(), "' is ", size,
-           " bytes, more than the ", max_bytes, " such a file may have");
+  RT_CHECK(static_cast<int64_t>(size) <= max_bytes, what, " '", path.string(), "' is ", size, " bytes, more than the ",
+           max_bytes, " such a file may have");
   std::ifstream in(path, std::ios::binary);
   RT_CHECK(in.good(), what, " '", path.string(), "' cannot be opened");
   std::stringstream text;
@@ -43,7 +43,8 @@ std::string shown(const json& v) {
 JsonIn::JsonIn(const json& j, std::string file, std::string where)
     : j_(j), file_(std::move(file)), where_(std::move(where)) {
   if (!j_.is_object())
-    RT_THROW("'", file_, "'", where_.empty() ? std::string(" must hold a JSON object") : " key '" + where_ + "' must be an object",
+    RT_THROW("'", file_, "'",
+             where_.empty() ? std::string(" must hold a JSON object") : " key '" + where_ + "' must be an object",
              ", got ", shown(j_));
 }
 
@@ -107,9 +108,7 @@ double JsonIn::number(const std::string& key) const {
   return v.get<double>();
 }
 
-double JsonIn::number_or(const std::string& key, double otherwise) const {
-  return has(key) ? number(key) : otherwise;
-}
+double JsonIn::number_or(const std::string& key, double otherwise) const { return has(key) ? number(key) : otherwise; }
 
 bool JsonIn::boolean_or(const std::string& key, bool otherwise) const {
   if (!has(key)) return otherwise;

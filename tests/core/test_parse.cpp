@@ -65,8 +65,7 @@ TEST(Parse, BytesTakeTheUnitsPeopleWrite) {
   EXPECT_EQ(parse_bytes("--max-memory", "1e3"), 1000);
   EXPECT_EQ(parse_bytes("--max-memory", "2e3K"), 2048000);
   EXPECT_EQ(parse_bytes("--max-memory", "1T"), int64_t{1} << 40);
-  for (const char* bad : {"", "abc", "-1", "nan", "inf", "1e30", "10XB", "0.5", "1.5B", "M", "9E", "1e19", "-5M"})
-    try {
+  for (const char* bad : {"", "abc", "-1", "nan", "inf", "1e30", "10XB", "0.5", "1.5B", "M", "9E", "1e19", "-5M"}) try {
       parse_bytes("--max-memory", bad);
       ADD_FAILURE() << "'" << bad << "' accepted";
     } catch (const Error& e) {
