@@ -33,6 +33,26 @@ Reporter::Reporter(const comm::World& world, const TrainerOptions& o, Device dev
       memory_(std::move(memory)),
       loss_rank_(pipeline_.is_null() ? 0 : (pipeline_["stages"].get<int>() - 1) * pipeline_["replicas"].get<int>()) {}
 
+std::string ranks_by_host(const std::vector<std::string>& hosts) {
+  std::vector<std::pair<std::string, std::vector<int>>> by;  // in order of each host's first rank
+  for (size_t r = 0; r < hosts.size(); ++r) {
+    auto it = std::find_if(by.begin(), by.end(), [&](const auto& h) { return h.first == hosts[r]; });
+    if (it == by.end()) it = by.insert(by.end(), {hosts[r], {}});
+    it->second.push_back(static_cast<int>(r));
+  }
+  std::string out;
+  for (const auto& [host, ranks] : by) {
+    out += detail::str_cat(out.empty() ? "" : ", ", host, " ");
+    for (size_t i = 0; i < ranks.size();) {
+      size_t j = i;
+      while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+      out += detail::str_cat(i ? "," : "", ranks[i], j > i ? detail::str_cat("-", ranks[j]) : std::string());
+      i = j + 1;
+    }
+  }
+  return out;
+}
+
 void Reporter::announce(const Replica& replica, int threads, const Cursor& at, const std::string& resumed_from,
                         const std::string& run_id, const std::vector<std::string>& data_warnings) {
   if (world_.is_root()) {
@@ -52,6 +72,9 @@ void Reporter::announce(const Replica& replica, int threads, const Cursor& at, c
         o_.compression == comm::Compression::None
             ? ""
             : detail::str_cat(", gradients travel as ", compression_name(o_.compression)).c_str());
+    // Which ranks live where: when a host is lost and mpirun names only the host ("Remote daemon ... on
+    // node node1"), this line says which ranks went with it.
+    if (world_.num_nodes() > 1) std::printf("ranks by host: %s\n", ranks_by_host(world_.hosts()).c_str());
     std::fflush(stdout);
     // What scripts/scaling_model.py needs besides the timings: the run's shape and its bucket plan.
     comm::supervisor_event(json{

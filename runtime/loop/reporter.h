@@ -22,6 +22,9 @@ namespace ringtrain::runtime {
 class Replica;
 struct TrainResult;
 
+// "node0 0-1, node1 2-3": each host with its ranks (ranges where consecutive), in order of first rank.
+std::string ranks_by_host(const std::vector<std::string>& hosts);
+
 class Reporter {
  public:
   using Clock = std::chrono::steady_clock;

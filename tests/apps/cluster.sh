@@ -14,7 +14,9 @@
 #                same bits as on one host, no hang
 #   bench        scripts/bench_cluster.py, briefly: its all-reduce table (ring within the link rate, gloo beside)
 #   kill         cluster.sh kill node1 mid-training: non-zero exit within 30 s naming node1
-#   partition    cluster.sh partition node1 mid-training: non-zero exit within --timeout + 30 s naming node1
+#   partition    cluster.sh partition node1 mid-training: non-zero exit within --timeout + 30 s naming node1's
+#                ranks (the watchdog) or node1 (mpirun) with the startup map of ranks by host, also beside a
+#                CPU hog
 #   elastic      ringtrain_run on 2 nodes x 1 rank, node1 killed mid-epoch: the run finishes on node0 alone
 #                with --accum-steps 2 (the same global batch), bitwise equal to a node0-alone run resumed
 #                from the same checkpoint, one restart logged, recovery under 60 s; a second run grows
@@ -270,23 +272,38 @@ PY
     grep -q "node1" "$work/job.log" || fail "the job's messages do not name node1"
     ;;
   partition)
-    # Twice: --timeout 60 (Open MPI's daemon keepalive, 11 s here, ends the job first and names node1) and
-    # --timeout 5 (ringtrain's watchdog ends it first, naming the ranks that stopped answering).
-    for timeout_s in 60 5; do
+    # Three times: --timeout 60 (Open MPI's daemon keepalive, 11 s here, ends the job first and names
+    # node1), --timeout 5 (ringtrain's watchdog ends it first, naming the ranks that stopped answering),
+    # and --timeout 5 beside a CPU hog of twice the cores, where either may end it first. Whichever
+    # does, the user learns which ranks were cut off: the watchdog names them, and when mpirun names only
+    # the host, the startup line "ranks by host" says which ranks it held.
+    for timeout_s in 60 5 5-loaded; do
       up 2 --slots 2
-      start_training --timeout "$timeout_s"
+      hogs=()
+      if [[ $timeout_s == *-loaded ]]; then
+        for _ in $(seq $((2 * $(nproc)))); do
+          (while :; do :; done) &
+          hogs+=($!)
+        done
+      fi
+      start_training --timeout "${timeout_s%-loaded}"
       t0=$(date +%s.%N)
       "$cluster" partition node1
       job_result "$t0"
+      ((${#hogs[@]})) && kill "${hogs[@]}" 2> /dev/null
       [[ $rc != 0 ]] || fail "the job exited 0 after node1 was cut off"
       [[ $rc != 124 && $rc != 137 ]] || fail "the job hung"
-      python3 -c "import sys; sys.exit(float(sys.argv[1]) > $timeout_s + 30)" "$elapsed" ||
-        fail "the job took ${elapsed}s (> --timeout $timeout_s + 30 s)"
-      if ((timeout_s == 5)); then
-        grep -Eq "rank [23] on host node1 does not answer" "$work/job.log" || fail "the watchdog did not name node1's ranks"
-      else
-        grep -Eq "Remote daemon: .* on node node1" "$work/job.log" || fail "mpirun did not name node1"
-      fi
+      python3 -c "import sys; sys.exit(float(sys.argv[1]) > ${timeout_s%-loaded} + 30)" "$elapsed" ||
+        fail "the job took ${elapsed}s (> --timeout ${timeout_s%-loaded} + 30 s)"
+      grep -q "^ranks by host: node0 0-1, node1 2-3" "$work/job.log" || fail "no 'ranks by host' line: $(head -5 "$work/job.log")"
+      named=$(grep -Eq "rank [23] on host node1 does not answer" "$work/job.log" && echo watchdog || true)
+      [[ -z $named ]] && grep -Eq "Remote daemon: .* on node node1" "$work/job.log" && named=mpirun
+      case $timeout_s in
+        5) [[ $named == watchdog ]] || fail "the watchdog did not name node1's ranks" ;;
+        60) [[ $named == mpirun ]] || fail "mpirun did not name node1" ;;
+        *) [[ -n $named ]] || fail "under load, neither the watchdog nor mpirun named node1: $(tail -20 "$work/job.log")" ;;
+      esac
+      echo "partition, --timeout $timeout_s: named by $named in ${elapsed}s"
       "$cluster" down > /dev/null
     done
     ;;

@@ -7,6 +7,7 @@
 #include "runtime/config/cli.h"
 #include "runtime/config/data_source.h"
 #include "runtime/config/plan.h"
+#include "runtime/loop/reporter.h"
 #include "test_util.h"
 
 using namespace ringtrain;
@@ -295,4 +296,12 @@ TEST(ResumeConfig, AnotherTf32IsSaidAndACheckpointWithoutItCountsAsOn) {
   nlohmann::json no_seed = on;
   no_seed["flags"].erase("seed");
   EXPECT_EQ(compare_config(no_seed, on, "f").changes, "--seed (none) -> 0");
+}
+
+// The startup line's map of ranks to hosts, which names the ranks of a host mpirun reports lost.
+TEST(RanksByHost, ConsecutiveRanksAreRanges) {
+  using ringtrain::runtime::ranks_by_host;
+  EXPECT_EQ(ranks_by_host({"node0", "node0", "node1", "node1"}), "node0 0-1, node1 2-3");
+  EXPECT_EQ(ranks_by_host({"a", "b", "a", "b", "a"}), "a 0,2,4, b 1,3");
+  EXPECT_EQ(ranks_by_host({"a", "a", "a", "b", "a"}), "a 0-2,4, b 3");
 }
