@@ -13,6 +13,7 @@
 #include <ctime>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <map>
 #include <random>
 #include <string>
@@ -20,6 +21,7 @@
 #include "core/check.h"
 #include "core/parse.h"
 #include "io/files.h"
+#include "io/json_in.h"
 #include "runtime/cluster/process.h"
 
 namespace ringtrain::runtime {
@@ -51,46 +53,7 @@ int64_t step_of(const std::string& name) {
   return step && kStepRange.holds(*step) ? *step : -1;
 }
 
-// Typed access to /meta/json with errors naming the file and the dotted key.
-class MetaReader {
- public:
-  MetaReader(const json& root, const std::string& file) : root_(root), file_(file) {}
-
-  const json& at(const std::string& dotted) const {
-    const json* node = &root_;
-    size_t start = 0;
-    while (start <= dotted.size()) {
-      const size_t dot = dotted.find('.', start);
-      const std::string key = dotted.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
-      if (!node->is_object() || !node->contains(key)) fail(dotted, "is missing");
-      node = &(*node)[key];
-      if (dot == std::string::npos) break;
-      start = dot + 1;
-    }
-    return *node;
-  }
-  bool has(const std::string& key) const { return root_.is_object() && root_.contains(key); }
-
-  int64_t integer(const std::string& key, int64_t min) const {
-    const json& v = at(key);
-    if (!v.is_number_integer()) fail(key, detail::str_cat("must be an integer, got ", v.dump()));
-    const int64_t x = v.get<int64_t>();
-    if (x < min) fail(key, detail::str_cat("must be at least ", min, ", got ", x));
-    return x;
-  }
-  double number(const std::string& key) const {
-    const json& v = at(key);
-    if (!v.is_number()) fail(key, detail::str_cat("must be a number, got ", v.dump()));
-    return v.get<double>();
-  }
-  [[noreturn]] void fail(const std::string& key, const std::string& what) const {
-    RT_THROW("checkpoint '", file_, "': /meta/json key '", key, "' ", what);
-  }
-
- private:
-  const json& root_;
-  const std::string& file_;
-};
+constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
 
 }  // namespace
 
@@ -117,40 +80,32 @@ TrainState TrainState::from_json(const std::string& text, const std::string& fil
   } catch (const std::exception& e) {
     RT_THROW("checkpoint '", file, "': /meta/json is not valid JSON (", e.what(), ")");
   }
-  const MetaReader m(meta, file);
-  if (!meta.is_object()) m.fail("(root)", "must be an object");
+  // The one checked reader (io/json_in.h): errors name "'<file>:/meta/json': key 'sampler.epoch' ...".
+  const io::JsonIn m(meta, file + ":/meta/json");
   TrainState s;
-  s.step = m.integer("step", 0);
-  s.position.epoch = m.integer("sampler.epoch", 0);
-  s.position.next_batch = m.integer("sampler.next_batch", 0);
-  s.world_size = static_cast<int>(m.integer("world_size", 1));
-  s.global_batch = m.integer("global_batch", 1);
+  s.step = m.integer("step", 0, kMax);
+  const io::JsonIn sampler = m.at("sampler");
+  s.position.epoch = sampler.integer("epoch", 0, kMax);
+  s.position.next_batch = sampler.integer("next_batch", 0, kMax);
+  s.world_size = static_cast<int>(m.integer("world_size", 1, std::numeric_limits<int>::max()));
+  s.global_batch = m.integer("global_batch", 1, kMax);
   // Written since resume across world sizes; older checkpoints' batches are this run's (0 = unknown).
-  s.per_step_global = m.has("per_step_global") ? m.integer("per_step_global", 1) : 0;
+  s.per_step_global = m.integer_or("per_step_global", 0, 1, kMax);
   if (s.per_step_global > 0 && s.global_batch % s.per_step_global != 0)
-    m.fail("per_step_global", detail::str_cat(s.per_step_global, " does not divide global_batch ", s.global_batch));
-  s.lr = m.has("lr") ? m.number("lr") : 0.0;
-  if (m.has("rng")) s.rng_stream = static_cast<uint64_t>(m.integer("rng.stream", 0));
+    m.wrong("per_step_global", detail::str_cat("a divisor of global_batch ", s.global_batch));
+  s.lr = m.number_or("lr", 0.0);
+  if (m.has("rng")) s.rng_stream = static_cast<uint64_t>(m.at("rng").integer("stream", 0, kMax));
   if (m.has("loss_scale")) {
-    s.loss_scale = LossScaleState{m.number("loss_scale.scale"), m.integer("loss_scale.growth_tracker", 0)};
-    if (!(s.loss_scale->scale > 0))
-      m.fail("loss_scale.scale", detail::str_cat("must be positive, got ", s.loss_scale->scale));
+    const io::JsonIn ls = m.at("loss_scale");
+    s.loss_scale = LossScaleState{ls.number("scale"), ls.integer("growth_tracker", 0, kMax)};
+    if (!(s.loss_scale->scale > 0)) ls.wrong("scale", "positive");
   }
-  if (m.has("config")) {
-    if (!m.at("config").is_object()) m.fail("config", "must be an object");
-    s.config = m.at("config");
-  }
-  if (m.has("steps_follow_position")) {
-    if (!m.at("steps_follow_position").is_boolean()) m.fail("steps_follow_position", "must be true or false");
-    s.steps_follow_position = m.at("steps_follow_position").get<bool>();
-  }
-  if (m.has("run_id")) {
-    const json& id = m.at("run_id");
-    if (!id.is_string() || id.get<std::string>().size() != 16 ||
-        id.get<std::string>().find_first_not_of("0123456789abcdef") != std::string::npos)
-      m.fail("run_id", detail::str_cat("must be 16 hex digits, got ", id.dump()));
-    s.run_id = id.get<std::string>();
-  }
+  if (m.has("config")) s.config = m.at("config").raw();
+  s.steps_follow_position = m.boolean_or("steps_follow_position", s.steps_follow_position);
+  const std::string id = m.text_or("run_id", "");
+  if (m.has("run_id") && (id.size() != 16 || id.find_first_not_of("0123456789abcdef") != std::string::npos))
+    m.wrong("run_id", "16 hex digits");
+  s.run_id = id;
   return s;
 }
 

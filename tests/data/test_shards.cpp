@@ -632,6 +632,16 @@ TEST_F(Shards, ManifestEntriesAreCheckedNamingTheKey) {
     EXPECT_NE(e.find("manifest.json'"), std::string::npos) << e;
     EXPECT_EQ(e.find("type_error"), std::string::npos) << e;  // nlohmann's raw text names no file or key
   }
+  expect(edited([](auto& s) { s["records"] = 18446744073709551615ull; }),
+         "key 'splits.train.records' must be an integer");
+  expect(edited([](auto& s) { s["num_classes"] = -1e300; }), "key 'splits.train.num_classes' must be an integer");
+  // A manifest too large to be one (64 MiB) is refused before it is read whole.
+  write();
+  {
+    std::ofstream big(dir_ / "manifest.json");
+    big << "{\"pad\": \"" << std::string((64 << 20) + 1, 'x') << "\"}";
+  }
+  EXPECT_NE(open_error().find("more than the 67108864 such a file may have"), std::string::npos);
   // A split named to climb out of the folder, with a matching file name, is refused by its name.
   write();
   nlohmann::json m = nlohmann::json::parse(std::ifstream(dir_ / "manifest.json"));

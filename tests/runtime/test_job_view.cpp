@@ -122,6 +122,8 @@ TEST(JobView, AFolderAFifoOrAWrongTypeIsNamed) {
         std::pair{R"({"type":"plan","world_size":"two"})", "key 'world_size' must be an integer"},
         std::pair{R"({"type":"plan","memory":{"budget_bytes_by_rank":"x"}})", "key 'memory.budget_bytes_by_rank'"},
         std::pair{R"({"type":"gpu","samples":[{"rank":"0"}]})", "key 'samples[0].rank' must be an integer"},
+        std::pair{R"({"type":"plan","world_size":18446744073709551616})", "key 'world_size' must be an integer"},
+        std::pair{R"({"type":"plan","batch_size":-3})", "key 'batch_size' must be an integer from 0"},
         std::pair{R"({"type":7})", "key 'type' must be a string"}}) {
     const fs::path log = dir / "log.jsonl";
     std::ofstream(log) << R"({"type":"plan","arch":"resnet20"})"
