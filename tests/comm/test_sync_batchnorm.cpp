@@ -58,6 +58,22 @@ StateDict one_step(const Tensor& x, const Tensor& labels, DType dtype = DType::F
   return net.state_dict();
 }
 
+// The same step as one_step on this rank's slice of x, labels, with SyncBN and GradSync over the ranks.
+StateDict sync_bn_step(const Tensor& x, const Tensor& labels, DType dtype) {
+  const int n = world().size(), r = world().rank();
+  const int64_t per_rank = x.size(0) / n;
+  manual_seed(3);
+  ResNet model("resnet20", {.in_channels = 3, .num_classes = 10, .dtype = dtype});
+  EXPECT_EQ(convert_sync_batchnorm(model, ring()), 21);  // 19 in the stem and blocks, 2 in projection shortcuts
+  GradSync sync(model, ring());
+  Sgd opt(as_named(model.named_parameters()), {.momentum = 0.9, .weight_decay = 5e-4});
+  CrossEntropyLoss()(model(x.slice(r * per_rank, (r + 1) * per_rank)), labels.slice(r * per_rank, (r + 1) * per_rank))
+      .backward();
+  sync.finish();
+  opt.step(0.1);
+  return model.state_dict();
+}
+
 // The worst tensor_rel_diff over the floating entries, and where.
 std::pair<double, std::string> worst_diff(const StateDict& a, const StateDict& b) {
   std::pair<double, std::string> worst{0.0, ""};
@@ -74,7 +90,7 @@ int64_t union_batch() { return world().size() == 3 ? 48 : 64; }
 
 TEST(SyncBatchNorm, OneResNetStepOnNRanksMatchesOneProcessOnTheUnionBatch) {
   const int n = world().size(), r = world().rank();
-  const int64_t total = union_batch(), per_rank = total / n;
+  const int64_t total = union_batch();
   const Tensor x = add(Tensor::normal(Shape{total, 16, 16, 3}, 0, 1, 11), 2.0);
   std::vector<double> y(static_cast<size_t>(total));
   for (int64_t i = 0; i < total; ++i) y[static_cast<size_t>(i)] = static_cast<double>((i * 7) % 10);
@@ -91,16 +107,7 @@ TEST(SyncBatchNorm, OneResNetStepOnNRanksMatchesOneProcessOnTheUnionBatch) {
   const auto noise = worst_diff(
       one_step(Tensor::from_vector(xr, x.shape()), Tensor::from_vector(yr, labels.shape(), DType::I64)), reference);
 
-  manual_seed(3);
-  ResNet model("resnet20", {.in_channels = 3, .num_classes = 10});
-  EXPECT_EQ(convert_sync_batchnorm(model, ring()), 21);  // 19 in the stem and blocks, 2 in projection shortcuts
-  GradSync sync(model, ring());
-  Sgd opt(as_named(model.named_parameters()), {.momentum = 0.9, .weight_decay = 5e-4});
-  CrossEntropyLoss()(model(x.slice(r * per_rank, (r + 1) * per_rank)), labels.slice(r * per_rank, (r + 1) * per_rank))
-      .backward();
-  sync.finish();
-  opt.step(0.1);
-  const auto got = worst_diff(model.state_dict(), reference);
+  const auto got = worst_diff(sync_bn_step(x, labels, DType::F32), reference);
   EXPECT_LT(got.first, 1e-5) << "worst parameter or statistic: " << got.second << " on " << n << " ranks; reordering "
                              << "the images alone gives " << noise.first << " (" << noise.second << ")";
   if (r == 0)
@@ -187,22 +194,13 @@ TEST(SyncBatchNorm, GradientsMatchTheUnionBatchWithResidualAndRelu) {
 // far below the terms themselves, so the summation order (per rank, then across ranks) moves it by more.
 TEST(SyncBatchNorm, InF64OneStepOnNRanksMatchesOneProcessToRounding) {
   const int n = world().size(), r = world().rank();
-  const int64_t total = union_batch(), per_rank = total / n;
+  const int64_t total = union_batch();
   const Tensor x = add(Tensor::normal(Shape{total, 16, 16, 3}, 0, 1, 11), 2.0).to(DType::F64);
   std::vector<double> y(static_cast<size_t>(total));
   for (int64_t i = 0; i < total; ++i) y[static_cast<size_t>(i)] = static_cast<double>((i * 7) % 10);
   const Tensor labels = Tensor::from_vector(y, Shape{total}, DType::I64);
   const StateDict reference = one_step(x, labels, DType::F64);
-  manual_seed(3);
-  ResNet model("resnet20", {.in_channels = 3, .num_classes = 10, .dtype = DType::F64});
-  convert_sync_batchnorm(model, ring());
-  GradSync sync(model, ring());
-  Sgd opt(as_named(model.named_parameters()), {.momentum = 0.9, .weight_decay = 5e-4});
-  CrossEntropyLoss()(model(x.slice(r * per_rank, (r + 1) * per_rank)), labels.slice(r * per_rank, (r + 1) * per_rank))
-      .backward();
-  sync.finish();
-  opt.step(0.1);
-  const auto got = worst_diff(model.state_dict(), reference);
+  const auto got = worst_diff(sync_bn_step(x, labels, DType::F64), reference);
   EXPECT_LT(got.first, 1e-11) << "worst parameter or statistic: " << got.second << " on " << n << " ranks";
   if (r == 0) std::printf("SyncBN in f64 on %d rank(s) vs one process: %.3g (%s)\n", n, got.first, got.second.c_str());
 }
