@@ -28,8 +28,8 @@ int main(int argc, char** argv) try {
   app.add_option("--data", data_dir, "shard dataset folder (made by make_shards)")->required();
   app.add_option("--split", split, "split to read")->capture_default_str();
   runtime::add_number(app, "-b,--batch-size", batch, "records per batch", 1, int64_t{1} << 20);
-  runtime::add_number_list(app, "--threads", threads_text, "comma-separated worker thread counts to measure",
-                           NumberRange<int>{1, 1024})
+  constexpr NumberRange<int> kThreads{1, 1024};
+  runtime::add_number_list(app, "--threads", threads_text, "comma-separated worker thread counts to measure", kThreads)
       ->capture_default_str();
   runtime::add_number(app, "--batches", batches, "batches per measured run", 1, int64_t{1} << 30);
   runtime::add_number(app, "--pad-crop", pad_crop, "random crop after zero padding by this many pixels", 0,
@@ -50,9 +50,7 @@ int main(int argc, char** argv) try {
       for (std::string item; std::getline(ss, item, ',');) out.push_back(item);
       return out;
     };
-    std::vector<int> thread_counts;
-    for (const int t : parse_number_list<int>("--threads", threads_text, {1, 1024})) thread_counts.push_back(t);
-    if (thread_counts.empty()) RT_THROW("--threads: no thread count in '", threads_text, "'");
+    const std::vector<int> thread_counts = parse_number_list("--threads", threads_text, kThreads);  // never empty
     const std::vector<std::string> decodes = items(decode_text);
     for (const std::string& d : decodes)
       if (d != "scaled" && d != "region" && d != "whole")

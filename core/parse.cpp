@@ -61,30 +61,52 @@ T parse_number(const std::string& what, std::string_view text, const NumberRange
   return *to_number<T>(text);
 }
 
+namespace {
+
+// The items of a comma-separated list, each checked; `problem` says why not when one is not a T in range.
 template <typename T>
-std::vector<T> parse_number_list(const std::string& what, std::string_view text, const NumberRange<T>& range) {
+std::vector<T> number_list(std::string_view text, const NumberRange<T>& range, std::string& problem) {
   std::vector<T> out;
   size_t start = 0;
   for (;;) {
     const size_t comma = text.find(',', start);
     const std::string_view item = text.substr(start, comma == std::string_view::npos ? comma : comma - start);
-    const std::string problem = number_problem(item, range);
-    if (!problem.empty())
-      throw PermanentError(detail::str_cat(what, ": a comma-separated list, each item ", range.text(), "; item ",
-                                           out.size() + 1, " of '", text, "' is '", item, "'"));
+    if (!number_problem(item, range).empty()) {
+      problem = detail::str_cat("a comma-separated list, each item ", range.text(), "; item ", out.size() + 1, " of '",
+                                text, "' is '", item, "'");
+      return {};
+    }
     out.push_back(*to_number<T>(item));
     if (comma == std::string_view::npos) return out;
     start = comma + 1;
   }
 }
 
-#define RINGTRAIN_NUMBER(T)                                                                \
-  template std::string number_text<T>(T);                                                  \
-  template std::optional<T> to_number<T>(std::string_view);                                \
-  template struct NumberRange<T>;                                                          \
-  template std::string number_problem<T>(std::string_view, const NumberRange<T>&);         \
-  template T parse_number<T>(const std::string&, std::string_view, const NumberRange<T>&); \
-  template std::vector<T> parse_number_list<T>(const std::string&, std::string_view, const NumberRange<T>&);
+}  // namespace
+
+template <typename T>
+std::vector<T> parse_number_list(const std::string& what, std::string_view text, const NumberRange<T>& range) {
+  std::string problem;
+  std::vector<T> out = number_list(text, range, problem);
+  if (!problem.empty()) throw PermanentError(what + ": " + problem);
+  return out;
+}
+
+template <typename T>
+std::string number_list_problem(std::string_view text, const NumberRange<T>& range) {
+  std::string problem;
+  number_list(text, range, problem);
+  return problem;
+}
+
+#define RINGTRAIN_NUMBER(T)                                                                                  \
+  template std::string number_text<T>(T);                                                                    \
+  template std::optional<T> to_number<T>(std::string_view);                                                  \
+  template struct NumberRange<T>;                                                                            \
+  template std::string number_problem<T>(std::string_view, const NumberRange<T>&);                           \
+  template T parse_number<T>(const std::string&, std::string_view, const NumberRange<T>&);                   \
+  template std::vector<T> parse_number_list<T>(const std::string&, std::string_view, const NumberRange<T>&); \
+  template std::string number_list_problem<T>(std::string_view, const NumberRange<T>&);
 RINGTRAIN_NUMBER(int)
 RINGTRAIN_NUMBER(unsigned)
 RINGTRAIN_NUMBER(long)
@@ -95,11 +117,11 @@ RINGTRAIN_NUMBER(double)
 RINGTRAIN_NUMBER(float)
 #undef RINGTRAIN_NUMBER
 
-int64_t parse_bytes(const std::string& what, const std::string& text) {
+std::string bytes_problem(const std::string& text, int64_t& bytes) {
   const auto bad = [&](const std::string& why) {
-    return PermanentError(detail::str_cat(what, ": ", why, ", got '", text,
-                                          "' (a size like 512M, 8G or 300MB: K/M/G/T and KiB/MiB/GiB/TiB are powers "
-                                          "of 1024, KB/MB/GB/TB powers of 1000)"));
+    return detail::str_cat(why, ", got '", text,
+                           "' (a size like 512M, 8G or 300MB: K/M/G/T and KiB/MiB/GiB/TiB are powers of 1024, "
+                           "KB/MB/GB/TB powers of 1000)");
   };
   const size_t digits = text.find_first_not_of("0123456789.eE+-");
   std::string number = text.substr(0, digits), suffix = digits == std::string::npos ? "" : text.substr(digits);
@@ -109,7 +131,7 @@ int64_t parse_bytes(const std::string& what, const std::string& text) {
     number.pop_back();
   }
   const std::optional<double> value = to_number<double>(number);
-  if (!value) throw bad("expected a size");
+  if (!value) return bad("expected a size");
   std::string unit = suffix;
   std::transform(unit.begin(), unit.end(), unit.begin(), [](unsigned char c) { return std::tolower(c); });
   double scale = 0;
@@ -121,12 +143,20 @@ int64_t parse_bytes(const std::string& what, const std::string& text) {
                 {"gb", 1e9},   {"t", 0x1p40},   {"tib", 0x1p40}, {"tb", 1e12}};
   for (const auto& u : kUnits)
     if (unit == u.name) scale = u.scale;
-  if (scale == 0) throw bad("unknown size unit '" + suffix + "'");
-  if (*value < 0) throw bad("a size is not negative");
-  const double bytes = *value * scale;
-  if (!(bytes < 0x1p63)) throw bad("a size beyond 2^63 bytes");
-  if (bytes != std::floor(bytes)) throw bad("not a whole number of bytes");
-  return static_cast<int64_t>(bytes);
+  if (scale == 0) return bad("unknown size unit '" + suffix + "'");
+  if (*value < 0) return bad("a size is not negative");
+  const double count = *value * scale;
+  if (!(count < 0x1p63)) return bad("a size beyond 2^63 bytes");
+  if (count != std::floor(count)) return bad("not a whole number of bytes");
+  bytes = static_cast<int64_t>(count);
+  return {};
+}
+
+int64_t parse_bytes(const std::string& what, const std::string& text) {
+  int64_t bytes = 0;
+  const std::string problem = bytes_problem(text, bytes);
+  if (!problem.empty()) throw PermanentError(what + ": " + problem);
+  return bytes;
 }
 
 }  // namespace ringtrain

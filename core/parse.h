@@ -47,11 +47,16 @@ T parse_number(const std::string& what, std::string_view text, const NumberRange
 // A comma-separated list of numbers, each in `range` ("0,9,18"); empty items and an empty list refused.
 template <typename T>
 std::vector<T> parse_number_list(const std::string& what, std::string_view text, const NumberRange<T>& range = {});
+// Empty when parse_number_list would take `text`, else why not: "a comma-separated list, each item ...".
+template <typename T>
+std::string number_list_problem(std::string_view text, const NumberRange<T>& range);
 
 // Byte counts as people write them, for flags such as --max-memory: a number with an optional suffix, any
 // case: none or B (bytes); K, M, G, T and KiB, MiB, GiB, TiB (powers of 1024, as Slurm and free(1) read
 // them); KB, MB, GB, TB (powers of 1000, as SI defines them). The result is a whole number of bytes in
 // [0, 2^63); a fraction of a byte ("0.5"), a negative, NaN or a value beyond 64 bits is refused naming `what`.
 int64_t parse_bytes(const std::string& what, const std::string& text);
+// parse_bytes without the throw: empty when `text` is a byte count (put in `bytes`), else why not.
+std::string bytes_problem(const std::string& text, int64_t& bytes);
 
 }  // namespace ringtrain

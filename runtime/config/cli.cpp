@@ -12,21 +12,6 @@
 
 namespace ringtrain::runtime {
 
-const CLI::Validator& finite_number() {
-  static const CLI::Validator v(
-      [](std::string& text) {
-        try {
-          size_t used = 0;
-          const double x = std::stod(text, &used);
-          if (used == text.size() && std::isfinite(x)) return std::string();
-        } catch (const std::exception&) {
-        }
-        return "expected a finite number, got '" + text + "'";
-      },
-      "FINITE");
-  return v;
-}
-
 namespace {
 
 // A string flag that parses into an enum (or other type) as it is read; --help shows `shown` as default.
@@ -233,13 +218,10 @@ CLI::Option* add_bytes(CLI::App& app, const std::string& names, int64_t& target,
       ->type_name("SIZE")
       ->check(CLI::Validator(
           [min](std::string& v) {
-            try {
-              const int64_t bytes = parse_bytes("size", v);
-              if (bytes >= min) return std::string();
-              return detail::str_cat("expected at least ", format_bytes(min), ", got '", v, "' (", bytes, " bytes)");
-            } catch (const std::exception& e) {
-              return std::string(e.what()).substr(6);  // without "size: "
-            }
+            int64_t bytes = 0;
+            const std::string problem = bytes_problem(v, bytes);
+            if (!problem.empty() || bytes >= min) return problem;
+            return detail::str_cat("expected at least ", format_bytes(min), ", got '", v, "' (", bytes, " bytes)");
           },
           ""));
 }

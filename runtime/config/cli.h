@@ -30,9 +30,6 @@ void add_trainer_flags(CLI::App& app, TrainerOptions& options, std::string& data
 // TrainerOptions::flags when parsing completes.
 nlohmann::json flag_values(const CLI::App& app);
 
-// A CLI11 check that a number is finite (CLI::PositiveNumber and friends let NaN through).
-const CLI::Validator& finite_number();
-
 // How --help shows a number flag's type: "INT in [0, 4096]", "FLOAT in (0, 1e+06]", "INT,... in [0, 1024]".
 // tests/apps/flag_sweep.sh reads these to feed every number flag of every program its boundaries.
 template <typename T>
@@ -80,16 +77,7 @@ CLI::Option* add_number_list(CLI::App& app, const std::string& names, std::strin
                              const NumberRange<T>& range) {
   return app.add_option(names, text, help)
       ->type_name(number_type_name(range, true))
-      ->check(CLI::Validator(
-          [range](std::string& v) {
-            try {
-              parse_number_list<T>("list", v, range);
-              return std::string();
-            } catch (const std::exception& e) {
-              return std::string(e.what()).substr(6);  // without "list: "
-            }
-          },
-          ""));
+      ->check(CLI::Validator([range](std::string& v) { return number_list_problem<T>(v, range); }, ""));
 }
 
 // Parses the command line into `app`. nullopt: go on; else main's exit code (0 after --help, 2 or
