@@ -442,7 +442,7 @@ ShardDataset ShardDataset::open(const fs::path& dir, const std::string& split, O
     listed.insert(shard.file);
     const fs::path path = dir / shard.file;
     if (!fs::exists(path)) RT_THROW("shard '", path.string(), "' listed in '", manifest_path.string(), "' is missing");
-    io::require_regular_file(path, "shard");
+    io::require_regular_file(path, "shard");  // a folder would checksum as nothing: "CRC-32 00000000"
     if (options.verify_checksums) {
       const uint32_t crc = file_crc32(path);
       if (crc != shard.crc32)
