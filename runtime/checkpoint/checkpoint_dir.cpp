@@ -22,6 +22,7 @@
 #include "core/parse.h"
 #include "io/files.h"
 #include "io/json_in.h"
+#include "runtime/checkpoint/folder_lock.h"
 #include "runtime/cluster/process.h"
 
 namespace ringtrain::runtime {
@@ -43,15 +44,20 @@ bool named_like_checkpoint(const std::string& name) {
          name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+// What stands between "ckpt-step" and ".h5" in a name named_like_checkpoint.
+std::string step_text(const std::string& name) {
+  return name.substr(std::strlen(kPrefix), name.size() - std::strlen(kPrefix) - std::strlen(kSuffix));
+}
+
 // The step of "ckpt-step<digits>.h5", or -1 for a name that is not like that or whose digits are not a
 // step (list() names those: a file named like a checkpoint is never passed over in silence).
 int64_t step_of(const std::string& name) {
   if (!named_like_checkpoint(name)) return -1;
-  const std::string digits =
-      name.substr(std::strlen(kPrefix), name.size() - std::strlen(kPrefix) - std::strlen(kSuffix));
-  const std::optional<int64_t> step = to_number<int64_t>(digits);
+  const std::optional<int64_t> step = to_number<int64_t>(step_text(name));
   return step && kStepRange.holds(*step) ? *step : -1;
 }
+
+constexpr const char* kSetAside = "set-aside-";
 
 constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
 
@@ -146,13 +152,11 @@ std::vector<std::pair<int64_t, fs::path>> CheckpointDir::list(
     const std::string name = entry.path().filename().string();
     const int64_t step = step_of(name);
     if (step < 0 && named_like_checkpoint(name))
-      throw PermanentError(
-          detail::str_cat("'", entry.path().string(), "' is named like a checkpoint, but '",
-                          name.substr(std::strlen(kPrefix), name.size() - std::strlen(kPrefix) - std::strlen(kSuffix)),
-                          "' is not a step (", kStepRange.text(),
-                          "): ringtrain never writes such a name, so it is another "
-                          "program's file or a damaged name; move it out of '",
-                          dir_.string(), "' (or rename it to its step)"));
+      throw PermanentError(detail::str_cat("'", entry.path().string(), "' is named like a checkpoint, but '",
+                                           step_text(name), "' is not a step (", kStepRange.text(),
+                                           "): ringtrain never writes such a name, so it is another "
+                                           "program's file or a damaged name; move it out of '",
+                                           dir_.string(), "' (or rename it to its step)"));
     if (step < 0) continue;
     (entry.is_regular_file(ec) ? out : odd_ones).emplace_back(step, entry.path());
   }
@@ -167,6 +171,23 @@ std::vector<std::pair<int64_t, fs::path>> CheckpointDir::list(
           ", not a checkpoint file; it is not used"));
     }
   return out;
+}
+
+std::string CheckpointDir::output_problem(const std::string& flag, const std::string& path) const {
+  if (dir_.empty() || path.empty()) return "";
+  std::error_code ec;
+  const fs::path dir = fs::weakly_canonical(fs::absolute(dir_), ec);
+  const fs::path file = fs::weakly_canonical(fs::absolute(path), ec);
+  if (file == dir) return detail::str_cat(flag, " '", path, "' is the --checkpoint-dir folder itself");
+  if (file.parent_path() != dir) return "";
+  const std::string name = file.filename().string();
+  for (const std::string& own :
+       {std::string(kPrefix), "." + std::string(kPrefix), std::string(FolderLock::kLockName), std::string(kSetAside)})
+    if (name.rfind(own, 0) == 0)
+      return detail::str_cat(flag, " '", path, "' is named like one of --checkpoint-dir's own files (checkpoints, ",
+                             "their temporary files, the lock, set-aside folders): write it beside them under another "
+                             "name");
+  return "";
 }
 
 std::string new_run_id() {
@@ -295,7 +316,7 @@ std::vector<std::string> CheckpointDir::supersede_after(int64_t step) const {
 fs::path CheckpointDir::move_aside(const std::vector<Entry>& files) const {
   const std::time_t now = std::time(nullptr);
   char stamp[32];
-  std::strftime(stamp, sizeof stamp, "set-aside-%Y%m%d-%H%M%S", std::localtime(&now));
+  std::strftime(stamp, sizeof stamp, (std::string(kSetAside) + "%Y%m%d-%H%M%S").c_str(), std::localtime(&now));
   fs::path folder;
   for (int n = 1;; ++n) {
     folder = dir_ / (n == 1 ? std::string(stamp) : detail::str_cat(stamp, "-", n));

@@ -111,6 +111,10 @@ class CheckpointDir {
   // there (a temporary checkpoint of step `max_step`, a set-aside name), so a path too long for the file
   // system fails now, not at the first checkpoint. Errors name the flag and the folder.
   void check_writable(int64_t max_step = 99999999) const;
+  // "" when `path` (an output of the run, given as `flag`: --log-jsonl, --trace) may be written, else why
+  // not: it is this folder, or a file in it named like the folder's own (checkpoints, their temporary
+  // files, the lock, set-aside folders), which the folder's bookkeeping would replace or delete.
+  std::string output_problem(const std::string& flag, const std::string& path) const;
 
  private:
   std::filesystem::path dir_;

@@ -26,8 +26,6 @@ using json = nlohmann::json;
 
 namespace {
 
-constexpr const char* kLockName = ".ringtrain-lock";
-
 std::string env_or_empty(const char* name) {
   const char* v = std::getenv(name);
   return v ? v : "";

@@ -20,6 +20,7 @@ namespace ringtrain::runtime {
 class FolderLock {
  public:
   static constexpr double kStaleSeconds = 30;
+  static constexpr const char* kLockName = ".ringtrain-lock";  // in the folder it locks
 
   // Takes the lock of `dir` (which exists); `note` says when a stale lock was taken over. Errors name the
   // holder and the lock file.

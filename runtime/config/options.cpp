@@ -182,23 +182,10 @@ void check_outputs(const TrainerOptions& o) {
       RT_CHECK(file_identity(outputs[i].second) != file_identity(outputs[j].second), outputs[i].first, " '",
                outputs[i].second, "' and ", outputs[j].first, " '", outputs[j].second,
                "' are the same file: each output needs a file of its own");
-  // Nor may an output be the checkpoint folder, or a file in it that the folder's own bookkeeping uses
-  // (checkpoints, their temporary files, the lock, set-aside folders), or the checkpoint resumed from.
-  std::error_code ec;
-  for (const auto& [flag, path] : outputs) {
+  // Nor the checkpoint resumed from (the checkpoint folder's own names: CheckpointDir::output_problem).
+  for (const auto& [flag, path] : outputs)
     if (!o.resume.empty() && o.resume != "auto")
       RT_CHECK(file_identity(path) != file_identity(o.resume), flag, " '", path, "' is the checkpoint --resume reads");
-    if (o.checkpoint_dir.empty()) continue;
-    const fs::path dir = fs::weakly_canonical(fs::absolute(o.checkpoint_dir), ec);
-    const fs::path file = fs::weakly_canonical(fs::absolute(path), ec);
-    RT_CHECK(file != dir, flag, " '", path, "' is the --checkpoint-dir folder itself");
-    if (file.parent_path() != dir) continue;
-    const std::string name = file.filename().string();
-    const bool folder_own = name.rfind("ckpt-step", 0) == 0 || name.rfind(".ckpt-step", 0) == 0 ||
-                            name.rfind(".ringtrain-lock", 0) == 0 || name.rfind("set-aside-", 0) == 0;
-    RT_CHECK(!folder_own, flag, " '", path, "' is named like one of --checkpoint-dir's own files (checkpoints, ",
-             "their temporary files, the lock, set-aside folders): write it beside them under another name");
-  }
 }
 
 void validate_options(const TrainerOptions& o) {

@@ -133,8 +133,9 @@ struct TrainerOptions {
 // The option errors a run refuses before any work (ringtrain::Error naming the flag): out-of-range
 // numbers, and flags that need another (--resume auto without --checkpoint-dir, ...).
 void validate_options(const TrainerOptions& o);
-// Part of validate_options: no two outputs (--log-jsonl, --trace) are one file, through a link or not;
-// none is the checkpoint folder, one of its own files, or the checkpoint resumed from.
+// Part of validate_options: no two outputs (--log-jsonl, --trace) are one file, through a link or not,
+// and none is the checkpoint resumed from (the run checks the checkpoint folder's own names at start-up:
+// CheckpointDir::output_problem).
 void check_outputs(const TrainerOptions& o);
 
 // What every rank must agree on: the flags the checkpoints record, and whatever decides which collectives

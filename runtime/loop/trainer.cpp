@@ -100,13 +100,15 @@ Trainer::Trainer(comm::World& world, TrainerOptions options) : world_(world), op
       const CheckpointDir dir(options_.checkpoint_dir, options_.keep_last);
       dir.check_writable(std::max<int64_t>(options_.steps, 99999999));
       if (dir.on()) lock_ = FolderLock::acquire(dir.dir(), note);
+      for (const auto& [flag, path] :
+           {std::pair{"--log-jsonl", options_.log_jsonl}, std::pair{"--trace", options_.trace}}) {
+        if (error.empty()) error = dir.output_problem(flag, path);
+        if (error.empty()) error = check_output_file(flag, path);
+      }
     } catch (const std::exception& e) {
       error = e.what();
     }
     if (!note.empty()) std::fprintf(stderr, "%s: note: %s\n", options_.program.c_str(), note.c_str());
-    for (const auto& [flag, path] :
-         {std::pair{"--log-jsonl", options_.log_jsonl}, std::pair{"--trace", options_.trace}})
-      if (error.empty()) error = check_output_file(flag, path);
   }
   comm::agree_or_throw(world_.comm(), error, "checking the output paths", true);
   // What the app does next (open the data, build the model) is guarded too, under its own name.
