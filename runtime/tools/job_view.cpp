@@ -29,12 +29,7 @@ void check_record(const json& record, const std::string& where) {
     for (const char* key : {"world_size", "nodes", "batch_size", "accum_steps", "global_batch", "total_steps"})
       r.integer_or(key, 0, 0, int64_t{1} << 50);
     if (r.has("predicted_peak_mem_bytes")) r.number("predicted_peak_mem_bytes");
-    if (r.has("memory") && r.at("memory").has("budget_bytes_by_rank")) {
-      const json& b = record["memory"]["budget_bytes_by_rank"];
-      if (!b.is_array()) r.at("memory").wrong("budget_bytes_by_rank", "a list of numbers");
-      for (const json& v : b)
-        if (!v.is_number()) r.at("memory").wrong("budget_bytes_by_rank", "a list of numbers");
-    }
+    if (r.has("memory")) r.at("memory").floats_or("budget_bytes_by_rank");
   } else if (type == "gpu" && r.has("samples")) {
     for (const io::JsonIn& sample : r.objects("samples")) sample.integer_or("rank", -1, -1, 1 << 30);
   }
