@@ -1,7 +1,9 @@
 // core/cpu_features.cpp: cpuid and xgetbv on x86-64; nothing found elsewhere.
 #include "core/cpu_features.h"
 
+#include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <utility>
 
 #include "core/check.h"
@@ -64,6 +66,67 @@ const CpuFeatures& cpu_features() {
   return features;
 }
 
+namespace {
+
+std::string listed(const std::vector<std::string>& names) {
+  std::string out;
+  for (const std::string& n : names) out += out.empty() ? n : ", " + n;
+  return out.empty() ? "none of avx2, avx512f, avx512_bf16, amx_bf16" : out;
+}
+
+// The fastest bf16 path this CPU has.
+Bf16Kernels best_bf16() {
+  const CpuFeatures& f = cpu_features();
+  if (f.amx_bf16 && f.avx512_bf16) return Bf16Kernels::Amx;
+  if (f.avx512_bf16) return Bf16Kernels::Avx512Bf16;
+  return Bf16Kernels::F32;
+}
+
+Bf16Kernels parse_bf16_path(std::string_view name, const char* source) {
+  const CpuFeatures& f = cpu_features();
+  if (name.empty() || name == "auto") return best_bf16();
+  if (name == "f32") return Bf16Kernels::F32;
+  if (name == "avx512_bf16") {
+    RT_CHECK(f.avx512_bf16, source,
+             "avx512_bf16: this CPU has no avx512_bf16 instructions (it has: ", listed(f.names()), ")");
+    return Bf16Kernels::Avx512Bf16;
+  }
+  if (name == "amx") {
+    RT_CHECK(f.amx_bf16 && f.avx512_bf16, source,
+             "amx: this CPU has no amx_bf16 instructions (it has: ", listed(f.names()), ")");
+    return Bf16Kernels::Amx;
+  }
+  RT_THROW(source, "'", name, "' is not a CPU bf16 path: use auto, f32, avx512_bf16 or amx");
+}
+
+std::atomic<int>& bf16_choice() {
+  static std::atomic<int> choice = [] {
+    const char* env = std::getenv("RINGTRAIN_CPU_BF16");
+    return static_cast<int>(parse_bf16_path(env ? env : "", "RINGTRAIN_CPU_BF16="));
+  }();
+  return choice;
+}
+
+}  // namespace
+
+Bf16Kernels cpu_bf16_kernels() { return static_cast<Bf16Kernels>(bf16_choice().load()); }
+
+void set_cpu_bf16_path(std::string_view name) {
+  bf16_choice().store(static_cast<int>(parse_bf16_path(name, "CPU bf16 path ")));
+}
+
+const char* bf16_path_name(Bf16Kernels k) {
+  switch (k) {
+    case Bf16Kernels::Avx512Bf16:
+      return "avx512_bf16";
+    case Bf16Kernels::Amx:
+      return "amx";
+    case Bf16Kernels::F32:
+      break;
+  }
+  return "f32";
+}
+
 HalfPath cpu_half_path(DType dtype) {
   RT_CHECK(dtype == DType::BF16 || dtype == DType::F16, "cpu_half_path: ", dtype_name(dtype),
            " is no 16-bit float type (BF16 or F16)");
@@ -72,18 +135,36 @@ HalfPath cpu_half_path(DType dtype) {
   auto add = [&](bool present, const char* name) {
     if (present) has += has.empty() ? name : detail::str_cat(", ", name);
   };
-  if (dtype == DType::BF16) {
-    add(f.avx512_bf16, "avx512_bf16");
-    add(f.amx_bf16, "amx_bf16");
-  } else {
-    add(f.avx512_fp16, "avx512_fp16");
+  if (dtype == DType::F16) {
+    if (!f.avx512_fp16)
+      return {"f32",
+              "this CPU has no avx512_fp16: fp16 operands convert to f32 around the f32 kernels, no faster "
+              "than fp32"};
+    return {"f32",
+            "this CPU has avx512_fp16, but Debian's oneDNN 2.6 has no fp16 CPU convolutions: fp16 operands "
+            "convert to f32 around the f32 kernels, no faster than fp32 (bf16 has fast kernels here)"};
   }
-  const char* type = dtype == DType::BF16 ? "bf16" : "fp16";
+  add(f.avx512_bf16, "avx512_bf16");
+  add(f.amx_bf16, "amx_bf16");
+  switch (cpu_bf16_kernels()) {
+    case Bf16Kernels::Amx:
+      return {"amx", "this CPU has " + has +
+                         ": bf16 convolutions and GEMMs run oneDNN's AMX kernels (avx512_core_bf16 where it has no "
+                         "AMX one), f32 accumulation"};
+    case Bf16Kernels::Avx512Bf16:
+      return {"avx512_bf16", "this CPU has " + has +
+                                 ": bf16 convolutions and GEMMs run oneDNN's avx512_core_bf16 kernels, f32 "
+                                 "accumulation"};
+    case Bf16Kernels::F32:
+      break;
+  }
   if (has.empty())
-    return {"f32", detail::str_cat("this CPU has no ", dtype == DType::BF16 ? "avx512_bf16 or amx_bf16" : "avx512_fp16",
-                                   ": ", type, " operands convert to f32 around the f32 kernels, no faster than fp32")};
-  return {"f32", detail::str_cat("this CPU has ", has, ", but ringtrain has no ", type, " CPU kernels for it yet: ",
-                                 type, " operands convert to f32 around the f32 kernels, no faster than fp32")};
+    return {"f32",
+            "this CPU has no avx512_bf16 or amx_bf16: bf16 operands convert to f32 around the f32 kernels, "
+            "no faster than fp32"};
+  return {"f32", "this CPU has " + has +
+                     ", but the f32 path was chosen (RINGTRAIN_CPU_BF16=f32): bf16 operands convert to f32 around "
+                     "the f32 kernels, no faster than fp32"};
 }
 
 }  // namespace ringtrain

@@ -10,11 +10,14 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "core/tensor.h"
 
 namespace ringtrain {
+
+struct ConvGeometry;  // core/kernels.h
 
 // ---- elementwise, broadcasting
 Tensor add(const Tensor& a, const Tensor& b);
@@ -75,7 +78,8 @@ struct Conv2dParams {
   int64_t groups = 1;
 };
 // x: (N, H, W, C), weight: (K, R, S, C / groups), bias: (K) or undefined -> (N, P, Q, K).
-// CPU: oneDNN for f32 (16-bit through f32), a direct reference loop for f64.
+// CPU: oneDNN for f32 and bf16 (bf16 kernels where the CPU has them, core/cpu_features.h; else, and for
+// f16, through f32), a direct reference loop for f64.
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dParams& params);
 // How f32 convolutions run on the CPU. Auto: Winograd F(4x4, 3x3) for 3x3 stride-1 layers with at least
 // 32 input and output channels (multiples of 16) and outputs of at least 8x8, where oneDNN has it
@@ -86,6 +90,13 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const C
 enum class CpuConvolution { Auto, Direct };
 void set_cpu_convolution(CpuConvolution choice);
 CpuConvolution cpu_convolution();
+// oneDNN's name for the kernel a CPU convolution of this geometry runs for dtype (f32, bf16, f16) and pass
+// (0 forward, 1 backward data, 2 backward weights), e.g. "brgconv:avx512_core_bf16": what the bf16 path
+// (core/cpu_features.h) and the Winograd choice really gave.
+std::string cpu_convolution_kernel(const ConvGeometry& g, DType dtype, bool bias, int pass);
+// The CPU GEMM a (m, k) x (k, n) product of dtype runs: "openblas", "openblas (through f32)" (f16, and bf16
+// on the f32 path), or "onednn " and oneDNN's kernel name (bf16 on the bf16 kernels).
+std::string cpu_gemm_kernel(DType dtype, int64_t m, int64_t n, int64_t k);
 
 // ---- normalisation and pooling (NHWC)
 // Batch norm over every dim but the last (channels). weight, bias, running_mean, running_var: (C), f32

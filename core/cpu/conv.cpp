@@ -1,7 +1,8 @@
 // core/cpu/conv.cpp: 2-D convolution on the CPU. f32 runs on oneDNN with NHWC activations and KRSC
 // ("ohwi", grouped "gohwi") filters, the layouts ringtrain keeps everywhere (reordered only around the
-// Winograd layers and for oneDNN's filter layouts); f16/bf16 convert to f32 around it; f64 (gradient
-// checks, references) runs direct loops.
+// Winograd layers and for oneDNN's filter layouts); bf16 runs oneDNN's bf16 kernels on the same layouts
+// where the CPU has them (cpu_bf16_kernels(), core/cpu_features.h), else converts to f32 around the f32
+// ones, as f16 always does; f64 (gradient checks, references) runs direct loops.
 #include <omp.h>
 
 #include <unistd.h>
@@ -20,6 +21,7 @@
 
 #include "core/check.h"
 #include "core/cpu/cpu_kernels.h"
+#include "core/cpu_features.h"
 #include "core/ops.h"
 #include "core/parallel.h"
 
@@ -43,18 +45,20 @@ struct ConvDescs {
   memory::dims strides, dilates, pad_l, pad_r;
 };
 
-ConvDescs make_descs(const ConvGeometry& g, bool with_bias) {
+// t: every operand's type (f32, or bf16 on the bf16 kernels: activations, filters, bias and their
+// gradients all bf16, accumulated in f32 inside oneDNN).
+ConvDescs make_descs(const ConvGeometry& g, bool with_bias, dt t) {
   ConvDescs d;
-  d.src = memory::desc({g.n, g.c, g.h, g.w}, dt::f32, tag::nhwc);
-  d.dst = memory::desc({g.n, g.k, g.p, g.q}, dt::f32, tag::nhwc);
+  d.src = memory::desc({g.n, g.c, g.h, g.w}, t, tag::nhwc);
+  d.dst = memory::desc({g.n, g.k, g.p, g.q}, t, tag::nhwc);
   if (g.groups == 1) {
-    d.weights = memory::desc({g.k, g.c, g.r, g.s}, dt::f32, tag::ohwi);
-    d.weights_any = memory::desc({g.k, g.c, g.r, g.s}, dt::f32, tag::any);
+    d.weights = memory::desc({g.k, g.c, g.r, g.s}, t, tag::ohwi);
+    d.weights_any = memory::desc({g.k, g.c, g.r, g.s}, t, tag::any);
   } else {
-    d.weights = memory::desc({g.groups, g.k / g.groups, g.c / g.groups, g.r, g.s}, dt::f32, tag::gohwi);
-    d.weights_any = memory::desc({g.groups, g.k / g.groups, g.c / g.groups, g.r, g.s}, dt::f32, tag::any);
+    d.weights = memory::desc({g.groups, g.k / g.groups, g.c / g.groups, g.r, g.s}, t, tag::gohwi);
+    d.weights_any = memory::desc({g.groups, g.k / g.groups, g.c / g.groups, g.r, g.s}, t, tag::any);
   }
-  if (with_bias) d.bias = memory::desc({g.k}, dt::f32, tag::x);
+  if (with_bias) d.bias = memory::desc({g.k}, t, tag::x);
   d.strides = {g.stride_h, g.stride_w};
   d.dilates = {g.dilation_h - 1, g.dilation_w - 1};  // oneDNN counts dilation from 0
   d.pad_l = {g.pad_h, g.pad_w};
@@ -133,6 +137,8 @@ struct PassPlan {
   dnnl::primitive prim;
   std::vector<Operand> operands;
   int64_t scratchpad_bytes = 0;  // the primitive's own workspace, a tensor of each execution
+  std::string kernel;            // oneDNN's name for the implementation ("brgconv:avx512_core_bf16")
+  bool reference = false;        // oneDNN offered only its reference loops (bf16 plans then go through f32)
 };
 
 std::atomic<int>& convolution_choice() {
@@ -216,12 +222,47 @@ PassDescs pass_descs(const ConvDescs& d, dnnl::algorithm alg, const memory::desc
   return p;
 }
 
-PassPlan build_plan(const ConvGeometry& g, bool bias, Pass pass, CpuConvolution choice) {
-  const ConvDescs d = make_descs(g, bias);
+// On an AMX CPU the avx512_bf16 path caps oneDNN's ISA for the process (oneDNN chooses AMX wherever it
+// may); oneDNN accepts the cap only before its first JIT kernel.
+void cap_isa_for(Bf16Kernels path) {
+  static const bool capped = [&] {
+    if (path != Bf16Kernels::Avx512Bf16 || !cpu_features().amx_bf16) return false;
+    try {
+      dnnl::set_max_cpu_isa(dnnl::cpu_isa::avx512_core_bf16);
+    } catch (const dnnl::error&) {
+      RT_THROW(
+          "the avx512_bf16 path on an AMX CPU must be chosen before the first oneDNN kernel runs: set "
+          "RINGTRAIN_CPU_BF16=avx512_bf16 in the environment");
+    }
+    return true;
+  }();
+  RT_CHECK(capped || path != Bf16Kernels::Avx512Bf16 || !cpu_features().amx_bf16,
+           "the avx512_bf16 path on an AMX CPU must be chosen before the first oneDNN kernel runs: set "
+           "RINGTRAIN_CPU_BF16=avx512_bf16 in the environment");
+  RT_CHECK(!capped || path != Bf16Kernels::Amx,
+           "the amx path cannot follow avx512_bf16 in one process: oneDNN's ISA is capped at avx512_core_bf16");
+}
+
+const char* impl_name(const PassDescs& p, Pass pass) {
+  switch (pass) {
+    case Pass::BackwardData:
+      return p.bwd_data.impl_info_str();
+    case Pass::BackwardWeights:
+      return p.bwd_weights.impl_info_str();
+    case Pass::Forward:
+      break;
+  }
+  return p.fwd.impl_info_str();
+}
+
+PassPlan build_plan(const ConvGeometry& g, bool bias, Pass pass, CpuConvolution choice, Bf16Kernels bf16) {
+  if (bf16 != Bf16Kernels::F32) cap_isa_for(bf16);
+  const ConvDescs d = make_descs(g, bias, bf16 != Bf16Kernels::F32 ? dt::bf16 : dt::f32);
   PassDescs p;
   memory::desc src = d.src, dst = d.dst;
   bool winograd = false;
-  if (winograd_candidate(g, choice)) {
+  // oneDNN 2.6 has Winograd for f32 only; bf16 runs its direct kernels.
+  if (bf16 == Bf16Kernels::F32 && winograd_candidate(g, choice)) {
     const memory::desc bsrc({g.n, g.c, g.h, g.w}, dt::f32, tag::nChw16c),
         bdst({g.n, g.k, g.p, g.q}, dt::f32, tag::nChw16c);
     try {
@@ -232,6 +273,9 @@ PassPlan build_plan(const ConvGeometry& g, bool bias, Pass pass, CpuConvolution 
   }
   if (!winograd) p = pass_descs(d, dnnl::algorithm::convolution_direct, src, dst, pass);
   PassPlan plan;
+  plan.kernel = impl_name(p, pass);
+  plan.reference = plan.kernel.rfind("ref", 0) == 0;
+  if (plan.reference && bf16 != Bf16Kernels::F32) return plan;  // the caller goes through f32 instead
   switch (pass) {
     case Pass::Forward:
       plan.prim = dnnl::convolution_forward(p.fwd);
@@ -261,8 +305,9 @@ PassPlan build_plan(const ConvGeometry& g, bool bias, Pass pass, CpuConvolution 
 
 // Plans by (geometry, bias, pass, oneDNN thread count: a primitive is built for the threads it will
 // run on). A model has a few dozen; a run whose shapes keep changing is capped by starting over.
-std::shared_ptr<const PassPlan> plan_for(const ConvGeometry& g, bool bias, Pass pass) {
-  using Key = std::array<int64_t, 20>;
+// bf16: the bf16 kernels' path (F32 for f32 plans).
+std::shared_ptr<const PassPlan> plan_for(const ConvGeometry& g, bool bias, Pass pass, Bf16Kernels bf16) {
+  using Key = std::array<int64_t, 21>;
   const CpuConvolution choice = cpu_convolution();
   static std::mutex mutex;
   static std::map<Key, std::shared_ptr<const PassPlan>> plans;
@@ -285,12 +330,13 @@ std::shared_ptr<const PassPlan> plan_for(const ConvGeometry& g, bool bias, Pass 
                 bias,
                 static_cast<int64_t>(pass),
                 omp_get_max_threads(),
-                static_cast<int64_t>(choice)};
+                static_cast<int64_t>(choice),
+                static_cast<int64_t>(bf16)};
   std::lock_guard<std::mutex> lock(mutex);
   auto it = plans.find(key);
   if (it != plans.end()) return it->second;
   if (plans.size() >= 1024) plans.clear();  // plans in use live on in their callers' shared_ptr
-  return plans.emplace(key, std::make_shared<const PassPlan>(build_plan(g, bias, pass, choice))).first->second;
+  return plans.emplace(key, std::make_shared<const PassPlan>(build_plan(g, bias, pass, choice, bf16))).first->second;
 }
 
 // Runs a plan on ringtrain-layout buffers (one per operand, in the plan's order), reordering through
@@ -339,8 +385,30 @@ void execute(const PassPlan& plan, const std::vector<void*>& buffers) {
 
 void* ptr(const Tensor& t) { return t.data_ptr(); }
 
-// 16-bit tensors go through f32 copies; f32 tensors are used in place.
-Tensor as_f32(const Tensor& t) { return t.dtype() == DType::F32 ? t : t.detach().to(DType::F32); }
+// t in dtype: t itself when it is already, else a converted copy.
+Tensor as_type(const Tensor& t, DType dtype) { return t.dtype() == dtype ? t : t.detach().to(dtype); }
+// Where a kernel writes out: out itself when it has the kernel's dtype, else a scratch tensor copied back.
+Tensor output_in(const Tensor& out, DType dtype) {
+  return out.dtype() == dtype ? out : Tensor::empty(out.shape(), dtype);
+}
+void copy_back(const Tensor& computed, Tensor& out) {
+  if (computed.data_ptr() != out.data_ptr()) out.copy_(computed);
+}
+
+// The plan and kernel dtype for 16/32-bit operands: bf16 on the bf16 kernels where this CPU has them and
+// oneDNN has more than its reference loops for the shape, f32 otherwise.
+struct Chosen {
+  std::shared_ptr<const PassPlan> plan;
+  DType dtype = DType::F32;
+};
+Chosen choose(const ConvGeometry& g, bool bias, Pass pass, DType data) {
+  const Bf16Kernels bf16 = cpu_bf16_kernels();
+  if (data == DType::BF16 && bf16 != Bf16Kernels::F32) {
+    auto plan = plan_for(g, bias, pass, bf16);
+    if (!plan->reference) return {std::move(plan), DType::BF16};
+  }
+  return {plan_for(g, bias, pass, Bf16Kernels::F32), DType::F32};
+}
 
 // ---- f64 reference: direct loops (small shapes: gradient checks and oneDNN cross-checks)
 
@@ -436,35 +504,35 @@ void check_dtype(const Tensor& t, const char* op) {
 void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor* bias, const ConvGeometry& g, Tensor& y) {
   check_dtype(x, "conv2d");
   if (x.dtype() == DType::F64) return reference_forward(x, w, bias, g, y);
-  const auto plan = plan_for(g, bias != nullptr, Pass::Forward);
-  Tensor x32 = as_f32(x), w32 = as_f32(w), y32 = y.dtype() == DType::F32 ? y : Tensor::empty(y.shape());
-  Tensor b32 = bias ? as_f32(*bias) : Tensor();
-  std::vector<void*> buffers{ptr(x32), ptr(w32), ptr(y32)};
-  if (bias) buffers.push_back(ptr(b32));
-  execute(*plan, buffers);
-  if (y32.data_ptr() != y.data_ptr()) y.copy_(y32);
+  const Chosen c = choose(g, bias != nullptr, Pass::Forward, x.dtype());
+  Tensor xc = as_type(x, c.dtype), wc = as_type(w, c.dtype), yc = output_in(y, c.dtype);
+  Tensor bc = bias ? as_type(*bias, c.dtype) : Tensor();
+  std::vector<void*> buffers{ptr(xc), ptr(wc), ptr(yc)};
+  if (bias) buffers.push_back(ptr(bc));
+  execute(*c.plan, buffers);
+  copy_back(yc, y);
 }
 
 void conv2d_backward_data(const Tensor& dy, const Tensor& w, const ConvGeometry& g, Tensor& dx) {
   check_dtype(dy, "conv2d_backward");
   if (dy.dtype() == DType::F64) return reference_backward_data(dy, w, g, dx);
-  const auto plan = plan_for(g, false, Pass::BackwardData);
-  Tensor dy32 = as_f32(dy), w32 = as_f32(w), dx32 = dx.dtype() == DType::F32 ? dx : Tensor::empty(dx.shape());
-  execute(*plan, {ptr(dy32), ptr(w32), ptr(dx32)});
-  if (dx32.data_ptr() != dx.data_ptr()) dx.copy_(dx32);
+  const Chosen c = choose(g, false, Pass::BackwardData, dy.dtype());
+  Tensor dyc = as_type(dy, c.dtype), wc = as_type(w, c.dtype), dxc = output_in(dx, c.dtype);
+  execute(*c.plan, {ptr(dyc), ptr(wc), ptr(dxc)});
+  copy_back(dxc, dx);
 }
 
 void conv2d_backward_weights(const Tensor& x, const Tensor& dy, const ConvGeometry& g, Tensor& dw, Tensor* dbias) {
   check_dtype(x, "conv2d_backward");
   if (x.dtype() == DType::F64) return reference_backward_weights(x, dy, g, dw, dbias);
-  const auto plan = plan_for(g, dbias != nullptr, Pass::BackwardWeights);
-  Tensor x32 = as_f32(x), dy32 = as_f32(dy), dw32 = dw.dtype() == DType::F32 ? dw : Tensor::empty(dw.shape());
-  Tensor db32 = dbias ? (dbias->dtype() == DType::F32 ? *dbias : Tensor::empty(dbias->shape())) : Tensor();
-  std::vector<void*> buffers{ptr(x32), ptr(dy32), ptr(dw32)};
-  if (dbias) buffers.push_back(ptr(db32));
-  execute(*plan, buffers);
-  if (dw32.data_ptr() != dw.data_ptr()) dw.copy_(dw32);
-  if (dbias && db32.data_ptr() != dbias->data_ptr()) dbias->copy_(db32);
+  const Chosen c = choose(g, dbias != nullptr, Pass::BackwardWeights, x.dtype());
+  Tensor xc = as_type(x, c.dtype), dyc = as_type(dy, c.dtype), dwc = output_in(dw, c.dtype);
+  Tensor dbc = dbias ? output_in(*dbias, c.dtype) : Tensor();
+  std::vector<void*> buffers{ptr(xc), ptr(dyc), ptr(dwc)};
+  if (dbias) buffers.push_back(ptr(dbc));
+  execute(*c.plan, buffers);
+  copy_back(dwc, dw);
+  if (dbias) copy_back(dbc, *dbias);
 }
 
 }  // namespace
@@ -477,6 +545,14 @@ namespace ringtrain {
 
 void set_cpu_convolution(CpuConvolution choice) { cpu::convolution_choice().store(static_cast<int>(choice)); }
 CpuConvolution cpu_convolution() { return static_cast<CpuConvolution>(cpu::convolution_choice().load()); }
+
+std::string cpu_convolution_kernel(const ConvGeometry& g, DType dtype, bool bias, int pass) {
+  RT_CHECK(pass >= 0 && pass <= 2, "cpu_convolution_kernel: pass ", pass,
+           " is none of 0 (forward), 1 (backward data), 2 (backward weights)");
+  RT_CHECK(dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16,
+           "cpu_convolution_kernel: ", dtype_name(dtype), " convolutions do not run on oneDNN");
+  return cpu::choose(g, bias, static_cast<cpu::Pass>(pass), dtype).plan->kernel;
+}
 
 }  // namespace ringtrain
 

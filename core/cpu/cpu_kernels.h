@@ -20,9 +20,9 @@ namespace ringtrain::cpu {
 void register_elementwise_kernels(KernelTable& t);  // elementwise.cpp: fill, convert, unary, binary, scalar
 void register_random_kernels(KernelTable& t);       // random.cpp: uniform, normal, dropout
 void register_reduce_kernels(KernelTable& t);       // reduce.cpp: sum / max over [outer, n, inner]
-void register_gemm_kernels(KernelTable& t);         // gemm.cpp: OpenBLAS, 16-bit types through f32
+void register_gemm_kernels(KernelTable& t);         // gemm.cpp: OpenBLAS; bf16 on oneDNN or through f32
 void register_softmax_kernels(KernelTable& t);      // softmax.cpp: (log-)softmax, cross-entropy, backward
-void register_conv_kernels(KernelTable& t);         // conv.cpp: oneDNN for f32, direct loops for f64
+void register_conv_kernels(KernelTable& t);         // conv.cpp: oneDNN (f32, bf16), direct loops for f64
 void register_norm_pool_kernels(KernelTable& t);    // norm_pool.cpp: batch norm, max / average pooling
 void register_optim_kernels(KernelTable& t);        // optim.cpp: fused SGD, AdamW, loss-scale unscaling
 
@@ -48,6 +48,15 @@ template <typename Fn>
 void visit_floating(DType dtype, const char* op, Fn&& fn) {
   ringtrain::visit_floating(dtype, std::forward<Fn>(fn),
                             [&] { RT_THROW("op '", op, "' has no CPU kernel for dtype ", dtype_name(dtype)); });
+}
+
+// f32 -> bf16 rounded to nearest even, NaN kept quiet: f32_to_bf16's bits (core/dtype.h) without its
+// branch, so that loops over many elements vectorize (the branch kept them scalar).
+[[gnu::always_inline]] inline BFloat16 to_bf16_flat(float f) {
+  const uint32_t u = f32_bits(f);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t nan = 0u - static_cast<uint32_t>((u & 0x7fffffffu) > 0x7f800000u);
+  return BFloat16{static_cast<uint16_t>((rounded & ~nan) | (((u >> 16) | 0x40u) & nan))};
 }
 
 // Vectorized f32 hot loops: one binary per ISA, picked at load time.

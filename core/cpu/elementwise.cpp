@@ -34,6 +34,37 @@ RT_MULTIVERSION void f32_relu_grad(const float* g, const float* x, float* out, i
   for (int64_t i = 0; i < n; ++i) out[i] = x[i] > 0.0f ? g[i] : 0.0f;
 }
 
+// The same for bf16 storage: each element widened to f32, computed as the portable loop does, rounded to
+// nearest even (to_bf16_flat: store_as's bits without a branch), so the bits are the portable loop's. The
+// ReLUs select with masks: a select stayed a branch, unvectorised.
+using bf16 = BFloat16;
+[[gnu::always_inline]] inline float f32_of(bf16 v) { return bf16_to_f32(v); }
+// f where keep, else +0.
+[[gnu::always_inline]] inline float keep_or_zero(bool keep, float f) {
+  return bits_f32(f32_bits(f) & (0u - static_cast<uint32_t>(keep)));
+}
+RT_MULTIVERSION void bf16_add(const bf16* a, const bf16* b, bf16* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = to_bf16_flat(f32_of(a[i]) + f32_of(b[i]));
+}
+RT_MULTIVERSION void bf16_mul(const bf16* a, const bf16* b, bf16* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = to_bf16_flat(f32_of(a[i]) * f32_of(b[i]));
+}
+RT_MULTIVERSION void bf16_relu(const bf16* x, bf16* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = f32_of(x[i]);
+    out[i] = to_bf16_flat(keep_or_zero(v > 0.0f, v));
+  }
+}
+RT_MULTIVERSION void bf16_relu_grad(const bf16* g, const bf16* x, bf16* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = to_bf16_flat(keep_or_zero(f32_of(x[i]) > 0.0f, f32_of(g[i])));
+}
+RT_MULTIVERSION void f32_to_bf16_n(const float* in, bf16* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = to_bf16_flat(in[i]);
+}
+RT_MULTIVERSION void bf16_to_f32_n(const bf16* in, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = f32_of(in[i]);
+}
+
 // ---------------------------------------------------------------------------------------------------
 // unary
 
@@ -73,6 +104,12 @@ void unary(UnaryOp op, const Tensor& x, Tensor& out) {
     const float* in = x.data<float>();
     float* o = out.data<float>();
     parallel_for(n, kGrain, [&](int64_t b, int64_t e) { f32_relu(in + b, o + b, e - b); });
+    return;
+  }
+  if (x.dtype() == DType::BF16 && op == UnaryOp::Relu) {
+    const bf16* in = x.data<bf16>();
+    bf16* o = out.data<bf16>();
+    parallel_for(n, kGrain, [&](int64_t b, int64_t e) { bf16_relu(in + b, o + b, e - b); });
     return;
   }
   visit_dtype(x.dtype(), [&](auto tag) {
@@ -161,6 +198,20 @@ void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out, const Br
     });
     return;
   }
+  if (same && a.dtype() == DType::BF16 && out.dtype() == DType::BF16 &&
+      (op == BinaryOp::Add || op == BinaryOp::Mul || op == BinaryOp::ReluGrad)) {
+    const bf16 *pa = a.data<bf16>(), *pb = b.data<bf16>();
+    bf16* po = out.data<bf16>();
+    parallel_for(n, kGrain, [&](int64_t lo, int64_t hi) {
+      if (op == BinaryOp::Add)
+        bf16_add(pa + lo, pb + lo, po + lo, hi - lo);
+      else if (op == BinaryOp::Mul)
+        bf16_mul(pa + lo, pb + lo, po + lo, hi - lo);
+      else
+        bf16_relu_grad(pa + lo, pb + lo, po + lo, hi - lo);
+    });
+    return;
+  }
   visit_dtype(a.dtype(), [&](auto tag) {
     using S = typename decltype(tag)::type;
     using C = compute_t<S>;
@@ -232,6 +283,18 @@ void fill(Tensor& out, double value) {
 }
 
 void convert(const Tensor& src, Tensor& dst) {
+  if (src.dtype() == DType::F32 && dst.dtype() == DType::BF16) {
+    const float* in = src.data<float>();
+    bf16* out = dst.data<bf16>();
+    parallel_for(src.numel(), kGrain, [&](int64_t b, int64_t e) { f32_to_bf16_n(in + b, out + b, e - b); });
+    return;
+  }
+  if (src.dtype() == DType::BF16 && dst.dtype() == DType::F32) {
+    const bf16* in = src.data<bf16>();
+    float* out = dst.data<float>();
+    parallel_for(src.numel(), kGrain, [&](int64_t b, int64_t e) { bf16_to_f32_n(in + b, out + b, e - b); });
+    return;
+  }
   visit_dtype(src.dtype(), [&](auto src_tag) {
     using A = typename decltype(src_tag)::type;
     visit_dtype(dst.dtype(), [&](auto dst_tag) {

@@ -66,22 +66,30 @@ std::vector<double> channel_sums(int64_t rows, int64_t channels, F&& f) {
   });
 }
 
-// The f32 inner loops of the statistics and of the element-wise passes, compiled per ISA (RT_MULTIVERSION)
+// Stores of the compiled rows: f32 as is, bf16 rounded as store_as does, without its branch.
+[[gnu::always_inline]] inline float store_row(float v, float*) { return v; }
+[[gnu::always_inline]] inline BFloat16 store_row(float v, BFloat16*) { return to_bf16_flat(v); }
+
+// The inner loops of the statistics and of the element-wise passes for f32 and bf16 storage (bf16 loads
+// widen to f32 and stores round to nearest even, as load_as/store_as), compiled per ISA (RT_MULTIVERSION)
 // so that they run 8 or 16 channels at a time. Each channel's operations are the portable loop's, in the
 // same order (this file is built with -ffp-contract=off: no FMA fusion), so the bits do not depend on the
 // CPU; vectorising across channels never reorders a channel's own additions.
-RT_MULTIVERSION void f32_rows_sum(const float* x, int64_t r0, int64_t r1, int64_t C, double* acc) {
+template <typename S>
+[[gnu::always_inline]] inline void rows_sum(const S* x, int64_t r0, int64_t r1, int64_t C, double* acc) {
   for (int64_t r = r0; r < r1; ++r) {
-    const float* row = x + r * C;
-    for (int64_t c = 0; c < C; ++c) acc[c] += static_cast<double>(row[c]);
+    const S* row = x + r * C;
+    for (int64_t c = 0; c < C; ++c) acc[c] += static_cast<double>(load_as<float>(row[c]));
   }
 }
 
-RT_MULTIVERSION void f32_rows_m2(const float* x, int64_t r0, int64_t r1, int64_t C, const double* mean, double* acc) {
+template <typename S>
+[[gnu::always_inline]] inline void rows_m2(const S* x, int64_t r0, int64_t r1, int64_t C, const double* mean,
+                                           double* acc) {
   for (int64_t r = r0; r < r1; ++r) {
-    const float* row = x + r * C;
+    const S* row = x + r * C;
     for (int64_t c = 0; c < C; ++c) {
-      const double d = static_cast<double>(row[c]) - mean[c];
+      const double d = static_cast<double>(load_as<float>(row[c])) - mean[c];
       acc[c] += d * d;
     }
   }
@@ -98,70 +106,98 @@ template <bool Relu>
   return std::bit_cast<float>(std::bit_cast<uint32_t>(dr[c]) & keep);
 }
 
-template <bool Relu>
-[[gnu::always_inline]] inline void rows_backward_sums(const float* x, const float* dy, int64_t r0, int64_t r1,
-                                                      int64_t C, const double* mean, const double* invstd,
-                                                      const float* scale, const float* shift, double* acc) {
+template <bool Relu, typename S>
+[[gnu::always_inline]] inline void rows_backward_sums(const S* x, const S* dy, int64_t r0, int64_t r1, int64_t C,
+                                                      const double* mean, const double* invstd, const float* scale,
+                                                      const float* shift, double* acc) {
   for (int64_t r = r0; r < r1; ++r) {
-    const float *xr = x + r * C, *dr = dy + r * C;
+    const S *xr = x + r * C, *dr = dy + r * C;
     for (int64_t c = 0; c < C; ++c) {
-      const double g = static_cast<double>(masked_dy<Relu>(xr, dr, c, scale, shift));
-      const double xhat = (static_cast<double>(xr[c]) - mean[c]) * invstd[c];
+      double g;
+      if constexpr (std::is_same_v<S, float>) {
+        g = static_cast<double>(masked_dy<Relu>(xr, dr, c, scale, shift));
+      } else {  // 16-bit: the fused ReLU's mask is f32/f64 only (batch_norm_backward_impl)
+        g = static_cast<double>(load_as<float>(dr[c]));
+      }
+      const double xhat = (static_cast<double>(load_as<float>(xr[c])) - mean[c]) * invstd[c];
       acc[c] += g;
       acc[C + c] += g * xhat;
     }
   }
 }
 
-// acc[c] += dy and acc[C + c] += dy * xhat, xhat = (x - mean) * invstd in f64: both sums in one pass.
-// mean and invstd are the statistics widened to f64 once (exactly) by the caller. scale, shift (the
-// forward's, or null): dy is the gradient of a fused ReLU's output, masked here.
-RT_MULTIVERSION void f32_rows_backward_sums(const float* x, const float* dy, int64_t r0, int64_t r1, int64_t C,
-                                            const double* mean, const double* invstd, const float* scale,
-                                            const float* shift, double* acc) {
-  if (scale)
-    rows_backward_sums<true>(x, dy, r0, r1, C, mean, invstd, scale, shift, acc);
-  else
-    rows_backward_sums<false>(x, dy, r0, r1, C, mean, invstd, scale, shift, acc);
-}
-
-RT_MULTIVERSION void f32_rows_apply(const float* x, const float* residual, float* y, int64_t r0, int64_t r1, int64_t C,
-                                    const float* scale, const float* shift, bool relu) {
+template <typename S>
+[[gnu::always_inline]] inline void rows_apply(const S* x, const S* residual, S* y, int64_t r0, int64_t r1, int64_t C,
+                                              const float* scale, const float* shift, bool relu) {
   for (int64_t r = r0; r < r1; ++r) {
-    const float* xr = x + r * C;
-    const float* rr = residual ? residual + r * C : nullptr;
-    float* yr = y + r * C;
+    const S* xr = x + r * C;
+    const S* rr = residual ? residual + r * C : nullptr;
+    S* yr = y + r * C;
     for (int64_t c = 0; c < C; ++c) {
-      float v = xr[c] * scale[c] + shift[c];
-      if (rr) v += rr[c];
+      float v = load_as<float>(xr[c]) * scale[c] + shift[c];
+      if (rr) v += load_as<float>(rr[c]);
       if (relu && v < 0.0f) v = 0.0f;
-      yr[c] = v;
+      yr[c] = store_row(v, yr);
     }
   }
 }
 
-template <bool Relu>
-[[gnu::always_inline]] inline void rows_dx(const float* x, const float* dy, float* dx, int64_t r0, int64_t r1,
-                                           int64_t C, const float* mean, const float* invstd, const float* k1,
-                                           const float* k2, const float* k3, const float* scale, const float* shift) {
+template <bool Relu, typename S>
+[[gnu::always_inline]] inline void rows_dx(const S* x, const S* dy, S* dx, int64_t r0, int64_t r1, int64_t C,
+                                           const float* mean, const float* invstd, const float* k1, const float* k2,
+                                           const float* k3, const float* scale, const float* shift) {
   for (int64_t r = r0; r < r1; ++r) {
-    const float *xr = x + r * C, *dr = dy + r * C;
-    float* out = dx + r * C;
+    const S *xr = x + r * C, *dr = dy + r * C;
+    S* out = dx + r * C;
     for (int64_t c = 0; c < C; ++c) {
-      const float xhat = (xr[c] - mean[c]) * invstd[c];
-      out[c] = masked_dy<Relu>(xr, dr, c, scale, shift) * k1[c] - k2[c] - xhat * k3[c];
+      const float xhat = (load_as<float>(xr[c]) - mean[c]) * invstd[c];
+      float g;
+      if constexpr (std::is_same_v<S, float>)
+        g = masked_dy<Relu>(xr, dr, c, scale, shift);
+      else
+        g = load_as<float>(dr[c]);
+      out[c] = store_row(g * k1[c] - k2[c] - xhat * k3[c], out);
     }
   }
 }
 
-RT_MULTIVERSION void f32_rows_dx(const float* x, const float* dy, float* dx, int64_t r0, int64_t r1, int64_t C,
-                                 const float* mean, const float* invstd, const float* k1, const float* k2,
-                                 const float* k3, const float* scale, const float* shift) {
-  if (scale)
-    rows_dx<true>(x, dy, dx, r0, r1, C, mean, invstd, k1, k2, k3, scale, shift);
-  else
-    rows_dx<false>(x, dy, dx, r0, r1, C, mean, invstd, k1, k2, k3, scale, shift);
-}
+// One compiled function per storage type and pass (target_clones takes no templates); the overloads let
+// the templated callers below pick theirs.
+#define RT_ROWS_FOR(S)                                                                                                \
+  RT_MULTIVERSION void fast_rows_sum(const S* x, int64_t r0, int64_t r1, int64_t C, double* acc) {                    \
+    rows_sum(x, r0, r1, C, acc);                                                                                      \
+  }                                                                                                                   \
+  RT_MULTIVERSION void fast_rows_m2(const S* x, int64_t r0, int64_t r1, int64_t C, const double* mean, double* acc) { \
+    rows_m2(x, r0, r1, C, mean, acc);                                                                                 \
+  }                                                                                                                   \
+  RT_MULTIVERSION void fast_rows_backward_sums(const S* x, const S* dy, int64_t r0, int64_t r1, int64_t C,            \
+                                               const double* mean, const double* invstd, const float* scale,          \
+                                               const float* shift, double* acc) {                                     \
+    if (scale)                                                                                                        \
+      rows_backward_sums<true>(x, dy, r0, r1, C, mean, invstd, scale, shift, acc);                                    \
+    else                                                                                                              \
+      rows_backward_sums<false>(x, dy, r0, r1, C, mean, invstd, scale, shift, acc);                                   \
+  }                                                                                                                   \
+  RT_MULTIVERSION void fast_rows_apply(const S* x, const S* residual, S* y, int64_t r0, int64_t r1, int64_t C,        \
+                                       const float* scale, const float* shift, bool relu) {                           \
+    rows_apply(x, residual, y, r0, r1, C, scale, shift, relu);                                                        \
+  }                                                                                                                   \
+  RT_MULTIVERSION void fast_rows_dx(const S* x, const S* dy, S* dx, int64_t r0, int64_t r1, int64_t C,                \
+                                    const float* mean, const float* invstd, const float* k1, const float* k2,         \
+                                    const float* k3, const float* scale, const float* shift) {                        \
+    if (scale)                                                                                                        \
+      rows_dx<true>(x, dy, dx, r0, r1, C, mean, invstd, k1, k2, k3, scale, shift);                                    \
+    else                                                                                                              \
+      rows_dx<false>(x, dy, dx, r0, r1, C, mean, invstd, k1, k2, k3, scale, shift);                                   \
+  }
+
+RT_ROWS_FOR(float)
+RT_ROWS_FOR(BFloat16)
+#undef RT_ROWS_FOR
+
+// f32 and bf16 storage take the compiled rows; f16 and f64 the portable loops.
+template <typename S>
+constexpr bool kFastRows = std::is_same_v<S, float> || std::is_same_v<S, BFloat16>;
 
 // The forward's per-channel scale = gamma * invstd and shift = beta - mean * gamma * invstd, rounded to the
 // accumulator type (apply and the fused ReLU's backward mask share them).
@@ -188,8 +224,8 @@ void apply_batch_norm(const Tensor& x, const P* pg, const P* pb, const P* pm, co
   scale_and_shift(pg, pb, pm, pi, C, scale, shift);
   const S* pres = residual ? residual->data<S>() : nullptr;
   parallel_for(M, std::max<int64_t>(1, 16384 / std::max<int64_t>(C, 1)), [&](int64_t lo, int64_t hi) {
-    if constexpr (std::is_same_v<S, float>) {
-      f32_rows_apply(px, pres, py, lo, hi, C, scale.data(), shift.data(), relu);
+    if constexpr (kFastRows<S>) {
+      fast_rows_apply(px, pres, py, lo, hi, C, scale.data(), shift.data(), relu);
       return;
     }
     for (int64_t r = lo; r < hi; ++r)
@@ -207,15 +243,15 @@ void apply_batch_norm(const Tensor& x, const P* pg, const P* pb, const P* pm, co
 template <typename S>
 void mean_and_m2(const S* px, int64_t M, int64_t C, std::vector<double>& mean, std::vector<double>& m2) {
   using A = acc_t<S>;
-  if constexpr (std::is_same_v<S, float>) {
-    mean = blocked_sums(M, C, 1, [&](int64_t r0, int64_t r1, double* acc) { f32_rows_sum(px, r0, r1, C, acc); });
+  if constexpr (kFastRows<S>) {
+    mean = blocked_sums(M, C, 1, [&](int64_t r0, int64_t r1, double* acc) { fast_rows_sum(px, r0, r1, C, acc); });
   } else {
     mean = channel_sums(M, C, [&](int64_t r, int64_t c) { return static_cast<double>(load_as<A>(px[r * C + c])); });
   }
   for (double& v : mean) v = M > 0 ? v / static_cast<double>(M) : 0.0;
-  if constexpr (std::is_same_v<S, float>) {
+  if constexpr (kFastRows<S>) {
     m2 = blocked_sums(M, C, 1,
-                      [&](int64_t r0, int64_t r1, double* acc) { f32_rows_m2(px, r0, r1, C, mean.data(), acc); });
+                      [&](int64_t r0, int64_t r1, double* acc) { fast_rows_m2(px, r0, r1, C, mean.data(), acc); });
   } else {
     m2 = channel_sums(M, C, [&](int64_t r, int64_t c) {
       const double d = static_cast<double>(load_as<A>(px[r * C + c])) - mean[static_cast<size_t>(c)];
@@ -280,8 +316,8 @@ void backward_sums(const S* px, const S* pdy, const P* pm, const P* pi, int64_t 
   // statistics widened to f64 once, exactly, as every product used them.
   const std::vector<double> mean_d(pm, pm + C), invstd_d(pi, pi + C);
   const std::vector<double> both = blocked_sums(M, C, 2, [&](int64_t r0, int64_t r1, double* acc) {
-    if constexpr (std::is_same_v<S, float> && std::is_same_v<P, float>) {
-      f32_rows_backward_sums(px, pdy, r0, r1, C, mean_d.data(), invstd_d.data(), relu_scale, relu_shift, acc);
+    if constexpr (kFastRows<S> && std::is_same_v<P, float>) {
+      fast_rows_backward_sums(px, pdy, r0, r1, C, mean_d.data(), invstd_d.data(), relu_scale, relu_shift, acc);
     } else {
       for (int64_t r = r0; r < r1; ++r)
         for (int64_t c = 0; c < C; ++c) {
@@ -314,8 +350,8 @@ void backward_dx(const S* px, const S* pdy, const P* pg, const P* pm, const P* p
     k3[i] = static_cast<A>(sum_dy_xhat ? gi * sum_dy_xhat[c] / count : 0.0);
   }
   parallel_for(M, std::max<int64_t>(1, 16384 / std::max<int64_t>(C, 1)), [&](int64_t lo, int64_t hi) {
-    if constexpr (std::is_same_v<S, float> && std::is_same_v<P, float>) {
-      f32_rows_dx(px, pdy, pdx, lo, hi, C, pm, pi, k1.data(), k2.data(), k3.data(), relu_scale, relu_shift);
+    if constexpr (kFastRows<S> && std::is_same_v<P, float>) {
+      fast_rows_dx(px, pdy, pdx, lo, hi, C, pm, pi, k1.data(), k2.data(), k3.data(), relu_scale, relu_shift);
       return;
     }
     for (int64_t r = lo; r < hi; ++r)
@@ -442,8 +478,15 @@ template <typename S>
         for (int64_t c = 0; c < C; ++c) {
           const A v = load_as<A>(src[c]), b = load_as<A>(best[c]);
           const bool take = (v > b) | ((v != v) & (b == b));
-          best[c] = take ? src[c] : best[c];
-          where[c] = take ? at : where[c];
+          if constexpr (std::is_same_v<S, BFloat16>) {  // selects as masks: a 16-bit select stayed scalar
+            const uint16_t m16 = static_cast<uint16_t>(0u - static_cast<uint32_t>(take));
+            const int64_t m64 = -static_cast<int64_t>(take);
+            best[c].bits = static_cast<uint16_t>((src[c].bits & m16) | (best[c].bits & ~m16));
+            where[c] = (at & m64) | (where[c] & ~m64);
+          } else {
+            best[c] = take ? src[c] : best[c];
+            where[c] = take ? at : where[c];
+          }
         }
       }
     }
@@ -455,9 +498,13 @@ template <typename S>
   }
 }
 
-// The f32 rows compiled per ISA, so they run 8 or 16 channels at a time.
+// The f32 and bf16 rows compiled per ISA, so they run 8 to 32 channels at a time.
 RT_MULTIVERSION void f32_max_pool_row(const float* px, const ConvGeometry& g, int64_t n, int64_t p, float* py,
                                       int64_t* pa) {
+  max_pool_row(px, g, n, p, py, pa);
+}
+RT_MULTIVERSION void bf16_max_pool_row(const BFloat16* px, const ConvGeometry& g, int64_t n, int64_t p, BFloat16* py,
+                                       int64_t* pa) {
   max_pool_row(px, g, n, p, py, pa);
 }
 
@@ -471,6 +518,8 @@ void max_pool2d_forward(const Tensor& x, const ConvGeometry& g, Tensor& y, Tenso
       for (int64_t np = lo; np < hi; ++np) {
         if constexpr (std::is_same_v<S, float>) {
           f32_max_pool_row(px, g, np / g.p, np % g.p, py, pa);
+        } else if constexpr (std::is_same_v<S, BFloat16>) {
+          bf16_max_pool_row(px, g, np / g.p, np % g.p, py, pa);
         } else {
           max_pool_row(px, g, np / g.p, np % g.p, py, pa);
         }
@@ -497,7 +546,11 @@ void max_pool2d_backward(const Tensor& dy, const Tensor& argmax, const ConvGeome
             if (pa[o] >= 0) acc[static_cast<size_t>(pa[o] * g.c + c)] += load_as<A>(pdy[o]);
           }
         S* dst = pdx + n * g.h * g.w * g.c;
-        for (size_t i = 0; i < acc.size(); ++i) dst[i] = store_as<S>(acc[i]);
+        if constexpr (std::is_same_v<S, BFloat16>) {
+          for (size_t i = 0; i < acc.size(); ++i) dst[i] = to_bf16_flat(acc[i]);  // store_as's bits, no branch
+        } else {
+          for (size_t i = 0; i < acc.size(); ++i) dst[i] = store_as<S>(acc[i]);
+        }
       }
     });
   });

@@ -38,16 +38,26 @@ TEST(CpuFeatures, AgreeWithTheKernelsFlags) {
 
 TEST(CpuFeatures, TheHalfPathNamesWhatThisCpuHas) {
   const CpuFeatures& f = cpu_features();
+  set_cpu_bf16_path("auto");
   const HalfPath bf16 = cpu_half_path(DType::BF16), fp16 = cpu_half_path(DType::F16);
-  EXPECT_EQ(bf16.path, "f32");
+  EXPECT_EQ(bf16.path, f.avx512_bf16 ? (f.amx_bf16 ? "amx" : "avx512_bf16") : "f32");
   EXPECT_EQ(fp16.path, "f32");
-  if (f.avx512_bf16 || f.amx_bf16)
-    EXPECT_NE(bf16.why.find("but ringtrain has no bf16 CPU kernels for it yet"), std::string::npos) << bf16.why;
+  if (f.avx512_bf16)
+    EXPECT_NE(bf16.why.find(f.amx_bf16 ? "run oneDNN's AMX kernels" : "run oneDNN's avx512_core_bf16 kernels"),
+              std::string::npos)
+        << bf16.why;
   else
     EXPECT_NE(bf16.why.find("this CPU has no avx512_bf16 or amx_bf16"), std::string::npos) << bf16.why;
   EXPECT_NE(fp16.why.find(f.avx512_fp16 ? "this CPU has avx512_fp16" : "this CPU has no avx512_fp16"),
             std::string::npos)
       << fp16.why;
+  if (f.avx512_bf16) {
+    set_cpu_bf16_path("f32");
+    const HalfPath forced = cpu_half_path(DType::BF16);
+    EXPECT_EQ(forced.path, "f32");
+    EXPECT_NE(forced.why.find("but the f32 path was chosen"), std::string::npos) << forced.why;
+    set_cpu_bf16_path("auto");
+  }
   const std::string e = testing::error_of([] { cpu_half_path(DType::F32); });
   EXPECT_NE(e.find("cpu_half_path: f32 is no 16-bit float type"), std::string::npos) << e;
 }

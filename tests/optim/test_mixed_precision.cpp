@@ -1,6 +1,6 @@
 // Mixed precision: autocast of conv2d / linear / matmul to bf16 or f16 with f32 master weights, and the
-// f16 loss scaler (skip on inf/NaN, halve, grow after a run of clean steps). Runs on the CPU (16-bit
-// kernels through f32); the same code paths serve the GPU.
+// f16 loss scaler (skip on inf/NaN, halve, grow after a run of clean steps). Runs on the CPU (bf16 on
+// oneDNN's bf16 kernels where the CPU has them, else through f32); the same code paths serve the GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
