@@ -774,37 +774,39 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, con
   // y kept, no masking pass); otherwise dy is masked with y first.
   const auto fused_backward = detail::kernel_table(x.device(), "batch_norm").batch_norm_relu_backward;
   const bool mask_from_x =
-      fuse_relu && !has_residual && fused_backward && (x.dtype() == DType::F32 || x.dtype() == DType::F64);
+      fuse_relu && !has_residual && fused_backward &&
+      (x.dtype() == DType::F32 || x.dtype() == DType::F64 || (x.dtype() == DType::BF16 && x.device().is_cpu()));
   // Otherwise the mask is kept: on the CPU (f32) as bits, 1/32 of y, which is then not held by this op
   // (a block's output, kept by nothing else once the next block has its input packed or recomputed).
   const bool mask_bits = fuse_relu && !mask_from_x && x.device().is_cpu() && x.dtype() == DType::F32;
   Tensor sx = x.detach(), sw = weight.detach();
   Tensor sy = fuse_relu && !mask_from_x && !mask_bits ? y.detach() : Tensor();
   Tensor sbits = mask_bits ? positive_bits(y) : Tensor(), sb = mask_from_x ? bias.detach() : Tensor();
-  return record(name, {&x, &weight, &bias, &residual}, y,
-                [sx, sw, sy, sbits, sb, save_mean, save_invstd, training, has_residual, mask_from_x,
-                 fused_backward](const Tensor& dy_in) {
-                  Tensor dy;
-                  if (sbits.defined()) {
-                    // Masked in place when the backward was handed dy_in and nothing else holds it.
-                    dy = dy_in.sole_owner() ? dy_in : Tensor::empty(dy_in.shape(), dy_in.dtype(), dy_in.device());
-                    mask_by_bits(dy_in, sbits, dy);
-                  } else {
-                    dy = relu_masked(dy_in, sy, "batch_norm_backward");  // dy_in itself without sy
-                  }
-                  Tensor dx = Tensor::empty(sx.shape(), sx.dtype(), sx.device());
-                  Tensor dw = Tensor::empty(sw.shape(), sw.dtype(), sw.device());
-                  Tensor db = Tensor::empty(sw.shape(), sw.dtype(), sw.device());
-                  if (mask_from_x) {
-                    fused_backward(sx, dy, sw, sb, save_mean, save_invstd, training, dx, dw, db);
-                  } else {
-                    RT_KERNEL(dy.device(), "batch_norm_backward", batch_norm_backward)
-                    (sx, dy, sw, save_mean, save_invstd, training, dx, dw, db);
-                  }
-                  detail::after_op(dy.device(), "batch_norm_backward");
-                  // The residual's gradient is the (ReLU-masked) output gradient itself.
-                  return Grads{dx, dw, db, has_residual ? dy : Tensor()};
-                });
+  return record(
+      name, {&x, &weight, &bias, &residual}, y,
+      [sx, sw, sy, sbits, sb, save_mean, save_invstd, training, has_residual, mask_from_x](const Tensor& dy_in) {
+        Tensor dy;
+        if (sbits.defined()) {
+          // Masked in place when the backward was handed dy_in and nothing else holds it.
+          dy = dy_in.sole_owner() ? dy_in : Tensor::empty(dy_in.shape(), dy_in.dtype(), dy_in.device());
+          mask_by_bits(dy_in, sbits, dy);
+        } else {
+          dy = relu_masked(dy_in, sy, "batch_norm_backward");  // dy_in itself without sy
+        }
+        Tensor dx = Tensor::empty(sx.shape(), sx.dtype(), sx.device());
+        Tensor dw = Tensor::empty(sw.shape(), sw.dtype(), sw.device());
+        Tensor db = Tensor::empty(sw.shape(), sw.dtype(), sw.device());
+        if (mask_from_x) {  // through RT_KERNEL, so the profiler times it as bn_bwd
+          RT_KERNEL(dy.device(), "batch_norm_backward", batch_norm_relu_backward)
+          (sx, dy, sw, sb, save_mean, save_invstd, training, dx, dw, db);
+        } else {
+          RT_KERNEL(dy.device(), "batch_norm_backward", batch_norm_backward)
+          (sx, dy, sw, save_mean, save_invstd, training, dx, dw, db);
+        }
+        detail::after_op(dy.device(), "batch_norm_backward");
+        // The residual's gradient is the (ReLU-masked) output gradient itself.
+        return Grads{dx, dw, db, has_residual ? dy : Tensor()};
+      });
 }
 
 namespace {

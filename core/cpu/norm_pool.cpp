@@ -96,14 +96,19 @@ template <typename S>
 }
 
 // The output gradient of row element c, through the fused ReLU when scale is set: the forward's own
-// x * scale + shift (same operations, no contraction) > 0 decides, so the mask is the forward's bit for bit.
-template <bool Relu>
-[[gnu::always_inline]] inline float masked_dy(const float* xr, const float* dr, int64_t c, const float* scale,
+// x * scale + shift (same operations, no contraction) decides, so the mask is the forward's bit for bit:
+// y > 0 where y is that value as stored (f32 as is; bf16 rounded, which a positive value below half
+// bf16's smallest subnormal does to zero).
+template <bool Relu, typename S>
+[[gnu::always_inline]] inline float masked_dy(const S* xr, const S* dr, int64_t c, const float* scale,
                                               const float* shift) {
-  if constexpr (!Relu) return dr[c];
+  if constexpr (!Relu) return load_as<float>(dr[c]);
+  const float v = load_as<float>(xr[c]) * scale[c] + shift[c];
+  float y = v;
+  if constexpr (!std::is_same_v<S, float>) y = bf16_to_f32(to_bf16_flat(v));
   // dy where the forward's y > 0, else +0: as an AND of the bits (a select here stayed a branch, unvectorised).
-  const uint32_t keep = 0u - static_cast<uint32_t>(xr[c] * scale[c] + shift[c] > 0.0f);
-  return std::bit_cast<float>(std::bit_cast<uint32_t>(dr[c]) & keep);
+  const uint32_t keep = 0u - static_cast<uint32_t>(y > 0.0f);
+  return std::bit_cast<float>(std::bit_cast<uint32_t>(load_as<float>(dr[c])) & keep);
 }
 
 template <bool Relu, typename S>
@@ -113,12 +118,7 @@ template <bool Relu, typename S>
   for (int64_t r = r0; r < r1; ++r) {
     const S *xr = x + r * C, *dr = dy + r * C;
     for (int64_t c = 0; c < C; ++c) {
-      double g;
-      if constexpr (std::is_same_v<S, float>) {
-        g = static_cast<double>(masked_dy<Relu>(xr, dr, c, scale, shift));
-      } else {  // 16-bit: the fused ReLU's mask is f32/f64 only (batch_norm_backward_impl)
-        g = static_cast<double>(load_as<float>(dr[c]));
-      }
+      const double g = static_cast<double>(masked_dy<Relu>(xr, dr, c, scale, shift));
       const double xhat = (static_cast<double>(load_as<float>(xr[c])) - mean[c]) * invstd[c];
       acc[c] += g;
       acc[C + c] += g * xhat;
@@ -151,11 +151,7 @@ template <bool Relu, typename S>
     S* out = dx + r * C;
     for (int64_t c = 0; c < C; ++c) {
       const float xhat = (load_as<float>(xr[c]) - mean[c]) * invstd[c];
-      float g;
-      if constexpr (std::is_same_v<S, float>)
-        g = masked_dy<Relu>(xr, dr, c, scale, shift);
-      else
-        g = load_as<float>(dr[c]);
+      const float g = masked_dy<Relu>(xr, dr, c, scale, shift);
       out[c] = store_row(g * k1[c] - k2[c] - xhat * k3[c], out);
     }
   }
@@ -365,13 +361,13 @@ void backward_dx(const S* px, const S* pdy, const P* pg, const P* pm, const P* p
 }
 
 // Both batch-norm backwards; beta set: y was relu(bn(x)) (no residual) and dy is y's gradient, masked with
-// the forward's own arithmetic from x (f32 and f64 only: a 16-bit y's rounding could zero a positive value).
+// the forward's own arithmetic from x (f32, f64, and bf16 with the forward's rounding; f16 is refused).
 void batch_norm_backward_impl(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor* beta,
                               const Tensor& save_mean, const Tensor& save_invstd, bool training, Tensor& dx,
                               Tensor& dgamma, Tensor& dbeta) {
   const int64_t C = x.size(-1), M = x.numel() / std::max<int64_t>(C, 1);
-  RT_CHECK(!beta || x.dtype() == DType::F32 || x.dtype() == DType::F64, "batch_norm_relu_backward: x is ",
-           dtype_name(x.dtype()), "; the fused mask needs f32 or f64");
+  RT_CHECK(!beta || x.dtype() == DType::F32 || x.dtype() == DType::F64 || x.dtype() == DType::BF16,
+           "batch_norm_relu_backward: x is ", dtype_name(x.dtype()), "; the fused mask needs f32, f64 or bf16");
   visit_float(x.dtype(), "batch_norm_backward", [&](auto tag) {
     using S = decltype(tag);
     using P = std::conditional_t<std::is_same_v<S, double>, double, float>;

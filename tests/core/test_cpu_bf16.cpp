@@ -151,7 +151,8 @@ TEST(CpuBf16, GemmsMatchTheF64ReferenceOnEveryPath) {
       std::vector<Tensor> ref, got;
       run(a.f64, b.f64, ref);
       run(a.bf16, b.bf16, got);
-      for (size_t i = 0; i < ref.size(); ++i) EXPECT_TRUE(bf16_close(got[i], ref[i])) << s.a.str() << " x " << s.b.str() << " #" << i;
+      for (size_t i = 0; i < ref.size(); ++i)
+        EXPECT_TRUE(bf16_close(got[i], ref[i])) << s.a.str() << " x " << s.b.str() << " #" << i;
     }
     // linear: x (N, in) and weight (out, in) with a bias, as the classifier head (the product and the bias
     // sum are rounded to bf16 each).
@@ -176,7 +177,8 @@ TEST(CpuBf16, GemmKernelHonoursAlphaBetaTransposesAndStrides) {
     Bf16Path forced(path);
     SCOPED_TRACE(path);
     const int64_t m = 6, n = 5, k = 7, lda = 9, ldb = 8, ldc = 7;  // A^T stored (k, lda), B^T stored (n, ldb)
-    const Bf16Input a = bf16_input(Shape{k, lda}, 11), b = bf16_input(Shape{n, ldb}, 12), c = bf16_input(Shape{m, ldc}, 13);
+    const Bf16Input a = bf16_input(Shape{k, lda}, 11), b = bf16_input(Shape{n, ldb}, 12),
+                    c = bf16_input(Shape{m, ldc}, 13);
     GemmArgs g;
     g.trans_a = g.trans_b = true;
     g.m = m, g.n = n, g.k = k, g.alpha = 2.0, g.beta = 0.5, g.lda = lda, g.ldb = ldb, g.ldc = ldc;
@@ -187,7 +189,8 @@ TEST(CpuBf16, GemmKernelHonoursAlphaBetaTransposesAndStrides) {
     for (int64_t i = 0; i < m; ++i)
       for (int64_t j = 0; j < n; ++j) {
         double acc = 0;
-        for (int64_t l = 0; l < k; ++l) acc += av[static_cast<size_t>(l * lda + i)] * bv[static_cast<size_t>(j * ldb + l)];
+        for (int64_t l = 0; l < k; ++l)
+          acc += av[static_cast<size_t>(l * lda + i)] * bv[static_cast<size_t>(j * ldb + l)];
         want[static_cast<size_t>(i * ldc + j)] = 2.0 * acc + 0.5 * cv[static_cast<size_t>(i * ldc + j)];
       }
     EXPECT_TRUE(bf16_close(out, Tensor::from_vector(want, Shape{m, ldc})));
@@ -267,8 +270,13 @@ TEST(CpuBf16, ElementwiseLoopsGiveTheScalarFormulasBits) {
   EXPECT_EQ(bits_of(mul(ta, tb)), rounded_bits(mul(fa, fb)));
   EXPECT_EQ(bits_of(relu(ta)), rounded_bits(relu(fa)));
   // f32 -> bf16 itself: values that round up, down, to even at ties, overflow to inf, and NaN.
-  std::vector<double> wide{1.0 + 1.0 / 256, 1.0 + 3.0 / 512, 1.0 + 1.0 / 512, 3.3895313892515355e38, -0.0,
-                           std::numeric_limits<double>::quiet_NaN(), 1e-40};
+  std::vector<double> wide{1.0 + 1.0 / 256,
+                           1.0 + 3.0 / 512,
+                           1.0 + 1.0 / 512,
+                           3.3895313892515355e38,
+                           -0.0,
+                           std::numeric_limits<double>::quiet_NaN(),
+                           1e-40};
   for (double v : testing::random_f64(Shape{1000}, 23, -1e3, 1e3).to_vector()) wide.push_back(v);
   const Tensor f32 = Tensor::from_vector(wide, Shape{static_cast<int64_t>(wide.size())}).to(DType::F32);
   EXPECT_EQ(bits_of(f32.to(DType::BF16)), rounded_bits(f32));
@@ -283,7 +291,8 @@ TEST(CpuBf16, ElementwiseLoopsGiveTheScalarFormulasBits) {
 
 // The relu's gradient: dy where the input was positive, else +0.
 TEST(CpuBf16, ReluGradientSelectsLikeTheF32Kernel) {
-  const Tensor x = testing::random_f64(Shape{1037}, 24).to(DType::BF16), dy = testing::random_f64(Shape{1037}, 25).to(DType::BF16);
+  const Tensor x = testing::random_f64(Shape{1037}, 24).to(DType::BF16),
+               dy = testing::random_f64(Shape{1037}, 25).to(DType::BF16);
   auto grad_of = [&](DType t) {
     Tensor xi = x.to(t).detach().set_requires_grad();
     relu(xi).backward(dy.to(t));

@@ -163,8 +163,10 @@ std::vector<double> nan_to_zero(std::vector<double> v) {
 }
 
 TEST(BatchNorm, FusedReluBackwardIsTheComposedReluBitForBit) {
-  for (DType dtype : {DType::F32, DType::F64})
+  // bf16 (the CPU's bf16 loops): the mask is the forward's rounded output > 0, as relu's gradient reads it.
+  for (DType dtype : {DType::F32, DType::F64, DType::BF16})
     for (bool training : {true, false}) {
+      const DType params = dtype == DType::BF16 ? DType::F32 : dtype;
       Tensor x0 = Tensor::normal(Shape{5, 4, 3, 21}, 0.5, 2.0, 41, DType::F64).to(dtype);
       std::vector<double> xv = x0.to_vector();
       for (int64_t r = 0; r < 5 * 4 * 3; ++r) xv[static_cast<size_t>(r * 21 + 3)] = 1.25;  // channel 3 constant
@@ -182,9 +184,9 @@ TEST(BatchNorm, FusedReluBackwardIsTheComposedReluBitForBit) {
       };
       auto run = [&](bool fused) {
         Tensor x = x0.clone().set_requires_grad();
-        Tensor w = Tensor::from_vector(wv, Shape{21}, dtype).set_requires_grad();
-        Tensor b = Tensor::from_vector(bv, Shape{21}, dtype).set_requires_grad();
-        Tensor rm = Tensor::from_vector(mv, Shape{21}, dtype), rv = Tensor::uniform(Shape{21}, 0.5, 2, 46, dtype);
+        Tensor w = Tensor::from_vector(wv, Shape{21}, params).set_requires_grad();
+        Tensor b = Tensor::from_vector(bv, Shape{21}, params).set_requires_grad();
+        Tensor rm = Tensor::from_vector(mv, Shape{21}, params), rv = Tensor::uniform(Shape{21}, 0.5, 2, 46, params);
         Tensor y = fused ? batch_norm(x, w, b, rm, rv, training, 0.1, 1e-5, /*fuse_relu=*/true)
                          : relu(batch_norm(x, w, b, rm, rv, training, 0.1, 1e-5));
         y.backward(up);
