@@ -138,10 +138,13 @@ int main(int argc, char** argv) try {
         opt.zero_grad();
       Tensor loss;
       {
-        AutocastGuard cast(autocast);
-        loss = loss_fn(model(x), y);
+        WeightCastScope casts;  // each weight cast once a step, as train_resnet's steps do
+        {
+          AutocastGuard cast(autocast);
+          loss = loss_fn(model(x), y);
+        }
+        loss.backward();
       }
-      loss.backward();
       if (sync) {
         profile::Span span("allreduce", device, "gradient all-reduce");
         sync->finish();

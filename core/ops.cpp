@@ -481,11 +481,11 @@ std::optional<DType> autocast_for(const Tensor& a, const Tensor& b) {
   if (!eligible(a.dtype()) || !eligible(b.dtype()) || (a.dtype() == *dtype && b.dtype() == *dtype)) return std::nullopt;
   return dtype;
 }
-Tensor cast_if_defined(const Tensor& t, DType dtype) { return t.defined() ? t.to(dtype) : t; }
+Tensor cast_if_defined(const Tensor& t, DType dtype) { return t.defined() ? autocast_cast(t, dtype) : t; }
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
-  if (auto dtype = autocast_for(a, b)) return matmul(a.to(*dtype), b.to(*dtype));
+  if (auto dtype = autocast_for(a, b)) return matmul(autocast_cast(a, *dtype), autocast_cast(b, *dtype));
   check_same_device_dtype("matmul", a, b);
   check_floating("matmul", a);
   if (a.ndim() < 2 || (b.ndim() != 2 && b.ndim() != 3))
@@ -534,7 +534,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   if (auto dtype = autocast_for(x, weight))
-    return linear(x.to(*dtype), weight.to(*dtype), cast_if_defined(bias, *dtype));
+    return linear(autocast_cast(x, *dtype), autocast_cast(weight, *dtype), cast_if_defined(bias, *dtype));
   check_same_device_dtype("linear", x, weight);
   if (weight.ndim() != 2 || x.ndim() < 1 || x.size(-1) != weight.size(1))
     RT_THROW("op 'linear': input ", x.describe(), " and weight ", weight.describe(),
@@ -583,7 +583,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dParams& params) {
   if (auto dtype = autocast_for(x, weight))
-    return conv2d(x.to(*dtype), weight.to(*dtype), cast_if_defined(bias, *dtype), params);
+    return conv2d(autocast_cast(x, *dtype), autocast_cast(weight, *dtype), cast_if_defined(bias, *dtype), params);
   check_same_device_dtype("conv2d", x, weight);
   check_floating("conv2d", x);
   const auto& pr = params;

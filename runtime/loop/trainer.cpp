@@ -17,6 +17,7 @@
 #include <span>
 
 #include "comm/host_collectives.h"
+#include "core/autocast.h"
 #include "core/check.h"
 #include "core/ops.h"
 #include "io/files.h"
@@ -436,6 +437,9 @@ std::string Run::non_finite_loss(double loss, int64_t epoch, int64_t step, int64
 }
 
 bool Run::run_micro_batches(int64_t epoch, int64_t step, int64_t& micro, MicroTimes& m) {
+  // No weight changes before the optimizer: autocast casts each once for all the step's micro-batches
+  // and recomputed blocks (core/autocast.h).
+  WeightCastScope casts;
   if (pipeline_) return run_pipelined(epoch, step, micro, m);
   PhaseTimes& time = reporter_->timer().current();
   for (int64_t k = 0; k < plan_.accum; ++k) {

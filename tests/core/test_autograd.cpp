@@ -2,8 +2,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <optional>
 
 #include "core/allocator.h"
+#include "core/autocast.h"
 #include "core/autograd.h"
 #include "core/check.h"
 #include "core/ops.h"
@@ -209,6 +211,97 @@ TEST(Autograd, ReusesAGradientsMemoryOnlyWhereNothingElseHoldsIt) {
   v.backward(Tensor::ones(Shape{3}), /*retain_graph=*/true);
   v.backward(Tensor::ones(Shape{3}));
   EXPECT_EQ(x.grad().to_vector(), (std::vector<double>{6, 6, 6}));
+}
+
+}  // namespace
+}  // namespace ringtrain
+
+// ---- WeightCastScope (core/autocast.h): a step's micro-batches and recomputations share one cast
+
+namespace ringtrain {
+namespace {
+
+std::vector<double> bits_exact(const Tensor& t) { return t.to(DType::F64).to_vector(); }
+
+// Two micro-batches' forward and backward through conv2d and linear under bf16 autocast, gradients
+// accumulated in the weights; with a scope, each weight is cast once and the gradients are the same.
+TEST(WeightCastScope, MicroBatchesShareOneCastAndGiveTheSameGradients) {
+  const Tensor w0 = Tensor::uniform(Shape{8, 3, 3, 4}, -1, 1, 61), l0 = Tensor::uniform(Shape{5, 8}, -1, 1, 62);
+  const Tensor b0 = Tensor::uniform(Shape{5}, -1, 1, 63);
+  const Tensor x[] = {Tensor::uniform(Shape{2, 6, 6, 4}, -1, 1, 64), Tensor::uniform(Shape{2, 6, 6, 4}, -1, 1, 65)};
+  auto run = [&](bool scoped, int64_t* casts, int64_t* reuses) {
+    Tensor w = w0.clone().set_requires_grad(), l = l0.clone().set_requires_grad(), b = b0.clone().set_requires_grad();
+    std::optional<WeightCastScope> scope;
+    if (scoped) scope.emplace();
+    for (const Tensor& xk : x) {
+      Tensor loss;
+      {
+        AutocastGuard autocast(DType::BF16);
+        Tensor h = mean(conv2d(xk, w, Tensor(), {.pad_h = 1, .pad_w = 1}), 1);  // (2, 6, 8)
+        loss = sum(linear(mean(h, 1), l, b).to(DType::F32));
+      }
+      loss.backward();
+    }
+    if (scope) *casts = scope->casts(), *reuses = scope->reuses();
+    return std::vector<std::vector<double>>{bits_exact(w.grad()), bits_exact(l.grad()), bits_exact(b.grad())};
+  };
+  int64_t casts = 0, reuses = 0;
+  const auto plain = run(false, nullptr, nullptr), shared = run(true, &casts, &reuses);
+  EXPECT_EQ(casts, 3) << "conv weight, linear weight and bias, once each";
+  EXPECT_EQ(reuses, 3) << "the second micro-batch's uses";
+  for (size_t i = 0; i < plain.size(); ++i) EXPECT_EQ(shared[i], plain[i]) << "gradient " << i;
+}
+
+// Activations (no grad, or computed: not leaves) are cast as before, never kept.
+TEST(WeightCastScope, OnlyWeightsAreCached) {
+  WeightCastScope scope;
+  AutocastGuard autocast(DType::BF16);
+  Tensor w = Tensor::uniform(Shape{4, 4}, -1, 1, 66).set_requires_grad();
+  Tensor computed = mul(w, 2.0);
+  matmul(Tensor::uniform(Shape{3, 4}, -1, 1, 67), computed);
+  EXPECT_EQ(scope.casts(), 0);
+  matmul(Tensor::uniform(Shape{3, 4}, -1, 1, 68), w);
+  matmul(computed, w);
+  EXPECT_EQ(scope.casts(), 1);
+  EXPECT_EQ(scope.reuses(), 1);
+}
+
+// A cast made under no_grad (a checkpointed block's first forward) carries its gradient node, so the
+// block's recomputation under grad reuses it and the weight still gets its gradient.
+TEST(WeightCastScope, ACastUnderNoGradServesTheRecomputation) {
+  const Tensor w0 = Tensor::uniform(Shape{4, 6}, -1, 1, 69), x = Tensor::uniform(Shape{3, 4}, -1, 1, 70);
+  auto grad_of = [&](bool scoped) {
+    Tensor w = w0.clone().set_requires_grad();
+    std::optional<WeightCastScope> scope;
+    if (scoped) scope.emplace();
+    AutocastGuard autocast(DType::BF16);
+    {
+      NoGradGuard no_grad;
+      matmul(x, w);
+    }
+    sum(matmul(x, w).to(DType::F32)).backward();
+    if (scope) {
+      EXPECT_EQ(scope->casts(), 1);
+      EXPECT_EQ(scope->reuses(), 1);
+    }
+    return bits_exact(w.grad());
+  };
+  EXPECT_EQ(grad_of(true), grad_of(false));
+}
+
+// A new scope casts again: a weight changed between steps is seen.
+TEST(WeightCastScope, EachScopeCastsAfresh) {
+  Tensor w = Tensor::ones(Shape{2, 2}).set_requires_grad();
+  const Tensor x = Tensor::ones(Shape{1, 2});
+  AutocastGuard autocast(DType::BF16);
+  for (double value : {1.0, 3.0}) {
+    {
+      NoGradGuard no_grad;
+      w.fill_(value);
+    }
+    WeightCastScope scope;
+    EXPECT_EQ(matmul(x, w).to(DType::F32).to_vector(), std::vector<double>(2, 2 * value));
+  }
 }
 
 }  // namespace
