@@ -141,8 +141,8 @@ HalfPath cpu_half_path(DType dtype) {
               "this CPU has no avx512_fp16: fp16 operands convert to f32 around the f32 kernels, no faster "
               "than fp32"};
     return {"f32",
-            "this CPU has avx512_fp16, but Debian's oneDNN 2.6 has no fp16 CPU convolutions: fp16 operands "
-            "convert to f32 around the f32 kernels, no faster than fp32 (bf16 has fast kernels here)"};
+            "this CPU has avx512_fp16, but ringtrain has no fp16 CPU kernels for it: fp16 operands convert to "
+            "f32 around the f32 kernels, no faster than fp32 (--precision bf16 has fast kernels here)"};
   }
   add(f.avx512_bf16, "avx512_bf16");
   add(f.amx_bf16, "amx_bf16");

@@ -30,7 +30,7 @@ const CpuFeatures& cpu_features();
 // or set_cpu_bf16_path forces one; forcing a path this CPU lacks is an error naming the instruction.
 // avx512_bf16 on an AMX CPU caps oneDNN at avx512_core_bf16 for the whole process, which oneDNN allows
 // only before its first kernel: choose it through the environment. fp16 always takes the f32 path
-// (Debian's oneDNN 2.6 has no f16 CPU convolutions; docs/PERFORMANCE.md).
+// (bf16 is the CPU's mixed precision: fp16 needs loss scaling; docs/PERFORMANCE.md).
 enum class Bf16Kernels { F32, Avx512Bf16, Amx };
 Bf16Kernels cpu_bf16_kernels();
 void set_cpu_bf16_path(std::string_view name);  // "auto", "f32", "avx512_bf16" or "amx"

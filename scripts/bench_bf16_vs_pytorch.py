@@ -99,10 +99,14 @@ def main():
         xs = [r[top] / r[bottom] for r in rounds if r[top] and r[bottom]]
         return f"{statistics.median(xs):.2f}" if xs else "-"
 
+    met = True
     for (arch, side, batch, t), rounds in got.items():
+        vs_torch, vs_fp32 = ratio(rounds, 'ours bf16', 'torch bf16'), ratio(rounds, 'ours bf16', 'ours fp32')
         print(f"| {arch} {side}px b{batch} | {t} | {med(rounds, 'ours fp32')} | {med(rounds, 'ours bf16')} | "
-              f"{med(rounds, 'torch fp32')} | {med(rounds, 'torch bf16')} | "
-              f"{ratio(rounds, 'ours bf16', 'torch bf16')} | {ratio(rounds, 'ours bf16', 'ours fp32')} |")
+              f"{med(rounds, 'torch fp32')} | {med(rounds, 'torch bf16')} | {vs_torch} | {vs_fp32} |")
+        met = met and vs_torch != "-" and vs_fp32 != "-" and float(vs_torch) <= 0.85 and float(vs_fp32) < 1
+    print(f"\ngoals (bf16 <= 0.85x PyTorch's bf16 and faster than ringtrain fp32, every configuration): "
+          f"{'met' if met else 'NOT met'} on the {path} path")
 
 
 if __name__ == "__main__":
