@@ -181,37 +181,24 @@ void with_binary(BinaryOp op, Fn&& fn) {
   }
 }
 
+// The same-shape Add, Mul and ReluGrad of one storage type through its compiled loops.
+template <typename T>
+using BinaryLoop = void (*)(const T*, const T*, T*, int64_t);
+template <typename T>
+void fast_binary(BinaryOp op, const T* pa, const T* pb, T* po, int64_t n, BinaryLoop<T> add, BinaryLoop<T> mul,
+                 BinaryLoop<T> relu_grad) {
+  const BinaryLoop<T> loop = op == BinaryOp::Add ? add : op == BinaryOp::Mul ? mul : relu_grad;
+  parallel_for(n, kGrain, [&](int64_t lo, int64_t hi) { loop(pa + lo, pb + lo, po + lo, hi - lo); });
+}
+
 void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out, const BroadcastDesc& bc) {
   const int64_t n = out.numel();
   const bool same = a.numel() == n && b.numel() == n;
-  if (same && a.dtype() == DType::F32 && out.dtype() == DType::F32 &&
-      (op == BinaryOp::Add || op == BinaryOp::Mul || op == BinaryOp::ReluGrad)) {
-    const float *pa = a.data<float>(), *pb = b.data<float>();
-    float* po = out.data<float>();
-    parallel_for(n, kGrain, [&](int64_t lo, int64_t hi) {
-      if (op == BinaryOp::Add)
-        f32_add(pa + lo, pb + lo, po + lo, hi - lo);
-      else if (op == BinaryOp::Mul)
-        f32_mul(pa + lo, pb + lo, po + lo, hi - lo);
-      else
-        f32_relu_grad(pa + lo, pb + lo, po + lo, hi - lo);
-    });
-    return;
-  }
-  if (same && a.dtype() == DType::BF16 && out.dtype() == DType::BF16 &&
-      (op == BinaryOp::Add || op == BinaryOp::Mul || op == BinaryOp::ReluGrad)) {
-    const bf16 *pa = a.data<bf16>(), *pb = b.data<bf16>();
-    bf16* po = out.data<bf16>();
-    parallel_for(n, kGrain, [&](int64_t lo, int64_t hi) {
-      if (op == BinaryOp::Add)
-        bf16_add(pa + lo, pb + lo, po + lo, hi - lo);
-      else if (op == BinaryOp::Mul)
-        bf16_mul(pa + lo, pb + lo, po + lo, hi - lo);
-      else
-        bf16_relu_grad(pa + lo, pb + lo, po + lo, hi - lo);
-    });
-    return;
-  }
+  const bool fast_op = op == BinaryOp::Add || op == BinaryOp::Mul || op == BinaryOp::ReluGrad;
+  if (same && fast_op && a.dtype() == DType::F32 && out.dtype() == DType::F32)
+    return fast_binary(op, a.data<float>(), b.data<float>(), out.data<float>(), n, f32_add, f32_mul, f32_relu_grad);
+  if (same && fast_op && a.dtype() == DType::BF16 && out.dtype() == DType::BF16)
+    return fast_binary(op, a.data<bf16>(), b.data<bf16>(), out.data<bf16>(), n, bf16_add, bf16_mul, bf16_relu_grad);
   visit_dtype(a.dtype(), [&](auto tag) {
     using S = typename decltype(tag)::type;
     using C = compute_t<S>;
