@@ -104,10 +104,11 @@ template <bool Relu, typename S>
                                               const float* shift) {
   if constexpr (!Relu) return load_as<float>(dr[c]);
   const float v = load_as<float>(xr[c]) * scale[c] + shift[c];
-  float y = v;
-  if constexpr (!std::is_same_v<S, float>) y = bf16_to_f32(to_bf16_flat(v));
+  // bf16: v rounds to a positive value exactly when it exceeds the f32 subnormal of bits 0x8000 (half bf16's
+  // smallest subnormal; that one itself ties to even, to zero), so one compare is the rounded y > 0.
+  const float above = std::is_same_v<S, float> ? 0.0f : bits_f32(0x8000u);
   // dy where the forward's y > 0, else +0: as an AND of the bits (a select here stayed a branch, unvectorised).
-  const uint32_t keep = 0u - static_cast<uint32_t>(y > 0.0f);
+  const uint32_t keep = 0u - static_cast<uint32_t>(v > above);
   return std::bit_cast<float>(std::bit_cast<uint32_t>(load_as<float>(dr[c])) & keep);
 }
 

@@ -330,6 +330,18 @@ TEST(CpuBf16, BatchNormLoopsGiveTheF32KernelsRoundedBits) {
   }
 }
 
+// The fused BN + ReLU backward's bf16 mask (core/cpu/norm_pool.cpp) is one compare: a positive f32 rounds
+// to a positive bf16 exactly when it exceeds the subnormal of bits 0x8000, which itself ties to zero.
+TEST(CpuBf16, OneCompareTellsWhichValuesRoundToAPositiveBf16) {
+  const float above = bits_f32(0x8000u);
+  for (uint32_t bits = 0; bits < 0x20000u; ++bits) {
+    const float v = bits_f32(bits);
+    ASSERT_EQ(bf16_to_f32(f32_to_bf16(v)) > 0.0f, v > above) << "f32 bits " << bits;
+  }
+  for (float v : {1e-38f, 1.0f, 3e38f, std::numeric_limits<float>::infinity()})
+    EXPECT_TRUE(bf16_to_f32(f32_to_bf16(v)) > 0.0f && v > above) << v;
+}
+
 // Max pooling keeps one of its inputs: bf16 gives the f32 kernel's values exactly, and its gradient is
 // the f32 one rounded (a sum where windows overlap).
 TEST(CpuBf16, MaxPoolMatchesTheF32Kernel) {
