@@ -64,7 +64,6 @@ std::unique_ptr<runtime::DataSource> open_data(const runtime::Trainer& trainer, 
                                   .channels = 3,
                                   .classes = is_cifar(f.arch) ? 10 : 1000,
                                   .seed = o.seed,
-                                  .rank = trainer.data_rank(),  // the replica's data (a pipeline's stages share it)
                                   .device = trainer.device()});
 }
 

@@ -164,10 +164,11 @@ class SyntheticSource final : public DataSource {
     next_ = sampler.state().next_batch;
     batches_ = sampler.batches_per_epoch();
     const int64_t batch = sampler.per_rank_batch();
-    if (!labels_.defined() || labels_.numel() != batch) {
+    if (!labels_.defined() || labels_.numel() != batch || rank_ != sampler.options().rank) {
+      rank_ = sampler.options().rank;
       std::vector<double> y(static_cast<size_t>(batch));
       for (int64_t i = 0; i < batch; ++i)
-        y[static_cast<size_t>(i)] = static_cast<double>((i * 7 + options_.rank) % options_.classes);
+        y[static_cast<size_t>(i)] = static_cast<double>((i * 7 + rank_) % options_.classes);
       labels_ = Tensor::from_vector(y, Shape{batch}, DType::I64, options_.device);
     }
   }
@@ -178,7 +179,7 @@ class SyntheticSource final : public DataSource {
     // Drawn on the device itself: a host-made batch would put a CPU fill and a pageable copy of the
     // whole batch inside every timed step, which a benchmark must not measure.
     const uint64_t seed = options_.seed * 1000003u + static_cast<uint64_t>(epoch_) * 7919u +
-                          static_cast<uint64_t>(next_) * 131u + static_cast<uint64_t>(options_.rank);
+                          static_cast<uint64_t>(next_) * 131u + static_cast<uint64_t>(rank_);
     data::Batch b;
     if (images_)
       b.images = Tensor::normal(Shape{batch, info_.height, info_.width, info_.channels}, 0, 1, seed, DType::F32,
@@ -195,6 +196,7 @@ class SyntheticSource final : public DataSource {
   DataInfo info_;
   Tensor labels_;
   int64_t epoch_ = 0, next_ = 0, batches_ = 0;
+  int rank_ = 0;  // the sampler's
   bool images_ = true;
 };
 

@@ -78,10 +78,10 @@ struct SyntheticOptions {
   int64_t height = 32, width = 32, channels = 3;
   int classes = 10;
   uint64_t seed = 0;
-  int rank = 0;
   Device device = Device::cpu();
 };
-// Normal(0, 1) images drawn on the device (no host fill or copy inside a timed step) and fixed labels.
+// Normal(0, 1) images drawn on the device (no host fill or copy inside a timed step) and fixed labels, both
+// of the sampler's rank (a replica's: a pipeline's stages share its data), as the layout decided at fit().
 std::unique_ptr<DataSource> synthetic_data(const SyntheticOptions& options);
 
 }  // namespace ringtrain::runtime

@@ -51,9 +51,9 @@ class Trainer {
   const TrainerOptions& options() const { return options_; }
   Watchdog& watchdog() { return *watchdog_; }
   // Where this rank sits with --pipeline-stages (one stage of one replica; without stages, the world's
-  // rank of world-size replicas). Per-replica data (a synthetic source's rank) is the replica's.
+  // rank of world-size replicas). Data sources read their part from the sampler fit() gives them, never
+  // from this.
   const PipelineLayout& layout() const { return layout_; }
-  int data_rank() const { return layout_.replica; }
 
   // Collective. Moves the model to device(), trains it on `data` and returns the figures rank 0 printed.
   // May be called again (another model or run) with the same Trainer; each call is a run of its own (a

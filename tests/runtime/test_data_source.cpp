@@ -67,18 +67,22 @@ TEST_F(ShardSourceTest, AnEmptyTestSplitIsSkippedWithAWarning) {
 }
 
 TEST(SyntheticSource, ServesTheSamplersBatchesDeterministically) {
-  auto a = synthetic_data({.size = 40, .height = 4, .width = 4, .channels = 2, .classes = 3, .seed = 5, .rank = 1});
-  auto b = synthetic_data({.size = 40, .height = 4, .width = 4, .channels = 2, .classes = 3, .seed = 5, .rank = 1});
+  auto a = synthetic_data({.size = 40, .height = 4, .width = 4, .channels = 2, .classes = 3, .seed = 5});
+  auto b = synthetic_data({.size = 40, .height = 4, .width = 4, .channels = 2, .classes = 3, .seed = 5});
   data::DistributedSampler sampler({.dataset_size = 40, .global_batch = 8, .rank = 1, .world_size = 2});
   sampler.set_epoch(2);
   a->start_epoch(sampler, 2);
   int batches = 0;
   while (auto batch = a->next()) {
     EXPECT_EQ(batch->images.shape(), (Shape{4, 4, 4, 2}));
-    EXPECT_EQ(batch->labels.to_vector(), (std::vector<double>{1, 2, 0, 1}));  // (i * 7 + rank) % classes
+    EXPECT_EQ(batch->labels.to_vector(), (std::vector<double>{1, 2, 0, 1}));  // (i * 7 + the sampler's rank) % classes
     ++batches;
   }
   EXPECT_EQ(batches, 5);
+  // The rank is the sampler's, as fit() decides it (--layout auto may put this rank in another replica).
+  data::DistributedSampler other({.dataset_size = 40, .global_batch = 8, .rank = 0, .world_size = 2});
+  a->start_epoch(other, 0);
+  EXPECT_EQ(a->next()->labels.to_vector(), (std::vector<double>{0, 1, 2, 0}));
   EXPECT_EQ(a->position().next_batch, 5);
   sampler.restore({2, 3});  // a resumed epoch continues at its batch, with the same images
   b->start_epoch(sampler, 2);
