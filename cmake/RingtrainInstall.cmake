@@ -17,7 +17,7 @@ install(TARGETS ringtrain ringtrain_core ringtrain_io ringtrain_optim ringtrain_
 # Public headers keep their folders (include/ringtrain/core/tensor.h, ...); the CPU and CUDA kernel
 # headers under core/cpu and core/cuda are internal.
 foreach(dir core io optim layers layers/models comm data runtime runtime/cluster runtime/config runtime/telemetry
-            runtime/checkpoint runtime/step runtime/memory runtime/pipeline runtime/loop runtime/tools)
+            runtime/checkpoint runtime/step runtime/memory runtime/pipeline runtime/layout runtime/loop runtime/tools)
   file(GLOB _rt_headers CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/${dir}/*.h)
   install(FILES ${_rt_headers} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/ringtrain/${dir})
 endforeach()

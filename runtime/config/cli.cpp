@@ -132,6 +132,15 @@ void add_parallel_flags(CLI::App& app, TrainerOptions& o) {
                "stages keep only each micro-batch's input and, in backward, run the forward again block by block: "
                "one block's activations held instead of up to --pipeline-stages micro-batches' (the same training, "
                "bit for bit, for two more forwards)");
+  add_choice(app, "--layout",
+             "auto: measure the model and the links, then choose replicas x pipeline stages, micro-batch and "
+             "accumulation, --zero, recompute, --backend and --bucket-mb for the global batch (the fastest layout "
+             "predicted to fit --max-memory); given: the flags as given",
+             o.layout_auto ? "auto" : "given", {"given", "auto"},
+             [&o](const std::string& v) { o.layout_auto = v == "auto"; });
+  app.add_option(
+      "--link-calibration", o.link_calibration,
+      "with --layout auto: the link model from this file (ringtrain_plan --save-link) instead of measuring it");
 }
 
 void add_output_flags(CLI::App& app, TrainerOptions& o) {

@@ -147,6 +147,7 @@ json TrainerOptions::to_json() const {
   // How the model is spread over the ranks and what it keeps, not what it computes: recorded, and
   // changeable on resume.
   if (recompute) j["recompute"] = true;
+  if (layout_auto) j["layout"] = "auto";
   if (pipeline_stages > 1)
     j["pipeline"] = {{"stages", pipeline_stages},
                      {"split", pipeline_split},
@@ -253,6 +254,16 @@ void validate_options(const TrainerOptions& o) {
   RT_CHECK(o.max_memory == 0 || o.pipeline_stages == 1, "--max-memory ", format_bytes(o.max_memory),
            " does not apply with --pipeline-stages ", o.pipeline_stages,
            ": the memory plan predicts one-stage runs only (--pipeline-balance memory balances the stages' memory)");
+  // --layout auto decides these; given by hand too, one of the two would be ignored.
+  if (o.layout_auto)
+    for (const auto& [given, flag] :
+         {std::pair{o.pipeline_stages != 1, "--pipeline-stages"},
+          std::pair{!o.pipeline_split.empty(), "--pipeline-split"}, std::pair{o.zero != 0, "--zero"},
+          std::pair{o.recompute, "--recompute"}, std::pair{o.pipeline_recompute, "--pipeline-recompute"}})
+      RT_CHECK(!given, "--layout auto chooses ", flag, " itself: drop ", flag, ", or give the whole layout by hand ",
+               "without --layout auto");
+  RT_CHECK(o.link_calibration.empty() || o.layout_auto, "--link-calibration ", o.link_calibration,
+           " is read by --layout auto only");
   if (o.device == DeviceChoice::Cpu)
     for (const auto& [given, flag] :
          {std::pair{!o.gpus.empty(), "--gpus"}, std::pair{o.allow_shared_gpu, "--allow-shared-gpu"},
@@ -274,6 +285,7 @@ json rank_agreement(const TrainerOptions& o) {
   j["pipeline_schedule"] = name_of(o.pipeline_schedule);
   j["pipeline_balance"] = name_of(o.pipeline_balance);
   j["pipeline_recompute"] = o.pipeline_recompute;
+  j["layout_auto"] = o.layout_auto;
   j["trace_steps"] = o.trace_steps;
   j["check"] = o.check;
   j["timeout"] = o.timeout;  // a watchdog of its own on some ranks but not others makes a collective differ

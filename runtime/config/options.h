@@ -99,6 +99,10 @@ struct TrainerOptions {
   PipelineSchedule pipeline_schedule = PipelineSchedule::OneFOneB;
   PipelineBalance pipeline_balance = PipelineBalance::Time;
   bool pipeline_recompute = false;  // stages keep only their inputs and recompute the forward in backward
+  // ---- the layout (runtime/layout/layout_probe.h): --layout auto chooses replicas x stages, the micro-batch
+  // and accumulation, ZeRO-1, recompute, the backend and the bucket size for the global batch, measured first
+  bool layout_auto = false;
+  std::string link_calibration;  // a link model file (ringtrain_plan --save-link) instead of measuring it
   // ---- outputs and cadence
   std::string checkpoint_dir;       // empty: no checkpoints
   int64_t checkpoint_every = 0;     // optimizer steps between checkpoints (0: end of every epoch)

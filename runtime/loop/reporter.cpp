@@ -20,7 +20,7 @@ namespace ringtrain::runtime {
 using json = nlohmann::json;
 
 Reporter::Reporter(const comm::World& world, const TrainerOptions& o, Device device, const RunPlan& plan,
-                   size_t gradient_buckets, json pipeline, json memory)
+                   size_t gradient_buckets, json pipeline, json memory, json layout)
     : world_(world),
       o_(o),
       device_(device),
@@ -31,6 +31,7 @@ Reporter::Reporter(const comm::World& world, const TrainerOptions& o, Device dev
       timer_(gradient_buckets),
       pipeline_(std::move(pipeline)),
       memory_(std::move(memory)),
+      layout_(std::move(layout)),
       loss_rank_(pipeline_.is_null() ? 0 : (pipeline_["stages"].get<int>() - 1) * pipeline_["replicas"].get<int>()) {}
 
 std::string ranks_by_host(const std::vector<std::string>& hosts) {
@@ -117,6 +118,7 @@ void Reporter::announce(const Replica& replica, int threads, const Cursor& at, c
     record["cpu_half_path"] = {{"path", h.path}, {"why", h.why}, {"cpu_features", cpu_features().names()}};
   }
   if (!pipeline_.is_null()) record["pipeline"] = pipeline_;
+  if (!layout_.is_null()) record["layout"] = layout_;
   if (!memory_.is_null()) {
     const json& by_rank = memory_["predicted_peak_mem_bytes_by_rank"];
     record["predicted_peak_mem_bytes"] = *std::max_element(by_rank.begin(), by_rank.end());

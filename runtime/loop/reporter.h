@@ -31,7 +31,8 @@ class Reporter {
   // Collective (rank 0 decides on the bar; GPU telemetry). An unwritable --log-jsonl is an error naming it.
   // `pipeline`: Pipeline::plan() with --pipeline-stages (the plan record's "pipeline"), else null.
   Reporter(const comm::World& world, const TrainerOptions& o, Device device, const RunPlan& plan,
-           size_t gradient_buckets, nlohmann::json pipeline = nullptr, nlohmann::json memory = nullptr);
+           size_t gradient_buckets, nlohmann::json pipeline = nullptr, nlohmann::json memory = nullptr,
+           nlohmann::json layout = nullptr);
 
   bool bar() const { return bar_; }
   StepTimer& timer() { return timer_; }
@@ -81,6 +82,7 @@ class Reporter {
   StepTimer timer_;
   nlohmann::json pipeline_;
   nlohmann::json memory_;  // the memory plan (runtime/memory/memory_plan.h), null when not predicted
+  nlohmann::json layout_;  // --layout auto's plan (runtime/layout/layout_plan.h), null without
   int loss_rank_ = 0;      // whose losses the closing line shows: the last pipeline stage's first replica
   double interval_loss_ = 0, interval_weight_ = 0, last_loss_ = 0;
   std::optional<double> grad_norm_;  // of the last step taken (with --clip-grad-norm)

@@ -30,6 +30,7 @@
 #include "runtime/cluster/gpu_choice.h"
 #include "runtime/cluster/preflight.h"
 #include "runtime/config/plan.h"
+#include "runtime/layout/layout_probe.h"
 #include "runtime/loop/reporter.h"
 #include "runtime/memory/memory_budget.h"
 #include "runtime/memory/memory_plan.h"
@@ -165,7 +166,7 @@ namespace {
 class Run {
  public:
   Run(comm::World& world, const TrainerOptions& o, const PipelineLayout& layout, Device device, int threads,
-      Watchdog& dog, FolderLock* lock, Module& model, DataSource& data, StepFn step_fn, json memory)
+      Watchdog& dog, FolderLock* lock, Module& model, DataSource& data, StepFn step_fn, json memory, json layout_plan)
       : world_(world),
         o_(o),
         device_(device),
@@ -182,7 +183,8 @@ class Run {
         inject_(FaultInjection::from_env()),
         sampler_(sampler_options(o, data.info(), layout.replica, layout.replicas)),
         trace_(o.trace, o.trace_steps),
-        memory_(std::move(memory)) {}
+        memory_(std::move(memory)),
+        layout_plan_(std::move(layout_plan)) {}
 
   TrainResult run();
 
@@ -243,7 +245,8 @@ class Run {
   std::unique_ptr<Replica> replica_;
   std::unique_ptr<Reporter> reporter_;
   Trace trace_;
-  const json memory_;  // the memory plan's prediction (the plan record's), null with --pipeline-stages
+  const json memory_;       // the memory plan's prediction (the plan record's), null with --pipeline-stages
+  const json layout_plan_;  // --layout auto's plan (the plan record's "layout"), null without
   // Where it started, set once by start(): what every checkpoint it writes records.
   std::string run_id_;                 // this run's identity
   bool steps_follow_position_ = true;  // false once a resume changed the global batch (TrainState)
@@ -336,7 +339,7 @@ Cursor Run::start() {
   }
   replica_ = std::make_unique<Replica>(world_, o_, device_, model_, step_fn_, from, scope);
   reporter_ = std::make_unique<Reporter>(world_, o_, device_, plan_, replica_->sync().buckets().size(),
-                                         pipeline_ ? pipeline_->plan() : json(), memory_);
+                                         pipeline_ ? pipeline_->plan() : json(), memory_, layout_plan_);
   tidy_folder(others, resumed);
   if (!resumed) return Cursor{};
   resumed_from_ = resumed->path;
@@ -625,7 +628,15 @@ TrainResult Trainer::fit(Module& model, DataSource& data, const StepFn& step_fn)
   } pause{*watchdog_};
   model.to(device_);
   model.train();
-  if (options_.recompute) {
+  // The options as this run resolves them: --layout auto chooses the layout, -b auto and --global-batch
+  // become a batch and an accumulation.
+  TrainerOptions o = options_;
+  json layout;
+  if (o.layout_auto) {
+    layout = choose_layout(world_, o, device_, *watchdog_, model, data, step_fn);
+    layout_ = permanent_errors([&] { return PipelineLayout::of(world_.rank(), world_.size(), o.pipeline_stages); });
+  }
+  if (o.recompute) {
     const size_t blocks = permanent_errors([&] { return model.blocks().size(); });
     const int marked = permanent_errors([&] {
       const int n = recompute_blocks(model);
@@ -640,10 +651,9 @@ TrainResult Trainer::fit(Module& model, DataSource& data, const StepFn& step_fn)
           "backward; the last runs plain\n",
           marked, blocks);
   }
-  // The options as this run resolves them: -b auto and --global-batch become a batch and an accumulation.
-  TrainerOptions o = options_;
   json memory = plan_memory(world_, o, device_, *watchdog_, model, data, step_fn);
-  Run run(world_, o, layout_, device_, threads_, *watchdog_, lock_.get(), model, data, step_fn, std::move(memory));
+  Run run(world_, o, layout_, device_, threads_, *watchdog_, lock_.get(), model, data, step_fn, std::move(memory),
+          std::move(layout));
   return run.run();
 }
 

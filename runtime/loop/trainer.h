@@ -30,6 +30,7 @@
 #include "runtime/cluster/watchdog.h"
 #include "runtime/config/data_source.h"
 #include "runtime/config/options.h"
+#include "runtime/layout/layout_probe.h"
 #include "runtime/pipeline/pipeline_plan.h"
 #include "runtime/types.h"
 
@@ -51,8 +52,8 @@ class Trainer {
   const TrainerOptions& options() const { return options_; }
   Watchdog& watchdog() { return *watchdog_; }
   // Where this rank sits with --pipeline-stages (one stage of one replica; without stages, the world's
-  // rank of world-size replicas). Data sources read their part from the sampler fit() gives them, never
-  // from this.
+  // rank of world-size replicas). With --layout auto, fit() decides it: data sources read their part from
+  // the sampler fit() gives them, never from this.
   const PipelineLayout& layout() const { return layout_; }
 
   // Collective. Moves the model to device(), trains it on `data` and returns the figures rank 0 printed.

@@ -34,7 +34,8 @@ declare -A area_allowed=(
   [step]="cluster config checkpoint step"
   [memory]="cluster config step memory"
   [pipeline]="cluster config telemetry step pipeline"
-  [loop]="cluster config telemetry checkpoint step memory pipeline loop"
+  [layout]="cluster config telemetry step memory pipeline layout"
+  [loop]="cluster config telemetry checkpoint step memory pipeline layout loop"
   [tools]="tools"
 )
 for area in "${!area_allowed[@]}"; do

@@ -1,0 +1,592 @@
+// runtime/layout/layout_plan.cpp: the layouts, their predicted cost, the choice (layout_plan.h).
+#include "runtime/layout/layout_plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cctype>
+#include <cstdio>
+#include <cstdlib>
+#include <set>
+
+#include "core/allocator.h"
+#include "core/check.h"
+
+namespace ringtrain::runtime {
+
+using json = nlohmann::json;
+
+namespace {
+
+double positive(const json& j, const char* key, const std::string& where) {
+  RT_CHECK(j.is_object() && j.contains(key) && j[key].is_number(), where, ": key '", key,
+           "' is missing or not a number");
+  const double v = j[key].get<double>();
+  RT_CHECK(std::isfinite(v) && v > 0, where, ": key '", key, "' must be a positive number, got ", v);
+  return v;
+}
+
+double ms(double s) { return 1e3 * s; }
+
+// GradSync's buckets (comm/grad_sync.cpp), block by block in backward's order: a first bucket of 1 MB so
+// communication starts early, then bucket_mb each. Each entry: the bucket's bytes and the last block (in
+// backward order, an index into `order`) whose gradients it holds.
+struct Bucket {
+  int64_t bytes = 0;
+  size_t ready_after = 0;
+};
+std::vector<Bucket> buckets_of(const std::vector<int64_t>& bytes_backward_order, double bucket_mb) {
+  std::vector<Bucket> out;
+  for (size_t i = 0; i < bytes_backward_order.size(); ++i) {
+    const int64_t b = bytes_backward_order[i];
+    if (b == 0) continue;
+    const double cap_mb = out.size() == 1 ? 1.0 : bucket_mb;  // the bucket being filled: the first is 1 MB
+    if (out.empty() || out.back().bytes + b > static_cast<int64_t>(cap_mb * 1024 * 1024)) out.push_back({});
+    out.back().bytes += b;
+    out.back().ready_after = i;
+  }
+  return out;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------------
+// The link
+
+json LinkModel::to_json() const {
+  return {{"alpha_intra_s", alpha_intra},
+          {"bw_intra_bytes_per_s", bw_intra},
+          {"alpha_inter_s", alpha_inter},
+          {"bw_inter_bytes_per_s", bw_inter},
+          {"source", source}};
+}
+
+LinkModel LinkModel::from_json(const json& j, const std::string& where) {
+  LinkModel l;
+  l.alpha_intra = positive(j, "alpha_intra_s", where);
+  l.bw_intra = positive(j, "bw_intra_bytes_per_s", where);
+  l.alpha_inter = positive(j, "alpha_inter_s", where);
+  l.bw_inter = positive(j, "bw_inter_bytes_per_s", where);
+  l.source = where;
+  return l;
+}
+
+namespace {
+// `text` as a positive number followed by one of `units` (lower case, longest first); the unit's factor.
+double with_unit(const std::string& text, const std::string& flag, const std::vector<std::pair<std::string, double>>& units,
+                 const char* takes) {
+  std::string lower;
+  for (char ch : text) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  for (const auto& [unit, factor] : units) {
+    if (lower.size() <= unit.size() || lower.compare(lower.size() - unit.size(), unit.size(), unit) != 0) continue;
+    const std::string number = lower.substr(0, lower.size() - unit.size());
+    char* end = nullptr;
+    const double v = std::strtod(number.c_str(), &end);
+    if (end == number.c_str() + number.size() && std::isfinite(v) && v > 0) return v * factor;
+    break;
+  }
+  RT_THROW(flag, ": expected ", takes, ", got '", text, "'");
+}
+}  // namespace
+
+double parse_link_rate(const std::string& text, const std::string& flag) {
+  static const std::vector<std::pair<std::string, double>> units = [] {
+    std::vector<std::pair<std::string, double>> u;
+    const std::pair<const char*, double> prefixes[] = {{"t", 1e12}, {"g", 1e9}, {"m", 1e6}, {"k", 1e3}, {"", 1}};
+    for (const char* tail : {"bit/s", "bits/s", "bps", "bits", "bit"})
+      for (const auto& [p, f] : prefixes) u.push_back({std::string(p) + tail, f / 8});
+    for (const auto& [p, f] : prefixes) u.push_back({std::string(p) + "b/s", f});
+    std::stable_sort(u.begin(), u.end(), [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
+    return u;
+  }();
+  return with_unit(text, flag, units, "a link rate such as 100Gbit, 25Gbps or 10GB/s");
+}
+
+double parse_latency(const std::string& text, const std::string& flag) {
+  return with_unit(text, flag, {{"ns", 1e-9}, {"us", 1e-6}, {"ms", 1e-3}, {"s", 1}},
+                   "a latency such as 20us, 0.1ms or 5e-6s");
+}
+
+namespace {
+double ring_seconds(double alpha, double bw, double bytes, int n) {
+  if (n <= 1 || bytes <= 0) return 0;
+  return 2.0 * (n - 1) * (alpha + bytes / n / bw);
+}
+}  // namespace
+
+double allreduce_seconds(const LinkModel& link, comm::Backend backend, int64_t bytes, int n, int per_host) {
+  RT_CHECK(n >= 1 && per_host >= 1 && per_host <= n, "allreduce_seconds: ", n, " ranks, ", per_host, " per host");
+  if (n == 1 || bytes <= 0) return 0;
+  const int hosts = (n + per_host - 1) / per_host;
+  const auto b = static_cast<double>(bytes);
+  if (hosts == 1) return ring_seconds(link.alpha_intra, link.bw_intra, b, n);
+  if (backend == comm::Backend::Ring || backend == comm::Backend::Mpi || per_host == 1)
+    return ring_seconds(link.alpha_inter, link.bw_inter, b, n);
+  // Inside the host (reduce-scatter + all-gather: one ring all-reduce's traffic), then each of the
+  // per_host slices across the hosts at once, through the one link the host has.
+  return ring_seconds(link.alpha_intra, link.bw_intra, b, per_host) +
+         2.0 * (hosts - 1) * (link.alpha_inter + b / hosts / link.bw_inter);
+}
+
+double half_allreduce_seconds(const LinkModel& link, comm::Backend backend, int64_t bytes, int n, int per_host) {
+  return allreduce_seconds(link, backend, bytes, n, per_host) / 2;
+}
+
+double p2p_seconds(const LinkModel& link, int64_t bytes, bool across_hosts) {
+  if (bytes <= 0) return 0;
+  return across_hosts ? link.alpha_inter + static_cast<double>(bytes) / link.bw_inter
+                      : link.alpha_intra + static_cast<double>(bytes) / link.bw_intra;
+}
+
+std::pair<double, double> fit_ring(const std::vector<std::pair<int64_t, double>>& samples, int n) {
+  RT_CHECK(n >= 2, "fit_ring: a ring of ", n, " ranks has no hops");
+  std::set<int64_t> sizes;
+  for (const auto& [b, t] : samples) {
+    RT_CHECK(b > 0 && std::isfinite(t) && t > 0, "fit_ring: a sample of ", b, " bytes in ", t, " s");
+    sizes.insert(b);
+  }
+  RT_CHECK(sizes.size() >= 2, "fit_ring: needs two message sizes or more, got ", sizes.size());
+  // t = x0 * 2(n-1) + x1 * 2(n-1)/n * B, weighted by 1/t (relative error): normal equations of 2 unknowns.
+  double a00 = 0, a01 = 0, a11 = 0, r0 = 0, r1 = 0;
+  for (const auto& [b, t] : samples) {
+    const double u = 2.0 * (n - 1) / t, v = 2.0 * (n - 1) / n * static_cast<double>(b) / t;
+    a00 += u * u, a01 += u * v, a11 += v * v, r0 += u, r1 += v;  // target t / t = 1
+  }
+  const double det = a00 * a11 - a01 * a01;
+  double alpha = 0, inv_bw = 0;
+  if (std::abs(det) > 1e-300) {
+    alpha = (r0 * a11 - r1 * a01) / det;
+    inv_bw = (a00 * r1 - a01 * r0) / det;
+  }
+  // Noise can tip either below zero: then the other alone, fitted to the largest size.
+  if (inv_bw <= 0 || alpha <= 0) {
+    const auto& [b, t] = *std::max_element(samples.begin(), samples.end());
+    alpha = std::max(alpha, 1e-7);
+    inv_bw = std::max(1e-15, (t / (2.0 * (n - 1)) - alpha) * n / static_cast<double>(b));
+  }
+  return {alpha, 1.0 / inv_bw};
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Compute
+
+namespace {
+double line_at(const double v[2], const int64_t batch[2], int64_t b) {
+  if (batch[1] == batch[0]) return v[0] * static_cast<double>(b) / static_cast<double>(std::max<int64_t>(1, batch[0]));
+  const double slope = std::max(0.0, (v[1] - v[0]) / static_cast<double>(batch[1] - batch[0]));
+  const double intercept = std::max(0.0, v[0] - slope * static_cast<double>(batch[0]));
+  return intercept + slope * static_cast<double>(b);
+}
+}  // namespace
+
+double ComputeProfile::forward(size_t block, int64_t b) const { return line_at(blocks.at(block).forward, batch, b); }
+double ComputeProfile::backward(size_t block, int64_t b) const { return line_at(blocks.at(block).backward, batch, b); }
+int64_t ComputeProfile::param_bytes() const {
+  int64_t s = 0;
+  for (const auto& b : blocks) s += b.param_bytes;
+  return s;
+}
+
+json ComputeProfile::to_json() const {
+  json bl = json::array();
+  for (const auto& b : blocks)
+    bl.push_back({{"name", b.name},
+                  {"forward_s", {b.forward[0], b.forward[1]}},
+                  {"backward_s", {b.backward[0], b.backward[1]}},
+                  {"param_bytes", b.param_bytes},
+                  {"output_bytes_per_image", b.output_bytes_per_image},
+                  {"recomputable", b.recomputable}});
+  return {{"batch", {batch[0], batch[1]}},
+          {"blocks", bl},
+          {"optimizer_s_per_byte", optimizer_seconds_per_byte},
+          {"source", source}};
+}
+
+ComputeProfile ComputeProfile::from_json(const json& j, const std::string& where) {
+  ComputeProfile p;
+  try {
+    const auto batch = j.at("batch").get<std::vector<int64_t>>();
+    RT_CHECK(batch.size() == 2 && batch[0] >= 1 && batch[1] > batch[0], where, ": key 'batch' must be two sizes, ",
+             "the second larger");
+    p.batch[0] = batch[0], p.batch[1] = batch[1];
+    for (const json& b : j.at("blocks")) {
+      BlockProfile bp;
+      bp.name = b.at("name").get<std::string>();
+      const auto f = b.at("forward_s").get<std::vector<double>>(), g = b.at("backward_s").get<std::vector<double>>();
+      RT_CHECK(f.size() == 2 && g.size() == 2, where, ": block ", bp.name, ": forward_s and backward_s take 2 values");
+      for (int i = 0; i < 2; ++i) {
+        RT_CHECK(std::isfinite(f[i]) && f[i] >= 0 && std::isfinite(g[i]) && g[i] >= 0, where, ": block ", bp.name,
+                 ": a time is negative or not finite");
+        bp.forward[i] = f[i], bp.backward[i] = g[i];
+      }
+      bp.param_bytes = b.at("param_bytes").get<int64_t>();
+      bp.output_bytes_per_image = b.at("output_bytes_per_image").get<int64_t>();
+      bp.recomputable = b.at("recomputable").get<bool>();
+      p.blocks.push_back(bp);
+    }
+    RT_CHECK(!p.blocks.empty(), where, ": key 'blocks' is empty");
+    p.optimizer_seconds_per_byte = j.at("optimizer_s_per_byte").get<double>();
+    p.source = j.value("source", where);
+  } catch (const json::exception& e) {
+    RT_THROW(where, ": not a compute profile (", e.what(), ")");
+  }
+  return p;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Layouts
+
+const char* name_of(RecomputeChoice r) {
+  switch (r) {
+    case RecomputeChoice::Off: return "off";
+    case RecomputeChoice::Blocks: return "blocks";
+    case RecomputeChoice::Pipeline: return "pipeline";
+  }
+  return "?";
+}
+
+std::string Layout::flags() const {
+  std::string s = detail::str_cat("-b ", batch, " --accum-steps ", accum);
+  if (stages > 1) s += detail::str_cat(" --pipeline-stages ", stages, " --pipeline-split ", split_text(split));
+  if (zero) s += " --zero 1";
+  if (recompute == RecomputeChoice::Blocks) s += " --recompute";
+  if (recompute == RecomputeChoice::Pipeline) s += " --pipeline-recompute";
+  if (replicas > 1) s += detail::str_cat(" --backend ", comm::backend_name(backend), " --bucket-mb ", bucket_mb);
+  return s;
+}
+
+std::string Layout::short_text() const {
+  std::string s = detail::str_cat("D", replicas, " x S", stages, " b", batch, "x", accum);
+  if (zero) s += " zero1";
+  if (recompute != RecomputeChoice::Off) s += detail::str_cat(" recompute:", name_of(recompute));
+  if (replicas > 1) s += detail::str_cat(" ", comm::backend_name(backend), "/", bucket_mb, "MB");
+  return s;
+}
+
+void Layout::apply(TrainerOptions& o) const {
+  o.batch = batch;
+  o.accum = accum;
+  o.global_batch = 0;
+  o.zero = zero;
+  o.recompute = recompute == RecomputeChoice::Blocks;
+  o.pipeline_recompute = recompute == RecomputeChoice::Pipeline;
+  o.pipeline_stages = stages;
+  o.pipeline_split = stages > 1 ? split_text(split) : "";
+  if (replicas > 1) o.backend = backend;
+  o.bucket_mb = bucket_mb;
+}
+
+json Layout::to_json() const {
+  json j = {{"replicas", replicas}, {"stages", stages},      {"batch", batch},
+            {"accum", accum},       {"zero", zero},          {"recompute", name_of(recompute)},
+            {"backend", comm::backend_name(backend)},        {"bucket_mb", bucket_mb},
+            {"flags", flags()}};
+  if (stages > 1) j["split"] = split_text(split);
+  return j;
+}
+
+json LayoutCost::to_json() const {
+  return {{"step_s", step},         {"compute_s", compute}, {"bubble_s", bubble},   {"comm_s", comm},
+          {"optimizer_s", optimizer}, {"comm_share", comm_share()}, {"peak_bytes", peak}, {"fits", fits}};
+}
+
+std::vector<comm::Backend> backends_for(const WorldShape& w) {
+  if (w.cuda) return {comm::Backend::Nccl};
+  std::vector<comm::Backend> out{comm::Backend::Ring};
+  if (w.hosts > 1 && w.ranks_per_host > 1) out.push_back(comm::Backend::Hierarchical);
+  return out;
+}
+
+namespace {
+
+// The ranks of a stage's group (consecutive, stage-major) and how they sit on hosts.
+int per_host_of(const WorldShape& w, int replicas) { return std::min(replicas, w.ranks_per_host); }
+bool stage_link_crosses(const WorldShape& w, int replicas, int stage) {
+  for (int j = 0; j < replicas; ++j) {
+    const int a = stage * replicas + j, b = a + replicas;
+    if (a / w.ranks_per_host != b / w.ranks_per_host) return true;
+  }
+  return false;
+}
+
+// Blocks [begin, end) backward: exposed seconds of their gradients' sync beyond the backward `window` they
+// overlap, and the time the sync takes in all.
+double exposed_sync(const PlanInput& in, const Layout& l, const std::vector<double>& backward_seconds,
+                    const std::vector<int64_t>& grad_bytes) {
+  if (l.replicas <= 1) return 0;
+  const std::vector<Bucket> buckets = buckets_of(grad_bytes, l.bucket_mb);
+  const int per_host = per_host_of(in.world, l.replicas);
+  const double wire = in.options.compression == comm::Compression::None ? 1.0 : 0.5;
+  double t = 0, end = 0, window = 0;
+  std::vector<double> ready(backward_seconds.size());
+  for (size_t i = 0; i < backward_seconds.size(); ++i) ready[i] = (window += backward_seconds[i]);
+  for (const Bucket& b : buckets) {
+    const auto bytes = static_cast<int64_t>(static_cast<double>(b.bytes) * wire);
+    const double c = l.zero ? half_allreduce_seconds(in.link, l.backend, bytes, l.replicas, per_host)
+                            : allreduce_seconds(in.link, l.backend, bytes, l.replicas, per_host);
+    t = std::max(ready[b.ready_after], end);
+    end = t + c;
+  }
+  return std::max(0.0, end - window);
+}
+
+// Peak per rank: the memory plan's arithmetic (memory_plan.h) for this layout's options; a pipeline stage
+// holds 1/S of the state, and with --pipeline-recompute the activations of one micro-batch of its blocks
+// plus the stage inputs of the micro-batches in flight.
+MemoryPrediction predict_memory(const PlanInput& in, const Layout& l) {
+  TrainerOptions v = in.options;
+  l.apply(v);
+  MemoryFacts f = in.facts;
+  if (l.recompute == RecomputeChoice::Blocks && in.recompute_curve) f.curve = *in.recompute_curve;
+  MemoryPrediction p = predict_peak(v, f, in.world.size());
+  if (l.recompute == RecomputeChoice::Pipeline) {
+    int64_t boundary = 0;
+    for (size_t s = 1; s < l.split.size() - 1; ++s)
+      boundary = std::max(boundary, in.compute.blocks[static_cast<size_t>(l.split[s] - 1)].output_bytes_per_image);
+    const int64_t act = f.curve.fixed + f.curve.per_image * l.batch / l.stages + l.stages * l.batch * boundary;
+    p.total -= p.activations;
+    p.activations = std::min(p.activations, act);
+    p.total += p.activations;
+  }
+  return p;
+}
+
+}  // namespace
+
+LayoutCost predict_layout(const PlanInput& in, const Layout& l) {
+  const ComputeProfile& c = in.compute;
+  const size_t n = c.blocks.size();
+  RT_CHECK(n > 0, "the layout plan: no block was measured");
+  LayoutCost cost;
+  cost.memory = predict_memory(in, l);
+  cost.peak = cost.memory.total;
+  cost.fits = in.budget <= 0 || fits(cost.peak, in.budget);
+  const double opt_per_byte = c.optimizer_seconds_per_byte;
+  if (l.stages == 1) {
+    double fwd = 0;
+    std::vector<double> back(n);
+    std::vector<int64_t> bytes(n);
+    for (size_t k = 0; k < n; ++k) {  // backward order: the last block first
+      const size_t i = n - 1 - k;
+      const double f = c.forward(i, l.batch);
+      fwd += f;
+      back[k] = c.backward(i, l.batch) + (l.recompute == RecomputeChoice::Blocks && c.blocks[i].recomputable ? f : 0);
+      bytes[k] = c.blocks[i].param_bytes;
+    }
+    double bwd = 0;
+    for (double b : back) bwd += b;
+    cost.compute = static_cast<double>(l.accum) * (fwd + bwd);
+    cost.comm = exposed_sync(in, l, back, bytes);
+    const int64_t params = c.param_bytes();
+    cost.optimizer = opt_per_byte * static_cast<double>(params) / (l.zero ? l.replicas : 1);
+    if (l.zero && l.replicas > 1)  // the weights' all-gather, under the next step's forward
+      cost.comm += std::max(0.0, half_allreduce_seconds(in.link, l.backend, params, l.replicas,
+                                                        per_host_of(in.world, l.replicas)) -
+                                     fwd);
+  } else {
+    const auto S = static_cast<size_t>(l.stages);
+    std::vector<double> stage(S, 0);
+    double worst_tail = 0, sum = 0, worst = 0, sends = 0, worst_send = 0;
+    for (size_t s = 0; s < S; ++s) {
+      const auto begin = static_cast<size_t>(l.split[s]), end = static_cast<size_t>(l.split[s + 1]);
+      double fwd = 0;
+      std::vector<double> back;
+      std::vector<int64_t> bytes;
+      int64_t params = 0;
+      for (size_t i = end; i-- > begin;) {
+        const double f = c.forward(i, l.batch);
+        fwd += f;
+        back.push_back(c.backward(i, l.batch));
+        bytes.push_back(c.blocks[i].param_bytes);
+        params += c.blocks[i].param_bytes;
+      }
+      double bwd = l.recompute == RecomputeChoice::Pipeline ? fwd : 0;
+      for (double b : back) bwd += b;
+      stage[s] = fwd + bwd;
+      double send = 0;
+      if (s + 1 < S)
+        send = p2p_seconds(in.link, c.blocks[end - 1].output_bytes_per_image * l.batch,
+                           stage_link_crosses(in.world, l.replicas, static_cast<int>(s)));
+      sends += 2 * send;
+      worst_send = std::max(worst_send, 2 * send);
+      sum += stage[s];
+      worst = std::max(worst, stage[s]);
+      const double tail = exposed_sync(in, l, back, bytes) + opt_per_byte * static_cast<double>(params);
+      worst_tail = std::max(worst_tail, tail);
+      cost.optimizer = std::max(cost.optimizer, opt_per_byte * static_cast<double>(params));
+    }
+    cost.compute = static_cast<double>(l.accum) * worst;
+    // Filling and draining: every stage once beside the slowest, and the sends along the way; each
+    // steady micro-batch waits for the slowest link's send and its gradient's.
+    cost.bubble = (sum - worst) + sends + static_cast<double>(l.accum - 1) * worst_send;
+    cost.comm = worst_tail - cost.optimizer;
+  }
+  cost.step = cost.compute + cost.bubble + cost.comm + cost.optimizer;
+  return cost;
+}
+
+std::vector<Layout> enumerate_layouts(const PlanInput& in, std::vector<std::string>* skipped) {
+  const int world = in.world.size();
+  const int64_t G = in.global_batch;
+  RT_CHECK(world >= 1 && G >= 1, "the layout plan: a global batch of ", G, " over ", world, " ranks");
+  const int blocks = static_cast<int>(in.compute.blocks.size());
+  std::vector<std::string> reasons;
+  auto skip = [&](std::string why) { reasons.push_back(std::move(why)); };
+  std::vector<Layout> out;
+  for (int S = 1; S <= world; ++S) {
+    if (world % S != 0) continue;
+    if (S > 1 && (S > blocks || S > in.max_stages)) {
+      skip(detail::str_cat(S, " stages: ",
+                           S > blocks ? detail::str_cat("the model has ", blocks, " blocks")
+                                      : std::string(in.max_stages <= 1 ? "a custom step function sees the whole model"
+                                                                        : "more stages than the planner considers")));
+      continue;
+    }
+    const int D = world / S;
+    if (G % D != 0) {
+      skip(detail::str_cat(S, " stage", S > 1 ? "s" : "", ": the global batch ", G, " is not a multiple of its ", D,
+                           " replicas"));
+      continue;
+    }
+    const int64_t per = G / D;
+    std::vector<int64_t> accums;
+    for (int64_t m : S == 1 ? std::vector<int64_t>{1, 2, 4} : std::vector<int64_t>{S, 2 * S, 4 * S})
+      if (per % m == 0) accums.push_back(m);
+    if (accums.empty()) {
+      skip(detail::str_cat(S, " stages: ", per, " images per replica cannot make ", S, " micro-batches"));
+      continue;
+    }
+    std::vector<int> zeros{0};
+    if (S == 1 && D > 1 && in.options.compression == comm::Compression::None) zeros.push_back(1);
+    std::vector<comm::Backend> backends{in.backends.empty() ? comm::Backend::Ring : in.backends.front()};
+    std::vector<double> buckets{in.options.bucket_mb};
+    if (D > 1) {
+      backends = in.backends.empty() ? std::vector<comm::Backend>{comm::Backend::Ring} : in.backends;
+      // Bucket sizes that make other buckets than the first size (a small model is one bucket either way).
+      buckets.clear();
+      std::set<size_t> counts;
+      std::vector<int64_t> bytes;
+      for (size_t i = in.compute.blocks.size(); i-- > 0;) bytes.push_back(in.compute.blocks[i].param_bytes);
+      for (double mb : in.bucket_mbs)
+        if (counts.insert(buckets_of(bytes, mb).size()).second) buckets.push_back(mb);
+    }
+    auto add_all = [&](int64_t m) {
+      bool plain_fits = false;
+      for (int z : zeros)
+        for (comm::Backend be : backends)
+          for (double mb : buckets) {
+            Layout l;
+            l.stages = S, l.replicas = D, l.batch = per / m, l.accum = m, l.zero = z, l.backend = be, l.bucket_mb = mb;
+            if (S > 1) {
+              std::vector<BlockCost> costs;
+              for (size_t i = 0; i < in.compute.blocks.size(); ++i)
+                costs.push_back({in.compute.blocks[i].name, in.compute.forward(i, l.batch) + in.compute.backward(i, l.batch)});
+              l.split = balance_time(costs, S);
+            }
+            const bool f = predict_layout(in, l).fits;
+            plain_fits = plain_fits || f;
+            out.push_back(l);
+            const bool can = S > 1 || in.recompute_curve.has_value();
+            if (!f && can) {
+              Layout r = l;
+              r.recompute = S > 1 ? RecomputeChoice::Pipeline : RecomputeChoice::Blocks;
+              out.push_back(r);
+            }
+          }
+      return plain_fits;
+    };
+    bool any = false;
+    for (int64_t m : accums) any = add_all(m) || any;
+    if (!any && S == 1) {
+      // More accumulation, a smaller micro-batch, until one fits or the micro-batch is one image.
+      for (int64_t m = accums.back() * 2; m <= per; m *= 2)
+        if (per % m == 0 && add_all(m)) break;
+    }
+    if (S == 1 && in.recompute_curve)
+      skip("recompute (--recompute) where the same layout fits without it: it runs every block's forward twice");
+    if (S > 1) skip(detail::str_cat(S, " stages: --pipeline-recompute where the stage fits without it"));
+  }
+  if (out.empty()) {
+    std::string why;
+    for (const auto& r : reasons)
+      if (r.find("recompute") == std::string::npos) why += (why.empty() ? "" : "; ") + r;
+    RT_THROW_PERMANENT("--layout auto: the global batch ", G, " cannot be split over the world of ", world, " ranks (",
+                       why, "); give a --global-batch that the rank count divides");
+  }
+  if (skipped) skipped->insert(skipped->end(), reasons.begin(), reasons.end());
+  return out;
+}
+
+LayoutPlan plan_layouts(const PlanInput& in) {
+  LayoutPlan plan;
+  plan.global_batch = in.global_batch;
+  for (const Layout& l : enumerate_layouts(in, &plan.skipped)) plan.layouts.push_back({l, predict_layout(in, l), ""});
+  std::stable_sort(plan.layouts.begin(), plan.layouts.end(), [](const PlannedLayout& a, const PlannedLayout& b) {
+    if (a.cost.fits != b.cost.fits) return a.cost.fits;
+    return a.cost.fits ? a.cost.step < b.cost.step : a.cost.peak < b.cost.peak;
+  });
+  const PlannedLayout& best = plan.layouts.front();
+  if (!best.cost.fits)
+    RT_THROW_PERMANENT("--layout auto: no layout of the ", plan.layouts.size(), " considered fits the budget of ",
+                       format_bytes(in.budget), " a rank (", in.budget_source,
+                       ", less 5% to spare); the smallest predicted peak is ", best.cost.memory.str(), " with ",
+                       best.layout.flags(), ". Raise --max-memory, or use a smaller --global-batch");
+  for (size_t i = 1; i < plan.layouts.size(); ++i) {
+    PlannedLayout& p = plan.layouts[i];
+    if (!p.cost.fits) {
+      p.why_not = detail::str_cat("does not fit: ", format_bytes(p.cost.peak), " over the budget of ",
+                                  format_bytes(in.budget), " less 5%");
+      continue;
+    }
+    std::string parts;
+    auto part = [&](const char* what, double mine, double theirs) {
+      const double d = mine - theirs;
+      if (std::abs(d) >= 0.0005 * best.cost.step || std::abs(d) >= 1e-4)
+        parts += detail::str_cat(parts.empty() ? "" : ", ", what, " ", d >= 0 ? "+" : "", std::lround(ms(d) * 10) / 10.0,
+                                 " ms");
+    };
+    part("compute", p.cost.compute, best.cost.compute);
+    part("bubble", p.cost.bubble, best.cost.bubble);
+    part("comm", p.cost.comm, best.cost.comm);
+    part("optimizer", p.cost.optimizer, best.cost.optimizer);
+    const double pct = 100 * (p.cost.step / best.cost.step - 1);
+    p.why_not = detail::str_cat("slower by ", std::lround(pct * 10) / 10.0, "%", parts.empty() ? "" : ": " + parts);
+  }
+  return plan;
+}
+
+std::string LayoutPlan::table(size_t best) const {
+  std::string s;
+  char line[512];
+  std::snprintf(line, sizeof line, "  %-3s %-44s %10s %9s %11s %6s\n", "#", "layout", "step", "img/s", "peak/rank",
+                "comm");
+  s += line;
+  for (size_t i = 0; i < layouts.size(); ++i) {
+    const PlannedLayout& p = layouts[i];
+    const double ips = p.cost.step > 0 ? static_cast<double>(global_batch) / p.cost.step : 0;
+    if (i < best || i == 0) {
+      std::snprintf(line, sizeof line, "  %-3zu %-44s %8.1fms %9.1f %11s %5.1f%%%s\n", i + 1,
+                    p.layout.short_text().c_str(), ms(p.cost.step), ips, format_bytes(p.cost.peak).c_str(),
+                    100 * p.cost.comm_share(), i == 0 ? "  <- chosen" : "");
+      s += line;
+      if (i > 0) s += "        " + p.why_not + "\n";
+    } else {
+      s += detail::str_cat("  ", i + 1, "   ", p.layout.short_text(), ": ", p.why_not, "\n");
+    }
+  }
+  for (const std::string& k : skipped) s += "  not considered: " + k + "\n";
+  return s;
+}
+
+json LayoutPlan::to_json() const {
+  json all = json::array();
+  for (const PlannedLayout& p : layouts) {
+    json j = p.layout.to_json();
+    j["predicted"] = p.cost.to_json();
+    if (!p.why_not.empty()) j["why_not"] = p.why_not;
+    all.push_back(j);
+  }
+  return {{"global_batch", global_batch}, {"chosen", layouts.front().layout.to_json()},
+          {"predicted", layouts.front().cost.to_json()}, {"considered", all}, {"skipped", skipped}};
+}
+
+}  // namespace ringtrain::runtime

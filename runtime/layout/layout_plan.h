@@ -1,0 +1,174 @@
+// runtime/layout/layout_plan.h: the layout planner's decisions, as pure functions (no MPI, no model): which
+// layouts a global batch can be trained in on a world (data-parallel replicas x pipeline stages, the
+// micro-batch and accumulation, ZeRO-1, recompute, the all-reduce backend and bucket size), what each is
+// predicted to cost (peak memory per rank and step time), and which one runs.
+//
+//   PlanInput in{world, global_batch, options, compute, facts, ...};   // measured by layout_probe.h
+//   LayoutPlan plan = plan_layouts(in);          // every layout considered, the fitting ones fastest first
+//   plan.chosen().layout.apply(options);         // the run's flags
+//
+// The step time of a layout is built from what was measured:
+//   compute   every block's forward and backward at two micro-batch sizes (a line through them per block,
+//             never below zero, so a smaller micro-batch is never predicted faster per image than it was
+//             measured: no superlinear scaling), a recomputed block's forward once more;
+//   pipeline  1F1B/GPipe over S stages and M micro-batches: every stage's work once (filling and draining
+//             the pipe) plus M - 1 times the slowest stage's, with the activations and their gradients
+//             sent between stages over the link model;
+//   all-reduce  the gradient buckets (launch order, the last micro-batch's backward makes them ready) one at
+//             a time through the link model, what runs past that backward is exposed; ZeRO-1 reduce-scatters
+//             them, updates 1/D of the state and all-gathers the weights under the next forward;
+//   optimizer the measured update time per byte of parameters.
+// The link model is alpha-beta per hop, inside a host and between hosts (LinkModel): measured at start-up
+// (layout_probe.h), read from a calibration file, or given (ringtrain_plan --link).
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "runtime/config/options.h"
+#include "runtime/memory/memory_plan.h"
+#include "runtime/pipeline/pipeline_plan.h"
+
+namespace ringtrain::runtime {
+
+// Alpha-beta per hop: a message of B bytes over a hop takes alpha + B / bw seconds.
+struct LinkModel {
+  double alpha_intra = 5e-6, bw_intra = 4e9;     // between ranks of one host (shared memory, NVLink)
+  double alpha_inter = 30e-6, bw_inter = 1.25e8;  // between hosts (one direction of the host's link)
+  std::string source = "defaults";                // "measured at start-up", "--link 100Gbit", a file
+  nlohmann::json to_json() const;
+  // Errors name `where` (a file) and the key: missing, not a positive number.
+  static LinkModel from_json(const nlohmann::json& j, const std::string& where);
+};
+
+// The world a layout runs in: hosts x ranks per host, ranks numbered host by host.
+struct WorldShape {
+  int hosts = 1, ranks_per_host = 1;
+  bool cuda = false;
+  int size() const { return hosts * ranks_per_host; }
+};
+
+// A link's rate as people write it: a number and a unit, any case: bit, Kbit, Mbit, Gbit, Tbit (powers of
+// 1000 bits, "/s" or "ps" after them optional: 100Gbit, 25Gbps, 10Gbit/s) or B/s, KB/s, MB/s, GB/s (bytes).
+// Bytes per second; errors name `flag` and what it takes.
+double parse_link_rate(const std::string& text, const std::string& flag);
+// A latency: a number and s, ms, us or ns ("20us", "0.1ms"); seconds, errors name `flag`.
+double parse_latency(const std::string& text, const std::string& flag);
+
+// Seconds of collectives over a group of `n` consecutive ranks, `per_host` of them on each host they
+// span (all of them when the group is inside one host). Ring: 2(n-1) steps of B/n bytes, each as slow as
+// the slowest hop (a hop between hosts when the group spans several). Hierarchical: the ring inside the
+// host (reduce-scatter and all-gather), then across hosts each local rank's B/per_host slice, the host's
+// link shared by its ranks. NCCL is modelled as the hierarchical ring.
+double allreduce_seconds(const LinkModel& link, comm::Backend backend, int64_t bytes, int n, int per_host);
+// ZeRO-1's halves: a reduce-scatter or an all-gather is half an all-reduce.
+double half_allreduce_seconds(const LinkModel& link, comm::Backend backend, int64_t bytes, int n, int per_host);
+double p2p_seconds(const LinkModel& link, int64_t bytes, bool across_hosts);
+// Fits alpha and bw of a ring of n ranks to measured (bytes, seconds) pairs (least squares on relative
+// error, as scripts/scaling_model.py): {alpha, bw}, both clamped positive. Needs two sizes or more.
+std::pair<double, double> fit_ring(const std::vector<std::pair<int64_t, double>>& samples, int n);
+
+// One block measured at two micro-batch sizes.
+struct BlockProfile {
+  std::string name;
+  double forward[2] = {0, 0}, backward[2] = {0, 0};  // seconds at ComputeProfile::batch[0] and [1]
+  int64_t param_bytes = 0;
+  int64_t output_bytes_per_image = 0;  // what a stage starting after it receives
+  bool recomputable = false;           // --recompute reruns its forward in backward (all but the last)
+};
+
+struct ComputeProfile {
+  int64_t batch[2] = {0, 0};
+  std::vector<BlockProfile> blocks;
+  double optimizer_seconds_per_byte = 0;  // the optimizer's update, per byte of parameters
+  std::string source;                     // "measured on 2 ranks at 1 thread each"
+  // A block's forward / backward at micro-batch b: the line through the two measurements, its slope and
+  // its intercept never below zero.
+  double forward(size_t block, int64_t b) const;
+  double backward(size_t block, int64_t b) const;
+  int64_t param_bytes() const;
+  nlohmann::json to_json() const;
+  static ComputeProfile from_json(const nlohmann::json& j, const std::string& where);
+};
+
+enum class RecomputeChoice : uint8_t { Off, Blocks, Pipeline };
+const char* name_of(RecomputeChoice r);  // "off" | "blocks" | "pipeline"
+
+struct Layout {
+  int stages = 1, replicas = 1;
+  int64_t batch = 1, accum = 1;  // micro-batch per replica; accumulation (a pipeline's micro-batches)
+  int zero = 0;
+  RecomputeChoice recompute = RecomputeChoice::Off;
+  comm::Backend backend = comm::Backend::Ring;
+  double bucket_mb = 25;
+  PipelineSplit split;  // stages > 1: each stage's first block (balanced on the measured time)
+  // The flags that give this layout by hand: "-b 32 --accum-steps 2 --zero 1 --backend ring --bucket-mb 25".
+  std::string flags() const;
+  std::string short_text() const;  // "D2 x S1 b32x2 zero1 ring/25MB"
+  // Sets the options this layout decides (batch, accum, global batch off, zero, recompute, pipeline, backend,
+  // bucket); the others stay.
+  void apply(TrainerOptions& o) const;
+  nlohmann::json to_json() const;
+};
+
+struct LayoutCost {
+  double compute = 0;    // the forwards and backwards of a step (a pipeline: the slowest stage's, x M)
+  double bubble = 0;     // a pipeline's filling and draining, and its sends between stages
+  double comm = 0;       // exposed gradient communication (beyond the backward it overlaps)
+  double optimizer = 0;  // the update
+  double step = 0;       // their sum: the predicted step
+  int64_t peak = 0;      // predicted peak per rank
+  MemoryPrediction memory;
+  bool fits = true;
+  double comm_share() const { return step > 0 ? comm / step : 0; }
+  nlohmann::json to_json() const;
+};
+
+struct PlanInput {
+  WorldShape world;
+  int64_t global_batch = 0;
+  TrainerOptions options;  // the run's other flags (precision, optimizer, compression, schedule, ...)
+  ComputeProfile compute;
+  MemoryFacts facts;                              // with recompute off
+  std::optional<ActivationCurve> recompute_curve; // with every block but the last recomputed, if the model can
+  int64_t budget = 0;                             // bytes per rank (the smallest over the ranks)
+  std::string budget_source;
+  LinkModel link;
+  std::vector<comm::Backend> backends;  // the all-reduce backends to consider
+  std::vector<double> bucket_mbs = {25, 5};
+  int max_stages = 8;  // 1: no pipelines (a custom step function sees the whole model, which no stage holds)
+};
+
+// The backends a world offers: ring; hierarchical when several hosts hold the same number (> 1) of ranks;
+// nccl on CUDA (and not ring then: GPU tensors would cross the host).
+std::vector<comm::Backend> backends_for(const WorldShape& w);
+
+// The layouts the planner considers (see the .cpp for the rules), and in `skipped` why the others were
+// not (stage counts the global batch cannot be split for, recompute where the plain layout fits). Errors
+// (permanent): a global batch no stage count can split over the world.
+std::vector<Layout> enumerate_layouts(const PlanInput& in, std::vector<std::string>* skipped = nullptr);
+LayoutCost predict_layout(const PlanInput& in, const Layout& layout);
+
+struct PlannedLayout {
+  Layout layout;
+  LayoutCost cost;
+  std::string why_not;  // empty for the chosen one
+};
+struct LayoutPlan {
+  std::vector<PlannedLayout> layouts;  // the fitting ones fastest first, then the others by peak
+  std::vector<std::string> skipped;
+  int64_t global_batch = 0;
+  const PlannedLayout& chosen() const { return layouts.front(); }
+  // The table: the best `best` with their predicted step, img/s, memory and communication share, then
+  // the others, a line each with why they lost.
+  std::string table(size_t best = 5) const;
+  nlohmann::json to_json() const;
+};
+// Errors (permanent): nothing fits the budget (naming the smallest predicted peak, its layout and the budget).
+LayoutPlan plan_layouts(const PlanInput& in);
+
+}  // namespace ringtrain::runtime

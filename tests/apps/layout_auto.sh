@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# layout_auto.sh BUILD_DIR WORK_DIR: --layout auto (runtime/layout/) on 2 ranks. It prints the table, the choice
+# and what planning cost; the plan record's "layout" holds every layout considered with its prediction; the run
+# is bitwise the chosen layout given by hand (its flags in place of --global-batch and --layout auto); with a
+# --max-memory that plain data parallelism exceeds it chooses a layout that fits, and that run is bitwise its
+# flags by hand too; refusals name their reason (a global batch the world cannot split, nothing that fits,
+# flags it chooses itself).
+set -euo pipefail
+build=$(cd "$1" && pwd); work=$2
+rm -rf "$work"; mkdir -p "$work"; cd "$work"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+fail() { echo "layout_auto test: FAIL: $*"; exit 1; }
+"$build/make_shards" synthetic data --shape 32x32x3 --count 512 --classes 10 --shards 2 > /dev/null 2>&1
+base=(--data data -a resnet20 --steps 3 --log-every 100 --threads 1 --seed 7)
+common=("${base[@]}" --checkpoint-every 3)
+run() { # run NAME ARGS...: 2 ranks, its output in NAME.log
+  local name=$1; shift
+  timeout -k 5 300 mpirun -np 2 --oversubscribe "$build/train_resnet" "${common[@]}" "$@" > "$name.log" 2>&1 ||
+    { cat "$name.log"; fail "$name: $*"; }
+}
+refused() { # refused NAME PATTERN ARGS...: the run fails, naming PATTERN
+  local name=$1 pattern=$2; shift 2
+  if timeout -k 5 300 mpirun -np 2 --oversubscribe "$build/train_resnet" "${base[@]}" "$@" > "$name.log" 2>&1; then
+    cat "$name.log"; fail "$name: ran, but should be refused"
+  fi
+  grep -q -- "$pattern" "$name.log" || { cat "$name.log"; fail "$name: the error does not say '$pattern'"; }
+  ! grep -q "terminate called" "$name.log" || fail "$name: an exception escaped"
+}
+same() { "$build/tests/compare_checkpoints" "$1" "$2" > /dev/null || fail "$3: $1 and $2 differ"; }
+# The layout's flags from a plan record: chosen, or the fitting layout with the smallest peak, or the peaks.
+plan() {
+  python3 - "$@" <<'PY'
+import json, sys
+log, what = sys.argv[1], sys.argv[2]
+p = next(json.loads(l) for l in open(log) if '"type":"plan"' in l.replace(" ", ""))
+lay = p["layout"]
+if what == "chosen":
+    print(lay["chosen"]["flags"])
+elif what == "check":
+    c = lay["considered"]
+    assert len(c) >= 8, f"{len(c)} layouts considered, expected 8 or more"
+    for x in c:
+        pr = x["predicted"]
+        assert pr["step_s"] > 0 and pr["peak_bytes"] > 0 and 0 <= pr["comm_share"] < 1, x
+        assert x["replicas"] * x["stages"] == 2 and x["batch"] * x["accum"] * x["replicas"] == lay["global_batch"], x
+    steps = [x["predicted"]["step_s"] for x in c if x["predicted"]["fits"]]
+    assert lay["predicted"]["step_s"] == min(steps), "the chosen layout is not the fastest predicted"
+    assert all("why_not" in x for x in c[1:]), "a layout that lost does not say why"
+    assert lay["link"]["source"].startswith("measured at start-up"), lay["link"]
+    assert lay["planning_s"] > 0 and len(lay["compute"]["blocks"]) > 2
+    print("ok")
+elif what == "budget":  # a budget plain data parallelism (no accumulation, ZeRO or recompute) exceeds
+    c = lay["considered"]
+    plain = next(x for x in c if x["stages"] == 1 and x["accum"] == 1 and x["zero"] == 0)["predicted"]["peak_bytes"]
+    low = min(x["predicted"]["peak_bytes"] for x in c if x["stages"] == 1)
+    budget = (plain + low * 1.05) / 2  # fits() keeps 5% to spare
+    assert budget < plain * 1.05 and budget > low * 1.05, f"peaks too close: plain {plain}, smallest {low}"
+    print(int(budget))
+PY
+}
+
+# 1. --layout auto: the table, the choice, the cost; the plan record; bitwise the chosen flags by hand.
+run auto --global-batch 128 --layout auto --checkpoint-dir auto --log-jsonl auto.jsonl
+for line in "layout auto: .* layouts of global batch 128 over 2 rank(s) on 1 host(s)" "<- chosen" "layout auto: chose" \
+            "planned in .* s (compute probe"; do
+  grep -q -- "$line" auto.log || { cat auto.log; fail "the output has no '$line'"; }
+done
+[[ $(plan auto.jsonl check) == ok ]] || fail "the plan record's layout"
+chosen=$(plan auto.jsonl chosen)
+# shellcheck disable=SC2086
+run hand $chosen --checkpoint-dir hand
+same auto/ckpt-step00000003.h5 hand/ckpt-step00000003.h5 "--layout auto against its flags by hand ($chosen)"
+echo "--layout auto chose '$chosen' and trains bitwise like it given by hand"
+
+# 2. A budget plain data parallelism exceeds: the choice fits it, and trains bitwise like its flags.
+budget=$(plan auto.jsonl budget) || fail "no budget separates the layouts"
+run tight --global-batch 128 --layout auto --max-memory "$budget" --checkpoint-dir tight --log-jsonl tight.jsonl
+tight=$(plan tight.jsonl chosen)
+[[ $tight != "$chosen" && ( $tight == *"--accum-steps 2"* || $tight == *"--accum-steps 4"* || $tight == *--zero* ||
+   $tight == *recompute* || $tight == *pipeline-stages* ) ]] || fail "under --max-memory $budget it chose '$tight'"
+# shellcheck disable=SC2086
+run tight-hand $tight --max-memory "$budget" --checkpoint-dir tight-hand
+same tight/ckpt-step00000003.h5 tight-hand/ckpt-step00000003.h5 "under a budget, --layout auto against '$tight'"
+echo "under --max-memory $budget (plain does not fit) it chose '$tight', bitwise the same by hand"
+
+# 3. Refusals name their reason.
+refused odd "the global batch 7 cannot be split over the world of 2 ranks" --global-batch 7 --layout auto
+refused small "no layout of the .* considered fits the budget" --global-batch 128 --layout auto --max-memory 10M
+refused zero "--layout auto chooses --zero itself" --global-batch 128 --layout auto --zero 1
+refused link "--link-calibration .nope.json. does not exist" --global-batch 128 --layout auto \
+  --link-calibration nope.json
+echo "refusals name the batch, the budget and the flags"
+
+echo "layout_auto test: PASS"

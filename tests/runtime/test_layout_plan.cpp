@@ -1,0 +1,404 @@
+// tests/runtime/test_layout_plan.cpp: the layout planner's pure part (runtime/layout/layout_plan.h), without MPI
+// or a model: the link model and its fit, the compute profile's line (never superlinear), the layouts a world
+// and a global batch give and why others are not considered, the predicted cost (data parallel, ZeRO-1,
+// pipelines), the choice under a budget, and the refusals that name their reason.
+#include "runtime/layout/layout_plan.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/check.h"
+#include "runtime/config/cli.h"
+#include "runtime/config/options.h"
+#include "test_util.h"
+
+namespace ringtrain::runtime {
+namespace {
+
+using ringtrain::testing::error_of;
+constexpr int64_t MiB = int64_t{1} << 20;
+
+// A model of `n` equal blocks: each 10 ms forward and 20 ms backward per 32 images with a fixed 1 ms,
+// 1 MiB of parameters each (the last 4 MiB: a classifier's), a 64 KiB activation per image between blocks.
+ComputeProfile profile(int n = 8) {
+  ComputeProfile c;
+  c.batch[0] = 16, c.batch[1] = 32;
+  for (int i = 0; i < n; ++i) {
+    BlockProfile b;
+    b.name = "block" + std::to_string(i);
+    b.forward[0] = 0.001 + 0.009 / 2, b.forward[1] = 0.010;
+    b.backward[0] = 0.002 + 0.018 / 2, b.backward[1] = 0.020;
+    b.param_bytes = i == n - 1 ? 4 * MiB : MiB;
+    b.output_bytes_per_image = 64 * 1024;
+    b.recomputable = i != n - 1;
+    c.blocks.push_back(b);
+  }
+  c.optimizer_seconds_per_byte = 1e-9;
+  c.source = "the test's";
+  return c;
+}
+
+MemoryFacts facts() {
+  MemoryFacts f;
+  f.baseline = 200 * MiB;
+  f.param_bytes = 11 * MiB;
+  f.image_bytes = 12 * 1024;
+  f.batches_in_flight = 2;
+  f.curve = {10 * MiB, 4 * MiB};
+  return f;
+}
+
+PlanInput input(int hosts, int per_host, int64_t G) {
+  PlanInput in;
+  in.world = {hosts, per_host, false};
+  in.global_batch = G;
+  in.options.optimizer = OptimizerKind::Sgd;
+  in.compute = profile();
+  in.facts = facts();
+  ActivationCurve rc = in.facts.curve;
+  rc.per_image /= 4;  // recompute keeps a quarter
+  in.recompute_curve = rc;
+  in.link.source = "the test's";
+  in.backends = backends_for(in.world);
+  return in;
+}
+
+TEST(LayoutLink, RingAndHierarchicalFollowTheAlphaBetaModel) {
+  LinkModel l;
+  l.alpha_intra = 1e-5, l.bw_intra = 1e9, l.alpha_inter = 1e-4, l.bw_inter = 1e8;
+  const int64_t B = 8 * MiB;
+  EXPECT_EQ(allreduce_seconds(l, comm::Backend::Ring, B, 1, 1), 0);
+  // Inside one host: 2(n-1) steps of alpha + B/n/bw.
+  EXPECT_NEAR(allreduce_seconds(l, comm::Backend::Ring, B, 4, 4), 6 * (1e-5 + B / 4.0 / 1e9), 1e-12);
+  // Across hosts, the ring runs at the slowest hop's pace.
+  EXPECT_NEAR(allreduce_seconds(l, comm::Backend::Ring, B, 4, 2), 6 * (1e-4 + B / 4.0 / 1e8), 1e-12);
+  // Hierarchical: the host's ring, then 2(H-1) steps of B/H over the host's link.
+  const double h = allreduce_seconds(l, comm::Backend::Hierarchical, B, 8, 4);
+  EXPECT_NEAR(h, 6 * (1e-5 + B / 4.0 / 1e9) + 2 * (1e-4 + B / 2.0 / 1e8), 1e-12);
+  EXPECT_LT(h, allreduce_seconds(l, comm::Backend::Ring, B, 8, 4));
+  EXPECT_NEAR(half_allreduce_seconds(l, comm::Backend::Ring, B, 4, 4),
+              allreduce_seconds(l, comm::Backend::Ring, B, 4, 4) / 2, 1e-15);
+  EXPECT_NEAR(p2p_seconds(l, MiB, true), 1e-4 + MiB / 1e8, 1e-15);
+  EXPECT_NEAR(p2p_seconds(l, MiB, false), 1e-5 + MiB / 1e9, 1e-15);
+  EXPECT_NE(error_of([&] { allreduce_seconds(l, comm::Backend::Ring, B, 2, 3); }).find("3 per host"),
+            std::string::npos);
+}
+
+TEST(LayoutLink, TheFitRecoversAlphaAndBandwidthFromARing) {
+  const double alpha = 25e-6, bw = 2.5e9;
+  for (int n : {2, 4}) {
+    std::vector<std::pair<int64_t, double>> s;
+    for (int64_t b : {int64_t{64} << 10, int64_t{1} << 20, int64_t{4} << 20})
+      s.push_back({b, 2.0 * (n - 1) * (alpha + static_cast<double>(b) / n / bw)});
+    const auto [a, w] = fit_ring(s, n);
+    EXPECT_NEAR(a / alpha, 1, 1e-6) << n;
+    EXPECT_NEAR(w / bw, 1, 1e-6) << n;
+  }
+  // Noise that tips alpha below zero keeps both positive and fits the largest size.
+  const auto [a, w] = fit_ring({{1 << 20, 1e-3}, {4 << 20, 2e-3}}, 2);
+  EXPECT_GT(a, 0);
+  EXPECT_GT(w, 0);
+  EXPECT_NEAR(2 * (a + (4 << 20) / 2.0 / w), 2e-3, 1e-9);
+  EXPECT_NE(error_of([] { fit_ring({{1 << 20, 1e-3}, {1 << 20, 1.1e-3}}, 2); }).find("two message sizes"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { fit_ring({{1 << 20, 1e-3}, {2 << 20, 2e-3}}, 1); }).find("no hops"), std::string::npos);
+}
+
+TEST(LayoutLink, AFileNamesTheKeyThatIsWrong) {
+  LinkModel l;
+  l.alpha_intra = 3e-6, l.bw_intra = 5e9, l.alpha_inter = 2e-5, l.bw_inter = 1.2e9;
+  const LinkModel back = LinkModel::from_json(l.to_json(), "link.json");
+  EXPECT_EQ(back.bw_inter, l.bw_inter);
+  EXPECT_EQ(back.alpha_intra, l.alpha_intra);
+  EXPECT_EQ(back.source, "link.json");
+  nlohmann::json j = l.to_json();
+  j.erase("bw_inter_bytes_per_s");
+  EXPECT_NE(error_of([&] { LinkModel::from_json(j, "link.json"); })
+                .find("link.json: key 'bw_inter_bytes_per_s' is missing or not a number"),
+            std::string::npos);
+  j = l.to_json();
+  j["alpha_intra_s"] = -1;
+  EXPECT_NE(error_of([&] { LinkModel::from_json(j, "l2.json"); }).find("l2.json: key 'alpha_intra_s' must be a positive"),
+            std::string::npos);
+}
+
+TEST(LayoutCompute, TheLineIsNeverSuperlinearAndTheProfileRoundTrips) {
+  ComputeProfile c = profile(2);
+  EXPECT_NEAR(c.forward(0, 32), 0.010, 1e-12);
+  EXPECT_NEAR(c.forward(0, 16), 0.0055, 1e-12);
+  EXPECT_NEAR(c.forward(0, 64), 0.019, 1e-12);
+  // A smaller micro-batch is never faster per image than measured: a negative intercept is clamped.
+  c.blocks[0].forward[0] = 0.002, c.blocks[0].forward[1] = 0.010;  // the line would cross zero at b = 12
+  EXPECT_GE(c.forward(0, 8) / 8, 0.010 / 32 - 1e-15);
+  EXPECT_GE(c.forward(0, 1), 0);
+  // A time that falls with the batch (noise) gives a flat line, never a negative slope.
+  c.blocks[1].backward[0] = 0.03, c.blocks[1].backward[1] = 0.02;
+  EXPECT_GE(c.backward(1, 64), c.backward(1, 16));
+  const ComputeProfile back = ComputeProfile::from_json(c.to_json(), "p.json");
+  EXPECT_EQ(back.blocks.size(), 2u);
+  EXPECT_EQ(back.forward(0, 24), c.forward(0, 24));
+  EXPECT_EQ(back.param_bytes(), c.param_bytes());
+  nlohmann::json j = c.to_json();
+  j["blocks"][1].erase("param_bytes");
+  EXPECT_NE(error_of([&] { ComputeProfile::from_json(j, "p.json"); }).find("p.json: not a compute profile"),
+            std::string::npos);
+  j = c.to_json();
+  j["batch"] = {32, 16};
+  EXPECT_NE(error_of([&] { ComputeProfile::from_json(j, "p.json"); }).find("key 'batch'"), std::string::npos);
+}
+
+TEST(LayoutEnumerate, FourRanksGiveEveryStageCountAndTheVariantsOfEach) {
+  PlanInput in = input(1, 4, 64);
+  std::vector<std::string> skipped;
+  const std::vector<Layout> all = enumerate_layouts(in, &skipped);
+  std::map<int, int> per_stages;
+  std::set<std::string> flags;
+  for (const Layout& l : all) {
+    per_stages[l.stages]++;
+    EXPECT_EQ(l.stages * l.replicas, 4);
+    EXPECT_EQ(l.batch * l.accum * l.replicas, 64) << l.flags();
+    EXPECT_EQ(l.recompute, RecomputeChoice::Off) << "everything fits: no recompute";
+    EXPECT_TRUE(flags.insert(l.flags()).second) << "twice: " << l.flags();
+    if (l.stages > 1) {
+      EXPECT_EQ(l.zero, 0);
+      EXPECT_EQ(l.accum % l.stages, 0) << "a pipeline needs at least S micro-batches";
+      ASSERT_EQ(l.split.size(), static_cast<size_t>(l.stages + 1));
+      EXPECT_EQ(l.split.front(), 0);
+      EXPECT_EQ(l.split.back(), 8);
+    }
+  }
+  // D4: accumulation 1, 2, 4 x ZeRO off/on x the bucket sizes that make different buckets (11 MiB of
+  // gradients: 25 MB is the 1 MB first bucket and one more, 5 MB three more).
+  EXPECT_EQ(per_stages[1], 3 * 2 * 2);
+  EXPECT_EQ(per_stages[2], 3 * 2);  // D2: M = 2, 4, 8 x the two bucket sizes
+  EXPECT_EQ(per_stages[4], 3);      // D1: M = 4, 8, 16, nothing to all-reduce
+  EXPECT_GE(all.size(), 8u);
+  bool said_recompute = false;
+  for (const auto& s : skipped) said_recompute = said_recompute || s.find("recompute") != std::string::npos;
+  EXPECT_TRUE(said_recompute);
+}
+
+TEST(LayoutEnumerate, StagesTheBatchOrTheModelCannotTakeAreSkippedWithTheirReason) {
+  PlanInput in = input(1, 4, 12);  // 12 images: D2's 6 make 2 micro-batches but not 4 or 8; D1's 12 make 4
+  in.compute = profile(3);         // and 3 blocks make no 4 stages
+  std::vector<std::string> skipped;
+  for (const Layout& l : enumerate_layouts(in, &skipped)) {
+    EXPECT_NE(l.stages, 4);
+    if (l.stages == 2) {
+      EXPECT_EQ(l.accum, 2) << l.flags();
+    }
+  }
+  std::string text;
+  for (const auto& s : skipped) text += s + "\n";
+  EXPECT_NE(text.find("4 stages: the model has 3 blocks"), std::string::npos) << text;
+  // Nothing left: the refusal gives every stage count's reason.
+  in.global_batch = 6;
+  const std::string e = error_of([&] { enumerate_layouts(in); });
+  EXPECT_NE(e.find("the global batch 6 cannot be split over the world of 4 ranks"), std::string::npos) << e;
+  EXPECT_NE(e.find("1 stage: the global batch 6 is not a multiple of its 4 replicas"), std::string::npos) << e;
+  EXPECT_NE(e.find("2 stages: 3 images per replica cannot make 2 micro-batches"), std::string::npos) << e;
+  EXPECT_NE(e.find("4 stages: the model has 3 blocks"), std::string::npos) << e;
+}
+
+TEST(LayoutEnumerate, AGlobalBatchNoStageCountSplitsIsRefusedNamingIt) {
+  PlanInput in = input(1, 2, 7);
+  const std::string e = error_of([&] { enumerate_layouts(in); });
+  EXPECT_NE(e.find("the global batch 7 cannot be split over the world of 2 ranks"), std::string::npos) << e;
+  EXPECT_NE(e.find("1 stage: the global batch 7 is not a multiple of its 2 replicas"), std::string::npos) << e;
+  EXPECT_NE(e.find("2 stages: 7 images per replica cannot make 2 micro-batches"), std::string::npos) << e;
+  bool permanent = false;
+  try {
+    enumerate_layouts(in);
+  } catch (const PermanentError&) {
+    permanent = true;
+  }
+  EXPECT_TRUE(permanent) << "no restart fixes a batch that cannot be split";
+}
+
+TEST(LayoutEnumerate, ACustomStepFunctionGetsNoPipelines) {
+  PlanInput in = input(1, 4, 64);
+  in.max_stages = 1;
+  std::vector<std::string> skipped;
+  for (const Layout& l : enumerate_layouts(in, &skipped)) EXPECT_EQ(l.stages, 1);
+  std::string text;
+  for (const auto& s : skipped) text += s + "\n";
+  EXPECT_NE(text.find("a custom step function sees the whole model"), std::string::npos) << text;
+}
+
+TEST(LayoutCost, DataParallelIsComputeExposedSyncAndTheUpdate) {
+  PlanInput in = input(1, 2, 64);
+  Layout l;
+  l.replicas = 2, l.batch = 32, l.accum = 1, l.bucket_mb = 25;
+  const LayoutCost c = predict_layout(in, l);
+  EXPECT_NEAR(c.compute, 8 * (0.010 + 0.020), 1e-12);
+  EXPECT_NEAR(c.optimizer, 11.0 * MiB * 1e-9, 1e-12);
+  EXPECT_GE(c.comm, 0);
+  EXPECT_NEAR(c.step, c.compute + c.bubble + c.comm + c.optimizer, 1e-12);
+  // The first (1 MB) bucket's sync hides under the other blocks' backward; only the last bucket's tail shows:
+  // at most one whole all-reduce of everything.
+  EXPECT_LE(c.comm, allreduce_seconds(in.link, comm::Backend::Ring, 11 * MiB, 2, 2) + 1e-12);
+  // Accumulation repeats the compute, not the sync.
+  Layout a = l;
+  a.batch = 16, a.accum = 2;
+  const LayoutCost ca = predict_layout(in, a);
+  EXPECT_NEAR(ca.compute, 2 * 8 * (0.0055 + 0.011), 1e-12);
+  EXPECT_NEAR(ca.optimizer, c.optimizer, 1e-15);
+  // ZeRO-1 updates half the state on each of 2 replicas.
+  Layout z = l;
+  z.zero = 1;
+  EXPECT_NEAR(predict_layout(in, z).optimizer, c.optimizer / 2, 1e-15);
+  EXPECT_LT(predict_layout(in, z).peak, c.peak);
+  // A slow link between hosts makes the same layout communicate more, and says so.
+  PlanInput slow = input(2, 1, 64);
+  slow.link.bw_inter = 1e7;
+  const LayoutCost cs = predict_layout(slow, l);
+  EXPECT_GT(cs.comm, c.comm);
+  EXPECT_GT(cs.comm_share(), c.comm_share());
+  EXPECT_GT(cs.comm_share(), 0.5);
+}
+
+TEST(LayoutCost, APipelinePaysItsBubbleAndItsSends) {
+  PlanInput in = input(1, 2, 64);
+  Layout l;
+  l.stages = 2, l.replicas = 1, l.batch = 16, l.accum = 4, l.split = {0, 4, 8};
+  const LayoutCost c = predict_layout(in, l);
+  const double stage = 4 * (0.0055 + 0.011);
+  EXPECT_NEAR(c.compute, 4 * stage, 1e-12);
+  const double send = 2 * p2p_seconds(in.link, 16 * 64 * 1024, false);
+  EXPECT_NEAR(c.bubble, stage + send + 3 * send, 1e-12);
+  EXPECT_EQ(c.comm, 0);  // one replica a stage: nothing to all-reduce
+  // An unbalanced split waits for its slowest stage.
+  Layout u = l;
+  u.split = {0, 6, 8};
+  EXPECT_GT(predict_layout(in, u).step, c.step);
+  // The pipeline's recompute runs each stage's forward again.
+  Layout r = l;
+  r.recompute = RecomputeChoice::Pipeline;
+  EXPECT_NEAR(predict_layout(in, r).compute, 4 * (stage + 4 * 0.0055), 1e-12);
+  EXPECT_LT(predict_layout(in, r).peak, c.peak);
+}
+
+TEST(LayoutCost, ScaleOutIsNeverSuperlinearAndTheShareGrows) {
+  // The same micro-batch per replica on 1, 2, 4, 8, 16 hosts over 1 Gbit/s: throughput never more than
+  // the world's size times one rank's, and the communication share never falls.
+  double one = 0, last_share = -1;
+  for (int hosts : {1, 2, 4, 8, 16}) {
+    PlanInput in = input(hosts, 1, 32 * hosts);
+    in.link.bw_inter = 1.25e8;
+    Layout l;
+    l.replicas = hosts, l.batch = 32, l.accum = 1;
+    const LayoutCost c = predict_layout(in, l);
+    const double ips = 32.0 * hosts / c.step;
+    if (hosts == 1) one = ips;
+    EXPECT_LE(ips, hosts * one * (1 + 1e-12)) << hosts;
+    EXPECT_GE(c.comm_share(), last_share) << hosts;
+    last_share = c.comm_share();
+  }
+  EXPECT_GT(last_share, 0);
+}
+
+TEST(LayoutPlan, TheChoiceIsTheFastestThatFitsAndTheOthersSayWhyNot) {
+  PlanInput in = input(1, 4, 64);
+  const LayoutPlan plan = plan_layouts(in);
+  ASSERT_GE(plan.layouts.size(), 8u);
+  for (size_t i = 1; i < plan.layouts.size(); ++i) {
+    EXPECT_LE(plan.layouts[0].cost.step, plan.layouts[i].cost.step);
+    EXPECT_FALSE(plan.layouts[i].why_not.empty()) << i;
+  }
+  EXPECT_TRUE(plan.layouts[0].why_not.empty());
+  const std::string t = plan.table(3);
+  EXPECT_NE(t.find("<- chosen"), std::string::npos) << t;
+  EXPECT_NE(t.find("slower by"), std::string::npos) << t;
+  const nlohmann::json j = plan.to_json();
+  EXPECT_EQ(j["global_batch"], 64);
+  EXPECT_EQ(j["chosen"]["flags"], plan.chosen().layout.flags());
+  EXPECT_EQ(j["considered"].size(), plan.layouts.size());
+  EXPECT_TRUE(j["predicted"].contains("comm_share"));
+}
+
+TEST(LayoutPlan, ABudgetPlainDataParallelismExceedsForcesAFittingLayout) {
+  PlanInput in = input(1, 2, 64);
+  in.max_stages = 1;  // ZeRO-1, accumulation or recompute must do it
+  Layout plain;
+  plain.replicas = 2, plain.batch = 32, plain.accum = 1;
+  const int64_t peak = predict_layout(in, plain).peak;
+  in.budget = peak;  // less 5% to spare: plain does not fit
+  in.budget_source = "--max-memory";
+  const LayoutPlan plan = plan_layouts(in);
+  const Layout& c = plan.chosen().layout;
+  EXPECT_TRUE(plan.chosen().cost.fits);
+  EXPECT_LT(plan.chosen().cost.peak + plan.chosen().cost.peak / 20, peak + 1);
+  EXPECT_TRUE(c.zero == 1 || c.accum > 1 || c.recompute != RecomputeChoice::Off) << c.flags();
+  bool told = false;
+  for (const auto& p : plan.layouts)
+    if (!p.cost.fits) told = told || p.why_not.find("does not fit") != std::string::npos;
+  EXPECT_TRUE(told);
+}
+
+TEST(LayoutPlan, NothingFittingIsRefusedNamingTheSmallestPeakAndTheBudget) {
+  PlanInput in = input(1, 2, 64);
+  in.budget = 100 * MiB;  // below the baseline
+  in.budget_source = "--max-memory 100M";
+  const std::string e = error_of([&] { plan_layouts(in); });
+  EXPECT_NE(e.find("no layout of the"), std::string::npos) << e;
+  EXPECT_NE(e.find("fits the budget of 100.00 MiB"), std::string::npos) << e;
+  EXPECT_NE(e.find("--max-memory 100M"), std::string::npos) << e;
+  EXPECT_NE(e.find("the smallest predicted peak"), std::string::npos) << e;
+}
+
+// The flags a layout prints give, parsed as a user gives them, the options the planner sets.
+TEST(LayoutFlags, ParsedByHandTheyGiveTheOptionsApplySets) {
+  PlanInput in = input(1, 4, 64);
+  in.facts.curve.per_image = 512 * MiB;  // nothing fits plainly at a big batch: recompute variants appear
+  in.budget = 30LL * 1024 * MiB;
+  for (const Layout& l : enumerate_layouts(in)) {
+    TrainerOptions planned;
+    l.apply(planned);
+    TrainerOptions by_hand;
+    CLI::App app{"t"};
+    std::string data;
+    add_trainer_flags(app, by_hand, data);
+    std::vector<std::string> args{"t"};
+    std::string word;
+    for (std::istringstream s(l.flags()); s >> word;) args.push_back(word);
+    std::vector<const char*> argv;
+    for (const auto& a : args) argv.push_back(a.c_str());
+    app.parse(static_cast<int>(argv.size()), argv.data());
+    EXPECT_EQ(by_hand.batch, planned.batch) << l.flags();
+    EXPECT_EQ(by_hand.accum, planned.accum) << l.flags();
+    EXPECT_EQ(by_hand.zero, planned.zero) << l.flags();
+    EXPECT_EQ(by_hand.recompute, planned.recompute) << l.flags();
+    EXPECT_EQ(by_hand.pipeline_recompute, planned.pipeline_recompute) << l.flags();
+    EXPECT_EQ(by_hand.pipeline_stages, planned.pipeline_stages) << l.flags();
+    EXPECT_EQ(by_hand.pipeline_split, planned.pipeline_split) << l.flags();
+    EXPECT_EQ(by_hand.backend, planned.backend) << l.flags();
+    EXPECT_EQ(by_hand.bucket_mb, planned.bucket_mb) << l.flags();
+    EXPECT_NO_THROW(validate_options(by_hand)) << l.flags();
+  }
+}
+
+TEST(LayoutFlags, AutoRefusesTheFlagsItChooses) {
+  for (const auto& [set, flag] :
+       std::vector<std::pair<std::function<void(TrainerOptions&)>, std::string>>{
+           {[](TrainerOptions& o) { o.zero = 1; }, "--zero"},
+           {[](TrainerOptions& o) { o.recompute = true; }, "--recompute"},
+           {[](TrainerOptions& o) { o.pipeline_stages = 2; }, "--pipeline-stages"}}) {
+    TrainerOptions o;
+    o.layout_auto = true;
+    set(o);
+    EXPECT_NE(error_of([&] { validate_options(o); }).find("--layout auto chooses " + flag + " itself"),
+              std::string::npos)
+        << flag;
+  }
+  TrainerOptions o;
+  o.link_calibration = "link.json";
+  EXPECT_NE(error_of([&] { validate_options(o); }).find("--link-calibration link.json is read by --layout auto only"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace ringtrain::runtime
