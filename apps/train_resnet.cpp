@@ -5,6 +5,12 @@
 // loop and everything that makes a run trustworthy (runtime/loop/trainer.h): GradSync, exact resume,
 // checkpoints, evaluation, the watchdog (--timeout), the check-in, the JSONL log and the merged trace.
 // An error on any rank prints "rank R (host): reason" once and ends the whole job (comm::run_main).
+//
+// Built a second time as ringtrain_plan (RINGTRAIN_PLAN_ONLY): the same flags, and what --layout auto would
+// choose, printed without training; with --hosts, --ranks-per-host, --link and --device-memory it answers for a
+// world it does not run in (runtime/layout/layout_probe.h):
+//   ./ringtrain_plan --synthetic -a resnet50 --image-size 64 --global-batch 1024 --hosts 64 --ranks-per-host 8
+//       --link 100Gbit --device-memory 80G
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <string>
@@ -26,6 +32,9 @@ struct ResNetFlags {
   std::string arch = "resnet20";
   bool synthetic = false, hflip = true;
   int64_t synthetic_size = 2048, image_size = 0, pad_crop = -1;
+#ifdef RINGTRAIN_PLAN_ONLY
+  runtime::LayoutWhatIf what_if;
+#endif
 };
 
 bool is_cifar(const std::string& arch) {
@@ -80,16 +89,58 @@ int train(comm::World& world, runtime::TrainerOptions options, const std::string
   runtime::Trainer trainer(world, options);  // binds the rank, seeds init, watchdog, preflight (--check)
   auto data = open_data(trainer, data_dir, f);
   ResNet model(f.arch, {.in_channels = data->info().channels, .num_classes = data->info().classes});
+#ifdef RINGTRAIN_PLAN_ONLY
+  trainer.plan_layout(model, *data, f.what_if);
+#else
   trainer.fit(model, *data);
+#endif
   return 0;
 }
 
+#ifdef RINGTRAIN_PLAN_ONLY
+// ringtrain_plan's own flags: the world to plan for, where it is not the one it runs in.
+void add_what_if_flags(CLI::App& app, runtime::LayoutWhatIf& w) {
+  runtime::add_number(app, "--hosts", w.hosts, "plan for this many hosts (0: the hosts it runs on)", 0, 1 << 20);
+  runtime::add_number(app, "--ranks-per-host", w.ranks_per_host,
+                      "plan for this many ranks on each host (0: as many as it runs with)", 0, 1 << 16);
+  app.add_option_function<std::string>(
+      "--link", [&w](const std::string& v) { w.link_rate = runtime::parse_link_rate(v, "--link"); },
+      "the link between hosts: 100Gbit, 25Gbps, 10GB/s (default: measured between the hosts it runs on, else "
+      "--link-calibration's)");
+  app.add_option_function<std::string>(
+      "--link-latency", [&w](const std::string& v) { w.link_latency = runtime::parse_latency(v, "--link-latency"); },
+      "the latency between hosts a message pays: 20us, 0.1ms (default: measured, else the calibration's)");
+  app.add_option_function<std::string>(
+      "--intra-link", [&w](const std::string& v) { w.intra_rate = runtime::parse_link_rate(v, "--intra-link"); },
+      "the link between the ranks of one host (NVLink: 400GB/s; default: measured)");
+  app.add_option_function<std::string>(
+      "--intra-latency", [&w](const std::string& v) { w.intra_latency = runtime::parse_latency(v, "--intra-latency"); },
+      "the latency between the ranks of one host (default: measured)");
+  runtime::add_bytes(app, "--device-memory", w.device_memory,
+                     "each rank's memory budget (80G; default: --max-memory, else this machine's)", 1);
+  app.add_option("--save-link", w.save_link,
+                 "write the link measured between the ranks it runs on here, for --link-calibration");
+}
+#endif
+
 }  // namespace
 
+#ifdef RINGTRAIN_PLAN_ONLY
+constexpr const char* program = "ringtrain_plan";
+#else
+constexpr const char* program = "train_resnet";
+#endif
+
 int main(int argc, char** argv) try {
+#ifdef RINGTRAIN_PLAN_ONLY
+  CLI::App app{
+      "The layout --layout auto would choose for train_resnet's flags, printed without training; "
+      "--hosts, --ranks-per-host, --link and --device-memory ask about a world it does not run in"};
+#else
   CLI::App app{"Data-parallel ResNet training (run under mpirun for several ranks)"};
+#endif
   runtime::TrainerOptions options;
-  options.program = "train_resnet";
+  options.program = program;
   std::string data_dir;
   ResNetFlags f;
   // A flag given twice takes the last value, so wrappers (scripts/demo.sh, the sbatch script) can put
@@ -106,8 +157,16 @@ int main(int argc, char** argv) try {
                       "random-resized-crop size for large images / synthetic size (0: model default)", 0,
                       int64_t{1} << 16);
   app.add_flag("!--no-hflip", f.hflip, "disable random horizontal flips");
+#ifdef RINGTRAIN_PLAN_ONLY
+  add_what_if_flags(app, f.what_if);
   RT_PARSE_FLAGS(app, argc, argv);
+  RT_CHECK(app.count("--layout") == 0 || options.layout_auto, "ringtrain_plan plans the layout: --layout given does ",
+           "not apply to it");
+  options.layout_auto = true;
+#else
+  RT_PARSE_FLAGS(app, argc, argv);
+#endif
   return comm::run_main(argc, argv, [&](comm::World& world) { return train(world, options, data_dir, f); });
 } catch (...) {
-  return runtime::main_error("train_resnet");  // no exception escapes main
+  return runtime::main_error(program);  // no exception escapes main
 }

@@ -21,7 +21,7 @@ foreach(dir core io optim layers layers/models comm data runtime runtime/cluster
   file(GLOB _rt_headers CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/${dir}/*.h)
   install(FILES ${_rt_headers} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/ringtrain/${dir})
 endforeach()
-install(TARGETS train_resnet ringtrain_env allreduce_bench make_shards bench_step bench_loader
+install(TARGETS train_resnet ringtrain_plan ringtrain_env allreduce_bench make_shards bench_step bench_loader
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 
 set(_rt_config_dir ${CMAKE_INSTALL_LIBDIR}/cmake/ringtrain)

@@ -18,6 +18,7 @@ section() {
   printf '```\n'
 }
 section train_resnet ./train_resnet
+section ringtrain_plan ./ringtrain_plan
 section custom_model ./custom_model
 section ringtrain_run ./ringtrain_run
 section ringtrain_env ./ringtrain_env

@@ -619,6 +619,17 @@ Run::Saved Run::save(const Cursor& at) {
 
 }  // namespace
 
+json Trainer::plan_layout(Module& model, DataSource& data, const LayoutWhatIf& what_if, const StepFn& step_fn) {
+  watchdog_->phase("startup: planning the layout", 0);
+  struct Pause {
+    Watchdog& dog;
+    ~Pause() { dog.pause(); }
+  } pause{*watchdog_};
+  model.to(device_);
+  model.train();
+  return plan_layout_what_if(world_, options_, device_, *watchdog_, model, data, step_fn, what_if);
+}
+
 TrainResult Trainer::fit(Module& model, DataSource& data, const StepFn& step_fn) {
   watchdog_->phase("startup: preparing the run", 0);
   // The caller's work after the run (or after catching its error) is not a stuck phase.

@@ -62,6 +62,10 @@ class Trainer {
   // The memory plan's probe calls `step_fn` twice first, on batches of random images (a fixed seed), and
   // puts the model back as it was (layers/model_state.h), also when it throws.
   TrainResult fit(Module& model, DataSource& data, const StepFn& step_fn = {});
+  // Collective, ringtrain_plan's: what --layout auto would choose for the world `what_if` describes (the
+  // world it runs in where that says nothing), printed by rank 0 with what it measured; trains nothing and
+  // leaves the model as it was. Returns the plan (runtime/layout/layout_probe.h).
+  nlohmann::json plan_layout(Module& model, DataSource& data, const LayoutWhatIf& what_if, const StepFn& step_fn = {});
 
  private:
   void agree_on_device();

@@ -28,6 +28,7 @@ os.makedirs(src, exist_ok=True)
 # program, the arguments that make a command line complete apart from the flag under test
 PROGRAMS = [
     ("train_resnet", ["--synthetic"]),
+    ("ringtrain_plan", ["--synthetic"]),
     ("custom_model", []),
     ("bench_step", []),
     ("bench_loader", ["--data", work]),

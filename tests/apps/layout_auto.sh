@@ -4,7 +4,7 @@
 # is bitwise the chosen layout given by hand (its flags in place of --global-batch and --layout auto); with a
 # --max-memory that plain data parallelism exceeds it chooses a layout that fits, and that run is bitwise its
 # flags by hand too; refusals name their reason (a global batch the world cannot split, nothing that fits,
-# flags it chooses itself).
+# flags it chooses itself). ringtrain_plan answers for a world it does not run in, never superlinear.
 set -euo pipefail
 build=$(cd "$1" && pwd); work=$2
 rm -rf "$work"; mkdir -p "$work"; cd "$work"
@@ -91,4 +91,27 @@ refused link "--link-calibration .nope.json. does not exist" --global-batch 128 
   --link-calibration nope.json
 echo "refusals name the batch, the budget and the flags"
 
+# 4. ringtrain_plan: the same flags, nothing trained; a world it does not run in, from the link it is given.
+timeout -k 5 300 mpirun -np 2 --oversubscribe "$build/ringtrain_plan" "${base[@]}" --global-batch 128 \
+  --save-link link.json > save.log 2>&1 || { cat save.log; fail "ringtrain_plan --save-link"; }
+grep -q "the link measured here is in link.json" save.log || { cat save.log; fail "--save-link said nothing"; }
+python3 -c "import json; l = json.load(open('link.json'))['link']; assert l['bw_intra_bytes_per_s'] > 0" ||
+  fail "link.json"
+ips() { sed -nE 's/.*chose .* a step, ([0-9]+) img\/s.*/\1/p' "$1"; }
+for hosts in 1 4 16; do
+  timeout -k 5 300 "$build/ringtrain_plan" "${base[@]}" --global-batch $((32 * hosts)) --hosts "$hosts" \
+    --ranks-per-host 1 --link 10Gbit --link-latency 30us --device-memory 8G > "plan$hosts.log" 2>&1 ||
+    { cat "plan$hosts.log"; fail "ringtrain_plan --hosts $hosts"; }
+  grep -q "ringtrain_plan: $hosts host(s) x 1 rank(s) (given)" "plan$hosts.log" || { cat "plan$hosts.log"; fail "what if $hosts"; }
+  ! grep -q "^done:" "plan$hosts.log" || fail "ringtrain_plan trained"
+done
+one=$(ips plan1.log); four=$(ips plan4.log); sixteen=$(ips plan16.log)
+python3 -c "import sys; one, four, sixteen = map(float, sys.argv[1:])
+assert four <= 4 * one * 1.01 and sixteen <= 16 * one * 1.01, (one, four, sixteen)" "$one" "$four" "$sixteen" ||
+  fail "superlinear: $one img/s on 1 host, $four on 4, $sixteen on 16"
+"$build/ringtrain_plan" --synthetic --link fast > bad.log 2>&1 && fail "--link fast was taken"
+grep -q -- "--link: expected a link rate such as 100Gbit" bad.log || { cat bad.log; fail "--link fast: no reason"; }
+"$build/ringtrain_plan" --synthetic --save-link x.json > bad.log 2>&1 && fail "--save-link on one rank was taken"
+grep -q -- "--save-link x.json: the link is measured between ranks" bad.log || { cat bad.log; fail "--save-link, 1 rank"; }
+echo "ringtrain_plan: $one img/s on 1 host, $four on 4, $sixteen on 16 over 10 Gbit/s (never superlinear)"
 echo "layout_auto test: PASS"
