@@ -2,8 +2,8 @@
 #include "runtime/layout/layout_plan.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cctype>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <set>
@@ -72,8 +72,8 @@ LinkModel LinkModel::from_json(const json& j, const std::string& where) {
 
 namespace {
 // `text` as a positive number followed by one of `units` (lower case, longest first); the unit's factor.
-double with_unit(const std::string& text, const std::string& flag, const std::vector<std::pair<std::string, double>>& units,
-                 const char* takes) {
+double with_unit(const std::string& text, const std::string& flag,
+                 const std::vector<std::pair<std::string, double>>& units, const char* takes) {
   std::string lower;
   for (char ch : text) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
   for (const auto& [unit, factor] : units) {
@@ -194,10 +194,13 @@ json ComputeProfile::to_json() const {
                   {"backward_s", {b.backward[0], b.backward[1]}},
                   {"param_bytes", b.param_bytes},
                   {"output_bytes_per_image", b.output_bytes_per_image},
+                  {"activation_bytes_per_image", b.activation_bytes_per_image},
                   {"recomputable", b.recomputable}});
   return {{"batch", {batch[0], batch[1]}},
           {"blocks", bl},
           {"optimizer_s_per_byte", optimizer_seconds_per_byte},
+          {"whole_over_blocks", {scale[0], scale[1]}},
+          {"contention", contention},
           {"source", source}};
 }
 
@@ -220,11 +223,13 @@ ComputeProfile ComputeProfile::from_json(const json& j, const std::string& where
       }
       bp.param_bytes = b.at("param_bytes").get<int64_t>();
       bp.output_bytes_per_image = b.at("output_bytes_per_image").get<int64_t>();
+      bp.activation_bytes_per_image = b.value("activation_bytes_per_image", int64_t{0});
       bp.recomputable = b.at("recomputable").get<bool>();
       p.blocks.push_back(bp);
     }
     RT_CHECK(!p.blocks.empty(), where, ": key 'blocks' is empty");
     p.optimizer_seconds_per_byte = j.at("optimizer_s_per_byte").get<double>();
+    p.contention = std::max(1.0, j.value("contention", 1.0));
     p.source = j.value("source", where);
   } catch (const json::exception& e) {
     RT_THROW(where, ": not a compute profile (", e.what(), ")");
@@ -237,9 +242,12 @@ ComputeProfile ComputeProfile::from_json(const json& j, const std::string& where
 
 const char* name_of(RecomputeChoice r) {
   switch (r) {
-    case RecomputeChoice::Off: return "off";
-    case RecomputeChoice::Blocks: return "blocks";
-    case RecomputeChoice::Pipeline: return "pipeline";
+    case RecomputeChoice::Off:
+      return "off";
+    case RecomputeChoice::Blocks:
+      return "blocks";
+    case RecomputeChoice::Pipeline:
+      return "pipeline";
   }
   return "?";
 }
@@ -276,16 +284,21 @@ void Layout::apply(TrainerOptions& o) const {
 }
 
 json Layout::to_json() const {
-  json j = {{"replicas", replicas}, {"stages", stages},      {"batch", batch},
-            {"accum", accum},       {"zero", zero},          {"recompute", name_of(recompute)},
-            {"backend", comm::backend_name(backend)},        {"bucket_mb", bucket_mb},
+  json j = {{"replicas", replicas},
+            {"stages", stages},
+            {"batch", batch},
+            {"accum", accum},
+            {"zero", zero},
+            {"recompute", name_of(recompute)},
+            {"backend", comm::backend_name(backend)},
+            {"bucket_mb", bucket_mb},
             {"flags", flags()}};
   if (stages > 1) j["split"] = split_text(split);
   return j;
 }
 
 json LayoutCost::to_json() const {
-  return {{"step_s", step},         {"compute_s", compute}, {"bubble_s", bubble},   {"comm_s", comm},
+  return {{"step_s", step},           {"compute_s", compute},       {"bubble_s", bubble}, {"comm_s", comm},
           {"optimizer_s", optimizer}, {"comm_share", comm_share()}, {"peak_bytes", peak}, {"fits", fits}};
 }
 
@@ -308,6 +321,18 @@ bool stage_link_crosses(const WorldShape& w, int replicas, int stage) {
   return false;
 }
 
+// How much slower than alone a rank computes with `busy` ranks of its host computing (CPU: they share its
+// cores; a device each: never).
+double sharing(const PlanInput& in, double busy) {
+  if (in.cores_per_host <= 0) return 1;
+  return std::max(1.0, busy * in.threads_per_rank / in.cores_per_host);
+}
+
+// CPU ranks whose threads fill their host's cores.
+bool cores_saturated(const PlanInput& in) {
+  return in.cores_per_host > 0 && in.world.ranks_per_host * in.threads_per_rank >= in.cores_per_host;
+}
+
 // Blocks [begin, end) backward: exposed seconds of their gradients' sync beyond the backward `window` they
 // overlap, and the time the sync takes in all.
 double exposed_sync(const PlanInput& in, const Layout& l, const std::vector<double>& backward_seconds,
@@ -316,7 +341,7 @@ double exposed_sync(const PlanInput& in, const Layout& l, const std::vector<doub
   const std::vector<Bucket> buckets = buckets_of(grad_bytes, l.bucket_mb);
   const int per_host = per_host_of(in.world, l.replicas);
   const double wire = in.options.compression == comm::Compression::None ? 1.0 : 0.5;
-  double t = 0, end = 0, window = 0;
+  double t = 0, end = 0, window = 0, total = 0;
   std::vector<double> ready(backward_seconds.size());
   for (size_t i = 0; i < backward_seconds.size(); ++i) ready[i] = (window += backward_seconds[i]);
   for (const Bucket& b : buckets) {
@@ -325,29 +350,64 @@ double exposed_sync(const PlanInput& in, const Layout& l, const std::vector<doub
                             : allreduce_seconds(in.link, l.backend, bytes, l.replicas, per_host);
     t = std::max(ready[b.ready_after], end);
     end = t + c;
+    total += c;
   }
+  // CPU ranks that keep their host's cores busy: the ring's copies and sums take those cores from the
+  // backward, so none of it hides (ResNet-50 64px on 2 ranks of 2 cores: the backward 8% slower).
+  if (cores_saturated(in)) return total * sharing(in, in.world.ranks_per_host);
   return std::max(0.0, end - window);
 }
 
 // Peak per rank: the memory plan's arithmetic (memory_plan.h) for this layout's options; a pipeline stage
-// holds 1/S of the state, and with --pipeline-recompute the activations of one micro-batch of its blocks
-// plus the stage inputs of the micro-batches in flight.
+// holds its blocks' state (their parameters, gradients and optimizer state; the other stages' weights
+// dropped) and its blocks' activations of the micro-batches in flight on it (1F1B: S - s on stage s, GPipe:
+// all M), the largest stage counted; with --pipeline-recompute the activations of one micro-batch of its
+// blocks plus the stage inputs of the micro-batches in flight.
 MemoryPrediction predict_memory(const PlanInput& in, const Layout& l) {
   TrainerOptions v = in.options;
   l.apply(v);
   MemoryFacts f = in.facts;
   if (l.recompute == RecomputeChoice::Blocks && in.recompute_curve) f.curve = *in.recompute_curve;
   MemoryPrediction p = predict_peak(v, f, in.world.size());
-  if (l.recompute == RecomputeChoice::Pipeline) {
-    int64_t boundary = 0;
-    for (size_t s = 1; s < l.split.size() - 1; ++s)
-      boundary = std::max(boundary, in.compute.blocks[static_cast<size_t>(l.split[s] - 1)].output_bytes_per_image);
-    const int64_t act = f.curve.fixed + f.curve.per_image * l.batch / l.stages + l.stages * l.batch * boundary;
-    p.total -= p.activations;
-    p.activations = std::min(p.activations, act);
-    p.total += p.activations;
+  if (l.stages <= 1) return p;
+  const auto& blocks = in.compute.blocks;
+  double all = 0;
+  for (const BlockProfile& b : blocks) all += static_cast<double>(b.activation_bytes_per_image);
+  int64_t total_params = 0;
+  for (const BlockProfile& b : blocks) total_params += b.param_bytes;
+  MemoryPrediction worst;
+  for (int s = 0; s < l.stages; ++s) {
+    const int begin = l.split[static_cast<size_t>(s)], end = l.split[static_cast<size_t>(s) + 1];
+    // The stage's own state: its blocks' parameters (the others' weights are dropped after the start).
+    MemoryFacts fs = f;
+    int64_t params = 0;
+    for (int i = begin; i < end; ++i) params += blocks[static_cast<size_t>(i)].param_bytes;
+    if (total_params > 0 && f.param_bytes > 0) {
+      fs.param_bytes = params * l.stages;  // predict_peak gives a stage 1/S of it
+      fs.baseline = std::max<int64_t>(0, f.baseline - (total_params - params));
+    }
+    MemoryPrediction q = predict_peak(v, fs, in.world.size());
+    int64_t act = q.activations;
+    if (l.recompute == RecomputeChoice::Pipeline) {
+      int64_t boundary = 0;
+      for (size_t t = 1; t < l.split.size() - 1; ++t)
+        boundary = std::max(boundary, blocks[static_cast<size_t>(l.split[t] - 1)].output_bytes_per_image);
+      act = std::min(act, f.curve.fixed + f.curve.per_image * l.batch / l.stages + l.stages * l.batch * boundary);
+    } else if (all > 0) {  // not measured (a calibration of old): the memory plan's one micro-batch of the model
+      double share = 0;
+      for (int i = begin; i < end; ++i)
+        share += static_cast<double>(blocks[static_cast<size_t>(i)].activation_bytes_per_image) / all;
+      const int64_t in_flight =
+          in.options.pipeline_schedule == PipelineSchedule::GPipe ? l.accum : std::min<int64_t>(l.stages - s, l.accum);
+      act = f.curve.fixed + static_cast<int64_t>(static_cast<double>(f.curve.per_image * l.batch) * share *
+                                                 static_cast<double>(in_flight));
+    }
+    q.total = q.total - q.activations + act;
+    q.activations = act;
+    q.total = std::max(q.total, f.peak_so_far);
+    if (q.total > worst.total) worst = q;
   }
-  return p;
+  return worst;
 }
 
 }  // namespace
@@ -359,7 +419,7 @@ LayoutCost predict_layout(const PlanInput& in, const Layout& l) {
   LayoutCost cost;
   cost.memory = predict_memory(in, l);
   cost.peak = cost.memory.total;
-  cost.fits = in.budget <= 0 || fits(cost.peak, in.budget);
+  cost.fits = in.budget <= 0 || fits(cost.peak + in.probe_leftover, in.budget);
   const double opt_per_byte = c.optimizer_seconds_per_byte;
   if (l.stages == 1) {
     double fwd = 0;
@@ -372,18 +432,26 @@ LayoutCost predict_layout(const PlanInput& in, const Layout& l) {
       back[k] = c.backward(i, l.batch) + (l.recompute == RecomputeChoice::Blocks && c.blocks[i].recomputable ? f : 0);
       bytes[k] = c.blocks[i].param_bytes;
     }
+    // Every rank busy all the step: as fast as the probe's ranks were, where as many shared the cores.
+    const double speed = sharing(in, in.world.ranks_per_host) / c.contention;
+    fwd *= speed;
     double bwd = 0;
-    for (double b : back) bwd += b;
+    for (double& b : back) bwd += (b *= speed);
     cost.compute = static_cast<double>(l.accum) * (fwd + bwd);
     cost.comm = exposed_sync(in, l, back, bytes);
     const int64_t params = c.param_bytes();
-    cost.optimizer = opt_per_byte * static_cast<double>(params) / (l.zero ? l.replicas : 1);
-    if (l.zero && l.replicas > 1)  // the weights' all-gather, under the next step's forward
-      cost.comm += std::max(0.0, half_allreduce_seconds(in.link, l.backend, params, l.replicas,
-                                                        per_host_of(in.world, l.replicas)) -
-                                     fwd);
+    // ZeRO-1 updates 1/D of the state, but copying the shards in and out and the weights' all-gather cost
+    // about what that saves (measured no faster than plain on the CPU): the whole update's time either way,
+    // so ZeRO-1 is a memory lever and never makes a larger world superlinear.
+    cost.optimizer = opt_per_byte * static_cast<double>(params) * speed;  // measured all at once, too
+    if (l.zero && l.replicas > 1) {  // the weights' all-gather, under the next step's forward
+      const double gather =
+          half_allreduce_seconds(in.link, l.backend, params, l.replicas, per_host_of(in.world, l.replicas));
+      cost.comm += cores_saturated(in) ? gather * sharing(in, in.world.ranks_per_host) : std::max(0.0, gather - fwd);
+    }
   } else {
     const auto S = static_cast<size_t>(l.stages);
+    const double all_busy = sharing(in, in.world.ranks_per_host) / c.contention;
     std::vector<double> stage(S, 0);
     double worst_tail = 0, sum = 0, worst = 0, sends = 0, worst_send = 0;
     for (size_t s = 0; s < S; ++s) {
@@ -410,14 +478,24 @@ LayoutCost predict_layout(const PlanInput& in, const Layout& l) {
       worst_send = std::max(worst_send, 2 * send);
       sum += stage[s];
       worst = std::max(worst, stage[s]);
-      const double tail = exposed_sync(in, l, back, bytes) + opt_per_byte * static_cast<double>(params);
+      const double update = opt_per_byte * static_cast<double>(params) * all_busy;  // every rank at once
+      const double tail = exposed_sync(in, l, back, bytes) + update;
       worst_tail = std::max(worst_tail, tail);
-      cost.optimizer = std::max(cost.optimizer, opt_per_byte * static_cast<double>(params));
+      cost.optimizer = std::max(cost.optimizer, update);
     }
-    cost.compute = static_cast<double>(l.accum) * worst;
+    // The M + S - 1 slots of the schedule: min(j + 1, S, M, M + S - 1 - j) stages busy in slot j (filling,
+    // steady, draining), each at the speed its busy ranks on a host leave; the probe had all busy.
+    const int64_t M = l.accum, slots = M + l.stages - 1;
+    double speed = 0;
+    for (int64_t j = 0; j < slots; ++j) {
+      const int64_t busy_stages = std::min({j + 1, static_cast<int64_t>(l.stages), M, slots - j});
+      speed += sharing(in, static_cast<double>(busy_stages) * in.world.ranks_per_host / l.stages);
+    }
+    speed /= static_cast<double>(slots) * c.contention;
+    cost.compute = static_cast<double>(l.accum) * worst * speed;
     // Filling and draining: every stage once beside the slowest, and the sends along the way; each
     // steady micro-batch waits for the slowest link's send and its gradient's.
-    cost.bubble = (sum - worst) + sends + static_cast<double>(l.accum - 1) * worst_send;
+    cost.bubble = (sum - worst) * speed + sends + static_cast<double>(l.accum - 1) * worst_send;
     cost.comm = worst_tail - cost.optimizer;
   }
   cost.step = cost.compute + cost.bubble + cost.comm + cost.optimizer;
@@ -438,7 +516,7 @@ std::vector<Layout> enumerate_layouts(const PlanInput& in, std::vector<std::stri
       skip(detail::str_cat(S, " stages: ",
                            S > blocks ? detail::str_cat("the model has ", blocks, " blocks")
                                       : std::string(in.max_stages <= 1 ? "a custom step function sees the whole model"
-                                                                        : "more stages than the planner considers")));
+                                                                       : "more stages than the planner considers")));
       continue;
     }
     const int D = world / S;
@@ -479,7 +557,8 @@ std::vector<Layout> enumerate_layouts(const PlanInput& in, std::vector<std::stri
             if (S > 1) {
               std::vector<BlockCost> costs;
               for (size_t i = 0; i < in.compute.blocks.size(); ++i)
-                costs.push_back({in.compute.blocks[i].name, in.compute.forward(i, l.batch) + in.compute.backward(i, l.batch)});
+                costs.push_back(
+                    {in.compute.blocks[i].name, in.compute.forward(i, l.batch) + in.compute.backward(i, l.batch)});
               l.split = balance_time(costs, S);
             }
             const bool f = predict_layout(in, l).fits;
@@ -526,23 +605,30 @@ LayoutPlan plan_layouts(const PlanInput& in) {
   });
   const PlannedLayout& best = plan.layouts.front();
   if (!best.cost.fits)
-    RT_THROW_PERMANENT("--layout auto: no layout of the ", plan.layouts.size(), " considered fits the budget of ",
-                       format_bytes(in.budget), " a rank (", in.budget_source,
-                       ", less 5% to spare); the smallest predicted peak is ", best.cost.memory.str(), " with ",
-                       best.layout.flags(), ". Raise --max-memory, or use a smaller --global-batch");
+    RT_THROW_PERMANENT(
+        "--layout auto: no layout of the ", plan.layouts.size(), " considered fits the budget of ",
+        format_bytes(in.budget), " a rank (", in.budget_source, ", less 5% to spare); the smallest predicted peak is ",
+        best.cost.memory.str(), " with ", best.layout.flags(),
+        in.probe_leftover > 0
+            ? detail::str_cat(", and this run holds ", format_bytes(in.probe_leftover), " more from the layout probe")
+            : std::string(),
+        ". Raise --max-memory, or use a smaller --global-batch");
   for (size_t i = 1; i < plan.layouts.size(); ++i) {
     PlannedLayout& p = plan.layouts[i];
     if (!p.cost.fits) {
-      p.why_not = detail::str_cat("does not fit: ", format_bytes(p.cost.peak), " over the budget of ",
-                                  format_bytes(in.budget), " less 5%");
+      p.why_not = detail::str_cat("does not fit: ", format_bytes(p.cost.peak),
+                                  in.probe_leftover > 0
+                                      ? detail::str_cat(" (+ ", format_bytes(in.probe_leftover), " the probe left)")
+                                      : std::string(),
+                                  " over the budget of ", format_bytes(in.budget), " less 5%");
       continue;
     }
     std::string parts;
     auto part = [&](const char* what, double mine, double theirs) {
       const double d = mine - theirs;
       if (std::abs(d) >= 0.0005 * best.cost.step || std::abs(d) >= 1e-4)
-        parts += detail::str_cat(parts.empty() ? "" : ", ", what, " ", d >= 0 ? "+" : "", std::lround(ms(d) * 10) / 10.0,
-                                 " ms");
+        parts += detail::str_cat(parts.empty() ? "" : ", ", what, " ", d >= 0 ? "+" : "",
+                                 std::lround(ms(d) * 10) / 10.0, " ms");
     };
     part("compute", p.cost.compute, best.cost.compute);
     part("bubble", p.cost.bubble, best.cost.bubble);
@@ -585,8 +671,11 @@ json LayoutPlan::to_json() const {
     if (!p.why_not.empty()) j["why_not"] = p.why_not;
     all.push_back(j);
   }
-  return {{"global_batch", global_batch}, {"chosen", layouts.front().layout.to_json()},
-          {"predicted", layouts.front().cost.to_json()}, {"considered", all}, {"skipped", skipped}};
+  return {{"global_batch", global_batch},
+          {"chosen", layouts.front().layout.to_json()},
+          {"predicted", layouts.front().cost.to_json()},
+          {"considered", all},
+          {"skipped", skipped}};
 }
 
 }  // namespace ringtrain::runtime

@@ -13,11 +13,16 @@
 //             measured: no superlinear scaling), a recomputed block's forward once more;
 //   pipeline  1F1B/GPipe over S stages and M micro-batches: every stage's work once (filling and draining
 //             the pipe) plus M - 1 times the slowest stage's, with the activations and their gradients
-//             sent between stages over the link model;
+//             sent between stages over the link model; its peak is the stage whose blocks' activations
+//             (measured per block) times the micro-batches it holds (1F1B: S - s, GPipe: M) are largest;
 //   all-reduce  the gradient buckets (launch order, the last micro-batch's backward makes them ready) one at
 //             a time through the link model, what runs past that backward is exposed; ZeRO-1 reduce-scatters
-//             them, updates 1/D of the state and all-gathers the weights under the next forward;
-//   optimizer the measured update time per byte of parameters.
+//             them, updates 1/D of the state and all-gathers the weights under the next forward (its update
+//             predicted as long as plain's: the shards' copies cost what the smaller update saves);
+//   optimizer the measured update time per byte of parameters;
+//   sharing CPU ranks that share a host's cores run slower the more of them are busy: the probe's times
+//             (all busy) are turned into a rank's alone, and each pipeline slot (fill, steady, drain) runs
+//             at the speed its busy ranks leave (max(1, busy threads / cores) slower than alone).
 // The link model is alpha-beta per hop, inside a host and between hosts (LinkModel): measured at start-up
 // (layout_probe.h), read from a calibration file, or given (ringtrain_plan --link).
 #pragma once
@@ -37,7 +42,7 @@ namespace ringtrain::runtime {
 
 // Alpha-beta per hop: a message of B bytes over a hop takes alpha + B / bw seconds.
 struct LinkModel {
-  double alpha_intra = 5e-6, bw_intra = 4e9;     // between ranks of one host (shared memory, NVLink)
+  double alpha_intra = 5e-6, bw_intra = 4e9;      // between ranks of one host (shared memory, NVLink)
   double alpha_inter = 30e-6, bw_inter = 1.25e8;  // between hosts (one direction of the host's link)
   std::string source = "defaults";                // "measured at start-up", "--link 100Gbit", a file
   nlohmann::json to_json() const;
@@ -77,15 +82,22 @@ struct BlockProfile {
   std::string name;
   double forward[2] = {0, 0}, backward[2] = {0, 0};  // seconds at ComputeProfile::batch[0] and [1]
   int64_t param_bytes = 0;
-  int64_t output_bytes_per_image = 0;  // what a stage starting after it receives
-  bool recomputable = false;           // --recompute reruns its forward in backward (all but the last)
+  int64_t output_bytes_per_image = 0;      // what a stage starting after it receives
+  int64_t activation_bytes_per_image = 0;  // what its forward keeps for its backward (0: not measured)
+  bool recomputable = false;               // --recompute reruns its forward in backward (all but the last)
 };
 
 struct ComputeProfile {
   int64_t batch[2] = {0, 0};
   std::vector<BlockProfile> blocks;
   double optimizer_seconds_per_byte = 0;  // the optimizer's update, per byte of parameters
-  std::string source;                     // "measured on 2 ranks at 1 thread each"
+  // A whole step's time over the sum of its blocks' measured one at a time, at each batch: the blocks' times
+  // above are already multiplied by it (layout_probe.h); recorded to show the correction.
+  double scale[2] = {1, 1};
+  // How much slower than alone the ranks ran, sharing their host's cores: max(1, busy threads / cores) over
+  // the probe (every rank at once); 1 on GPUs, a device each.
+  double contention = 1;
+  std::string source;  // "measured on 2 ranks at 1 thread each"
   // A block's forward / backward at micro-batch b: the line through the two measurements, its slope and
   // its intercept never below zero.
   double forward(size_t block, int64_t b) const;
@@ -133,14 +145,21 @@ struct PlanInput {
   int64_t global_batch = 0;
   TrainerOptions options;  // the run's other flags (precision, optimizer, compression, schedule, ...)
   ComputeProfile compute;
-  MemoryFacts facts;                              // with recompute off
-  std::optional<ActivationCurve> recompute_curve; // with every block but the last recomputed, if the model can
-  int64_t budget = 0;                             // bytes per rank (the smallest over the ranks)
+  MemoryFacts facts;                               // with recompute off
+  std::optional<ActivationCurve> recompute_curve;  // with every block but the last recomputed, if the model can
+  int64_t budget = 0;                              // bytes per rank (the smallest over the ranks)
+  // --layout auto's own run holds this much more than a run given by hand (what the compute probe left:
+  // oneDNN's primitives for its shapes): peaks are predicted as by hand, budgets checked with it added.
+  int64_t probe_leftover = 0;
   std::string budget_source;
   LinkModel link;
   std::vector<comm::Backend> backends;  // the all-reduce backends to consider
   std::vector<double> bucket_mbs = {25, 5};
   int max_stages = 8;  // 1: no pipelines (a custom step function sees the whole model, which no stage holds)
+  // CPU ranks share their host's cores: a rank computing while others wait (a pipeline's bubble) runs
+  // faster than the probe, which had them all busy. 0: a device each (GPUs), no sharing.
+  double cores_per_host = 0;  // a host's share of its machine's cores (hosts emulated on one machine share)
+  int threads_per_rank = 1;
 };
 
 // The backends a world offers: ring; hierarchical when several hosts hold the same number (> 1) of ranks;

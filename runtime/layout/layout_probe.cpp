@@ -7,12 +7,15 @@
 #include <cstdio>
 #include <fstream>
 #include <span>
+#include <thread>
 
 #include "comm/host_collectives.h"
 #include "comm/mpi_check.h"
+#include "core/allocator.h"
 #include "core/autocast.h"
 #include "core/check.h"
 #include "core/ops.h"
+#include "core/parallel.h"
 #include "io/files.h"
 #include "layers/checkpoint.h"
 #include "layers/loss.h"
@@ -44,8 +47,9 @@ std::pair<int64_t, int64_t> probe_batches(int64_t global_batch, int world_size) 
   return {lo == hi ? std::max<int64_t>(1, hi / 2) : lo, lo == hi && hi == 1 ? 2 : hi};
 }
 
-ComputeProfile measure_compute(const TrainerOptions& o, Device device, Module& model, const DataInfo& info,
-                               int64_t b0, int64_t b1) {
+ComputeProfile measure_compute(const TrainerOptions& o, Device device, Module& model, const DataInfo& info, int64_t b0,
+                               int64_t b1, const std::function<bool(bool)>& together_in) {
+  const std::function<bool(bool)> together = together_in ? together_in : [](bool failed) { return failed; };
   RT_CHECK(b0 >= 1 && b1 > b0, "the layout probe: micro-batches ", b0, " and ", b1);
   std::vector<Block> blocks = model.blocks();
   if (blocks.empty()) blocks.push_back({"model", {}, [&model](const Tensor& x) { return model.forward(x); }, {}});
@@ -66,75 +70,141 @@ ComputeProfile measure_compute(const TrainerOptions& o, Device device, Module& m
   std::optional<ModelStateGuard> untouched(std::in_place, model);
   const CrossEntropyLoss loss_fn(o.label_smoothing);
   const std::optional<DType> half = autocast_type(o.precision);
-  // Round 0 warms (plans, caches, oneDNN's primitives); the fastest of the later ones counts.
-  constexpr int kRounds = 3;
-  for (int round = 0; round < kRounds; ++round)
-    for (int k = 0; k < 2; ++k) {
-      const int64_t b = p.batch[k];
-      Tensor x = Tensor::normal(Shape{b, info.height, info.width, info.channels}, 0, 1, 17 + round, DType::F32, device);
-      const Tensor labels = Tensor::zeros(Shape{b}, DType::I64, device);
-      Tensor prev = x;
-      for (size_t i = 0; i < blocks.size(); ++i) {
-        Tensor in = prev.detach();
-        if (i > 0) in.set_requires_grad(true);
-        const auto t0 = Clock::now();
-        Tensor y;
-        {
-          AutocastGuard autocast(half);
-          y = blocks[i].forward(in);
-        }
-        synchronize(device);
-        const double f = since(t0);
-        const auto t1 = Clock::now();
-        if (i + 1 == blocks.size()) {
-          Tensor loss = loss_fn(y, labels);
-          loss.backward();
-        } else if (y.requires_grad()) {
-          y.backward(Tensor::ones(y.shape(), y.dtype(), device));
-        }
-        for (const auto& m : blocks[i].modules) m->zero_grad(true);
-        synchronize(device);
-        const double g = since(t1);
-        BlockProfile& bp = p.blocks[i];
-        if (round == 1 || (round > 1 && f < bp.forward[k])) bp.forward[k] = f;
-        if (round == 1 || (round > 1 && g < bp.backward[k])) bp.backward[k] = g;
-        if (round == 0 && k == 0 && b > 0) bp.output_bytes_per_image = y.nbytes() / b;
-        prev = y.detach();
+  // Per block, every block's forward and then its backward at once: the proportions of the blocks. A whole
+  // step (every forward, the loss, every backward in reverse) is slower than their sum, its backwards finding
+  // their activations out of the cache (16% at ResNet-56 b64 on the CPU), so whole passes give the scale:
+  // each micro-batch's block times are multiplied by whole / sum. Round 0 warms (plans, caches, oneDNN's
+  // primitives), round 1 times the blocks (and what each keeps for its backward), the later ones the whole
+  // pass (their median).
+  constexpr int kRounds[2] = {5, 4};  // the small batch's passes are short and noisier: 3 whole ones, the large's 2
+  std::vector<double> whole[2];
+  std::vector<int64_t> kept[2] = {std::vector<int64_t>(blocks.size()), std::vector<int64_t>(blocks.size())};
+  auto pass = [&](int round, int k) {
+    const int64_t b = p.batch[k];
+    // A whole pass draws its input as the synthetic source does, on the rank's own thread (a loader's work
+    // on the same cores is of that order or more).
+    const auto t0 = Clock::now();
+    Tensor x = Tensor::normal(Shape{b, info.height, info.width, info.channels}, 0, 1, 17 + round, DType::F32, device);
+    const Tensor labels = Tensor::zeros(Shape{b}, DType::I64, device);
+    if (round != 1) {
+      Tensor y = x;
+      {
+        AutocastGuard autocast(half);
+        for (const Block& block : blocks) y = block.forward(y);
       }
-      model.zero_grad();
+      loss_fn(y, labels).backward();
+      model.zero_grad(true);
+      synchronize(device);
+      if (round > 1) whole[k].push_back(since(t0));
+      return;
     }
-  untouched.reset();
-  // The optimizer's update over copies of the parameters (the run's rule), the fastest of three.
+    Tensor prev = x;
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      Tensor in = prev.detach();
+      if (i > 0) in.set_requires_grad(true);
+      const int64_t held = memory_stats(device).allocated_bytes;
+      const auto t0 = Clock::now();
+      Tensor y;
+      {
+        AutocastGuard autocast(half);
+        y = blocks[i].forward(in);
+      }
+      synchronize(device);
+      const auto t1 = Clock::now();
+      kept[k][i] = memory_stats(device).allocated_bytes - held;  // its output and what backward needs
+      if (i + 1 == blocks.size()) {
+        Tensor loss = loss_fn(y, labels);
+        loss.backward();
+      } else if (y.requires_grad()) {
+        y.backward(Tensor::ones(y.shape(), y.dtype(), device));
+      }
+      for (const auto& m : blocks[i].modules) m->zero_grad(true);
+      synchronize(device);
+      BlockProfile& bp = p.blocks[i];
+      bp.forward[k] = seconds(t1 - t0);
+      bp.backward[k] = since(t1);
+      bp.output_bytes_per_image = y.nbytes() / b;
+      prev = y.detach();
+    }
+    model.zero_grad(true);
+  };
+  // Every pass starts on all ranks at once (`together`), as a step does: ranks sharing cores contend as in
+  // the run. A rank's error stops every rank's probe at the next pass (none waits for it).
+  std::exception_ptr failed;
+  bool stop = false;
+  auto at_once = [&](const std::function<void()>& fn) {
+    if (stop || (stop = together(failed != nullptr))) return;
+    try {
+      fn();
+    } catch (...) {
+      failed = std::current_exception();
+    }
+  };
+  // One batch size's passes in a row, as a run's micro-batches come: a pass after a larger one's would
+  // find the caches and the heap as no step of the run does.
+  for (int k = 0; k < 2; ++k)
+    for (int round = 0; round < kRounds[k]; ++round) at_once([&] { pass(round, k); });
+  // The optimizer's update over copies of the parameters (the run's rule), every rank at once as in a step:
+  // the median of three after one to warm.
   std::vector<NamedParameter> copies;
   int64_t bytes = 0;
-  for (const auto& [n, t] : model.named_parameters())
-    if (t.requires_grad()) {
-      Tensor c = t.detach().clone();
-      c.set_requires_grad(true);
-      c.set_grad(Tensor::zeros(t.shape(), t.dtype(), device));
-      copies.push_back({n, c});
-      bytes += t.nbytes();
-    }
-  if (bytes > 0) {
-    std::unique_ptr<Optimizer> opt;
+  std::unique_ptr<Optimizer> opt;
+  std::vector<double> updates;
+  at_once([&] {
+    for (const auto& [n, t] : model.named_parameters())
+      if (t.requires_grad()) {
+        Tensor c = t.detach().clone();
+        c.set_requires_grad(true);
+        c.set_grad(Tensor::zeros(t.shape(), t.dtype(), device));
+        copies.push_back({n, c});
+        bytes += t.nbytes();
+      }
     if (o.optimizer == OptimizerKind::Sgd)
-      opt = std::make_unique<Sgd>(copies, SgdOptions{.momentum = o.momentum, .nesterov = o.nesterov, .weight_decay = o.wd});
+      opt = std::make_unique<Sgd>(copies,
+                                  SgdOptions{.momentum = o.momentum, .nesterov = o.nesterov, .weight_decay = o.wd});
     else
       opt = std::make_unique<AdamW>(copies, AdamWOptions{.weight_decay = o.wd});
-    double best = 0;
-    for (int i = 0; i < 4; ++i) {
+  });
+  for (int i = 0; i < 4; ++i)
+    at_once([&] {
       const auto t0 = Clock::now();
-      opt->step(1e-3);
+      if (bytes > 0) opt->step(1e-3);
       synchronize(device);
-      const double s = since(t0);
-      if (i == 1 || (i > 1 && s < best)) best = s;
-    }
-    p.optimizer_seconds_per_byte = best / static_cast<double>(bytes);
+      if (i > 0) updates.push_back(since(t0));
+    });
+  const bool others = together(failed != nullptr);
+  untouched.reset();
+  if (failed) std::rethrow_exception(failed);
+  RT_CHECK(!others, "the layout probe failed on another rank");
+  for (size_t i = 0; i < blocks.size(); ++i)  // per image: the line through both batches, never below zero
+    p.blocks[i].activation_bytes_per_image =
+        std::max<int64_t>(0, (kept[1][i] - kept[0][i]) / (p.batch[1] - p.batch[0]));
+  for (int k = 0; k < 2; ++k) {
+    double sum = 0;
+    for (const BlockProfile& bp : p.blocks) sum += bp.forward[k] + bp.backward[k];
+    std::sort(whole[k].begin(), whole[k].end());
+    const size_t n = whole[k].size();
+    const double median = (whole[k][(n - 1) / 2] + whole[k][n / 2]) / 2;
+    const double scale = sum > 0 && median > 0 ? median / sum : 1;
+    for (BlockProfile& bp : p.blocks) bp.forward[k] *= scale, bp.backward[k] *= scale;
+    p.scale[k] = scale;
+  }
+  if (bytes > 0) {
+    std::sort(updates.begin(), updates.end());
+    p.optimizer_seconds_per_byte = updates[updates.size() / 2] / static_cast<double>(bytes);
   }
   return p;
 }
 
 namespace {
+
+// The machine this rank runs on: the kernel's boot id (network namespaces share it), else the host name.
+std::string machine_id(const comm::World& world) {
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  if (in >> id && !id.empty()) return id;
+  return world.host();
+}
 
 // This rank's host among the world's, numbered in rank order.
 int host_index(const comm::World& world) {
@@ -161,7 +231,8 @@ double time_allreduce(comm::Communicator& c, Device device, int64_t bytes, int r
 std::pair<double, double> fit_group(MPI_Comm group, int n, comm::Backend backend, Device device) {
   comm::CommunicatorPtr c = comm::make_communicator(backend, group);
   std::vector<std::pair<int64_t, double>> samples;
-  for (int64_t bytes : {int64_t{64} << 10, int64_t{1} << 20, int64_t{4} << 20}) {
+  // Up to 16 MiB, past the caches, as the gradient buckets are (25 MiB by default).
+  for (int64_t bytes : {int64_t{64} << 10, int64_t{1} << 20, int64_t{4} << 20, int64_t{16} << 20}) {
     const double t = time_allreduce(*c, device, bytes, 3);
     // The slowest member's time is the collective's.
     samples.push_back({bytes, comm::all_reduce(group, t, comm::HostOp::Max)});
@@ -198,8 +269,8 @@ LinkModel measure_link(comm::World& world, Device device) {
   }
   if (leaders != MPI_COMM_NULL) MPI_Comm_free(&leaders);
   MPI_Comm_free(&local);
-  link.source = detail::str_cat("measured at start-up (", world.num_nodes(), " host(s), ", world.local_size(),
-                                " rank(s) each)");
+  link.source =
+      detail::str_cat("measured at start-up (", world.num_nodes(), " host(s), ", world.local_size(), " rank(s) each)");
   return link;
 }
 
@@ -239,9 +310,7 @@ PlanInput gather_plan_input(comm::World& world, const TrainerOptions& o, Device 
   in.max_stages = step_fn ? 1 : 8;
   if (o.backend) in.backends = {*o.backend};
   std::string error;
-  // Memory: the facts without recompute and, when the model can, the activations with it; the smallest
-  // budget and the largest facts over the ranks. Measured twice: first to cap the compute probe's batch, then
-  // after it, as fit()'s memory plan will find the process (the probe's heap stays resident on the CPU).
+  // A calibration file is read first: a bad one fails before any probe.
   if (!o.link_calibration.empty()) {
     try {
       const auto t0 = Clock::now();
@@ -252,8 +321,14 @@ PlanInput gather_plan_input(comm::World& world, const TrainerOptions& o, Device 
     }
     comm::agree_or_throw(world.comm(), error, "--layout auto (--link-calibration)", true);
   }
+  // Memory: the facts without recompute and, when the model can, the activations with it; the smallest
+  // budget and the largest facts over the ranks. Measured before the compute probe, as a run given by hand
+  // finds the process: each layout is predicted as that run's memory plan would predict it. (The compute
+  // probe's whole passes then raise the high-water mark to a plain step's at micro-batch b1, which fits the
+  // budget with a tenth to spare; fit()'s memory plan counts it.)
   RankBudget budget;
-  auto probe_memory = [&] {
+  int64_t own_baseline = 0;
+  {
     dog.phase("startup: --layout auto (the memory probe)", 0);
     try {
       const auto t0 = Clock::now();
@@ -261,6 +336,7 @@ PlanInput gather_plan_input(comm::World& world, const TrainerOptions& o, Device 
       plain.recompute = false;
       recompute_blocks(model, false);
       in.facts = measure_memory_facts(plain, device, model, data, step_fn);
+      own_baseline = in.facts.baseline;
       int marked = 0;
       try {
         marked = recompute_blocks(model, true);
@@ -279,17 +355,20 @@ PlanInput gather_plan_input(comm::World& world, const TrainerOptions& o, Device 
       error = e.what();
     }
     comm::agree_or_throw(world.comm(), error, "--layout auto (the memory probe)", true);
-    int64_t facts[7] = {in.facts.baseline, in.facts.peak_so_far, in.facts.curve.fixed, in.facts.curve.per_image,
+    int64_t facts[7] = {in.facts.baseline,
+                        in.facts.peak_so_far,
+                        in.facts.curve.fixed,
+                        in.facts.curve.per_image,
                         in.recompute_curve ? in.recompute_curve->fixed : 0,
-                        in.recompute_curve ? in.recompute_curve->per_image : 0, -budget.bytes};
+                        in.recompute_curve ? in.recompute_curve->per_image : 0,
+                        -budget.bytes};
     comm::all_reduce(world.comm(), std::span<int64_t>(facts, 7), comm::HostOp::Max);
     in.facts.baseline = facts[0], in.facts.peak_so_far = facts[1];
     in.facts.curve.fixed = facts[2], in.facts.curve.per_image = facts[3];
     if (in.recompute_curve) in.recompute_curve = ActivationCurve{facts[4], facts[5]};
     in.budget = -facts[6];
     in.budget_source = budget.source;
-  };
-  probe_memory();
+  }
   // Compute: every rank at once (so the contention of the run is in it), the slowest rank's figures.
   dog.phase("startup: --layout auto (measuring the model's blocks)", 0);
   try {
@@ -297,36 +376,88 @@ PlanInput gather_plan_input(comm::World& world, const TrainerOptions& o, Device 
     auto [b0, b1] = probe_batches(G, W);
     TrainerOptions v = o;
     v.recompute = false, v.pipeline_stages = 1, v.zero = 0;
-    while (b1 > 2 && in.budget > 0 && !fits(predict_peak((v.batch = b1, v), in.facts, W).total, in.budget)) b1 /= 2;
+    // A tenth to spare: the run's memory plan finds the probe's peak in the process's high-water mark.
+    while (b1 > 2 && in.budget > 0 && !fits(predict_peak((v.batch = b1, v), in.facts, W).total * 11 / 10, in.budget))
+      b1 /= 2;
     b0 = std::min(b0, std::max<int64_t>(1, b1 / 4));
     if (b0 >= b1) b0 = std::max<int64_t>(1, b1 / 2), b1 = std::max<int64_t>(b1, b0 + 1);
     const auto t0 = Clock::now();
-    in.compute = measure_compute(o, device, model, info, b0, b1);
+    // The passes start together through the ring's polite wait (yield, then sleep): a rank spinning in MPI
+    // would take the core from one still computing, where ranks share cores.
+    const comm::CommunicatorPtr ring = comm::make_communicator(comm::Backend::Ring, world.comm());
+    in.compute = measure_compute(o, device, model, info, b0, b1, [&ring](bool failed) {
+      const Tensor flag = Tensor::from_vector({failed ? 1.0 : 0.0}, Shape{1}, DType::F32, Device::cpu());
+      ring->all_reduce(flag);
+      return flag.to_vector()[0] > 0;
+    });
+    empty_cache(device);  // the probe's freed heap back to the system: the run's baseline does not hold it
     took.compute = since(t0);
   } catch (const std::exception& e) {
     error = e.what();
   }
   comm::agree_or_throw(world.comm(), error, "--layout auto (measuring the model)", true);
-  probe_memory();
-  std::vector<double> times;
+  // Over the ranks: each block's mean (a maximum per block would add up every rank's worst moment: +40% at
+  // ResNet-56 b32 on 4 ranks sharing 2 cores), scaled to the slowest rank's whole pass at each batch; the
+  // slowest rank's update.
+  std::vector<double> times, slowest(3);
+  for (int k = 0; k < 2; ++k)
+    for (const auto& b : in.compute.blocks) slowest[static_cast<size_t>(k)] += b.forward[k] + b.backward[k];
+  slowest[2] = in.compute.optimizer_seconds_per_byte;
   for (const auto& b : in.compute.blocks)
     times.insert(times.end(), {b.forward[0], b.forward[1], b.backward[0], b.backward[1]});
-  times.push_back(in.compute.optimizer_seconds_per_byte);
-  comm::all_reduce(world.comm(), std::span<double>(times), comm::HostOp::Max);
+  comm::all_reduce(world.comm(), std::span<double>(times), comm::HostOp::Sum);
+  comm::all_reduce(world.comm(), std::span<double>(slowest), comm::HostOp::Max);
+  double mean[2] = {0, 0};
   for (size_t i = 0; i < in.compute.blocks.size(); ++i) {
     BlockProfile& b = in.compute.blocks[i];
+    for (double& t : std::span<double>(times).subspan(4 * i, 4)) t /= world.size();
     b.forward[0] = times[4 * i], b.forward[1] = times[4 * i + 1];
     b.backward[0] = times[4 * i + 2], b.backward[1] = times[4 * i + 3];
+    for (int k = 0; k < 2; ++k) mean[k] += b.forward[k] + b.backward[k];
   }
-  in.compute.optimizer_seconds_per_byte = times.back();
-  in.compute.source = detail::str_cat("measured on ", world.size(), " rank(s) at once, the slowest rank's");
+  for (int k = 0; k < 2; ++k)
+    if (mean[k] > 0)
+      for (BlockProfile& b : in.compute.blocks)
+        b.forward[k] *= slowest[k] / mean[k], b.backward[k] *= slowest[k] / mean[k];
+  in.compute.optimizer_seconds_per_byte = slowest[2];
+  in.compute.source =
+      detail::str_cat("measured on ", world.size(), " rank(s) at once: the mean block, the slowest rank's whole pass");
+  // CPU ranks share their machine's cores (those of its ranks' affinity; the fewest a host has): the probe
+  // ran with every rank busy. A machine is a kernel (its boot id): the hosts of an emulated cluster
+  // (network namespaces, scripts/cluster.sh) share one, and each holds its share of its cores.
+  if (!device.is_cuda()) {
+    const std::string me = machine_id(world);
+    int on_machine = 0;
+    for (const std::string& id : comm::all_gather_strings(world.comm(), me)) on_machine += id == me;
+    const auto hardware = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    const double cores = std::min(hardware, on_machine * available_cores());
+    in.cores_per_host = comm::all_reduce(world.comm(), cores * world.local_size() / on_machine, comm::HostOp::Min);
+    in.threads_per_rank = std::max(1, num_threads());
+    in.compute.contention = std::max(1.0, world.local_size() * in.threads_per_rank / in.cores_per_host);
+  }
   // The link: measured now, unless a calibration file (read first) gives it.
   if (o.link_calibration.empty() && world.size() > 1) {
     dog.phase("startup: --layout auto (measuring the links)", 0);
     const auto t0 = Clock::now();
     in.link = measure_link(world, device);
+    empty_cache(device);  // the link probe's buffers, freed, back to the system
     took.link = since(t0);
   }
+  // What the probes leave to this run (oneDNN's primitives for their shapes, heap they could not give back),
+  // measured as fit()'s memory plan will: budgets are checked with it.
+  try {
+    TrainerOptions plain = o;
+    plain.recompute = false;
+    const auto t0 = Clock::now();
+    in.probe_leftover =
+        std::max<int64_t>(0, measure_memory_facts(plain, device, model, data, step_fn).baseline - own_baseline);
+    took.memory += since(t0);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  comm::agree_or_throw(world.comm(), error, "--layout auto (the memory probe)", true);
+  in.probe_leftover =
+      static_cast<int64_t>(comm::all_reduce(world.comm(), static_cast<double>(in.probe_leftover), comm::HostOp::Max));
   return in;
 }
 
@@ -341,33 +472,80 @@ json plan_and_print(const PlanInput& in, const TrainerOptions& o, const Timings&
   std::printf("layout auto: %zu layouts of global batch %lld over %d rank(s) on %d host(s), fastest first:\n%s",
               plan.layouts.size(), static_cast<long long>(in.global_batch), in.world.size(), in.world.hosts,
               plan.table().c_str());
-  std::printf("layout auto: chose %s (%s): predicted %.1f ms a step, %.0f img/s, peak %s a rank (budget %s, %s), "
-              "communication %.1f%% of the step\n",
-              best.layout.short_text().c_str(), best.layout.flags().c_str(), 1e3 * best.cost.step, G / best.cost.step,
-              format_bytes(best.cost.peak).c_str(), format_bytes(in.budget).c_str(), in.budget_source.c_str(),
-              100 * best.cost.comm_share());
-  std::printf("layout auto: planned in %.2f s (compute probe %.2f s, memory probe %.2f s, links %.2f s): %.2f%% of a "
-              "10-minute run%s\n",
-              planned, took.compute, took.memory, took.link, 100 * planned / 600,
-              run_s > 0 ? detail::str_cat(", ", std::lround(1000 * planned / (run_s + planned)) / 10.0,
-                                          "% of this run's predicted ", std::lround(run_s), " s")
-                              .c_str()
-                        : "");
+  std::printf(
+      "layout auto: chose %s (%s): predicted %.1f ms a step, %.0f img/s, peak %s a rank (given by hand; this "
+      "run %s more, what the probe left), budget %s (%s), communication %.1f%% of the step\n",
+      best.layout.short_text().c_str(), best.layout.flags().c_str(), 1e3 * best.cost.step, G / best.cost.step,
+      format_bytes(best.cost.peak).c_str(), format_bytes(in.probe_leftover).c_str(), format_bytes(in.budget).c_str(),
+      in.budget_source.c_str(), 100 * best.cost.comm_share());
+  std::printf(
+      "layout auto: planned in %.2f s (compute probe %.2f s, memory probe %.2f s, links %.2f s): %.2f%% of a "
+      "10-minute run%s\n",
+      planned, took.compute, took.memory, took.link, 100 * planned / 600,
+      run_s > 0 ? detail::str_cat(", ", std::lround(1000 * planned / (run_s + planned)) / 10.0,
+                                  "% of this run's predicted ", std::lround(run_s), " s")
+                      .c_str()
+                : "");
   std::fflush(stdout);
   json j = plan.to_json();
   j["link"] = in.link.to_json();
   j["compute"] = in.compute.to_json();
-  j["world"] = {{"hosts", in.world.hosts}, {"ranks_per_host", in.world.ranks_per_host}};
+  j["world"] = {{"hosts", in.world.hosts},
+                {"ranks_per_host", in.world.ranks_per_host},
+                {"cores_per_host", in.cores_per_host},
+                {"threads_per_rank", in.threads_per_rank}};
   j["budget_bytes"] = in.budget;
+  j["probe_leftover_bytes"] = in.probe_leftover;
   j["budget_source"] = in.budget_source;
   j["planning_s"] = planned;
   return j;
 }
 
+// Rank 0, ringtrain_plan --scaling: the best layout of 1, 2, 4, ... hosts up to in.world's, each with as many
+// images per rank as in.world's, from the same measurements. Returns its rows.
+json print_scaling(const PlanInput& in) {
+  const int64_t per_rank = std::max<int64_t>(1, in.global_batch / in.world.size());
+  std::vector<int> hosts;
+  for (int h = 1; h < in.world.hosts; h *= 2) hosts.push_back(h);
+  hosts.push_back(in.world.hosts);
+  std::printf(
+      "ringtrain_plan: scaling at %lld images a rank, %d rank(s) a host (the same measurements):\n"
+      "  %6s %6s %8s  %-34s %9s %9s %8s %6s %5s\n",
+      static_cast<long long>(per_rank), in.world.ranks_per_host, "hosts", "ranks", "batch", "layout", "step ms",
+      "img/s", "speed-up", "eff.", "comm");
+  json rows = json::array();
+  double one = 0;  // one host's img/s per rank
+  for (int h : hosts) {
+    PlanInput at = in;
+    at.world.hosts = h;
+    at.global_batch = per_rank * at.world.size();
+    at.backends = backends_for(at.world);
+    if (in.options.backend) at.backends = {*in.options.backend};
+    const LayoutPlan plan = plan_layouts(at);
+    const PlannedLayout& best = plan.chosen();
+    const double ips = static_cast<double>(at.global_batch) / best.cost.step;
+    if (one == 0) one = ips / at.world.size();
+    const double speedup = ips / one / in.world.ranks_per_host, efficiency = ips / (one * at.world.size());
+    std::printf("  %6d %6d %8lld  %-34s %9.1f %9.0f %8.2f %5.0f%% %4.1f%%\n", h, at.world.size(),
+                static_cast<long long>(at.global_batch), best.layout.short_text().c_str(), 1e3 * best.cost.step, ips,
+                speedup, 100 * efficiency, 100 * best.cost.comm_share());
+    rows.push_back({{"hosts", h},
+                    {"ranks", at.world.size()},
+                    {"global_batch", at.global_batch},
+                    {"layout", best.layout.to_json()},
+                    {"step_s", best.cost.step},
+                    {"images_per_s", ips},
+                    {"efficiency", efficiency},
+                    {"comm_share", best.cost.comm_share()}});
+  }
+  std::fflush(stdout);
+  return rows;
+}
+
 }  // namespace
 
-json choose_layout(comm::World& world, TrainerOptions& o, Device device, Watchdog& dog, Module& model,
-                   DataSource& data, const StepFn& step_fn) {
+json choose_layout(comm::World& world, TrainerOptions& o, Device device, Watchdog& dog, Module& model, DataSource& data,
+                   const StepFn& step_fn) {
   Timings took;
   // The world: hosts x ranks per host (the planner's model needs as many on every host).
   const int64_t local_sizes[1] = {world.local_size()};
@@ -394,7 +572,9 @@ json choose_layout(comm::World& world, TrainerOptions& o, Device device, Watchdo
   l.accum = c["accum"].get<int64_t>();
   l.zero = c["zero"].get<int>();
   const std::string r = c["recompute"].get<std::string>();
-  l.recompute = r == "blocks" ? RecomputeChoice::Blocks : r == "pipeline" ? RecomputeChoice::Pipeline : RecomputeChoice::Off;
+  l.recompute = r == "blocks"     ? RecomputeChoice::Blocks
+                : r == "pipeline" ? RecomputeChoice::Pipeline
+                                  : RecomputeChoice::Off;
   l.backend = comm::parse_backend(c["backend"].get<std::string>());
   l.bucket_mb = c["bucket_mb"].get<double>();
   if (l.stages > 1)
@@ -435,12 +615,15 @@ json plan_layout_what_if(comm::World& world, const TrainerOptions& o, Device dev
         std::printf("ringtrain_plan: the link measured here is in %s (--link-calibration %s)\n", w.save_link.c_str(),
                     w.save_link.c_str());
       }
-      std::printf("ringtrain_plan: %d host(s) x %d rank(s) (%s); compute measured here (%s), link %s: "
-                  "%.0f us + %.2f GB/s between hosts, %.1f us + %.2f GB/s inside one\n",
-                  target.hosts, target.ranks_per_host, w.hosts > 0 || w.ranks_per_host > 0 ? "given" : "this run's",
-                  in.compute.source.c_str(), in.link.source.c_str(), 1e6 * in.link.alpha_inter, in.link.bw_inter / 1e9,
-                  1e6 * in.link.alpha_intra, in.link.bw_intra / 1e9);
-      text = plan_and_print(in, o, took).dump();
+      std::printf(
+          "ringtrain_plan: %d host(s) x %d rank(s) (%s); compute measured here (%s), link %s: "
+          "%.0f us + %.2f GB/s between hosts, %.1f us + %.2f GB/s inside one\n",
+          target.hosts, target.ranks_per_host, w.hosts > 0 || w.ranks_per_host > 0 ? "given" : "this run's",
+          in.compute.source.c_str(), in.link.source.c_str(), 1e6 * in.link.alpha_inter, in.link.bw_inter / 1e9,
+          1e6 * in.link.alpha_intra, in.link.bw_intra / 1e9);
+      json plan = plan_and_print(in, o, took);
+      if (w.scaling) plan["scaling"] = print_scaling(in);
+      text = plan.dump();
     } catch (const std::exception& e) {
       error = e.what();
     }

@@ -2,7 +2,8 @@
 // --layout auto itself.
 //
 //   measure_compute   every block's forward and backward (the loss's with the last) at two micro-batch
-//                     sizes, and the optimizer's update per byte, on this rank; the model is left as it was
+//                     sizes, scaled to whole steps measured at the same sizes, and the optimizer's update
+//                     per byte, on this rank; the model is left as it was
 //   measure_link      a few all-reduce sizes inside each host (all hosts at once) and then across the hosts
 //                     (one rank each), fitted to LinkModel's alpha-beta; well under a second
 //   choose_layout     collective: both, the memory facts (with and without recompute) and the budget on every
@@ -10,6 +11,7 @@
 //                     and every rank applies the chosen layout to its options
 #pragma once
 
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -33,8 +35,10 @@ int64_t layout_global_batch(const TrainerOptions& o, int world_size);
 // uses (G / world: one stage per rank or one replica per rank, no accumulation) and a quarter of it.
 std::pair<int64_t, int64_t> probe_batches(int64_t global_batch, int world_size);
 
-ComputeProfile measure_compute(const TrainerOptions& o, Device device, Module& model, const DataInfo& info,
-                               int64_t b0, int64_t b1);
+// `together(failed)`, collective where given: called before every timed pass on every rank, it returns
+// whether any rank's probe failed (all stop then).
+ComputeProfile measure_compute(const TrainerOptions& o, Device device, Module& model, const DataInfo& info, int64_t b0,
+                               int64_t b1, const std::function<bool(bool)>& together = {});
 // Collective over the world: every rank returns the same model (rank 0's fit).
 LinkModel measure_link(comm::World& world, Device device);
 // A calibration file (measure_link's, as ringtrain_plan --save-link writes it): errors name the file and key.
@@ -47,10 +51,14 @@ struct LayoutWhatIf {
   double intra_rate = 0, intra_latency = 0;  // inside a host (--intra-link, --intra-latency)
   int64_t device_memory = 0;                 // a rank's budget in bytes (--device-memory)
   std::string save_link;                     // where to write the link measured here (--save-link)
+  bool scaling = false;                      // --scaling: the chosen layout's speed on 1, 2, 4, ... hosts too
 };
 
 // Collective: what --layout auto measures, the plan for the world `what_if` describes, printed by rank 0 with
 // what was measured here and what was given. Returns the plan record's "layout" (every rank). Trains nothing.
+// With `scaling`, also the best layout of 1, 2, 4, ... hosts up to the world's (the same ranks per host and
+// images per rank: weak scaling), from the same measurements, with speed-up, efficiency and communication
+// share ("scaling" in the returned plan).
 nlohmann::json plan_layout_what_if(comm::World& world, const TrainerOptions& o, Device device, Watchdog& dog,
                                    Module& model, DataSource& data, const StepFn& step_fn, const LayoutWhatIf& what_if);
 
