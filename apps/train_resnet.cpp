@@ -10,7 +10,7 @@
 // choose, printed without training; with --hosts, --ranks-per-host, --link and --device-memory it answers for a
 // world it does not run in (runtime/layout/layout_probe.h):
 //   ./ringtrain_plan --synthetic -a resnet50 --image-size 64 --global-batch 1024 --hosts 64 --ranks-per-host 8
-//       --link 100Gbit --device-memory 80G
+//       --link 100Gbit --device-memory 80G --scaling
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <string>
@@ -120,6 +120,9 @@ void add_what_if_flags(CLI::App& app, runtime::LayoutWhatIf& w) {
                      "each rank's memory budget (80G; default: --max-memory, else this machine's)", 1);
   app.add_option("--save-link", w.save_link,
                  "write the link measured between the ranks it runs on here, for --link-calibration");
+  app.add_flag("--scaling", w.scaling,
+               "also the best layout on 1, 2, 4, ... hosts up to --hosts, as many images a rank (weak scaling): "
+               "speed-up, efficiency, communication share, from the same measurements");
 }
 #endif
 

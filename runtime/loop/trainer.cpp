@@ -39,6 +39,7 @@
 #include "runtime/step/loss_log.h"
 #include "runtime/step/replica.h"
 #include "runtime/telemetry/profiler.h"
+#include "runtime/telemetry/run_log.h"
 #include "runtime/telemetry/trace.h"
 
 namespace ringtrain::runtime {
@@ -625,9 +626,12 @@ json Trainer::plan_layout(Module& model, DataSource& data, const LayoutWhatIf& w
     Watchdog& dog;
     ~Pause() { dog.pause(); }
   } pause{*watchdog_};
+  RunLog log(options_.log_jsonl, world_.is_root());  // an unwritable path fails before the probes
   model.to(device_);
   model.train();
-  return plan_layout_what_if(world_, options_, device_, *watchdog_, model, data, step_fn, what_if);
+  json plan = plan_layout_what_if(world_, options_, device_, *watchdog_, model, data, step_fn, what_if);
+  if (log.on()) log.write({{"type", "layout_plan"}, {"program", options_.program}, {"layout", plan}});
+  return plan;
 }
 
 TrainResult Trainer::fit(Module& model, DataSource& data, const StepFn& step_fn) {

@@ -64,7 +64,8 @@ class Trainer {
   TrainResult fit(Module& model, DataSource& data, const StepFn& step_fn = {});
   // Collective, ringtrain_plan's: what --layout auto would choose for the world `what_if` describes (the
   // world it runs in where that says nothing), printed by rank 0 with what it measured; trains nothing and
-  // leaves the model as it was. Returns the plan (runtime/layout/layout_probe.h).
+  // leaves the model as it was. Returns the plan (runtime/layout/layout_probe.h), also written to --log-jsonl
+  // as a "layout_plan" record.
   nlohmann::json plan_layout(Module& model, DataSource& data, const LayoutWhatIf& what_if, const StepFn& step_fn = {});
 
  private:

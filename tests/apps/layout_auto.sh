@@ -97,21 +97,28 @@ timeout -k 5 300 mpirun -np 2 --oversubscribe "$build/ringtrain_plan" "${base[@]
 grep -q "the link measured here is in link.json" save.log || { cat save.log; fail "--save-link said nothing"; }
 python3 -c "import json; l = json.load(open('link.json'))['link']; assert l['bw_intra_bytes_per_s'] > 0" ||
   fail "link.json"
-ips() { sed -nE 's/.*chose .* a step, ([0-9]+) img\/s.*/\1/p' "$1"; }
-for hosts in 1 4 16; do
-  timeout -k 5 300 "$build/ringtrain_plan" "${base[@]}" --global-batch $((32 * hosts)) --hosts "$hosts" \
-    --ranks-per-host 1 --link 10Gbit --link-latency 30us --device-memory 8G > "plan$hosts.log" 2>&1 ||
-    { cat "plan$hosts.log"; fail "ringtrain_plan --hosts $hosts"; }
-  grep -q "ringtrain_plan: $hosts host(s) x 1 rank(s) (given)" "plan$hosts.log" || { cat "plan$hosts.log"; fail "what if $hosts"; }
-  ! grep -q "^done:" "plan$hosts.log" || fail "ringtrain_plan trained"
-done
-one=$(ips plan1.log); four=$(ips plan4.log); sixteen=$(ips plan16.log)
-python3 -c "import sys; one, four, sixteen = map(float, sys.argv[1:])
-assert four <= 4 * one * 1.01 and sixteen <= 16 * one * 1.01, (one, four, sixteen)" "$one" "$four" "$sixteen" ||
-  fail "superlinear: $one img/s on 1 host, $four on 4, $sixteen on 16"
+# One probe, 1 to 16 hosts (weak scaling): never faster than linear, efficiency and share per row.
+timeout -k 5 300 "$build/ringtrain_plan" "${base[@]}" --global-batch 512 --hosts 16 --ranks-per-host 1 \
+  --link 10Gbit --link-latency 30us --device-memory 8G --scaling --log-jsonl plan16.jsonl > plan16.log 2>&1 ||
+  { cat plan16.log; fail "ringtrain_plan --hosts 16 --scaling"; }
+grep -q "ringtrain_plan: 16 host(s) x 1 rank(s) (given)" plan16.log || { cat plan16.log; fail "what if 16 hosts"; }
+! grep -q "^done:" plan16.log || fail "ringtrain_plan trained"
+grep -q "ringtrain_plan: scaling at 32 images a rank" plan16.log || { cat plan16.log; fail "no scaling table"; }
+scaling=$(python3 -c "
+import json, sys
+plan = [r for r in map(json.loads, open('plan16.jsonl')) if r['type'] == 'layout_plan'][-1]['layout']
+rows = plan['scaling']
+assert [r['hosts'] for r in rows] == [1, 2, 4, 8, 16], rows
+one = rows[0]['images_per_s']
+for r in rows:
+    assert r['images_per_s'] <= r['hosts'] * one * (1 + 1e-9), ('superlinear', r, one)
+    assert 0 < r['efficiency'] <= 1 + 1e-9 and 0 <= r['comm_share'] < 1, r
+assert rows[-1]['comm_share'] > rows[0]['comm_share'], rows
+print(' '.join('%.0f' % r['images_per_s'] for r in rows))
+") || { cat plan16.log; fail "ringtrain_plan --scaling: $scaling"; }
 "$build/ringtrain_plan" --synthetic --link fast > bad.log 2>&1 && fail "--link fast was taken"
 grep -q -- "--link: expected a link rate such as 100Gbit" bad.log || { cat bad.log; fail "--link fast: no reason"; }
 "$build/ringtrain_plan" --synthetic --save-link x.json > bad.log 2>&1 && fail "--save-link on one rank was taken"
 grep -q -- "--save-link x.json: the link is measured between ranks" bad.log || { cat bad.log; fail "--save-link, 1 rank"; }
-echo "ringtrain_plan: $one img/s on 1 host, $four on 4, $sixteen on 16 over 10 Gbit/s (never superlinear)"
+echo "ringtrain_plan --scaling, 1 to 16 hosts over 10 Gbit/s: $scaling img/s (never superlinear)"
 echo "layout_auto test: PASS"
