@@ -341,21 +341,32 @@ double exposed_sync(const PlanInput& in, const Layout& l, const std::vector<doub
   const std::vector<Bucket> buckets = buckets_of(grad_bytes, l.bucket_mb);
   const int per_host = per_host_of(in.world, l.replicas);
   const double wire = in.options.compression == comm::Compression::None ? 1.0 : 0.5;
-  double t = 0, end = 0, window = 0, total = 0;
+  // CPU ranks that keep their host's cores busy: the ring's copies and sums (the all-reduce as it runs
+  // between ranks of one host) take those cores from the backward, so that part hides under nothing
+  // (ResNet-50 64px on 2 ranks of 2 cores: the backward 8% slower); what a slower link between hosts adds
+  // waits on the wire and overlaps as on a device.
+  const bool saturated = cores_saturated(in);
+  LinkModel memory = in.link;
+  memory.alpha_inter = in.link.alpha_intra, memory.bw_inter = in.link.bw_intra;
+  auto seconds = [&](const LinkModel& link, int64_t bytes) {
+    return l.zero ? half_allreduce_seconds(link, l.backend, bytes, l.replicas, per_host)
+                  : allreduce_seconds(link, l.backend, bytes, l.replicas, per_host);
+  };
+  double t = 0, end = 0, window = 0, cpu = 0;
   std::vector<double> ready(backward_seconds.size());
   for (size_t i = 0; i < backward_seconds.size(); ++i) ready[i] = (window += backward_seconds[i]);
   for (const Bucket& b : buckets) {
     const auto bytes = static_cast<int64_t>(static_cast<double>(b.bytes) * wire);
-    const double c = l.zero ? half_allreduce_seconds(in.link, l.backend, bytes, l.replicas, per_host)
-                            : allreduce_seconds(in.link, l.backend, bytes, l.replicas, per_host);
+    double c = seconds(in.link, bytes);
+    if (saturated) {
+      const double copies = std::min(c, seconds(memory, bytes));
+      cpu += copies;
+      c -= copies;
+    }
     t = std::max(ready[b.ready_after], end);
     end = t + c;
-    total += c;
   }
-  // CPU ranks that keep their host's cores busy: the ring's copies and sums take those cores from the
-  // backward, so none of it hides (ResNet-50 64px on 2 ranks of 2 cores: the backward 8% slower).
-  if (cores_saturated(in)) return total * sharing(in, in.world.ranks_per_host);
-  return std::max(0.0, end - window);
+  return cpu * sharing(in, in.world.ranks_per_host) + std::max(0.0, end - window);
 }
 
 // Peak per rank: the memory plan's arithmetic (memory_plan.h) for this layout's options; a pipeline stage
@@ -445,9 +456,15 @@ LayoutCost predict_layout(const PlanInput& in, const Layout& l) {
     // so ZeRO-1 is a memory lever and never makes a larger world superlinear.
     cost.optimizer = opt_per_byte * static_cast<double>(params) * speed;  // measured all at once, too
     if (l.zero && l.replicas > 1) {  // the weights' all-gather, under the next step's forward
-      const double gather =
-          half_allreduce_seconds(in.link, l.backend, params, l.replicas, per_host_of(in.world, l.replicas));
-      cost.comm += cores_saturated(in) ? gather * sharing(in, in.world.ranks_per_host) : std::max(0.0, gather - fwd);
+      const int per_host = per_host_of(in.world, l.replicas);
+      const double gather = half_allreduce_seconds(in.link, l.backend, params, l.replicas, per_host);
+      LinkModel memory = in.link;  // its copies, on cores the ranks fill, as in exposed_sync
+      memory.alpha_inter = in.link.alpha_intra, memory.bw_inter = in.link.bw_intra;
+      const double copies =
+          cores_saturated(in)
+              ? std::min(gather, half_allreduce_seconds(memory, l.backend, params, l.replicas, per_host))
+              : 0;
+      cost.comm += copies * sharing(in, in.world.ranks_per_host) + std::max(0.0, gather - copies - fwd);
     }
   } else {
     const auto S = static_cast<size_t>(l.stages);

@@ -330,6 +330,18 @@ TEST(LayoutCost, CpuRanksSharingTheirCoresHideNoSyncAndRunFasterInABubble) {
   EXPECT_NEAR(cpu.compute, devices.compute, 1e-12);  // all busy, as the probe ran
   EXPECT_GT(cpu.comm, devices.comm);                 // the sync's copies and sums take the cores: none hides
   EXPECT_GE(cpu.comm, allreduce_seconds(in.link, comm::Backend::Ring, 11 * MiB, 4, 4));  // all 11 MiB of it
+  // Across 2 hosts of 2 ranks on a slow link: only the copies (the sync as between ranks of one host) take
+  // the cores; what the wire adds overlaps the backward as on a device.
+  PlanInput two = input(2, 2, 128);
+  two.link.bw_intra = 1e9, two.link.bw_inter = 1e8;
+  two.cores_per_host = 2, two.threads_per_rank = 1, two.compute.contention = 1;
+  const double whole = allreduce_seconds(two.link, comm::Backend::Ring, 11 * MiB, 4, 2);
+  LinkModel memory = two.link;
+  memory.bw_inter = memory.bw_intra, memory.alpha_inter = memory.alpha_intra;
+  const double copies = allreduce_seconds(memory, comm::Backend::Ring, 11 * MiB, 4, 2);
+  const LayoutCost across = predict_layout(two, dp);
+  EXPECT_GE(across.comm, copies);
+  EXPECT_LT(across.comm, whole + copies);
   // A pipeline of 2 stages x 2 replicas, 2 micro-batches: 3 slots with 2, 4 and 2 ranks busy: the first
   // and the last at the speed of a rank alone (half the probe's time), the middle at the probe's.
   Layout pp;
