@@ -328,6 +328,13 @@ double sharing(const PlanInput& in, double busy) {
   return std::max(1.0, busy * in.threads_per_rank / in.cores_per_host);
 }
 
+// The link with every hop as fast as between ranks of one host: a collective's copies and sums alone.
+LinkModel copies_only(const LinkModel& link) {
+  LinkModel l = link;
+  l.alpha_inter = link.alpha_intra, l.bw_inter = link.bw_intra;
+  return l;
+}
+
 // CPU ranks whose threads fill their host's cores.
 bool cores_saturated(const PlanInput& in) {
   return in.cores_per_host > 0 && in.world.ranks_per_host * in.threads_per_rank >= in.cores_per_host;
@@ -346,8 +353,7 @@ double exposed_sync(const PlanInput& in, const Layout& l, const std::vector<doub
   // (ResNet-50 64px on 2 ranks of 2 cores: the backward 8% slower); what a slower link between hosts adds
   // waits on the wire and overlaps as on a device.
   const bool saturated = cores_saturated(in);
-  LinkModel memory = in.link;
-  memory.alpha_inter = in.link.alpha_intra, memory.bw_inter = in.link.bw_intra;
+  const LinkModel memory = copies_only(in.link);
   auto seconds = [&](const LinkModel& link, int64_t bytes) {
     return l.zero ? half_allreduce_seconds(link, l.backend, bytes, l.replicas, per_host)
                   : allreduce_seconds(link, l.backend, bytes, l.replicas, per_host);
@@ -458,8 +464,7 @@ LayoutCost predict_layout(const PlanInput& in, const Layout& l) {
     if (l.zero && l.replicas > 1) {  // the weights' all-gather, under the next step's forward
       const int per_host = per_host_of(in.world, l.replicas);
       const double gather = half_allreduce_seconds(in.link, l.backend, params, l.replicas, per_host);
-      LinkModel memory = in.link;  // its copies, on cores the ranks fill, as in exposed_sync
-      memory.alpha_inter = in.link.alpha_intra, memory.bw_inter = in.link.bw_intra;
+      const LinkModel memory = copies_only(in.link);  // its copies, on cores the ranks fill, as in exposed_sync
       const double copies =
           cores_saturated(in)
               ? std::min(gather, half_allreduce_seconds(memory, l.backend, params, l.replicas, per_host))
