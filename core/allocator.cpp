@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "core/cpu/cpu_kernels.h"
 
 namespace ringtrain {
 
@@ -322,6 +323,11 @@ void empty_cache(Device device) {
   // whole free pages go back to the system, wherever they lie in the heap.
   malloc_trim(0);
 #endif
+}
+
+void release_kernel_plans() {
+  cpu::release_conv_plans();
+  cpu::release_matmul_plans();
 }
 
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, int64_t nbytes) {

@@ -113,6 +113,10 @@ void reset_peak_memory(Device device);
 // pages (malloc_trim). For after a large release (a pipeline stage dropping the other stages' weights),
 // not for every step: the next allocations page-fault their memory in again.
 void empty_cache(Device device);
+// Drops what the CPU kernels keep per shape they have seen (their oneDNN primitives and plans, a few MiB
+// a model): after a probe whose shapes the run will not use (the layout planner's). Plans in use stay
+// alive with their users; the next call of any shape builds its plan again.
+void release_kernel_plans();
 
 // Copies bytes between any two devices (synchronous with respect to the host).
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, int64_t nbytes);

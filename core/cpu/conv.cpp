@@ -306,11 +306,15 @@ PassPlan build_plan(const ConvGeometry& g, bool bias, Pass pass, CpuConvolution 
 // Plans by (geometry, bias, pass, oneDNN thread count: a primitive is built for the threads it will
 // run on). A model has a few dozen; a run whose shapes keep changing is capped by starting over.
 // bf16: the bf16 kernels' path (F32 for f32 plans).
+using ConvKey = std::array<int64_t, 21>;
+std::mutex conv_plans_mutex;
+std::map<ConvKey, std::shared_ptr<const PassPlan>> conv_plans;
+
 std::shared_ptr<const PassPlan> plan_for(const ConvGeometry& g, bool bias, Pass pass, Bf16Kernels bf16) {
-  using Key = std::array<int64_t, 21>;
+  using Key = ConvKey;
   const CpuConvolution choice = cpu_convolution();
-  static std::mutex mutex;
-  static std::map<Key, std::shared_ptr<const PassPlan>> plans;
+  auto& mutex = conv_plans_mutex;
+  auto& plans = conv_plans;
   const Key key{g.n,
                 g.h,
                 g.w,
@@ -538,6 +542,15 @@ void conv2d_backward_weights(const Tensor& x, const Tensor& dy, const ConvGeomet
 }  // namespace
 
 void set_onednn_threads(int n) { omp_set_num_threads(n); }
+
+void release_conv_plans() {
+  std::lock_guard<std::mutex> lock(conv_plans_mutex);
+  conv_plans.clear();  // plans in use live on in their callers' shared_ptr
+  // oneDNN's own cache of primitives by descriptor: emptied by a capacity of 0, then given its size back.
+  const int capacity = dnnl::get_primitive_cache_capacity();
+  dnnl::set_primitive_cache_capacity(0);
+  dnnl::set_primitive_cache_capacity(capacity);
+}
 
 }  // namespace ringtrain::cpu
 

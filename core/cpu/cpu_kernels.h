@@ -1,4 +1,4 @@
-// core/cpu/cpu_kernels.h (internal, core/cpu/ and core/parallel.cpp only): what the CPU kernel files share.
+// core/cpu/cpu_kernels.h (internal: core/cpu/, core/parallel.cpp, core/allocator.cpp): what the CPU kernel files share.
 // Each op family file (same base names as core/cuda/) fills its own KernelTable entries through a
 // register_*_kernels function that cpu_kernels() (core/cpu/table.cpp) calls; the header also declares
 // the few kernels one family calls in another, and holds the dtype dispatch, the parallel grain and the
@@ -34,6 +34,10 @@ void scalar(ScalarOp op, const Tensor& x, double s, Tensor& out);
 
 // core/cpu/conv.cpp: sets oneDNN's (OpenMP) thread count; called by set_num_threads.
 void set_onednn_threads(int n);
+// Drop the cached plans (oneDNN primitives built per shape) of conv.cpp (with oneDNN's own primitive cache)
+// and gemm.cpp; the next call of a shape builds its plan again (release_kernel_plans, core/allocator.h).
+void release_conv_plans();
+void release_matmul_plans();
 
 // ---------------------------------------------------------------------------------------------------
 // Shared by the family files

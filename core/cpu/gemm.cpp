@@ -70,6 +70,9 @@ MatmulPlan build_matmul(const GemmArgs& g, int64_t batch, int64_t stride_a, int6
   return plan;
 }
 
+std::mutex matmul_plans_mutex;
+std::map<std::array<int64_t, 16>, std::shared_ptr<const MatmulPlan>> matmul_plans;
+
 std::shared_ptr<const MatmulPlan> matmul_plan(const GemmArgs& g, int64_t batch, int64_t stride_a, int64_t stride_b,
                                               int64_t stride_c) {
   using Key = std::array<int64_t, 16>;
@@ -89,9 +92,8 @@ std::shared_ptr<const MatmulPlan> matmul_plan(const GemmArgs& g, int64_t batch, 
                 std::bit_cast<int64_t>(g.beta),
                 omp_get_max_threads(),
                 static_cast<int64_t>(cpu_bf16_kernels())};
-  static std::mutex mutex;
-  static std::map<Key, std::shared_ptr<const MatmulPlan>> plans;
-  std::lock_guard<std::mutex> lock(mutex);
+  std::lock_guard<std::mutex> lock(matmul_plans_mutex);
+  auto& plans = matmul_plans;
   auto it = plans.find(key);
   if (it != plans.end()) return it->second;
   if (plans.size() >= 1024) plans.clear();  // plans in use live on in their callers' shared_ptr
@@ -172,6 +174,11 @@ void gemm(const GemmArgs& g, const Tensor& a, const Tensor& b, Tensor& c, int64_
 }  // namespace
 
 void register_gemm_kernels(KernelTable& t) { t.gemm = &gemm; }
+
+void release_matmul_plans() {
+  std::lock_guard<std::mutex> lock(matmul_plans_mutex);
+  matmul_plans.clear();
+}
 
 }  // namespace ringtrain::cpu
 

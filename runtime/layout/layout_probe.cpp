@@ -226,11 +226,14 @@ double time_allreduce(comm::Communicator& c, Device device, int64_t bytes, int r
   return times[times.size() / 2];
 }
 
-std::pair<double, double> fit_group(MPI_Comm group, int n, comm::Backend backend, Device device) {
+std::pair<double, double> fit_group(MPI_Comm group, int n, comm::Backend backend, Device device, int64_t largest) {
   comm::CommunicatorPtr c = comm::make_communicator(backend, group);
   std::vector<std::pair<int64_t, double>> samples;
-  // Up to 16 MiB, past the caches, as the gradient buckets are (25 MiB by default).
-  for (int64_t bytes : {int64_t{64} << 10, int64_t{1} << 20, int64_t{4} << 20, int64_t{16} << 20}) {
+  std::vector<int64_t> sizes;
+  for (int64_t bytes : {int64_t{64} << 10, int64_t{1} << 20, int64_t{4} << 20, int64_t{16} << 20})
+    if (bytes < largest) sizes.push_back(bytes);
+  sizes.push_back(largest);
+  for (int64_t bytes : sizes) {
     const double t = time_allreduce(*c, device, bytes, 3);
     // The slowest member's time is the collective's.
     samples.push_back({bytes, comm::all_reduce(group, t, comm::HostOp::Max)});
@@ -240,14 +243,19 @@ std::pair<double, double> fit_group(MPI_Comm group, int n, comm::Backend backend
 
 }  // namespace
 
-LinkModel measure_link(comm::World& world, Device device) {
+LinkModel measure_link(comm::World& world, Device device, int64_t gradient_bytes) {
   LinkModel link;
+  // Up to 16 MiB, past the caches, as the gradient buckets are (25 MiB by default); no larger than the
+  // model's gradients, which no bucket exceeds: a larger message would leave the run buffers it never needs
+  // (16 MiB of resident memory at ResNet-56's 3.4 MB). At least 1 MiB, above the smallest's 64 KiB.
+  const int64_t largest =
+      std::clamp<int64_t>((gradient_bytes + 4095) / 4096 * 4096, int64_t{1} << 20, int64_t{16} << 20);
   const comm::Backend backend = device.is_cuda() ? comm::Backend::Nccl : comm::Backend::Ring;
   MPI_Comm local = MPI_COMM_NULL, leaders = MPI_COMM_NULL;
   MPI_CHECK(MPI_Comm_split(world.comm(), host_index(world), world.rank(), &local));
   double intra[2] = {0, 0};  // alpha, 1/bw: the slowest host's
   if (world.local_size() > 1) {
-    const auto [a, bw] = fit_group(local, world.local_size(), backend, device);
+    const auto [a, bw] = fit_group(local, world.local_size(), backend, device, largest);
     intra[0] = a, intra[1] = 1 / bw;
   }
   comm::all_reduce(world.comm(), std::span<double>(intra, 2), comm::HostOp::Max);
@@ -256,7 +264,7 @@ LinkModel measure_link(comm::World& world, Device device) {
   if (world.num_nodes() > 1) {
     MPI_CHECK(MPI_Comm_split(world.comm(), world.local_rank() == 0 ? 0 : MPI_UNDEFINED, world.rank(), &leaders));
     if (leaders != MPI_COMM_NULL) {
-      const auto [a, bw] = fit_group(leaders, world.num_nodes(), backend, device);
+      const auto [a, bw] = fit_group(leaders, world.num_nodes(), backend, device, largest);
       inter[0] = a, inter[1] = 1 / bw;
     }
     comm::all_reduce(world.comm(), std::span<double>(inter, 2), comm::HostOp::Max);
@@ -292,82 +300,72 @@ struct Timings {
   double compute = 0, memory = 0, link = 0;
 };
 
-// Collective: the plan's input measured on every rank (memory facts with and without recompute, the budget,
-// every block's compute at the micro-batches a world of `target` uses, the link), the slowest rank's compute
-// and the smallest budget. The world's shape is `target`'s.
-PlanInput gather_plan_input(comm::World& world, const TrainerOptions& o, Device device, Watchdog& dog, Module& model,
-                            DataSource& data, const StepFn& step_fn, const WorldShape& target, Timings& took) {
-  const int W = target.size();
-  const int64_t G = permanent_errors([&] { return layout_global_batch(o, W); });
+// Memory: the facts without recompute and, when the model can, the activations with it; the smallest
+// budget and the largest facts over the ranks. Measured before the compute probe, as a run given by hand
+// finds the process: each layout is predicted as that run's memory plan would predict it. (The compute
+// probe's whole passes then raise the high-water mark to a plain step's at micro-batch b1, which fits the
+// budget with a tenth to spare; fit()'s memory plan counts it.) Returns what a run given by hand holds at
+// this point (the CPU: its resident set, the heap's free pages given back; a device: its baseline), from
+// which probe_leftover measures what the later probes leave.
+int64_t probe_memory(comm::World& world, const TrainerOptions& o, Device device, Watchdog& dog, Module& model,
+                     DataSource& data, const StepFn& step_fn, PlanInput& in, Timings& took) {
   const DataInfo& info = data.info();
-  PlanInput in;
-  in.world = target;
-  in.global_batch = G;
-  in.options = o;
-  in.backends = backends_for(in.world);
-  in.max_stages = step_fn ? 1 : 8;
-  if (o.backend) in.backends = {*o.backend};
   std::string error;
-  // A calibration file is read first: a bad one fails before any probe.
-  if (!o.link_calibration.empty()) {
-    try {
-      const auto t0 = Clock::now();
-      in.link = read_link_file(o.link_calibration);
-      took.link = since(t0);
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-    comm::agree_or_throw(world.comm(), error, "--layout auto (--link-calibration)", true);
-  }
-  // Memory: the facts without recompute and, when the model can, the activations with it; the smallest
-  // budget and the largest facts over the ranks. Measured before the compute probe, as a run given by hand
-  // finds the process: each layout is predicted as that run's memory plan would predict it. (The compute
-  // probe's whole passes then raise the high-water mark to a plain step's at micro-batch b1, which fits the
-  // budget with a tenth to spare; fit()'s memory plan counts it.)
   RankBudget budget;
   int64_t own_baseline = 0;
-  {
-    dog.phase("startup: --layout auto (the memory probe)", 0);
-    try {
-      const auto t0 = Clock::now();
-      TrainerOptions plain = o;
-      plain.recompute = false;
-      recompute_blocks(model, false);
-      in.facts = measure_memory_facts(plain, device, model, data, step_fn);
-      own_baseline = in.facts.baseline;
-      int marked = 0;
-      try {
-        marked = recompute_blocks(model, true);
-      } catch (const std::exception&) {
-        marked = 0;  // no sequence of blocks: recompute is no lever here
-      }
-      if (marked > 0) {
-        TrainerOptions r = plain;
-        r.recompute = true;
-        in.recompute_curve = probe_activations(r, device, model, info, step_fn);
-        recompute_blocks(model, false);
-      }
-      budget = rank_budget_of(o, world, device);
-      took.memory += since(t0);
-    } catch (const std::exception& e) {
-      error = e.what();
+  dog.phase("startup: --layout auto (the memory probe)", 0);
+  try {
+    const auto t0 = Clock::now();
+    TrainerOptions plain = o;
+    plain.recompute = false;
+    recompute_blocks(model, false);
+    in.facts = measure_memory_facts(plain, device, model, data, step_fn);
+    own_baseline = in.facts.baseline;
+    if (!device.is_cuda()) {  // what a run given by hand holds here: its heap's free pages given back
+      empty_cache(device);
+      own_baseline = resident_bytes();
     }
-    comm::agree_or_throw(world.comm(), error, "--layout auto (the memory probe)", true);
-    int64_t facts[7] = {in.facts.baseline,
-                        in.facts.peak_so_far,
-                        in.facts.curve.fixed,
-                        in.facts.curve.per_image,
-                        in.recompute_curve ? in.recompute_curve->fixed : 0,
-                        in.recompute_curve ? in.recompute_curve->per_image : 0,
-                        -budget.bytes};
-    comm::all_reduce(world.comm(), std::span<int64_t>(facts, 7), comm::HostOp::Max);
-    in.facts.baseline = facts[0], in.facts.peak_so_far = facts[1];
-    in.facts.curve.fixed = facts[2], in.facts.curve.per_image = facts[3];
-    if (in.recompute_curve) in.recompute_curve = ActivationCurve{facts[4], facts[5]};
-    in.budget = -facts[6];
-    in.budget_source = budget.source;
+    int marked = 0;
+    try {
+      marked = recompute_blocks(model, true);
+    } catch (const std::exception&) {
+      marked = 0;  // no sequence of blocks: recompute is no lever here
+    }
+    if (marked > 0) {
+      TrainerOptions r = plain;
+      r.recompute = true;
+      in.recompute_curve = probe_activations(r, device, model, info, step_fn);
+      recompute_blocks(model, false);
+    }
+    budget = rank_budget_of(o, world, device);
+    took.memory += since(t0);
+  } catch (const std::exception& e) {
+    error = e.what();
   }
-  // Compute: every rank at once (so the contention of the run is in it), the slowest rank's figures.
+  comm::agree_or_throw(world.comm(), error, "--layout auto (the memory probe)", true);
+  int64_t facts[7] = {in.facts.baseline,
+                      in.facts.peak_so_far,
+                      in.facts.curve.fixed,
+                      in.facts.curve.per_image,
+                      in.recompute_curve ? in.recompute_curve->fixed : 0,
+                      in.recompute_curve ? in.recompute_curve->per_image : 0,
+                      -budget.bytes};
+  comm::all_reduce(world.comm(), std::span<int64_t>(facts, 7), comm::HostOp::Max);
+  in.facts.baseline = facts[0], in.facts.peak_so_far = facts[1];
+  in.facts.curve.fixed = facts[2], in.facts.curve.per_image = facts[3];
+  if (in.recompute_curve) in.recompute_curve = ActivationCurve{facts[4], facts[5]};
+  in.budget = -facts[6];
+  in.budget_source = budget.source;
+  return own_baseline;
+}
+
+// Compute: every rank at once (so the contention of the run is in it), each block at two micro-batches a
+// world of `in.world`'s size uses; the mean block over the ranks scaled to the slowest rank's whole pass.
+void probe_compute(comm::World& world, const TrainerOptions& o, Device device, Watchdog& dog, Module& model,
+                   const DataInfo& info, PlanInput& in, Timings& took) {
+  const int W = in.world.size();
+  const int64_t G = in.global_batch;
+  std::string error;
   dog.phase("startup: --layout auto (measuring the model's blocks)", 0);
   try {
     // At most the micro-batch the budget holds without recompute (a probe over it would raise the run's peak).
@@ -420,42 +418,89 @@ PlanInput gather_plan_input(comm::World& world, const TrainerOptions& o, Device 
   in.compute.optimizer_seconds_per_byte = slowest[2];
   in.compute.source =
       detail::str_cat("measured on ", world.size(), " rank(s) at once: the mean block, the slowest rank's whole pass");
-  // CPU ranks share their machine's cores (those of its ranks' affinity; the fewest a host has): the probe
-  // ran with every rank busy. A machine is a kernel (its boot id): the hosts of an emulated cluster
-  // (network namespaces, scripts/cluster.sh) share one, and each holds its share of its cores.
-  if (!device.is_cuda()) {
-    const std::string me = machine_id(world);
-    int on_machine = 0;
-    for (const std::string& id : comm::all_gather_strings(world.comm(), me)) on_machine += id == me;
-    const auto hardware = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    const double cores = std::min(hardware, on_machine * available_cores());
-    in.cores_per_host = comm::all_reduce(world.comm(), cores * world.local_size() / on_machine, comm::HostOp::Min);
-    in.threads_per_rank = std::max(1, num_threads());
-    in.compute.contention = std::max(1.0, world.local_size() * in.threads_per_rank / in.cores_per_host);
-  }
-  // The link: measured now, unless a calibration file (read first) gives it.
-  if (o.link_calibration.empty() && world.size() > 1) {
-    dog.phase("startup: --layout auto (measuring the links)", 0);
-    const auto t0 = Clock::now();
-    in.link = measure_link(world, device);
-    empty_cache(device);  // the link probe's buffers, freed, back to the system
-    took.link = since(t0);
-  }
-  // What the probes leave to this run (oneDNN's primitives for their shapes, heap they could not give back),
-  // measured as fit()'s memory plan will: budgets are checked with it.
+}
+
+// CPU ranks share their machine's cores (those of its ranks' affinity; the fewest a host has): the probe
+// ran with every rank busy. A machine is a kernel (its boot id): the hosts of an emulated cluster
+// (network namespaces, scripts/cluster.sh) share one, and each holds its share of its cores.
+void count_cores(comm::World& world, Device device, PlanInput& in) {
+  if (device.is_cuda()) return;
+  const std::string me = machine_id(world);
+  int on_machine = 0;
+  for (const std::string& id : comm::all_gather_strings(world.comm(), me)) on_machine += id == me;
+  const auto hardware = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const double cores = std::min(hardware, on_machine * available_cores());
+  in.cores_per_host = comm::all_reduce(world.comm(), cores * world.local_size() / on_machine, comm::HostOp::Min);
+  in.threads_per_rank = std::max(1, num_threads());
+  in.compute.contention = std::max(1.0, world.local_size() * in.threads_per_rank / in.cores_per_host);
+}
+
+// What the probes leave to this run: budgets are checked with it. On the CPU their kernels' plans for
+// shapes the run will not use are dropped, and the heap's free pages given back; what is resident beyond
+// the point where a run given by hand would be (heap the probes fragmented) is left. On a device the
+// tensors the probes leave, as fit()'s memory plan measures its baseline. The largest over the ranks.
+int64_t probe_leftover(comm::World& world, const TrainerOptions& o, Device device, Module& model, DataSource& data,
+                       const StepFn& step_fn, int64_t own_baseline, Timings& took) {
+  std::string error;
+  int64_t leftover = 0;
   try {
-    TrainerOptions plain = o;
-    plain.recompute = false;
     const auto t0 = Clock::now();
-    in.probe_leftover =
-        std::max<int64_t>(0, measure_memory_facts(plain, device, model, data, step_fn).baseline - own_baseline);
+    if (device.is_cuda()) {
+      TrainerOptions plain = o;
+      plain.recompute = false;
+      leftover =
+          std::max<int64_t>(0, measure_memory_facts(plain, device, model, data, step_fn).baseline - own_baseline);
+    } else {
+      release_kernel_plans();
+      empty_cache(device);
+      leftover = std::max<int64_t>(0, resident_bytes() - own_baseline);
+    }
     took.memory += since(t0);
   } catch (const std::exception& e) {
     error = e.what();
   }
   comm::agree_or_throw(world.comm(), error, "--layout auto (the memory probe)", true);
-  in.probe_leftover =
-      static_cast<int64_t>(comm::all_reduce(world.comm(), static_cast<double>(in.probe_leftover), comm::HostOp::Max));
+  return static_cast<int64_t>(comm::all_reduce(world.comm(), static_cast<double>(leftover), comm::HostOp::Max));
+}
+
+// Collective: the plan's input measured on every rank (memory facts with and without recompute, the budget,
+// every block's compute at the micro-batches a world of `target` uses, the link), the slowest rank's compute
+// and the smallest budget. The world's shape is `target`'s.
+PlanInput gather_plan_input(comm::World& world, const TrainerOptions& o, Device device, Watchdog& dog, Module& model,
+                            DataSource& data, const StepFn& step_fn, const WorldShape& target, Timings& took) {
+  const int W = target.size();
+  const int64_t G = permanent_errors([&] { return layout_global_batch(o, W); });
+  PlanInput in;
+  in.world = target;
+  in.global_batch = G;
+  in.options = o;
+  in.backends = backends_for(in.world);
+  in.max_stages = step_fn ? 1 : 8;
+  if (o.backend) in.backends = {*o.backend};
+  std::string error;
+  // A calibration file is read first: a bad one fails before any probe.
+  if (!o.link_calibration.empty()) {
+    try {
+      const auto t0 = Clock::now();
+      in.link = read_link_file(o.link_calibration);
+      took.link = since(t0);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    comm::agree_or_throw(world.comm(), error, "--layout auto (--link-calibration)", true);
+  }
+  const int64_t own_baseline = probe_memory(world, o, device, dog, model, data, step_fn, in, took);
+  probe_compute(world, o, device, dog, model, data.info(), in, took);
+  count_cores(world, device, in);
+  // The link: measured now, unless a calibration file (read first) gives it.
+  if (o.link_calibration.empty() && world.size() > 1) {
+    dog.phase("startup: --layout auto (measuring the links)", 0);
+    const auto t0 = Clock::now();
+    in.link = measure_link(world, device, in.compute.param_bytes());
+    empty_cache(device);  // the link probe's buffers, freed, back to the system
+    took.link = since(t0);
+  }
+  in.probe_leftover = probe_leftover(world, o, device, model, data, step_fn, own_baseline, took);
   return in;
 }
 

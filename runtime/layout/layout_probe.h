@@ -39,8 +39,9 @@ std::pair<int64_t, int64_t> probe_batches(int64_t global_batch, int world_size);
 // whether any rank's probe failed (all stop then).
 ComputeProfile measure_compute(const TrainerOptions& o, Device device, Module& model, const DataInfo& info, int64_t b0,
                                int64_t b1, const std::function<bool(bool)>& together = {});
-// Collective over the world: every rank returns the same model (rank 0's fit).
-LinkModel measure_link(comm::World& world, Device device);
+// Collective over the world: every rank returns the same model (rank 0's fit), from all-reduces of 64 KiB up
+// to the model's `gradient_bytes` (at least 1 MiB, at most 16 MiB).
+LinkModel measure_link(comm::World& world, Device device, int64_t gradient_bytes);
 // A calibration file (measure_link's, as ringtrain_plan --save-link writes it): errors name the file and key.
 LinkModel read_link_file(const std::string& path);
 
