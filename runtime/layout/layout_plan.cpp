@@ -180,6 +180,10 @@ double line_at(const double v[2], const int64_t batch[2], int64_t b) {
 
 double ComputeProfile::forward(size_t block, int64_t b) const { return line_at(blocks.at(block).forward, batch, b); }
 double ComputeProfile::backward(size_t block, int64_t b) const { return line_at(blocks.at(block).backward, batch, b); }
+double ComputeProfile::scale_at(int64_t b) const {
+  const double lo = std::min(scale[0], scale[1]), hi = std::max(scale[0], scale[1]);
+  return std::max(1.0, std::clamp(line_at(scale, batch, b), lo, hi));
+}
 int64_t ComputeProfile::param_bytes() const {
   int64_t s = 0;
   for (const auto& b : blocks) s += b.param_bytes;
@@ -230,6 +234,12 @@ ComputeProfile ComputeProfile::from_json(const json& j, const std::string& where
     RT_CHECK(!p.blocks.empty(), where, ": key 'blocks' is empty");
     p.optimizer_seconds_per_byte = j.at("optimizer_s_per_byte").get<double>();
     p.contention = std::max(1.0, j.value("contention", 1.0));
+    if (j.contains("whole_over_blocks")) {
+      const auto sc = j.at("whole_over_blocks").get<std::vector<double>>();
+      RT_CHECK(sc.size() == 2 && std::isfinite(sc[0]) && sc[0] > 0 && std::isfinite(sc[1]) && sc[1] > 0, where,
+               ": key 'whole_over_blocks' takes 2 positive values");
+      p.scale[0] = sc[0], p.scale[1] = sc[1];
+    }
     p.source = j.value("source", where);
   } catch (const json::exception& e) {
     RT_THROW(where, ": not a compute profile (", e.what(), ")");
@@ -378,8 +388,8 @@ double exposed_sync(const PlanInput& in, const Layout& l, const std::vector<doub
 // Peak per rank: the memory plan's arithmetic (memory_plan.h) for this layout's options; a pipeline stage
 // holds its blocks' state (their parameters, gradients and optimizer state; the other stages' weights
 // dropped) and its blocks' activations of the micro-batches in flight on it (1F1B: S - s on stage s, GPipe:
-// all M), the largest stage counted; with --pipeline-recompute the activations of one micro-batch of its
-// blocks plus the stage inputs of the micro-batches in flight.
+// all M), the largest stage counted; with --pipeline-recompute the stage's inputs of the micro-batches in
+// flight, one micro-batch's block inputs and its widest block's activations.
 MemoryPrediction predict_memory(const PlanInput& in, const Layout& l) {
   TrainerOptions v = in.options;
   l.apply(v);
@@ -405,7 +415,21 @@ MemoryPrediction predict_memory(const PlanInput& in, const Layout& l) {
     }
     MemoryPrediction q = predict_peak(v, fs, in.world.size());
     int64_t act = q.activations;
-    if (l.recompute == RecomputeChoice::Pipeline) {
+    const int64_t in_flight =
+        in.options.pipeline_schedule == PipelineSchedule::GPipe ? l.accum : std::min<int64_t>(l.stages - s, l.accum);
+    if (l.recompute == RecomputeChoice::Pipeline && all > 0) {
+      // Recomputed block by block (Pipeline::recomputed_backward): the stage's inputs of the micro-batches in
+      // flight, then in backward one micro-batch's block inputs (the outputs of its blocks but the last) and
+      // the widest block's activations with its output's gradient and its input's (none for the data's).
+      auto out = [&](int i) { return i >= 0 ? blocks[static_cast<size_t>(i)].output_bytes_per_image : 0; };
+      const int64_t input = out(begin - 1);
+      int64_t inputs = 0, widest = 0;
+      for (int i = begin; i < end; ++i) {
+        if (i + 1 < end) inputs += out(i);
+        widest = std::max(widest, blocks[static_cast<size_t>(i)].activation_bytes_per_image + out(i) + out(i - 1));
+      }
+      act = f.curve.fixed + l.batch * (in_flight * input + inputs + widest);
+    } else if (l.recompute == RecomputeChoice::Pipeline) {  // not measured per block: a stage's share, bounded
       int64_t boundary = 0;
       for (size_t t = 1; t < l.split.size() - 1; ++t)
         boundary = std::max(boundary, blocks[static_cast<size_t>(l.split[t] - 1)].output_bytes_per_image);
@@ -414,8 +438,6 @@ MemoryPrediction predict_memory(const PlanInput& in, const Layout& l) {
       double share = 0;
       for (int i = begin; i < end; ++i)
         share += static_cast<double>(blocks[static_cast<size_t>(i)].activation_bytes_per_image) / all;
-      const int64_t in_flight =
-          in.options.pipeline_schedule == PipelineSchedule::GPipe ? l.accum : std::min<int64_t>(l.stages - s, l.accum);
       act = f.curve.fixed + static_cast<int64_t>(static_cast<double>(f.curve.per_image * l.batch) * share *
                                                  static_cast<double>(in_flight));
     }
@@ -446,7 +468,9 @@ LayoutCost predict_layout(const PlanInput& in, const Layout& l) {
       const size_t i = n - 1 - k;
       const double f = c.forward(i, l.batch);
       fwd += f;
-      back[k] = c.backward(i, l.batch) + (l.recompute == RecomputeChoice::Blocks && c.blocks[i].recomputable ? f : 0);
+      back[k] = c.backward(i, l.batch);
+      if (l.recompute == RecomputeChoice::Blocks && c.blocks[i].recomputable)
+        back[k] = (back[k] + f) / c.scale_at(l.batch);  // forward again, then backward, in the cache
       bytes[k] = c.blocks[i].param_bytes;
     }
     // Every rank busy all the step: as fast as the probe's ranks were, where as many shared the cores.
@@ -489,8 +513,13 @@ LayoutCost predict_layout(const PlanInput& in, const Layout& l) {
         bytes.push_back(c.blocks[i].param_bytes);
         params += c.blocks[i].param_bytes;
       }
-      double bwd = l.recompute == RecomputeChoice::Pipeline ? fwd : 0;
+      // --pipeline-recompute runs the stage's forward twice more in backward: once without gradients keeping
+      // the blocks' inputs (all but the last block), then each block again before its backward.
+      double bwd = 0;
       for (double b : back) bwd += b;
+      // Each block's second forward runs just before its backward, both in the cache (scale_at).
+      if (l.recompute == RecomputeChoice::Pipeline)
+        bwd = fwd - c.forward(end - 1, l.batch) + (fwd + bwd) / c.scale_at(l.batch);
       stage[s] = fwd + bwd;
       double send = 0;
       if (s + 1 < S)

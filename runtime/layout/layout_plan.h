@@ -94,6 +94,10 @@ struct ComputeProfile {
   // A whole step's time over the sum of its blocks' measured one at a time, at each batch: the blocks' times
   // above are already multiplied by it (layout_probe.h); recorded to show the correction.
   double scale[2] = {1, 1};
+  // That scale at micro-batch b (the line through both, within them), at least 1: a block whose forward runs
+  // again just before its backward (recompute) finds its activations in the cache, as when timed alone, so
+  // its recomputed forward and its backward take their one-at-a-time times, the scale taken off.
+  double scale_at(int64_t b) const;
   // How much slower than alone the ranks ran, sharing their host's cores: max(1, busy threads / cores) over
   // the probe (every rank at once); 1 on GPUs, a device each.
   double contention = 1;

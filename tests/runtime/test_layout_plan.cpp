@@ -142,10 +142,16 @@ TEST(LayoutCompute, TheLineIsNeverSuperlinearAndTheProfileRoundTrips) {
   // A time that falls with the batch (noise) gives a flat line, never a negative slope.
   c.blocks[1].backward[0] = 0.03, c.blocks[1].backward[1] = 0.02;
   EXPECT_GE(c.backward(1, 64), c.backward(1, 16));
+  // The whole pass's scale between the two batches, never past them, never below 1.
+  c.scale[0] = 1.1, c.scale[1] = 1.3;
+  EXPECT_NEAR(c.scale_at(24), 1.2, 1e-12);
+  EXPECT_NEAR(c.scale_at(64), 1.3, 1e-12);
+  EXPECT_NEAR(c.scale_at(1), 1.1, 1e-12);
   const ComputeProfile back = ComputeProfile::from_json(c.to_json(), "p.json");
   EXPECT_EQ(back.blocks.size(), 2u);
   EXPECT_EQ(back.forward(0, 24), c.forward(0, 24));
   EXPECT_EQ(back.param_bytes(), c.param_bytes());
+  EXPECT_EQ(back.scale_at(24), c.scale_at(24));
   nlohmann::json j = c.to_json();
   j["blocks"][1].erase("param_bytes");
   EXPECT_NE(error_of([&] { ComputeProfile::from_json(j, "p.json"); }).find("p.json: not a compute profile"),
@@ -251,6 +257,15 @@ TEST(LayoutCost, DataParallelIsComputeExposedSyncAndTheUpdate) {
   const LayoutCost ca = predict_layout(in, a);
   EXPECT_NEAR(ca.compute, 2 * 8 * (0.0055 + 0.011), 1e-12);
   EXPECT_NEAR(ca.optimizer, c.optimizer, 1e-15);
+  // --recompute runs each block's forward again but the last's; that forward and the backward after it find
+  // the block's activations in the cache: their times alone, the whole pass's scale (1.25) taken off.
+  Layout r = l;
+  r.recompute = RecomputeChoice::Blocks;
+  EXPECT_NEAR(predict_layout(in, r).compute, 8 * 0.030 + 7 * 0.010, 1e-12);
+  in.compute.scale[0] = in.compute.scale[1] = 1.25;
+  EXPECT_NEAR(predict_layout(in, r).compute, 8 * 0.010 + 0.020 + 7 * 0.030 / 1.25, 1e-12);
+  EXPECT_NEAR(predict_layout(in, l).compute, c.compute, 1e-12);  // without recompute: as measured
+  in.compute.scale[0] = in.compute.scale[1] = 1;
   // ZeRO-1 keeps half the state on each of 2 replicas; its update, the shards' copies and the all-gather
   // are never predicted faster than plain's update, so its step is never below one replica's alone.
   Layout z = l;
@@ -281,10 +296,15 @@ TEST(LayoutCost, APipelinePaysItsBubbleAndItsSends) {
   Layout u = l;
   u.split = {0, 6, 8};
   EXPECT_GT(predict_layout(in, u).step, c.step);
-  // The pipeline's recompute runs each stage's forward again.
+  // The pipeline's recompute runs each stage's forward twice more: without gradients through all its blocks
+  // but the last (keeping their inputs), then each block again before its backward.
   Layout r = l;
   r.recompute = RecomputeChoice::Pipeline;
-  EXPECT_NEAR(predict_layout(in, r).compute, 4 * (stage + 4 * 0.0055), 1e-12);
+  EXPECT_NEAR(predict_layout(in, r).compute, 4 * (stage + 7 * 0.0055), 1e-12);
+  // Each block's second forward and its backward in the cache: the whole pass's scale taken off them.
+  in.compute.scale[0] = in.compute.scale[1] = 1.25;
+  EXPECT_NEAR(predict_layout(in, r).compute, 4 * (4 * 0.0055 + 3 * 0.0055 + stage / 1.25), 1e-12);
+  in.compute.scale[0] = in.compute.scale[1] = 1;
   EXPECT_LT(predict_layout(in, r).peak, c.peak);
 }
 
@@ -305,6 +325,21 @@ TEST(LayoutCost, APipelineStageHoldsItsBlocksStateAndActivationsOfTheMicroBatche
   EXPECT_EQ(one_f_one_b.baseline, in.facts.baseline - 7 * MiB);
   EXPECT_EQ(one_f_one_b.total, one_f_one_b.baseline + one_f_one_b.gradients + one_f_one_b.optimizer_state +
                                    one_f_one_b.activations + one_f_one_b.input);
+  // --pipeline-recompute: the first stage holds no input of its own (the batch is the data's), one
+  // micro-batch's inputs of its blocks 1-3 (the outputs of 0-2) and its widest block's activations with the
+  // gradients of its output and input (block 1's: block 0's has no input gradient); the second holds its
+  // input for the micro-batch in flight, 3 block inputs and a 1 MiB block: less.
+  Layout r = l;
+  r.recompute = RecomputeChoice::Pipeline;
+  EXPECT_EQ(predict_layout(in, r).memory.activations, fixed + 16 * (3 * 64 * 1024 + 3 * MiB + 2 * 64 * 1024));
+  for (size_t i = 0; i < 2; ++i) in.compute.blocks[i].activation_bytes_per_image = MiB;
+  in.compute.blocks[4].output_bytes_per_image = in.compute.blocks[3].output_bytes_per_image = 2 * MiB;
+  // Now the second stage's: its input (block 3's output) for 1 micro-batch, block 4's 2 MiB output among
+  // its blocks' inputs, and block 4 with its output's and input's 2 MiB gradients.
+  EXPECT_EQ(predict_layout(in, r).memory.activations,
+            fixed + 16 * (2 * MiB + 2 * MiB + 2 * 64 * 1024 + MiB + 2 * MiB + 2 * MiB));
+  for (size_t i = 0; i < 2; ++i) in.compute.blocks[i].activation_bytes_per_image = 3 * MiB;
+  in.compute.blocks[4].output_bytes_per_image = in.compute.blocks[3].output_bytes_per_image = 64 * 1024;
   in.options.pipeline_schedule = PipelineSchedule::GPipe;
   EXPECT_NEAR(predict_layout(in, l).memory.activations, fixed + 16 * per_image * 8 / 12 * 4, 8);
   // With light activations everywhere, the stage holding the classifier's state is the peak.
