@@ -411,6 +411,33 @@ print([x for x in r if x.get("type") == sys.argv[2]][-1][sys.argv[3]])' "$@" 2>/
         fail "memory plan $run_name: $error off the tensor peak (more than 10%)"
     done
   fi
+  # --layout auto on one GPU (docs/LAYOUT.md): the planner's prediction for its choice (step, tensor peak)
+  # against the run's median step and tensor peak. Recorded with the errors and printed, not judged: its
+  # GPU model (one device a rank, NCCL as the hierarchical ring) has not been measured yet.
+  rm -f "$results/layout_auto.jsonl"
+  run limit 150 "$build_dir/train_resnet" --synthetic -a resnet50 --global-batch 256 --precision bf16 --device cuda \
+    --steps 20 --layout auto --log-jsonl "$results/layout_auto.jsonl" || fail "train_resnet --layout auto"
+  if [[ $mode != dry ]]; then
+    "$python" - "$results/layout_auto.jsonl" "$facts" <<'PY' || fail "--layout auto: no plan record with a layout or no summary"
+import json, sys
+records = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+plan = [r for r in records if r.get("type") == "plan"][-1]["layout"]
+summary = [r for r in records if r.get("type") == "summary"][-1]
+step, peak = plan["predicted"]["step_s"], plan["predicted"]["peak_bytes"]
+got_step, got_peak = summary["median_step_s"], summary["peak_tensor_bytes"]
+facts = {"layout_auto.chosen": plan["chosen"]["flags"], "layout_auto.layouts": len(plan["considered"]),
+         "layout_auto.planning_s": plan["planning_s"], "layout_auto.predicted_step_s": step,
+         "layout_auto.median_step_s": got_step, "layout_auto.step_error": step / got_step - 1,
+         "layout_auto.predicted_peak_bytes": peak, "layout_auto.peak_tensor_bytes": got_peak,
+         "layout_auto.peak_error": peak / got_peak - 1}
+with open(sys.argv[2], "a") as f:
+    for k, v in facts.items():
+        f.write(f"{k}\t{json.dumps(v)}\n")
+print(f"--layout auto: chose {plan['chosen']['flags']} of {len(plan['considered'])} in {plan['planning_s']:.1f} s; "
+      f"step predicted {1e3 * step:.1f} ms, measured {1e3 * got_step:.1f} ms ({100 * (step / got_step - 1):+.1f}%); "
+      f"peak predicted {peak / 2**30:.2f} GiB, tensors {got_peak / 2**30:.2f} GiB ({100 * (peak / got_peak - 1):+.1f}%)")
+PY
+  fi
   # Real data: the Fashion-MNIST subset of scripts/gpu_data.sh (it travels in .gpu_data), ResNet-20 for one
   # epoch with the same seed and recipe on the GPU (fp32, TF32 on) and on this machine's CPU cores: the two
   # test accuracies must agree within 1 point (they differ only by rounding, which training amplifies).
