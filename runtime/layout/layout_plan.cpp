@@ -389,7 +389,7 @@ double exposed_sync(const PlanInput& in, const Layout& l, const std::vector<doub
 // holds its blocks' state (their parameters, gradients and optimizer state; the other stages' weights
 // dropped) and its blocks' activations of the micro-batches in flight on it (1F1B: S - s on stage s, GPipe:
 // all M), the largest stage counted; with --pipeline-recompute the stage's inputs of the micro-batches in
-// flight, one micro-batch's block inputs and its widest block's activations.
+// flight, one micro-batch's block inputs and its widest block's activations with that block's gradients.
 MemoryPrediction predict_memory(const PlanInput& in, const Layout& l) {
   TrainerOptions v = in.options;
   l.apply(v);

@@ -10,11 +10,14 @@
 // The step time of a layout is built from what was measured:
 //   compute   every block's forward and backward at two micro-batch sizes (a line through them per block,
 //             never below zero, so a smaller micro-batch is never predicted faster per image than it was
-//             measured: no superlinear scaling), a recomputed block's forward once more;
+//             measured: no superlinear scaling), a recomputed block's forward once more (it and the
+//             backward after it in the cache: their times alone, the whole pass's scale taken off);
 //   pipeline  1F1B/GPipe over S stages and M micro-batches: every stage's work once (filling and draining
 //             the pipe) plus M - 1 times the slowest stage's, with the activations and their gradients
 //             sent between stages over the link model; its peak is the stage whose blocks' activations
 //             (measured per block) times the micro-batches it holds (1F1B: S - s, GPipe: M) are largest;
+//             --pipeline-recompute runs a stage's forward twice more and holds its inputs in flight, one
+//             micro-batch's block inputs and its widest block with that block's gradients;
 //   all-reduce  the gradient buckets (launch order, the last micro-batch's backward makes them ready) one at
 //             a time through the link model, what runs past that backward is exposed; ZeRO-1 reduce-scatters
 //             them, updates 1/D of the state and all-gathers the weights under the next forward (its update
