@@ -12,9 +12,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <dnnl.hpp>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
@@ -304,43 +302,33 @@ PassPlan build_plan(const ConvGeometry& g, bool bias, Pass pass, CpuConvolution 
 }
 
 // Plans by (geometry, bias, pass, oneDNN thread count: a primitive is built for the threads it will
-// run on). A model has a few dozen; a run whose shapes keep changing is capped by starting over.
-// bf16: the bf16 kernels' path (F32 for f32 plans).
-using ConvKey = std::array<int64_t, 21>;
-std::mutex conv_plans_mutex;
-std::map<ConvKey, std::shared_ptr<const PassPlan>> conv_plans;
+// run on, the convolution choice, bf16: the bf16 kernels' path, F32 for f32 plans).
+PlanCache<std::array<int64_t, 21>, PassPlan> conv_plans;
 
 std::shared_ptr<const PassPlan> plan_for(const ConvGeometry& g, bool bias, Pass pass, Bf16Kernels bf16) {
-  using Key = ConvKey;
   const CpuConvolution choice = cpu_convolution();
-  auto& mutex = conv_plans_mutex;
-  auto& plans = conv_plans;
-  const Key key{g.n,
-                g.h,
-                g.w,
-                g.c,
-                g.k,
-                g.r,
-                g.s,
-                g.p,
-                g.q,
-                g.stride_h,
-                g.stride_w,
-                g.pad_h,
-                g.pad_w,
-                g.dilation_h,
-                g.dilation_w,
-                g.groups,
-                bias,
-                static_cast<int64_t>(pass),
-                omp_get_max_threads(),
-                static_cast<int64_t>(choice),
-                static_cast<int64_t>(bf16)};
-  std::lock_guard<std::mutex> lock(mutex);
-  auto it = plans.find(key);
-  if (it != plans.end()) return it->second;
-  if (plans.size() >= 1024) plans.clear();  // plans in use live on in their callers' shared_ptr
-  return plans.emplace(key, std::make_shared<const PassPlan>(build_plan(g, bias, pass, choice, bf16))).first->second;
+  const std::array<int64_t, 21> key{g.n,
+                                    g.h,
+                                    g.w,
+                                    g.c,
+                                    g.k,
+                                    g.r,
+                                    g.s,
+                                    g.p,
+                                    g.q,
+                                    g.stride_h,
+                                    g.stride_w,
+                                    g.pad_h,
+                                    g.pad_w,
+                                    g.dilation_h,
+                                    g.dilation_w,
+                                    g.groups,
+                                    bias,
+                                    static_cast<int64_t>(pass),
+                                    omp_get_max_threads(),
+                                    static_cast<int64_t>(choice),
+                                    static_cast<int64_t>(bf16)};
+  return conv_plans.get(key, [&] { return build_plan(g, bias, pass, choice, bf16); });
 }
 
 // Runs a plan on ringtrain-layout buffers (one per operand, in the plan's order), reordering through
@@ -544,8 +532,7 @@ void conv2d_backward_weights(const Tensor& x, const Tensor& dy, const ConvGeomet
 void set_onednn_threads(int n) { omp_set_num_threads(n); }
 
 void release_conv_plans() {
-  std::lock_guard<std::mutex> lock(conv_plans_mutex);
-  conv_plans.clear();  // plans in use live on in their callers' shared_ptr
+  conv_plans.clear();
   // oneDNN's own cache of primitives by descriptor: emptied by a capacity of 0, then given its size back.
   const int capacity = dnnl::get_primitive_cache_capacity();
   dnnl::set_primitive_cache_capacity(0);

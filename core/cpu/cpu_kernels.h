@@ -7,6 +7,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <utility>
 
 #include "core/check.h"
@@ -43,6 +46,30 @@ void release_matmul_plans();
 // Shared by the family files
 
 inline constexpr int64_t kGrain = 1 << 14;  // elements per task for cheap elementwise work
+
+// Plans (oneDNN primitives and what runs them) by the key of the shape they were built for, thread-safe. A
+// model has a few dozen; a run whose shapes keep changing is capped by starting over. Plans in use live on
+// in their callers' shared_ptr, also after clear() (release_kernel_plans, core/allocator.h).
+template <typename Key, typename Plan>
+class PlanCache {
+ public:
+  template <typename Build>
+  std::shared_ptr<const Plan> get(const Key& key, Build&& build) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = plans_.find(key);
+    if (it != plans_.end()) return it->second;
+    if (plans_.size() >= 1024) plans_.clear();
+    return plans_.emplace(key, std::make_shared<const Plan>(build())).first->second;
+  }
+  void clear() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    plans_.clear();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::map<Key, std::shared_ptr<const Plan>> plans_;
+};
 
 using ringtrain::TypeTag;
 using ringtrain::visit_dtype;

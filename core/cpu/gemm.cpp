@@ -8,9 +8,7 @@
 #include <bit>
 #include <cstdint>
 #include <dnnl.hpp>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <unordered_map>
 
@@ -70,35 +68,27 @@ MatmulPlan build_matmul(const GemmArgs& g, int64_t batch, int64_t stride_a, int6
   return plan;
 }
 
-std::mutex matmul_plans_mutex;
-std::map<std::array<int64_t, 16>, std::shared_ptr<const MatmulPlan>> matmul_plans;
+PlanCache<std::array<int64_t, 16>, MatmulPlan> matmul_plans;
 
 std::shared_ptr<const MatmulPlan> matmul_plan(const GemmArgs& g, int64_t batch, int64_t stride_a, int64_t stride_b,
                                               int64_t stride_c) {
-  using Key = std::array<int64_t, 16>;
-  const Key key{g.trans_a,
-                g.trans_b,
-                g.m,
-                g.n,
-                g.k,
-                g.lda,
-                g.ldb,
-                g.ldc,
-                batch,
-                stride_a,
-                stride_b,
-                stride_c,
-                std::bit_cast<int64_t>(g.alpha),
-                std::bit_cast<int64_t>(g.beta),
-                omp_get_max_threads(),
-                static_cast<int64_t>(cpu_bf16_kernels())};
-  std::lock_guard<std::mutex> lock(matmul_plans_mutex);
-  auto& plans = matmul_plans;
-  auto it = plans.find(key);
-  if (it != plans.end()) return it->second;
-  if (plans.size() >= 1024) plans.clear();  // plans in use live on in their callers' shared_ptr
-  return plans.emplace(key, std::make_shared<const MatmulPlan>(build_matmul(g, batch, stride_a, stride_b, stride_c)))
-      .first->second;
+  const std::array<int64_t, 16> key{g.trans_a,
+                                    g.trans_b,
+                                    g.m,
+                                    g.n,
+                                    g.k,
+                                    g.lda,
+                                    g.ldb,
+                                    g.ldc,
+                                    batch,
+                                    stride_a,
+                                    stride_b,
+                                    stride_c,
+                                    std::bit_cast<int64_t>(g.alpha),
+                                    std::bit_cast<int64_t>(g.beta),
+                                    omp_get_max_threads(),
+                                    static_cast<int64_t>(cpu_bf16_kernels())};
+  return matmul_plans.get(key, [&] { return build_matmul(g, batch, stride_a, stride_b, stride_c); });
 }
 
 // Runs the bf16 GEMM on oneDNN when this CPU has bf16 kernels and oneDNN more than its reference loops for
@@ -175,10 +165,7 @@ void gemm(const GemmArgs& g, const Tensor& a, const Tensor& b, Tensor& c, int64_
 
 void register_gemm_kernels(KernelTable& t) { t.gemm = &gemm; }
 
-void release_matmul_plans() {
-  std::lock_guard<std::mutex> lock(matmul_plans_mutex);
-  matmul_plans.clear();
-}
+void release_matmul_plans() { matmul_plans.clear(); }
 
 }  // namespace ringtrain::cpu
 
