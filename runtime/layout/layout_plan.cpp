@@ -338,16 +338,23 @@ double sharing(const PlanInput& in, double busy) {
   return std::max(1.0, busy * in.threads_per_rank / in.cores_per_host);
 }
 
-// The link with every hop as fast as between ranks of one host: a collective's copies and sums alone.
-LinkModel copies_only(const LinkModel& link) {
-  LinkModel l = link;
-  l.alpha_inter = link.alpha_intra, l.bw_inter = link.bw_intra;
-  return l;
-}
-
 // CPU ranks whose threads fill their host's cores.
 bool cores_saturated(const PlanInput& in) {
   return in.cores_per_host > 0 && in.world.ranks_per_host * in.threads_per_rank >= in.cores_per_host;
+}
+
+// A collective taking `seconds(link)`, split into {CPU, wire}: on CPU ranks that fill their host's cores,
+// its copies and sums (what it takes with every hop as fast as between ranks of one host) run on those
+// cores and hide under nothing; what a slower link between hosts adds waits on the wire and can overlap.
+// All wire where the cores have room, or on devices.
+template <typename Seconds>
+std::pair<double, double> cpu_and_wire(const PlanInput& in, const Seconds& seconds) {
+  const double all = seconds(in.link);
+  if (!cores_saturated(in)) return {0.0, all};
+  LinkModel copies_only = in.link;
+  copies_only.alpha_inter = in.link.alpha_intra, copies_only.bw_inter = in.link.bw_intra;
+  const double copies = std::min(all, seconds(copies_only));
+  return {copies, all - copies};
 }
 
 // Blocks [begin, end) backward: exposed seconds of their gradients' sync beyond the backward `window` they
@@ -358,27 +365,18 @@ double exposed_sync(const PlanInput& in, const Layout& l, const std::vector<doub
   const std::vector<Bucket> buckets = buckets_of(grad_bytes, l.bucket_mb);
   const int per_host = per_host_of(in.world, l.replicas);
   const double wire = in.options.compression == comm::Compression::None ? 1.0 : 0.5;
-  // CPU ranks that keep their host's cores busy: the ring's copies and sums (the all-reduce as it runs
-  // between ranks of one host) take those cores from the backward, so that part hides under nothing
-  // (ResNet-50 64px on 2 ranks of 2 cores: the backward 8% slower); what a slower link between hosts adds
-  // waits on the wire and overlaps as on a device.
-  const bool saturated = cores_saturated(in);
-  const LinkModel memory = copies_only(in.link);
-  auto seconds = [&](const LinkModel& link, int64_t bytes) {
-    return l.zero ? half_allreduce_seconds(link, l.backend, bytes, l.replicas, per_host)
-                  : allreduce_seconds(link, l.backend, bytes, l.replicas, per_host);
-  };
+  // Where CPU ranks fill their cores, the ring's copies and sums take them from the backward (ResNet-50 64px
+  // on 2 ranks of 2 cores: the backward 8% slower): that part of each bucket hides under nothing.
   double t = 0, end = 0, window = 0, cpu = 0;
   std::vector<double> ready(backward_seconds.size());
   for (size_t i = 0; i < backward_seconds.size(); ++i) ready[i] = (window += backward_seconds[i]);
   for (const Bucket& b : buckets) {
     const auto bytes = static_cast<int64_t>(static_cast<double>(b.bytes) * wire);
-    double c = seconds(in.link, bytes);
-    if (saturated) {
-      const double copies = std::min(c, seconds(memory, bytes));
-      cpu += copies;
-      c -= copies;
-    }
+    const auto [copies, c] = cpu_and_wire(in, [&](const LinkModel& link) {
+      return l.zero ? half_allreduce_seconds(link, l.backend, bytes, l.replicas, per_host)
+                    : allreduce_seconds(link, l.backend, bytes, l.replicas, per_host);
+    });
+    cpu += copies;
     t = std::max(ready[b.ready_after], end);
     end = t + c;
   }
@@ -487,13 +485,10 @@ LayoutCost predict_layout(const PlanInput& in, const Layout& l) {
     cost.optimizer = opt_per_byte * static_cast<double>(params) * speed;  // measured all at once, too
     if (l.zero && l.replicas > 1) {  // the weights' all-gather, under the next step's forward
       const int per_host = per_host_of(in.world, l.replicas);
-      const double gather = half_allreduce_seconds(in.link, l.backend, params, l.replicas, per_host);
-      const LinkModel memory = copies_only(in.link);  // its copies, on cores the ranks fill, as in exposed_sync
-      const double copies =
-          cores_saturated(in)
-              ? std::min(gather, half_allreduce_seconds(memory, l.backend, params, l.replicas, per_host))
-              : 0;
-      cost.comm += copies * sharing(in, in.world.ranks_per_host) + std::max(0.0, gather - copies - fwd);
+      const auto [copies, gather] = cpu_and_wire(in, [&](const LinkModel& link) {
+        return half_allreduce_seconds(link, l.backend, params, l.replicas, per_host);
+      });
+      cost.comm += copies * sharing(in, in.world.ranks_per_host) + std::max(0.0, gather - fwd);
     }
   } else {
     const auto S = static_cast<size_t>(l.stages);
