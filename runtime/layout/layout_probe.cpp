@@ -320,8 +320,9 @@ int64_t probe_memory(comm::World& world, const TrainerOptions& o, Device device,
     plain.recompute = false;
     recompute_blocks(model, false);
     in.facts = measure_memory_facts(plain, device, model, data, step_fn);
-    own_baseline = in.facts.baseline;
-    if (!device.is_cuda()) {  // what a run given by hand holds here: its heap's free pages given back
+    if (device.is_cuda()) {
+      own_baseline = in.facts.baseline;
+    } else {  // what a run given by hand holds here: its heap's free pages given back
       empty_cache(device);
       own_baseline = resident_bytes();
     }

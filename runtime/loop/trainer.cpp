@@ -649,9 +649,9 @@ TrainResult Trainer::fit(Module& model, DataSource& data, const StepFn& step_fn)
   json layout;
   if (o.layout_auto) {
     layout = choose_layout(world_, o, device_, *watchdog_, model, data, step_fn);
-    // The planner checked --max-memory with its own measurements; the memory plan below still predicts and
-    // records, against the device's memory (its baseline, taken after the planner's probes, can hold up to
-    // ~20 MiB they left: docs/LAYOUT.md).
+    // The planner checked --max-memory with its own measurements, what its probes left included; the memory
+    // plan below still predicts and records, against the device's memory (its baseline, taken after the
+    // probes, holds what they left: 3-12 MiB on the CPU, docs/LAYOUT.md).
     o.max_memory = 0;
     layout_ = permanent_errors([&] { return PipelineLayout::of(world_.rank(), world_.size(), o.pipeline_stages); });
   }
