@@ -66,6 +66,27 @@ __global__ void fill_kernel(S* out /* (n) */, S value, int64_t n) {
 }
 
 // ---------------------------------------------------------------------------------------------------
+// 16-byte vectors: the memory-bound kernels move kVec<S> elements per load and store (8 of a 16-bit
+// type, 4 f32, 2 f64), one ld/st.global.v4 each, where the pointers are 16-byte aligned. The arithmetic
+// per element is the scalar kernels' own, so a vector path gives the scalar path's bits.
+
+template <typename S>
+constexpr int kVec = sizeof(S) <= 16 ? static_cast<int>(16 / sizeof(S)) : 1;
+
+template <typename S>
+struct alignas(16) Vec {
+  S v[kVec<S>];
+};
+
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// Every pointer 16-byte aligned (a null one, an input that is not there, counts as aligned).
+template <typename... P>
+bool all_aligned16(const P*... p) {
+  return ((p == nullptr || aligned16(p)) && ...);
+}
+
+// ---------------------------------------------------------------------------------------------------
 // Types: storage type S, compute type compute_t<S> (core/dtype.h).
 
 template <typename T>

@@ -100,6 +100,35 @@ __global__ void unary_kernel(UnaryOp op, const S* x /* (n) */, S* out /* (n) */,
   RT_GRID_STRIDE(i, n) out[i] = store_as<S>(unary_value<C>(op, load_as<C>(x[i])));
 }
 
+// The vector path (16-byte aligned x and out, which may alias): vector i holds elements [i * V, i * V + V);
+// the last n % V go one per thread.
+template <typename S>
+__global__ void unary_vec_kernel(UnaryOp op, const S* x /* (n) */, S* out /* (n) */, int64_t n) {
+  using C = compute_t<S>;
+  constexpr int V = kVec<S>;
+  const int64_t nvec = n / V;
+  const auto* xv = reinterpret_cast<const Vec<S>*>(x);
+  auto* ov = reinterpret_cast<Vec<S>*>(out);
+  RT_GRID_STRIDE(i, nvec) {
+    const Vec<S> a = xv[i];
+    Vec<S> r;
+#pragma unroll
+    for (int k = 0; k < V; ++k) r.v[k] = store_as<S>(unary_value<C>(op, load_as<C>(a.v[k])));
+    ov[i] = r;
+  }
+  RT_GRID_STRIDE(j, n - nvec * V) {
+    const int64_t i = nvec * V + j;
+    out[i] = store_as<S>(unary_value<C>(op, load_as<C>(x[i])));
+  }
+}
+
+// Blocks for a vector kernel over n elements: enough for the vectors or the tail, whichever is more.
+template <typename S>
+unsigned vec_grid(int64_t n) {
+  const int64_t nvec = n / kVec<S>;
+  return grid_for(std::max<int64_t>(nvec, n - nvec * kVec<S>));
+}
+
 const char* unary_name(UnaryOp op) {
   switch (op) {
     case UnaryOp::Neg:
@@ -130,7 +159,10 @@ void unary(UnaryOp op, const Tensor& x, Tensor& out) {
   DeviceScope scope(out);
   dispatch_all(x.dtype(), [&](auto tag) {
     using S = typename decltype(tag)::type;
-    unary_kernel<S><<<grid_for(n), kThreads, 0, stream_now()>>>(op, x.data<S>(), out.data<S>(), n);
+    if (all_aligned16(x.data<S>(), out.data<S>()))
+      unary_vec_kernel<S><<<vec_grid<S>(n), kThreads, 0, stream_now()>>>(op, x.data<S>(), out.data<S>(), n);
+    else
+      unary_kernel<S><<<grid_for(n), kThreads, 0, stream_now()>>>(op, x.data<S>(), out.data<S>(), n);
   });
 }
 
@@ -222,6 +254,28 @@ __global__ void binary_kernel(BinaryOp op, const S* a, const S* b, O* out /* (n)
   }
 }
 
+// The vector path of a, b and out all of n elements (16-byte aligned; out may alias a or b).
+template <typename S>
+__global__ void binary_vec_kernel(BinaryOp op, const S* a, const S* b, S* out /* (n) */, int64_t n) {
+  using C = compute_t<S>;
+  constexpr int V = kVec<S>;
+  const int64_t nvec = n / V;
+  const auto* av = reinterpret_cast<const Vec<S>*>(a);
+  const auto* bv = reinterpret_cast<const Vec<S>*>(b);
+  auto* ov = reinterpret_cast<Vec<S>*>(out);
+  RT_GRID_STRIDE(i, nvec) {
+    const Vec<S> x = av[i], y = bv[i];
+    Vec<S> r;
+#pragma unroll
+    for (int k = 0; k < V; ++k) r.v[k] = store_as<S>(binary_value<C>(op, load_as<C>(x.v[k]), load_as<C>(y.v[k])));
+    ov[i] = r;
+  }
+  RT_GRID_STRIDE(j, n - nvec * V) {
+    const int64_t i = nvec * V + j;
+    out[i] = store_as<S>(binary_value<C>(op, load_as<C>(a[i]), load_as<C>(b[i])));
+  }
+}
+
 void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out, const BroadcastDesc& bc) {
   const int64_t n = out.numel();
   if (op == BinaryOp::ReluGrad && !is_floating(a.dtype())) raise_unsupported("relu_backward", a.dtype());
@@ -239,6 +293,10 @@ void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out, const Br
       RT_CHECK(out.dtype() == DType::U8, "comparison output must be u8, got ", out.describe());
       binary_kernel<S, uint8_t>
           <<<grid_for(n), kThreads, 0, stream_now()>>>(op, a.data<S>(), b.data<S>(), out.data<uint8_t>(), n, ix);
+    } else if (!ix.general && ix.a_numel == n && ix.b_numel == n &&
+               all_aligned16(a.data<S>(), b.data<S>(), out.data<S>())) {
+      binary_vec_kernel<S>
+          <<<vec_grid<S>(n), kThreads, 0, stream_now()>>>(op, a.data<S>(), b.data<S>(), out.data<S>(), n);
     } else {
       binary_kernel<S, S>
           <<<grid_for(n), kThreads, 0, stream_now()>>>(op, a.data<S>(), b.data<S>(), out.data<S>(), n, ix);
@@ -251,47 +309,71 @@ void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out, const Br
 
 // As the CPU: s is converted to the compute type (integers: truncated to i64), except that integer Mul
 // scales in f64 (so `x * 0.5` halves) and truncates back through i64.
+template <typename C>
+__device__ inline C scalar_value(ScalarOp op, C v, double s, C sv) {
+  C r = v;
+  if constexpr (std::is_integral_v<C>) {
+    switch (op) {
+      case ScalarOp::Add:
+        r = v + sv;
+        break;
+      case ScalarOp::Mul:
+        r = static_cast<C>(static_cast<double>(v) * s);
+        break;
+      case ScalarOp::RSub:
+        r = sv - v;
+        break;
+      default:
+        break;  // RDiv / Pow: rejected on the host
+    }
+  } else {
+    switch (op) {
+      case ScalarOp::Add:
+        r = v + sv;
+        break;
+      case ScalarOp::Mul:
+        r = v * sv;
+        break;
+      case ScalarOp::RSub:
+        r = sv - v;
+        break;
+      case ScalarOp::RDiv:
+        r = sv / v;
+        break;
+      case ScalarOp::Pow:
+        r = dev_pow(v, sv);
+        break;
+    }
+  }
+  return r;
+}
+
 template <typename S>
 __global__ void scalar_kernel(ScalarOp op, const S* x /* (n) */, double s, S* out /* (n), may alias x */, int64_t n) {
   using C = compute_t<S>;
   const C sv = static_cast<C>(s);
-  RT_GRID_STRIDE(i, n) {
-    const C v = load_as<C>(x[i]);
-    C r = v;
-    if constexpr (std::is_integral_v<C>) {
-      switch (op) {
-        case ScalarOp::Add:
-          r = v + sv;
-          break;
-        case ScalarOp::Mul:
-          r = static_cast<C>(static_cast<double>(v) * s);
-          break;
-        case ScalarOp::RSub:
-          r = sv - v;
-          break;
-        default:
-          break;  // RDiv / Pow: rejected on the host
-      }
-    } else {
-      switch (op) {
-        case ScalarOp::Add:
-          r = v + sv;
-          break;
-        case ScalarOp::Mul:
-          r = v * sv;
-          break;
-        case ScalarOp::RSub:
-          r = sv - v;
-          break;
-        case ScalarOp::RDiv:
-          r = sv / v;
-          break;
-        case ScalarOp::Pow:
-          r = dev_pow(v, sv);
-          break;
-      }
-    }
-    out[i] = store_as<S>(r);
+  RT_GRID_STRIDE(i, n) out[i] = store_as<S>(scalar_value<C>(op, load_as<C>(x[i]), s, sv));
+}
+
+// The vector path (16-byte aligned x and out, which may alias).
+template <typename S>
+__global__ void scalar_vec_kernel(ScalarOp op, const S* x /* (n) */, double s, S* out /* (n) */, int64_t n) {
+  using C = compute_t<S>;
+  constexpr int V = kVec<S>;
+  const C sv = static_cast<C>(s);
+  const int64_t nvec = n / V;
+  const auto* xv = reinterpret_cast<const Vec<S>*>(x);
+  auto* ov = reinterpret_cast<Vec<S>*>(out);
+  RT_GRID_STRIDE(i, nvec) {
+    const Vec<S> a = xv[i];
+    Vec<S> r;
+#pragma unroll
+    for (int k = 0; k < V; ++k) r.v[k] = store_as<S>(scalar_value<C>(op, load_as<C>(a.v[k]), s, sv));
+    ov[i] = r;
+  }
+  RT_GRID_STRIDE(j, n - nvec * V) {
+    const int64_t i = nvec * V + j;
+    out[i] = store_as<S>(scalar_value<C>(op, load_as<C>(x[i]), s, sv));
   }
 }
 
@@ -320,7 +402,10 @@ void scalar(ScalarOp op, const Tensor& x, double s, Tensor& out) {
   DeviceScope scope(out);
   dispatch_all(x.dtype(), [&](auto tag) {
     using S = typename decltype(tag)::type;
-    scalar_kernel<S><<<grid_for(n), kThreads, 0, stream_now()>>>(op, x.data<S>(), s, out.data<S>(), n);
+    if (all_aligned16(x.data<S>(), out.data<S>()))
+      scalar_vec_kernel<S><<<vec_grid<S>(n), kThreads, 0, stream_now()>>>(op, x.data<S>(), s, out.data<S>(), n);
+    else
+      scalar_kernel<S><<<grid_for(n), kThreads, 0, stream_now()>>>(op, x.data<S>(), s, out.data<S>(), n);
   });
 }
 

@@ -142,6 +142,44 @@ TEST(CudaVsCpuMisc, RandomAndConversionsAreBitwiseIdentical) {
   }
 }
 
+// The element-wise kernels' vector paths (16-byte loads of 8 / 4 / 2 elements, the n % V tail one per
+// thread) give the CPU's bits: sizes around a vector and past one launch's grid, tensors 16-byte aligned
+// (vector path) and one element into their buffer (scalar path), in place and not.
+TEST(CudaVsCpuMisc, ElementwiseVectorPathsGiveTheCpusBits) {
+  RT_REQUIRE_CUDA();
+  for (DType dtype : {DType::F32, DType::F64, DType::F16, DType::BF16})
+    for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{8}, int64_t{9}, int64_t{4099}, int64_t{(1 << 20) + 3}})
+      for (bool aligned : {true, false}) {
+        // Tensors one element longer; the unaligned ones start at element 1 (a copy to the GPU would align).
+        auto make = [&](uint64_t seed, Device device) {
+          const Tensor whole = Tensor::uniform(Shape{n + 1}, -4, 4, seed, DType::F64).to(dtype).to(device);
+          return aligned ? whole.slice(0, n) : whole.slice(1, n + 1);
+        };
+        const Tensor a = make(61, Device::cpu()), b = make(62, Device::cpu());
+        const Tensor ga_off = make(61, kGpu), gb = make(62, kGpu);
+        const std::string what =
+            std::string(dtype_name(dtype)) + " n=" + std::to_string(n) + (aligned ? "" : " unaligned");
+        auto same = [&](const Tensor& gpu, const Tensor& cpu, const char* op) {
+          EXPECT_EQ(gpu.to_vector(), cpu.to_vector()) << what << ": " << op;
+        };
+        same(add(ga_off, gb), add(a, b), "add");
+        same(sub(ga_off, gb), sub(a, b), "sub");
+        same(mul(ga_off, gb), mul(a, b), "mul");
+        same(relu(ga_off), relu(a), "relu");
+        same(neg(ga_off), neg(a), "neg");
+        same(mul(ga_off, 0.37), mul(a, 0.37), "mul scalar");
+        same(add(ga_off, 1.5), add(a, 1.5), "add scalar");
+        Tensor in_place = ga_off.clone();
+        Tensor expected = a.clone();
+        in_place.add_(gb);
+        expected.add_(b);
+        same(in_place, expected, "add_ in place");
+        in_place.mul_(-2.0);
+        expected.mul_(-2.0);
+        same(in_place, expected, "mul_ in place");
+      }
+}
+
 TEST(CudaVsCpuMisc, Tf32MatmulStaysWithinItsPrecision) {
   RT_REQUIRE_CUDA();
   set_allow_tf32(true);
