@@ -216,8 +216,8 @@ struct KernelTable {
                               Tensor& dbeta) = nullptr;
   // The same for y = relu(bn(x)) without a residual, dy being y's gradient (not masked): the ReLU's mask
   // is recomputed from x, beta and the statistics with the forward's own arithmetic (so it is the forward's
-  // bit for bit and the masking costs no pass of its own). f32/f64 x only. Optional: when null, ops.cpp
-  // masks dy with y first and calls batch_norm_backward.
+  // bit for bit and the masking costs no pass of its own). The CPU's: f32, f64 and bf16 x; CUDA's: every
+  // floating dtype. Optional: when null, ops.cpp masks dy with y first and calls batch_norm_backward.
   void (*batch_norm_relu_backward)(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& beta,
                                    const Tensor& save_mean, const Tensor& save_invstd, bool training, Tensor& dx,
                                    Tensor& dgamma, Tensor& dbeta) = nullptr;

@@ -773,9 +773,9 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, con
   // BN + ReLU without a residual: the backward recomputes the ReLU's mask from x where the device can (no
   // y kept, no masking pass); otherwise dy is masked with y first.
   const auto fused_backward = detail::kernel_table(x.device(), "batch_norm").batch_norm_relu_backward;
-  const bool mask_from_x =
-      fuse_relu && !has_residual && fused_backward &&
-      (x.dtype() == DType::F32 || x.dtype() == DType::F64 || (x.dtype() == DType::BF16 && x.device().is_cpu()));
+  const bool mask_from_x = fuse_relu && !has_residual && fused_backward &&
+                           (x.dtype() == DType::F32 || x.dtype() == DType::F64 || x.device().is_cuda() ||
+                            (x.dtype() == DType::BF16 && x.device().is_cpu()));
   // Otherwise the mask is kept: on the CPU (f32) as bits, 1/32 of y, which is then not held by this op
   // (a block's output, kept by nothing else once the next block has its input packed or recomputed).
   const bool mask_bits = fuse_relu && !mask_from_x && x.device().is_cpu() && x.dtype() == DType::F32;

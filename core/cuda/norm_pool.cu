@@ -12,6 +12,10 @@
 // of squared deviations from its unrounded f64 value) like the CPU; the normalisation is a third,
 // elementwise, pass. SyncBatchNorm's kernels (stats, apply with given statistics, the backward's local sums
 // and its dx from sums over every replica) are the same passes cut where the replicas exchange numbers.
+// Where C is a multiple of 16 bytes' worth of elements and the arrays are 16-byte aligned, every (M, C)
+// pass has a vector path (a thread moves 8 channels of a 16-bit row per load; the same arithmetic per
+// element). BN + ReLU without a residual has a fused backward that recomputes the ReLU's mask from x with
+// the forward's rounding, so y is not kept and dy is not masked in a pass of its own.
 //
 // Pooling: one thread per output element (c innermost, so loads and stores are coalesced). Backward
 // passes are gathers, one thread per input element, that visit the outputs whose window covers it in
@@ -60,15 +64,26 @@ struct RowSplit {
   int64_t parts = 1, chunk = 1;
 };
 
-RowSplit split_rows(int64_t rows, int64_t channels) {
+RowSplit split_rows_over(int64_t rows, int64_t tiles) {
   constexpr int64_t kMinChunk = 256, kTargetBlocks = 2048, kMaxParts = 1024;
-  const int64_t tiles = (channels + kLanes - 1) / kLanes;
   RowSplit split;
   split.parts = std::max<int64_t>(1, std::min<int64_t>({(rows + kMinChunk - 1) / kMinChunk,
                                                         std::max<int64_t>(1, kTargetBlocks / tiles), kMaxParts}));
   split.chunk = std::max<int64_t>(1, (rows + split.parts - 1) / split.parts);
   split.parts = std::max<int64_t>(1, (rows + split.chunk - 1) / split.chunk);  // no empty parts
   return split;
+}
+
+RowSplit split_rows(int64_t rows, int64_t channels) { return split_rows_over(rows, (channels + kLanes - 1) / kLanes); }
+
+// The forward's ReLU mask, recomputed from x: y = store(x * scale + shift) as bn_apply_kernel rounds it,
+// then y > 0 (relu_coef: the forward's scale (C), shift (C); null: no mask). dy where the forward's ReLU
+// passed its input, else 0: the mask of relu's own backward, bit for bit.
+template <typename S, typename A>
+__device__ inline A relu_masked_dy(A g, S x, const A* relu_coef, int64_t C, int64_t c) {
+  if (!relu_coef) return g;
+  const S y = store_as<S>(add_rn(mul_rn(load_as<A>(x), relu_coef[c]), relu_coef[C + c]));
+  return load_as<A>(y) > A(0) ? g : A(0);
 }
 
 enum class StatPass {
@@ -93,7 +108,8 @@ __global__ void __launch_bounds__(kThreads)
     channel_partials_kernel(const S* x /* (M, C) */, const S* dy /* (M, C), Backward only */,
                             const param_t<S>* mean /* (C), Backward only */,
                             const param_t<S>* invstd /* (C), Backward only */,
-                            const double* mean64 /* (C), SquaredDeviation only: the f64 mean */, int64_t M, int64_t C,
+                            const double* mean64 /* (C), SquaredDeviation only: the f64 mean */,
+                            const compute_t<S>* relu_coef /* (2, C) or null, Backward only */, int64_t M, int64_t C,
                             int64_t chunk, double* partial /* (accumulators, parts, C) */) {
   using A = compute_t<S>;
   __shared__ double acc0[kRows][kLanes];
@@ -118,7 +134,7 @@ __global__ void __launch_bounds__(kThreads)
         const double d = v - m;
         a0 += d * d;
       } else {
-        const double g = static_cast<double>(load_as<A>(dy[r * C + c]));
+        const double g = static_cast<double>(relu_masked_dy<S, A>(load_as<A>(dy[r * C + c]), x[r * C + c], relu_coef, C, c));
         a0 += g;
         a1 += g * ((v - m) * is);
       }
@@ -302,8 +318,8 @@ __global__ void __launch_bounds__(kThreads)
 template <typename S>
 __global__ void __launch_bounds__(kThreads)
     bn_backward_dx_kernel(const S* x /* (M, C) */, const S* dy /* (M, C) */, const param_t<S>* save_mean,
-                          const param_t<S>* save_invstd, const compute_t<S>* coef /* (3, C) */, int64_t M, int64_t C,
-                          S* dx /* (M, C) */) {
+                          const param_t<S>* save_invstd, const compute_t<S>* coef /* (3, C) */,
+                          const compute_t<S>* relu_coef /* (2, C) or null */, int64_t M, int64_t C, S* dx /* (M, C) */) {
   using A = compute_t<S>;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kLanes + threadIdx.x;
   if (c >= C) return;
@@ -313,9 +329,220 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t r = static_cast<int64_t>(blockIdx.y) * kRows + threadIdx.y; r < M; r += stride) {
     const int64_t i = r * C + c;
     const A xhat = mul_rn(sub_rn(load_as<A>(x[i]), mean), invstd);
-    dx[i] = store_as<S>(sub_rn(sub_rn(mul_rn(load_as<A>(dy[i]), k1), k2), mul_rn(xhat, k3)));
+    const A g = relu_masked_dy<S, A>(load_as<A>(dy[i]), x[i], relu_coef, C, c);
+    dx[i] = store_as<S>(sub_rn(sub_rn(mul_rn(g, k1), k2), mul_rn(xhat, k3)));
   }
 }
+
+// ---------------------------------------------------------------------------------------------------
+// Batch norm's vector paths: where C is a multiple of kVec<S> and every (M, C) array is 16-byte aligned,
+// a thread moves kVec<S> consecutive channels of a row per load (8 for the 16-bit types). The arithmetic
+// per element is the scalar kernels' own; only the partial sums' order differs (the block's shape).
+
+// The partial sums (as channel_partials_kernel, same workspace layout). Grid (tiles, parts), block
+// (lanes, rows) with lanes * rows = kThreads, lanes a power of 2; thread (lane, row) covers channels
+// [(tile * lanes + lane) * V, +V) and rows begin + row, begin + row + rows, ... of its part.
+template <typename S, StatPass kPass>
+__global__ void __launch_bounds__(kThreads)
+    channel_partials_vec_kernel(const S* x /* (M, C) */, const S* dy /* (M, C), Backward only */,
+                                const param_t<S>* mean /* (C), Backward only */,
+                                const param_t<S>* invstd /* (C), Backward only */,
+                                const double* mean64 /* (C), SquaredDeviation only */,
+                                const compute_t<S>* relu_coef /* (2, C) or null, Backward only */, int64_t M,
+                                int64_t C, int64_t chunk, double* partial /* (accumulators, parts, C) */) {
+  using A = compute_t<S>;
+  constexpr int V = kVec<S>;
+  constexpr int kAcc = kPass == StatPass::Backward ? 2 : 1;
+  __shared__ double shared[kAcc][kThreads * V];
+  const unsigned lane = threadIdx.x, row = threadIdx.y, lanes = blockDim.x, rows = blockDim.y;
+  const int64_t group = static_cast<int64_t>(blockIdx.x) * lanes + lane, c0 = group * V;
+  const int64_t part = blockIdx.y;
+  double a0[V], a1[V];
+#pragma unroll
+  for (int k = 0; k < V; ++k) a0[k] = a1[k] = 0.0;
+  if (c0 < C) {
+    double m[V], is[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      m[k] = 0.0;
+      is[k] = 0.0;
+      if constexpr (kPass == StatPass::SquaredDeviation) m[k] = mean64[c0 + k];
+      if constexpr (kPass == StatPass::Backward) {
+        m[k] = static_cast<double>(mean[c0 + k]);
+        is[k] = static_cast<double>(invstd[c0 + k]);
+      }
+    }
+    const int64_t begin = part * chunk, end = min(M, begin + chunk);
+    for (int64_t r = begin + row; r < end; r += rows) {
+      const Vec<S> xv = *reinterpret_cast<const Vec<S>*>(x + r * C + c0);
+      Vec<S> gv;
+      if constexpr (kPass == StatPass::Backward) gv = *reinterpret_cast<const Vec<S>*>(dy + r * C + c0);
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const double v = static_cast<double>(load_as<A>(xv.v[k]));
+        if constexpr (kPass == StatPass::Sum) {
+          a0[k] += v;
+        } else if constexpr (kPass == StatPass::SquaredDeviation) {
+          const double d = v - m[k];
+          a0[k] += d * d;
+        } else {
+          const double g =
+              static_cast<double>(relu_masked_dy<S, A>(load_as<A>(gv.v[k]), xv.v[k], relu_coef, C, c0 + k));
+          a0[k] += g;
+          a1[k] += g * ((v - m[k]) * is[k]);
+        }
+      }
+    }
+  }
+  // A fixed tree over the block's rows; row 0 ends with the totals.
+  const unsigned at = (row * lanes + lane) * V;
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    shared[0][at + k] = a0[k];
+    if constexpr (kAcc == 2) shared[kAcc - 1][at + k] = a1[k];
+  }
+  __syncthreads();
+  for (unsigned s = rows / 2; s > 0; s >>= 1) {
+    if (row < s) {
+      const unsigned from = at + s * lanes * V;
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        shared[0][at + k] += shared[0][from + k];
+        if constexpr (kAcc == 2) shared[kAcc - 1][at + k] += shared[kAcc - 1][from + k];
+      }
+    }
+    __syncthreads();
+  }
+  if (row == 0 && c0 < C) {
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      partial[part * C + c0 + k] = shared[0][at + k];
+      if constexpr (kAcc == 2) partial[(gridDim.y + part) * C + c0 + k] = shared[kAcc - 1][at + k];
+    }
+  }
+}
+
+// The block shape and split of channel_partials_vec_kernel for (M, C): lanes cover the channel groups
+// (up to 32), the rest of the block's threads are rows.
+struct VecPartials {
+  dim3 grid, block;
+  RowSplit split;
+};
+
+template <typename S>
+VecPartials vec_partials_shape(int64_t M, int64_t C) {
+  const int64_t groups = C / kVec<S>;
+  unsigned lanes = 1;
+  while (lanes < 32 && lanes < groups) lanes *= 2;
+  const int64_t tiles = (groups + lanes - 1) / lanes;
+  VecPartials shape;
+  shape.split = split_rows_over(M, tiles);
+  shape.grid = dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(shape.split.parts));
+  shape.block = dim3(lanes, kThreads / lanes);
+  return shape;
+}
+
+// bn_apply_kernel's vector path: vector i of the (M, C / V) view. One thread per vector, grid-strided.
+template <typename S>
+__global__ void __launch_bounds__(kThreads)
+    bn_apply_vec_kernel(const S* x /* (M, C) */, const S* residual /* (M, C) or null */,
+                        const compute_t<S>* coef /* scale (C), shift (C) */, int64_t M, int64_t C, bool relu,
+                        S* y /* (M, C) */) {
+  using A = compute_t<S>;
+  constexpr int V = kVec<S>;
+  const int64_t groups = C / V;
+  const auto* xv = reinterpret_cast<const Vec<S>*>(x);
+  const auto* rv = reinterpret_cast<const Vec<S>*>(residual);
+  auto* yv = reinterpret_cast<Vec<S>*>(y);
+  RT_GRID_STRIDE(i, M * groups) {
+    const int64_t c0 = (i % groups) * V;
+    const Vec<S> a = xv[i];
+    Vec<S> res, out;
+    if (residual) res = rv[i];
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      A v = add_rn(mul_rn(load_as<A>(a.v[k]), coef[c0 + k]), coef[C + c0 + k]);
+      if (residual) v = add_rn(v, load_as<A>(res.v[k]));
+      if (relu && v < A(0)) v = A(0);
+      out.v[k] = store_as<S>(v);
+    }
+    yv[i] = out;
+  }
+}
+
+// bn_backward_dx_kernel's vector path.
+template <typename S>
+__global__ void __launch_bounds__(kThreads)
+    bn_backward_dx_vec_kernel(const S* x /* (M, C) */, const S* dy /* (M, C) */, const param_t<S>* save_mean,
+                              const param_t<S>* save_invstd, const compute_t<S>* coef /* (3, C) */,
+                              const compute_t<S>* relu_coef /* (2, C) or null */, int64_t M, int64_t C,
+                              S* dx /* (M, C) */) {
+  using A = compute_t<S>;
+  constexpr int V = kVec<S>;
+  const int64_t groups = C / V;
+  const auto* xv = reinterpret_cast<const Vec<S>*>(x);
+  const auto* gv = reinterpret_cast<const Vec<S>*>(dy);
+  auto* dv = reinterpret_cast<Vec<S>*>(dx);
+  RT_GRID_STRIDE(i, M * groups) {
+    const int64_t c0 = (i % groups) * V;
+    const Vec<S> a = xv[i], g = gv[i];
+    Vec<S> out;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const int64_t c = c0 + k;
+      const A xhat = mul_rn(sub_rn(load_as<A>(a.v[k]), static_cast<A>(save_mean[c])), static_cast<A>(save_invstd[c]));
+      const A gk = relu_masked_dy<S, A>(load_as<A>(g.v[k]), a.v[k], relu_coef, C, c);
+      out.v[k] = store_as<S>(sub_rn(sub_rn(mul_rn(gk, coef[c]), coef[C + c]), mul_rn(xhat, coef[2 * C + c])));
+    }
+    dv[i] = out;
+  }
+}
+
+// Whether the vector paths take an (M, C) pass: C a multiple of kVec<S>, every array 16-byte aligned.
+template <typename S, typename... P>
+bool use_vec(int64_t C, const P*... arrays) {
+  return kVec<S> > 1 && C % kVec<S> == 0 && all_aligned16(arrays...);
+}
+
+// Grid of a vector pass over (M, C): a few vectors per thread.
+template <typename S>
+unsigned vec_pass_grid(int64_t M, int64_t C) {
+  return grid_for(M * (C / kVec<S>), int64_t{kThreads} * 4);
+}
+
+// The partial-sum passes over one (M, C) array: the vector kernel where use_vec allows, else the scalar
+// one; the shape (and with it the order of every sum) depends on (M, C), the dtype and the alignment only.
+template <typename S>
+struct Partials {
+  bool vec = false;
+  dim3 grid, block;
+  RowSplit split;
+
+  Partials(int64_t M, int64_t C, const S* x, const S* dy) : vec(use_vec<S>(C, x, dy)) {
+    if (vec) {
+      const VecPartials shape = vec_partials_shape<S>(M, C);
+      grid = shape.grid;
+      block = shape.block;
+      split = shape.split;
+    } else {
+      split = split_rows(M, C);
+      grid = dim3(static_cast<unsigned>((C + kLanes - 1) / kLanes), static_cast<unsigned>(split.parts));
+      block = dim3(kLanes, kRows);
+    }
+  }
+
+  template <StatPass kPass>
+  void launch(cudaStream_t stream, const S* x, const S* dy, const param_t<S>* mean, const param_t<S>* invstd,
+              const double* mean64, const compute_t<S>* relu_coef, int64_t M, int64_t C, double* ws) const {
+    if (vec)
+      channel_partials_vec_kernel<S, kPass>
+          <<<grid, block, 0, stream>>>(x, dy, mean, invstd, mean64, relu_coef, M, C, split.chunk, ws);
+    else
+      channel_partials_kernel<S, kPass>
+          <<<grid, block, 0, stream>>>(x, dy, mean, invstd, mean64, relu_coef, M, C, split.chunk, ws);
+    CUDA_CHECK(cudaGetLastError());
+  }
+};
 
 // Grid for the elementwise (M, C) passes: a few rows per thread, grid-strided beyond 65535 row blocks.
 dim3 elementwise_grid(int64_t M, int64_t C) {
@@ -323,6 +550,30 @@ dim3 elementwise_grid(int64_t M, int64_t C) {
   const int64_t tiles = (C + kLanes - 1) / kLanes;
   const int64_t row_blocks = std::clamp<int64_t>((M + kRows * kRowsPerThread - 1) / (kRows * kRowsPerThread), 1, 65535);
   return dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(row_blocks));
+}
+
+// y = bn(x) (+ residual, ReLU) with the per-channel scale and shift in coef.
+template <typename S>
+void launch_apply(cudaStream_t stream, const S* x, const S* residual, const compute_t<S>* coef, int64_t M, int64_t C,
+                  bool relu, S* y) {
+  if (use_vec<S>(C, x, residual, y))
+    bn_apply_vec_kernel<S><<<vec_pass_grid<S>(M, C), kThreads, 0, stream>>>(x, residual, coef, M, C, relu, y);
+  else
+    bn_apply_kernel<S><<<elementwise_grid(M, C), dim3(kLanes, kRows), 0, stream>>>(x, residual, coef, M, C, relu, y);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+// dx from the coefficients k1, k2, k3 (and the recomputed ReLU mask where relu_coef is set).
+template <typename S>
+void launch_dx(cudaStream_t stream, const S* x, const S* dy, const param_t<S>* mean, const param_t<S>* invstd,
+               const compute_t<S>* coef, const compute_t<S>* relu_coef, int64_t M, int64_t C, S* dx) {
+  if (use_vec<S>(C, x, dy, dx))
+    bn_backward_dx_vec_kernel<S>
+        <<<vec_pass_grid<S>(M, C), kThreads, 0, stream>>>(x, dy, mean, invstd, coef, relu_coef, M, C, dx);
+  else
+    bn_backward_dx_kernel<S><<<elementwise_grid(M, C), dim3(kLanes, kRows), 0, stream>>>(x, dy, mean, invstd, coef,
+                                                                                         relu_coef, M, C, dx);
+  CUDA_CHECK(cudaGetLastError());
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -462,20 +713,17 @@ void batch_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta
     // reuses them is ordered after the kernels below.
     Tensor coef = Tensor::empty(Shape{2 * C}, accumulator_dtype<A>(), x.device());
     if (training) {
-      const RowSplit split = split_rows(M, C);
-      Tensor partial = Tensor::empty(Shape{split.parts * C}, DType::F64, x.device());
+      const Partials<S> passes(M, C, x.data<S>(), nullptr);
+      const int64_t parts = passes.split.parts;
+      Tensor partial = Tensor::empty(Shape{parts * C}, DType::F64, x.device());
       Tensor mean64 = Tensor::empty(Shape{C}, DType::F64, x.device());
-      const dim3 grid(tiles, static_cast<unsigned>(split.parts));
       double* ws = partial.data<double>();
-      channel_partials_kernel<S, StatPass::Sum>
-          <<<grid, block, 0, stream>>>(x.data<S>(), nullptr, nullptr, nullptr, nullptr, M, C, split.chunk, ws);
+      passes.template launch<StatPass::Sum>(stream, x.data<S>(), nullptr, nullptr, nullptr, nullptr, nullptr, M, C, ws);
+      bn_mean_kernel<P><<<tiles, block, 0, stream>>>(ws, parts, M, C, pm, mean64.data<double>());
       CUDA_CHECK(cudaGetLastError());
-      bn_mean_kernel<P><<<tiles, block, 0, stream>>>(ws, split.parts, M, C, pm, mean64.data<double>());
-      CUDA_CHECK(cudaGetLastError());
-      channel_partials_kernel<S, StatPass::SquaredDeviation><<<grid, block, 0, stream>>>(
-          x.data<S>(), nullptr, nullptr, nullptr, mean64.data<double>(), M, C, split.chunk, ws);
-      CUDA_CHECK(cudaGetLastError());
-      bn_invstd_kernel<P, A><<<tiles, block, 0, stream>>>(ws, split.parts, M, C, eps, pg, pb, pm, pi, coef.data<A>());
+      passes.template launch<StatPass::SquaredDeviation>(stream, x.data<S>(), nullptr, nullptr, nullptr,
+                                                         mean64.data<double>(), nullptr, M, C, ws);
+      bn_invstd_kernel<P, A><<<tiles, block, 0, stream>>>(ws, parts, M, C, eps, pg, pb, pm, pi, coef.data<A>());
       CUDA_CHECK(cudaGetLastError());
     } else {
       bn_eval_params_kernel<P, A><<<grid_for(C), kThreads, 0, stream>>>(running_mean.data<P>(), running_var.data<P>(),
@@ -483,14 +731,16 @@ void batch_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta
       CUDA_CHECK(cudaGetLastError());
     }
     if (M == 0) return;
-    bn_apply_kernel<S><<<elementwise_grid(M, C), block, 0, stream>>>(
-        x.data<S>(), residual ? residual->data<S>() : nullptr, coef.data<A>(), M, C, relu, y.data<S>());
-    CUDA_CHECK(cudaGetLastError());
+    launch_apply<S>(stream, x.data<S>(), residual ? residual->data<S>() : nullptr, coef.data<A>(), M, C, relu,
+                    y.data<S>());
   });
 }
 
-void batch_norm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& save_mean,
-                         const Tensor& save_invstd, bool training, Tensor& dx, Tensor& dgamma, Tensor& dbeta) {
+// Both backwards; beta set: y was relu(bn(x)) without a residual, and dy (y's gradient) is masked with the
+// mask recomputed from x (relu_masked_dy), so neither y nor a masked copy of dy is needed.
+void batch_norm_backward_impl(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor* beta,
+                              const Tensor& save_mean, const Tensor& save_invstd, bool training, Tensor& dx,
+                              Tensor& dgamma, Tensor& dbeta) {
   const int64_t C = x.size(-1), M = x.numel() / std::max<int64_t>(C, 1);
   DeviceScope scope(x);
   dispatch_floating(x.dtype(), "batch_norm_backward", [&](auto tag) {
@@ -502,22 +752,37 @@ void batch_norm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma,
     const unsigned tiles = static_cast<unsigned>((C + kLanes - 1) / kLanes);
     const dim3 block(kLanes, kRows);
     const P *pm = save_mean.data<P>(), *pi = save_invstd.data<P>();
-    const RowSplit split = split_rows(M, C);
-    Tensor partial = Tensor::empty(Shape{2 * split.parts * C}, DType::F64, x.device());
+    Tensor relu_coef;
+    if (beta) {  // the forward's scale and shift, computed as it computed them
+      relu_coef = Tensor::empty(Shape{2 * C}, accumulator_dtype<A>(), x.device());
+      bn_given_params_kernel<P, A><<<grid_for(C), kThreads, 0, stream>>>(pm, pi, gamma.data<P>(), beta->data<P>(), C,
+                                                                         relu_coef.data<A>());
+      CUDA_CHECK(cudaGetLastError());
+    }
+    const A* rc = beta ? relu_coef.data<A>() : nullptr;
+    const Partials<S> passes(M, C, x.data<S>(), dy.data<S>());
+    const int64_t parts = passes.split.parts;
+    Tensor partial = Tensor::empty(Shape{2 * parts * C}, DType::F64, x.device());
     Tensor coef = Tensor::empty(Shape{3 * C}, accumulator_dtype<A>(), x.device());
     double* ws = partial.data<double>();
-    channel_partials_kernel<S, StatPass::Backward>
-        <<<dim3(tiles, static_cast<unsigned>(split.parts)), block, 0, stream>>>(x.data<S>(), dy.data<S>(), pm, pi,
-                                                                                nullptr, M, C, split.chunk, ws);
-    CUDA_CHECK(cudaGetLastError());
-    bn_backward_coef_kernel<P, A><<<tiles, block, 0, stream>>>(ws, split.parts, M, C, training, gamma.data<P>(), pi,
+    passes.template launch<StatPass::Backward>(stream, x.data<S>(), dy.data<S>(), pm, pi, nullptr, rc, M, C, ws);
+    bn_backward_coef_kernel<P, A><<<tiles, block, 0, stream>>>(ws, parts, M, C, training, gamma.data<P>(), pi,
                                                                dgamma.data<P>(), dbeta.data<P>(), coef.data<A>());
     CUDA_CHECK(cudaGetLastError());
     if (M == 0) return;
-    bn_backward_dx_kernel<S><<<elementwise_grid(M, C), block, 0, stream>>>(x.data<S>(), dy.data<S>(), pm, pi,
-                                                                           coef.data<A>(), M, C, dx.data<S>());
-    CUDA_CHECK(cudaGetLastError());
+    launch_dx<S>(stream, x.data<S>(), dy.data<S>(), pm, pi, coef.data<A>(), rc, M, C, dx.data<S>());
   });
+}
+
+void batch_norm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& save_mean,
+                         const Tensor& save_invstd, bool training, Tensor& dx, Tensor& dgamma, Tensor& dbeta) {
+  batch_norm_backward_impl(x, dy, gamma, nullptr, save_mean, save_invstd, training, dx, dgamma, dbeta);
+}
+
+void batch_norm_relu_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& beta,
+                              const Tensor& save_mean, const Tensor& save_invstd, bool training, Tensor& dx,
+                              Tensor& dgamma, Tensor& dbeta) {
+  batch_norm_backward_impl(x, dy, gamma, &beta, save_mean, save_invstd, training, dx, dgamma, dbeta);
 }
 
 void batch_norm_stats(const Tensor& x, Tensor& stats) {
@@ -529,20 +794,17 @@ void batch_norm_stats(const Tensor& x, Tensor& stats) {
     if (C == 0) return;
     const unsigned tiles = static_cast<unsigned>((C + kLanes - 1) / kLanes);
     const dim3 block(kLanes, kRows);
-    const RowSplit split = split_rows(M, C);
-    Tensor partial = Tensor::empty(Shape{split.parts * C}, DType::F64, x.device());
-    const dim3 grid(tiles, static_cast<unsigned>(split.parts));
+    const Partials<S> passes(M, C, x.data<S>(), nullptr);
+    const int64_t parts = passes.split.parts;
+    Tensor partial = Tensor::empty(Shape{parts * C}, DType::F64, x.device());
     double* ws = partial.data<double>();
     double* out = stats.data<double>();
-    channel_partials_kernel<S, StatPass::Sum>
-        <<<grid, block, 0, stream>>>(x.data<S>(), nullptr, nullptr, nullptr, nullptr, M, C, split.chunk, ws);
+    passes.template launch<StatPass::Sum>(stream, x.data<S>(), nullptr, nullptr, nullptr, nullptr, nullptr, M, C, ws);
+    bn_stats_kernel<<<tiles, block, 0, stream>>>(ws, parts, M, C, true, out);
     CUDA_CHECK(cudaGetLastError());
-    bn_stats_kernel<<<tiles, block, 0, stream>>>(ws, split.parts, M, C, true, out);
-    CUDA_CHECK(cudaGetLastError());
-    channel_partials_kernel<S, StatPass::SquaredDeviation>
-        <<<grid, block, 0, stream>>>(x.data<S>(), nullptr, nullptr, nullptr, out + 1, M, C, split.chunk, ws);
-    CUDA_CHECK(cudaGetLastError());
-    bn_stats_kernel<<<tiles, block, 0, stream>>>(ws, split.parts, M, C, false, out);
+    passes.template launch<StatPass::SquaredDeviation>(stream, x.data<S>(), nullptr, nullptr, nullptr, out + 1,
+                                                       nullptr, M, C, ws);
+    bn_stats_kernel<<<tiles, block, 0, stream>>>(ws, parts, M, C, false, out);
     CUDA_CHECK(cudaGetLastError());
   });
 }
@@ -562,9 +824,8 @@ void batch_norm_apply(const Tensor& x, const Tensor& gamma, const Tensor& beta, 
         mean.data<P>(), invstd.data<P>(), gamma.data<P>(), beta.data<P>(), C, coef.data<A>());
     CUDA_CHECK(cudaGetLastError());
     if (M == 0) return;
-    bn_apply_kernel<S><<<elementwise_grid(M, C), dim3(kLanes, kRows), 0, stream>>>(
-        x.data<S>(), residual ? residual->data<S>() : nullptr, coef.data<A>(), M, C, relu, y.data<S>());
-    CUDA_CHECK(cudaGetLastError());
+    launch_apply<S>(stream, x.data<S>(), residual ? residual->data<S>() : nullptr, coef.data<A>(), M, C, relu,
+                    y.data<S>());
   });
 }
 
@@ -579,14 +840,13 @@ void batch_norm_backward_reduce(const Tensor& x, const Tensor& dy, const Tensor&
     const cudaStream_t stream = stream_now();
     const unsigned tiles = static_cast<unsigned>((C + kLanes - 1) / kLanes);
     const dim3 block(kLanes, kRows);
-    const RowSplit split = split_rows(M, C);
-    Tensor partial = Tensor::empty(Shape{2 * split.parts * C}, DType::F64, x.device());
+    const Partials<S> passes(M, C, x.data<S>(), dy.data<S>());
+    const int64_t parts = passes.split.parts;
+    Tensor partial = Tensor::empty(Shape{2 * parts * C}, DType::F64, x.device());
     double* ws = partial.data<double>();
-    channel_partials_kernel<S, StatPass::Backward>
-        <<<dim3(tiles, static_cast<unsigned>(split.parts)), block, 0, stream>>>(
-            x.data<S>(), dy.data<S>(), save_mean.data<P>(), save_invstd.data<P>(), nullptr, M, C, split.chunk, ws);
-    CUDA_CHECK(cudaGetLastError());
-    bn_backward_sums_kernel<<<tiles, block, 0, stream>>>(ws, split.parts, C, sums.data<double>());
+    passes.template launch<StatPass::Backward>(stream, x.data<S>(), dy.data<S>(), save_mean.data<P>(),
+                                               save_invstd.data<P>(), nullptr, nullptr, M, C, ws);
+    bn_backward_sums_kernel<<<tiles, block, 0, stream>>>(ws, parts, C, sums.data<double>());
     CUDA_CHECK(cudaGetLastError());
   });
 }
@@ -606,9 +866,8 @@ void batch_norm_backward_elemt(const Tensor& x, const Tensor& dy, const Tensor& 
                                                                      save_invstd.data<P>(), C, coef.data<A>());
     CUDA_CHECK(cudaGetLastError());
     if (M == 0) return;
-    bn_backward_dx_kernel<S><<<elementwise_grid(M, C), dim3(kLanes, kRows), 0, stream>>>(
-        x.data<S>(), dy.data<S>(), save_mean.data<P>(), save_invstd.data<P>(), coef.data<A>(), M, C, dx.data<S>());
-    CUDA_CHECK(cudaGetLastError());
+    launch_dx<S>(stream, x.data<S>(), dy.data<S>(), save_mean.data<P>(), save_invstd.data<P>(), coef.data<A>(),
+                 nullptr, M, C, dx.data<S>());
   });
 }
 
@@ -668,6 +927,7 @@ void avg_pool2d_backward(const Tensor& dy, const ConvGeometry& g, Tensor& dx) {
 void register_norm_pool_kernels(KernelTable& t) {
   t.batch_norm_forward = &batch_norm_forward;
   t.batch_norm_backward = &batch_norm_backward;
+  t.batch_norm_relu_backward = &batch_norm_relu_backward;
   t.batch_norm_stats = &batch_norm_stats;
   t.batch_norm_apply = &batch_norm_apply;
   t.batch_norm_backward_reduce = &batch_norm_backward_reduce;

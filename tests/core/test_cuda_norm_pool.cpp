@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "core/autograd.h"
 #include "core/check.h"
 #include "core/device.h"
+#include "core/dispatch.h"
 #include "core/kernels.h"
 #include "core/ops.h"
 #include "test_util.h"
@@ -225,6 +227,103 @@ TEST(CudaBatchNormMisc, RepeatedRunsAreBitwiseIdentical) {
         first = got;
       else
         EXPECT_EQ(got, first) << dtype_name(dtype);
+    }
+  }
+}
+
+void expect_same_bits(const std::vector<double>& a, const std::vector<double>& b, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (size_t i = 0; i < a.size(); ++i)
+    ASSERT_TRUE(std::memcmp(&a[i], &b[i], sizeof(double)) == 0) << what << "[" << i << "]: " << a[i] << " vs " << b[i];
+}
+
+// BN + ReLU without a residual: CUDA's backward recomputes the ReLU's mask from x (no masking pass, y not
+// kept), for every dtype. Its gradients are the unfused relu(batch_norm(x))'s bit for bit, through the
+// vector kernels (C = 24) and the scalar ones (C = 21), with a channel that normalises to exactly 0 and a
+// NaN input, in training and eval.
+TEST(CudaBatchNormMisc, FusedReluBackwardIsTheComposedReluBitForBit) {
+  RT_REQUIRE_CUDA();
+  for (int64_t C : {int64_t{24}, int64_t{21}})
+    for (DType dtype : kFloatingTypes)
+      for (bool training : {true, false}) {
+        const DType pd = param_dtype(dtype);
+        const Shape shape{5, 4, 3, C};
+        std::vector<double> xv = Tensor::normal(shape, 0.5, 2.0, 41, DType::F64).to(dtype).to_vector();
+        for (int64_t r = 0; r < 5 * 4 * 3; ++r) xv[static_cast<size_t>(r * C + 3)] = 1.25;  // channel 3 constant
+        xv[static_cast<size_t>(7 * C + 5)] = std::nan("");
+        const Tensor x0 = Tensor::from_vector(xv, shape, dtype, kGpu);
+        const Tensor up = Tensor::normal(shape, 0, 1, 42, DType::F64).to(dtype).to(kGpu);
+        std::vector<double> bv = Tensor::uniform(Shape{C}, -1, 1, 44, DType::F64).to_vector();
+        std::vector<double> wv = Tensor::uniform(Shape{C}, 0.5, 1.5, 43, DType::F64).to_vector();
+        std::vector<double> mv = Tensor::normal(Shape{C}, 0, 1, 45, DType::F64).to_vector();
+        bv[3] = 0.0, wv[3] = 1.0, mv[3] = 1.25;
+        struct Out {
+          std::vector<double> y, dx, dw, db;
+        };
+        auto run = [&](bool fused) {
+          Tensor x = x0.clone().set_requires_grad();
+          Tensor w = Tensor::from_vector(wv, Shape{C}, pd, kGpu).set_requires_grad();
+          Tensor b = Tensor::from_vector(bv, Shape{C}, pd, kGpu).set_requires_grad();
+          Tensor rm = Tensor::from_vector(mv, Shape{C}, pd, kGpu);
+          Tensor rv = Tensor::uniform(Shape{C}, 0.5, 2, 46, pd, kGpu);
+          Tensor y = fused ? batch_norm(x, w, b, rm, rv, training, 0.1, 1e-5, /*fuse_relu=*/true)
+                           : relu(batch_norm(x, w, b, rm, rv, training, 0.1, 1e-5));
+          y.backward(up);
+          return Out{y.to_vector(), x.grad().to_vector(), w.grad().to_vector(), b.grad().to_vector()};
+        };
+        const Out f = run(true), c = run(false);
+        const std::string what = std::string(dtype_name(dtype)) + " C=" + std::to_string(C) +
+                                 (training ? " training" : " eval");
+        std::vector<double> fy = f.y;
+        for (double& v : fy)
+          if (std::isnan(v)) v = 0.0;  // the fused ReLU keeps NaN, relu zeroes it; both masks are 0 there
+        expect_same_bits(fy, c.y, what + " y");
+        expect_same_bits(f.dx, c.dx, what + " dx");
+        expect_same_bits(f.dw, c.dw, what + " dweight");
+        expect_same_bits(f.db, c.db, what + " dbias");
+        EXPECT_EQ(c.y[3], 0.0) << what << ": channel 3 was meant to normalise to exactly 0";
+      }
+}
+
+// The vector kernels (16-byte loads, C a multiple of 8 / 4 / 2 elements) and the scalar ones agree: the
+// same input once aligned and once 2 bytes into a buffer (which the vector path refuses), forward,
+// backward and SyncBatchNorm's kernels. Element-wise results are the same bits; sums differ at most by
+// their order (f64 accumulation).
+TEST(CudaBatchNormMisc, VectorAndScalarPathsAgree) {
+  RT_REQUIRE_CUDA();
+  for (DType dtype : {DType::F16, DType::BF16}) {
+    const DType pd = param_dtype(dtype);
+    const int64_t C = 64, rows = 9 * 7 * 5;
+    const Tensor host = Tensor::normal(Shape{rows * C + 1}, 2.0, 3.0, 51, DType::F64).to(dtype);
+    const Tensor res_host = Tensor::normal(Shape{rows * C + 1}, 0.0, 1.0, 52, DType::F64).to(dtype);
+    const Tensor up_host = Tensor::normal(Shape{rows * C + 1}, 0.0, 1.0, 53, DType::F64).to(dtype);
+    // slice(1, ...) of a 1-D tensor starts one element (2 bytes) in: not 16-byte aligned.
+    auto at = [&](const Tensor& t, bool aligned) {
+      const Tensor g = t.to(kGpu);
+      return (aligned ? g.slice(0, rows * C) : g.slice(1, rows * C + 1)).view(Shape{9, 7, 5, C});
+    };
+    std::vector<std::vector<double>> got[2];
+    for (int aligned = 0; aligned < 2; ++aligned) {
+      const Tensor x_in = at(host, aligned != 0), res_in = at(res_host, aligned != 0), up = at(up_host, aligned != 0);
+      Tensor x = x_in.detach().set_requires_grad(), res = res_in.detach().set_requires_grad();
+      Tensor w = Tensor::uniform(Shape{C}, 0.5, 1.5, 54, pd, kGpu).set_requires_grad();
+      Tensor b = Tensor::uniform(Shape{C}, -0.5, 0.5, 55, pd, kGpu).set_requires_grad();
+      Tensor rm = Tensor::zeros(Shape{C}, pd, kGpu), rv = Tensor::ones(Shape{C}, pd, kGpu);
+      Tensor y = batch_norm(x, w, b, rm, rv, true, 0.1, 1e-5, true, res);
+      y.backward(up);
+      Tensor stats = Tensor::empty(Shape{2 * C + 1}, DType::F64, kGpu);
+      detail::kernel_table(kGpu, "batch_norm_stats").batch_norm_stats(x, stats);
+      got[aligned] = {y.to_vector(), x.grad().to_vector(), res.grad().to_vector(), w.grad().to_vector(),
+                      b.grad().to_vector(), rm.to_vector(), rv.to_vector(), stats.to_vector()};
+    }
+    const char* names[] = {"y", "dx", "dresidual", "dgamma", "dbeta", "running_mean", "running_var", "stats"};
+    for (size_t i = 0; i < got[0].size(); ++i) {
+      // Bits can differ only through a sum's order: the statistics (f64, then rounded to f32) and what
+      // uses them, one ulp of the 16-bit type at most.
+      const double tol = i >= 3 ? 1e-6 : tol_for(dtype);
+      EXPECT_TRUE(all_close(Tensor::from_vector(got[0][i], Shape{static_cast<int64_t>(got[0][i].size())}),
+                            Tensor::from_vector(got[1][i], Shape{static_cast<int64_t>(got[1][i].size())}), tol, tol))
+          << dtype_name(dtype) << ": " << names[i];
     }
   }
 }
