@@ -579,14 +579,36 @@ void launch_dx(cudaStream_t stream, const S* x, const S* dy, const param_t<S>* m
 // ---------------------------------------------------------------------------------------------------
 // Pooling
 
-// Index decomposition of an NHWC offset: o = ((n * d1 + i1) * d2 + i2) * C + c.
-struct Nhwc {
-  int64_t n, i1, i2, c;
+// The pooling geometry in index type I: int32_t where every index of the pass fits (the common case;
+// 64-bit division and modulo cost several times as much), else int64_t.
+template <typename I>
+struct PoolGeometry {
+  I n, h, w, c, r, s, p, q, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w;
+  explicit PoolGeometry(const ConvGeometry& g)
+      : n(static_cast<I>(g.n)), h(static_cast<I>(g.h)), w(static_cast<I>(g.w)), c(static_cast<I>(g.c)),
+        r(static_cast<I>(g.r)), s(static_cast<I>(g.s)), p(static_cast<I>(g.p)), q(static_cast<I>(g.q)),
+        stride_h(static_cast<I>(g.stride_h)), stride_w(static_cast<I>(g.stride_w)), pad_h(static_cast<I>(g.pad_h)),
+        pad_w(static_cast<I>(g.pad_w)), dilation_h(static_cast<I>(g.dilation_h)),
+        dilation_w(static_cast<I>(g.dilation_w)) {}
 };
-__device__ inline Nhwc decompose(int64_t o, int64_t d1, int64_t d2, int64_t C) {
-  Nhwc r;
+
+// Whether every index of a pool pass over g (inputs, outputs, window positions) fits in int32_t.
+bool pool_fits_int32(const ConvGeometry& g) {
+  constexpr int64_t kLimit = int64_t{1} << 30;  // headroom for the window arithmetic's sums
+  return g.n * g.h * g.w * g.c < kLimit && g.n * g.p * g.q * g.c < kLimit && g.h + g.pad_h + g.r * g.dilation_h < kLimit &&
+         g.w + g.pad_w + g.s * g.dilation_w < kLimit;
+}
+
+// Index decomposition of an NHWC offset: o = ((n * d1 + i1) * d2 + i2) * C + c.
+template <typename I>
+struct Nhwc {
+  I n, i1, i2, c;
+};
+template <typename I>
+__device__ inline Nhwc<I> decompose(I o, I d1, I d2, I C) {
+  Nhwc<I> r;
   r.c = o % C;
-  int64_t t = o / C;
+  I t = o / C;
   r.i2 = t % d2;
   t /= d2;
   r.i1 = t % d1;
@@ -596,23 +618,29 @@ __device__ inline Nhwc decompose(int64_t o, int64_t d1, int64_t d2, int64_t C) {
 
 // The first output index whose window [o * stride - pad, ...) reaches position `reach` = pos + pad - extent + 1
 // (i.e. the smallest o with o * stride >= reach), at least 0.
-__device__ inline int64_t first_window(int64_t reach, int64_t stride) {
+template <typename I>
+__device__ inline I first_window(I reach, I stride) {
   return reach <= 0 ? 0 : (reach + stride - 1) / stride;
 }
 
-template <typename S>
-__global__ void max_pool_forward_kernel(const S* x /* (N, H, W, C) */, ConvGeometry g, int64_t total,
+// Grid-stride loop in index type I.
+#define RT_GRID_STRIDE_AS(I, i, n)                                                 \
+  for (I i = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x); i < (n); \
+       i += static_cast<I>(blockDim.x) * static_cast<I>(gridDim.x))
+
+template <typename S, typename I>
+__global__ void max_pool_forward_kernel(const S* x /* (N, H, W, C) */, PoolGeometry<I> g, I total,
                                         S* y /* (N, P, Q, C) */, int64_t* argmax /* (N, P, Q, C) */) {
   using A = compute_t<S>;
-  RT_GRID_STRIDE(o, total) {
-    const Nhwc at = decompose(o, g.p, g.q, g.c);
+  RT_GRID_STRIDE_AS(I, o, total) {
+    const Nhwc<I> at = decompose(o, g.p, g.q, g.c);
     A best = dev_neg_infinity<A>();
-    int64_t where = -1;
-    for (int64_t r = 0; r < g.r; ++r) {
-      const int64_t h = at.i1 * g.stride_h - g.pad_h + r * g.dilation_h;
+    I where = -1;
+    for (I r = 0; r < g.r; ++r) {
+      const I h = at.i1 * g.stride_h - g.pad_h + r * g.dilation_h;
       if (h < 0 || h >= g.h) continue;
-      for (int64_t s = 0; s < g.s; ++s) {
-        const int64_t w = at.i2 * g.stride_w - g.pad_w + s * g.dilation_w;
+      for (I s = 0; s < g.s; ++s) {
+        const I w = at.i2 * g.stride_w - g.pad_w + s * g.dilation_w;
         if (w < 0 || w >= g.w) continue;
         const A v = load_as<A>(x[((at.n * g.h + h) * g.w + w) * g.c + at.c]);
         // The first element seen always wins (padding never does); then NaN propagates, else the first
@@ -629,21 +657,21 @@ __global__ void max_pool_forward_kernel(const S* x /* (N, H, W, C) */, ConvGeome
 }
 
 // One thread per input element: sums dy over the outputs (in increasing order) whose argmax is this element.
-template <typename S>
+template <typename S, typename I>
 __global__ void max_pool_backward_kernel(const S* dy /* (N, P, Q, C) */, const int64_t* argmax /* (N, P, Q, C) */,
-                                         ConvGeometry g, int64_t total, S* dx /* (N, H, W, C) */) {
+                                         PoolGeometry<I> g, I total, S* dx /* (N, H, W, C) */) {
   using A = compute_t<S>;
-  RT_GRID_STRIDE(i, total) {
-    const Nhwc at = decompose(i, g.h, g.w, g.c);
+  RT_GRID_STRIDE_AS(I, i, total) {
+    const Nhwc<I> at = decompose(i, g.h, g.w, g.c);
     const int64_t target = at.i1 * g.w + at.i2;
-    const int64_t p_lo = first_window(at.i1 + g.pad_h - (g.r - 1) * g.dilation_h, g.stride_h);
-    const int64_t p_hi = min(g.p - 1, (at.i1 + g.pad_h) / g.stride_h);
-    const int64_t q_lo = first_window(at.i2 + g.pad_w - (g.s - 1) * g.dilation_w, g.stride_w);
-    const int64_t q_hi = min(g.q - 1, (at.i2 + g.pad_w) / g.stride_w);
+    const I p_lo = first_window<I>(at.i1 + g.pad_h - (g.r - 1) * g.dilation_h, g.stride_h);
+    const I p_hi = min(g.p - 1, (at.i1 + g.pad_h) / g.stride_h);
+    const I q_lo = first_window<I>(at.i2 + g.pad_w - (g.s - 1) * g.dilation_w, g.stride_w);
+    const I q_hi = min(g.q - 1, (at.i2 + g.pad_w) / g.stride_w);
     A acc = A(0);
-    for (int64_t p = p_lo; p <= p_hi; ++p)
-      for (int64_t q = q_lo; q <= q_hi; ++q) {
-        const int64_t o = ((at.n * g.p + p) * g.q + q) * g.c + at.c;
+    for (I p = p_lo; p <= p_hi; ++p)
+      for (I q = q_lo; q <= q_hi; ++q) {
+        const I o = ((at.n * g.p + p) * g.q + q) * g.c + at.c;
         if (argmax[o] == target) acc += load_as<A>(dy[o]);
       }
     dx[i] = store_as<S>(acc);
@@ -652,18 +680,18 @@ __global__ void max_pool_backward_kernel(const S* dy /* (N, P, Q, C) */, const i
 
 // count_include_pad: the sum over the in-bounds part of the window times 1 / (r * s). Dilation is not
 // applied (as on the CPU; pooling geometry always has dilation 1).
-template <typename S>
-__global__ void avg_pool_forward_kernel(const S* x /* (N, H, W, C) */, ConvGeometry g, compute_t<S> inv, int64_t total,
+template <typename S, typename I>
+__global__ void avg_pool_forward_kernel(const S* x /* (N, H, W, C) */, PoolGeometry<I> g, compute_t<S> inv, I total,
                                         S* y /* (N, P, Q, C) */) {
   using A = compute_t<S>;
-  RT_GRID_STRIDE(o, total) {
-    const Nhwc at = decompose(o, g.p, g.q, g.c);
+  RT_GRID_STRIDE_AS(I, o, total) {
+    const Nhwc<I> at = decompose(o, g.p, g.q, g.c);
     A acc = A(0);
-    for (int64_t r = 0; r < g.r; ++r) {
-      const int64_t h = at.i1 * g.stride_h - g.pad_h + r;
+    for (I r = 0; r < g.r; ++r) {
+      const I h = at.i1 * g.stride_h - g.pad_h + r;
       if (h < 0 || h >= g.h) continue;
-      for (int64_t s = 0; s < g.s; ++s) {
-        const int64_t w = at.i2 * g.stride_w - g.pad_w + s;
+      for (I s = 0; s < g.s; ++s) {
+        const I w = at.i2 * g.stride_w - g.pad_w + s;
         if (w < 0 || w >= g.w) continue;
         acc += load_as<A>(x[((at.n * g.h + h) * g.w + w) * g.c + at.c]);
       }
@@ -673,22 +701,32 @@ __global__ void avg_pool_forward_kernel(const S* x /* (N, H, W, C) */, ConvGeome
 }
 
 // One thread per input element: sums dy * inv over the windows covering it, in increasing output order.
-template <typename S>
-__global__ void avg_pool_backward_kernel(const S* dy /* (N, P, Q, C) */, ConvGeometry g, compute_t<S> inv,
-                                         int64_t total, S* dx /* (N, H, W, C) */) {
+template <typename S, typename I>
+__global__ void avg_pool_backward_kernel(const S* dy /* (N, P, Q, C) */, PoolGeometry<I> g, compute_t<S> inv, I total,
+                                         S* dx /* (N, H, W, C) */) {
   using A = compute_t<S>;
-  RT_GRID_STRIDE(i, total) {
-    const Nhwc at = decompose(i, g.h, g.w, g.c);
-    const int64_t p_lo = first_window(at.i1 + g.pad_h - (g.r - 1), g.stride_h);
-    const int64_t p_hi = min(g.p - 1, (at.i1 + g.pad_h) / g.stride_h);
-    const int64_t q_lo = first_window(at.i2 + g.pad_w - (g.s - 1), g.stride_w);
-    const int64_t q_hi = min(g.q - 1, (at.i2 + g.pad_w) / g.stride_w);
+  RT_GRID_STRIDE_AS(I, i, total) {
+    const Nhwc<I> at = decompose(i, g.h, g.w, g.c);
+    const I p_lo = first_window<I>(at.i1 + g.pad_h - (g.r - 1), g.stride_h);
+    const I p_hi = min(g.p - 1, (at.i1 + g.pad_h) / g.stride_h);
+    const I q_lo = first_window<I>(at.i2 + g.pad_w - (g.s - 1), g.stride_w);
+    const I q_hi = min(g.q - 1, (at.i2 + g.pad_w) / g.stride_w);
     A acc = A(0);
-    for (int64_t p = p_lo; p <= p_hi; ++p)
-      for (int64_t q = q_lo; q <= q_hi; ++q)
-        acc = add_rn(acc, mul_rn(load_as<A>(dy[((at.n * g.p + p) * g.q + q) * g.c + at.c]), inv));
+    for (I p = p_lo; p <= p_hi; ++p)
+      for (I q = q_lo; q <= q_hi; ++q) acc = add_rn(acc, mul_rn(load_as<A>(dy[((at.n * g.p + p) * g.q + q) * g.c + at.c]), inv));
     dx[i] = store_as<S>(acc);
   }
+}
+
+#undef RT_GRID_STRIDE_AS
+
+// Calls f(int32_t{}) where every index of a pool pass over g fits in 32 bits, else f(int64_t{}).
+template <typename F>
+void with_pool_index(const ConvGeometry& g, F&& f) {
+  if (pool_fits_int32(g))
+    f(int32_t{});
+  else
+    f(int64_t{});
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -877,8 +915,11 @@ void max_pool2d_forward(const Tensor& x, const ConvGeometry& g, Tensor& y, Tenso
   dispatch_floating(x.dtype(), "max_pool2d", [&](auto tag) {
     using S = typename decltype(tag)::type;
     if (total == 0) return;
-    max_pool_forward_kernel<S>
-        <<<grid_for(total), kThreads, 0, stream_now()>>>(x.data<S>(), g, total, y.data<S>(), argmax.data<int64_t>());
+    with_pool_index(g, [&](auto index) {
+      using I = decltype(index);
+      max_pool_forward_kernel<S, I><<<grid_for(total), kThreads, 0, stream_now()>>>(
+          x.data<S>(), PoolGeometry<I>(g), static_cast<I>(total), y.data<S>(), argmax.data<int64_t>());
+    });
     CUDA_CHECK(cudaGetLastError());
   });
 }
@@ -889,8 +930,11 @@ void max_pool2d_backward(const Tensor& dy, const Tensor& argmax, const ConvGeome
   dispatch_floating(dy.dtype(), "max_pool2d_backward", [&](auto tag) {
     using S = typename decltype(tag)::type;
     if (total == 0) return;
-    max_pool_backward_kernel<S>
-        <<<grid_for(total), kThreads, 0, stream_now()>>>(dy.data<S>(), argmax.data<int64_t>(), g, total, dx.data<S>());
+    with_pool_index(g, [&](auto index) {
+      using I = decltype(index);
+      max_pool_backward_kernel<S, I><<<grid_for(total), kThreads, 0, stream_now()>>>(
+          dy.data<S>(), argmax.data<int64_t>(), PoolGeometry<I>(g), static_cast<I>(total), dx.data<S>());
+    });
     CUDA_CHECK(cudaGetLastError());
   });
 }
@@ -903,7 +947,11 @@ void avg_pool2d_forward(const Tensor& x, const ConvGeometry& g, Tensor& y) {
     using A = compute_t<S>;
     if (total == 0) return;
     const A inv = A(1) / static_cast<A>(g.r * g.s);  // as the CPU computes it
-    avg_pool_forward_kernel<S><<<grid_for(total), kThreads, 0, stream_now()>>>(x.data<S>(), g, inv, total, y.data<S>());
+    with_pool_index(g, [&](auto index) {
+      using I = decltype(index);
+      avg_pool_forward_kernel<S, I><<<grid_for(total), kThreads, 0, stream_now()>>>(
+          x.data<S>(), PoolGeometry<I>(g), inv, static_cast<I>(total), y.data<S>());
+    });
     CUDA_CHECK(cudaGetLastError());
   });
 }
@@ -916,8 +964,11 @@ void avg_pool2d_backward(const Tensor& dy, const ConvGeometry& g, Tensor& dx) {
     using A = compute_t<S>;
     if (total == 0) return;
     const A inv = A(1) / static_cast<A>(g.r * g.s);
-    avg_pool_backward_kernel<S>
-        <<<grid_for(total), kThreads, 0, stream_now()>>>(dy.data<S>(), g, inv, total, dx.data<S>());
+    with_pool_index(g, [&](auto index) {
+      using I = decltype(index);
+      avg_pool_backward_kernel<S, I><<<grid_for(total), kThreads, 0, stream_now()>>>(
+          dy.data<S>(), PoolGeometry<I>(g), inv, static_cast<I>(total), dx.data<S>());
+    });
     CUDA_CHECK(cudaGetLastError());
   });
 }
