@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #if defined(__CUDACC__)
+#include <cuda_fp16.h>
 #define RT_HOST_DEVICE __host__ __device__
 #else
 #define RT_HOST_DEVICE
@@ -101,7 +102,12 @@ RT_HOST_DEVICE inline Half f32_to_f16(float f) {
   uint32_t u = f32_bits(f);
   uint32_t sign = (u >> 16) & 0x8000u;
   uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x7f800000u) return Half{static_cast<uint16_t>(sign | 0x7e00u)};   // NaN
+  if (abs > 0x7f800000u) return Half{static_cast<uint16_t>(sign | 0x7e00u)};  // NaN
+#if defined(__CUDA_ARCH__)
+  // On the GPU the hardware conversion (cvt.rn.f16.f32: round to nearest even, subnormals kept, overflow
+  // to inf) gives the bits of the code below for every other input, in one instruction instead of ~40.
+  return Half{__half_as_ushort(__float2half_rn(f))};
+#else
   if (abs >= 0x477ff000u) return Half{static_cast<uint16_t>(sign | 0x7c00u)};  // overflow -> inf
   if (abs < 0x38800000u) {                                                     // subnormal or zero in f16
     // Shift the implicit-1 mantissa into the subnormal position, rounding to nearest even.
@@ -117,9 +123,14 @@ RT_HOST_DEVICE inline Half f32_to_f16(float f) {
   }
   uint32_t rounded = abs + 0xfffu + ((abs >> 13) & 1u);
   return Half{static_cast<uint16_t>(sign | ((rounded - 0x38000000u) >> 13))};
+#endif
 }
 
 RT_HOST_DEVICE inline float f16_to_f32(Half h) {
+#if defined(__CUDA_ARCH__)
+  // The hardware conversion (exact, subnormals included) except for NaN, whose payload the code below keeps.
+  if ((h.bits & 0x7c00u) != 0x7c00u || (h.bits & 0x3ffu) == 0) return __half2float(__ushort_as_half(h.bits));
+#endif
   uint32_t sign = (static_cast<uint32_t>(h.bits) & 0x8000u) << 16;
   uint32_t exponent = (h.bits >> 10) & 0x1fu;
   uint32_t mantissa = h.bits & 0x3ffu;
