@@ -239,6 +239,13 @@ struct KernelTable {
   // as above) and `count` over every rank: the backward of statistics taken over all of them.
   void (*batch_norm_backward_elemt)(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& save_mean,
                                     const Tensor& save_invstd, const Tensor& sums, double count, Tensor& dx) = nullptr;
+  // The running statistics' update after a training pass, in one kernel per batch norm instead of nine
+  // element-wise ops: var = 1 / invstd^2 - eps, running_mean = running_mean * (1 - momentum) + mean *
+  // momentum, running_var = running_var * (1 - momentum) + var * var_weight, each product, quotient and
+  // sum rounded in the parameter dtype exactly as those ops round them (ops.cpp), so the result is theirs
+  // bit for bit. Optional: when null, ops.cpp runs the ops.
+  void (*batch_norm_update_running)(const Tensor& save_mean, const Tensor& save_invstd, double eps, double momentum,
+                                    double var_weight, Tensor& running_mean, Tensor& running_var) = nullptr;
   // Pooling over NHWC x (N, H, W, C) -> y (N, P, Q, C) with geometry g (k = c, r x s window).
   // Max writes the argmax as a flat h * W + w index per output element (I64); padding never wins.
   void (*max_pool2d_forward)(const Tensor& x, const ConvGeometry& g, Tensor& y, Tensor& argmax) = nullptr;

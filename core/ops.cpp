@@ -761,9 +761,16 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, con
   if (training && !replayed) {
     NoGradGuard no_grad;
     // Biased batch variance from the saved 1/sqrt(var + eps); running_var uses the unbiased one.
-    Tensor var = add(rdiv(mul(save_invstd, save_invstd), 1.0), -eps);
-    update_running_statistics(running_mean, running_var, save_mean, var, momentum,
-                              momentum * static_cast<double>(M) / (M - 1));
+    const double var_weight = momentum * static_cast<double>(M) / (M - 1);
+    if (detail::kernel_table(x.device(), "batch_norm").batch_norm_update_running) {  // the same bits in one kernel
+      Tensor rm = running_mean, rv = running_var;
+      RT_KERNEL(x.device(), "batch_norm", batch_norm_update_running)
+      (save_mean, save_invstd, eps, momentum, var_weight, rm, rv);
+      detail::after_op(x.device(), "batch_norm");
+    } else {
+      Tensor var = add(rdiv(mul(save_invstd, save_invstd), 1.0), -eps);
+      update_running_statistics(running_mean, running_var, save_mean, var, momentum, var_weight);
+    }
   }
   if (training) BatchNormTape::record(x, {save_mean, save_invstd, 0});
   if (!needs_grad({&x, &weight, &bias, &residual})) return y;

@@ -101,6 +101,7 @@ const char* family_of_kernel(const char* entry) {
       {"batch_norm_forward", "bn_fwd"},
       {"batch_norm_stats", "bn_fwd"},
       {"batch_norm_apply", "bn_fwd"},
+      {"batch_norm_update_running", "bn_fwd"},
       {"batch_norm_relu_backward", "bn_bwd"},
       {"batch_norm_backward", "bn_bwd"},
       {"max_pool2d", "pool"},

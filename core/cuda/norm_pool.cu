@@ -54,6 +54,8 @@ __device__ inline float add_rn(float a, float b) { return __fadd_rn(a, b); }
 __device__ inline double add_rn(double a, double b) { return __dadd_rn(a, b); }
 __device__ inline float sub_rn(float a, float b) { return __fsub_rn(a, b); }
 __device__ inline double sub_rn(double a, double b) { return __dsub_rn(a, b); }
+__device__ inline float div_rn(float a, float b) { return __fdiv_rn(a, b); }
+__device__ inline double div_rn(double a, double b) { return __ddiv_rn(a, b); }
 
 // ---------------------------------------------------------------------------------------------------
 // Batch norm: per-channel partial sums
@@ -552,6 +554,18 @@ dim3 elementwise_grid(int64_t M, int64_t C) {
   return dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(row_blocks));
 }
 
+// The running statistics' update (KernelTable::batch_norm_update_running), rounded as the element-wise ops
+// that spell it out: the scalars converted to P on the host as the scalar kernels convert them.
+template <typename P>
+__global__ void bn_update_running_kernel(const P* mean, const P* invstd, P neg_eps, P keep, P momentum, P var_weight,
+                                         int64_t C, P* running_mean, P* running_var) {
+  RT_GRID_STRIDE(c, C) {
+    const P var = add_rn(div_rn(P(1), mul_rn(invstd[c], invstd[c])), neg_eps);
+    running_mean[c] = add_rn(mul_rn(running_mean[c], keep), mul_rn(mean[c], momentum));
+    running_var[c] = add_rn(mul_rn(running_var[c], keep), mul_rn(var, var_weight));
+  }
+}
+
 // y = bn(x) (+ residual, ReLU) with the per-channel scale and shift in coef.
 template <typename S>
 void launch_apply(cudaStream_t stream, const S* x, const S* residual, const compute_t<S>* coef, int64_t M, int64_t C,
@@ -909,6 +923,24 @@ void batch_norm_backward_elemt(const Tensor& x, const Tensor& dy, const Tensor& 
   });
 }
 
+void batch_norm_update_running(const Tensor& save_mean, const Tensor& save_invstd, double eps, double momentum,
+                               double var_weight, Tensor& running_mean, Tensor& running_var) {
+  const int64_t C = save_mean.numel();
+  DeviceScope scope(save_mean);
+  dispatch_floating(save_mean.dtype(), "batch_norm_update_running", [&](auto tag) {
+    using P = typename decltype(tag)::type;
+    if constexpr (std::is_same_v<P, float> || std::is_same_v<P, double>) {
+      if (C == 0) return;
+      bn_update_running_kernel<P><<<grid_for(C), kThreads, 0, stream_now()>>>(
+          save_mean.data<P>(), save_invstd.data<P>(), static_cast<P>(-eps), static_cast<P>(1.0 - momentum),
+          static_cast<P>(momentum), static_cast<P>(var_weight), C, running_mean.data<P>(), running_var.data<P>());
+      CUDA_CHECK(cudaGetLastError());
+    } else {
+      raise_unsupported("batch_norm_update_running", save_mean.dtype());  // statistics are f32 or f64
+    }
+  });
+}
+
 void max_pool2d_forward(const Tensor& x, const ConvGeometry& g, Tensor& y, Tensor& argmax) {
   const int64_t total = g.n * g.p * g.q * g.c;
   DeviceScope scope(x);
@@ -979,6 +1011,7 @@ void register_norm_pool_kernels(KernelTable& t) {
   t.batch_norm_forward = &batch_norm_forward;
   t.batch_norm_backward = &batch_norm_backward;
   t.batch_norm_relu_backward = &batch_norm_relu_backward;
+  t.batch_norm_update_running = &batch_norm_update_running;
   t.batch_norm_stats = &batch_norm_stats;
   t.batch_norm_apply = &batch_norm_apply;
   t.batch_norm_backward_reduce = &batch_norm_backward_reduce;

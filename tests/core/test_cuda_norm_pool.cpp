@@ -328,6 +328,32 @@ TEST(CudaBatchNormMisc, VectorAndScalarPathsAgree) {
   }
 }
 
+// The running statistics' update in one kernel is the element-wise ops' arithmetic (which the CPU runs)
+// bit for bit: f32 and f64 statistics, one channel with invstd near 1/sqrt(eps).
+TEST(CudaBatchNormMisc, RunningStatisticsUpdateIsTheComposedOpsBitForBit) {
+  RT_REQUIRE_CUDA();
+  const auto update = detail::kernel_table(kGpu, "batch_norm").batch_norm_update_running;
+  ASSERT_NE(update, nullptr) << "CUDA registers batch_norm_update_running";
+  for (DType pd : {DType::F32, DType::F64}) {
+    const int64_t C = 77;
+    constexpr double kMomentum = 0.1, kEps = 1e-5;
+    const double var_weight = kMomentum * 1000.0 / 999.0;
+    const Tensor mean = Tensor::normal(Shape{C}, 0, 3, 81, pd);
+    std::vector<double> iv = Tensor::uniform(Shape{C}, 0.05, 20, 82, DType::F64).to_vector();
+    iv[5] = 1.0 / std::sqrt(kEps) * 0.999;  // variance near 0: 1 / invstd^2 - eps cancels
+    const Tensor invstd = Tensor::from_vector(iv, Shape{C}, pd);
+    const Tensor rm = Tensor::normal(Shape{C}, 0, 1, 83, pd), rv = Tensor::uniform(Shape{C}, 0.5, 4, 84, pd);
+    // The composed ops on the CPU, as ops.cpp runs them where no kernel is registered.
+    const Tensor var = add(rdiv(mul(invstd, invstd), 1.0), -kEps);
+    const Tensor want_rm = add(mul(rm, 1.0 - kMomentum), mul(mean, kMomentum));
+    const Tensor want_rv = add(mul(rv, 1.0 - kMomentum), mul(var, var_weight));
+    Tensor grm = rm.to(kGpu).clone(), grv = rv.to(kGpu).clone();
+    update(mean.to(kGpu), invstd.to(kGpu), kEps, kMomentum, var_weight, grm, grv);
+    expect_same_bits(grm.to_vector(), want_rm.to_vector(), std::string(dtype_name(pd)) + " running_mean");
+    expect_same_bits(grv.to_vector(), want_rv.to_vector(), std::string(dtype_name(pd)) + " running_var");
+  }
+}
+
 TEST(CudaBatchNormMisc, KernelsRejectNonFloatingDtypesNamingOpAndDtype) {
   RT_REQUIRE_CUDA();
   // The ops reject integer inputs before reaching a kernel; call the CUDA kernels directly.

@@ -50,6 +50,7 @@ TEST(Profile, KernelEntriesMapToTheirFamilies) {
   EXPECT_STREQ(profile::family_of_kernel("conv2d_backward_data"), "conv_dgrad");
   EXPECT_STREQ(profile::family_of_kernel("conv2d_backward_weights"), "conv_wgrad");
   EXPECT_STREQ(profile::family_of_kernel("batch_norm_relu_backward"), "bn_bwd");
+  EXPECT_STREQ(profile::family_of_kernel("batch_norm_update_running"), "bn_fwd");
   EXPECT_STREQ(profile::family_of_kernel("batch_norm_stats"), "bn_fwd");
   EXPECT_STREQ(profile::family_of_kernel("sgd_multi_tensor"), "optimizer");
   EXPECT_STREQ(profile::family_of_kernel("convert"), "cast_copy");
