@@ -396,21 +396,22 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   }
-  // A fixed tree over the block's rows; row 0 ends with the totals.
-  const unsigned at = (row * lanes + lane) * V;
+  // A fixed tree over the block's rows; row 0 ends with the totals. Element k of thread t sits at
+  // k * kThreads + t, so a warp's accesses are consecutive.
+  const unsigned at = row * lanes + lane;
 #pragma unroll
   for (int k = 0; k < V; ++k) {
-    shared[0][at + k] = a0[k];
-    if constexpr (kAcc == 2) shared[kAcc - 1][at + k] = a1[k];
+    shared[0][k * kThreads + at] = a0[k];
+    if constexpr (kAcc == 2) shared[kAcc - 1][k * kThreads + at] = a1[k];
   }
   __syncthreads();
   for (unsigned s = rows / 2; s > 0; s >>= 1) {
     if (row < s) {
-      const unsigned from = at + s * lanes * V;
+      const unsigned from = at + s * lanes;
 #pragma unroll
       for (int k = 0; k < V; ++k) {
-        shared[0][at + k] += shared[0][from + k];
-        if constexpr (kAcc == 2) shared[kAcc - 1][at + k] += shared[kAcc - 1][from + k];
+        shared[0][k * kThreads + at] += shared[0][k * kThreads + from];
+        if constexpr (kAcc == 2) shared[kAcc - 1][k * kThreads + at] += shared[kAcc - 1][k * kThreads + from];
       }
     }
     __syncthreads();
@@ -418,8 +419,8 @@ __global__ void __launch_bounds__(kThreads)
   if (row == 0 && c0 < C) {
 #pragma unroll
     for (int k = 0; k < V; ++k) {
-      partial[part * C + c0 + k] = shared[0][at + k];
-      if constexpr (kAcc == 2) partial[(gridDim.y + part) * C + c0 + k] = shared[kAcc - 1][at + k];
+      partial[part * C + c0 + k] = shared[0][k * kThreads + at];
+      if constexpr (kAcc == 2) partial[(gridDim.y + part) * C + c0 + k] = shared[kAcc - 1][k * kThreads + at];
     }
   }
 }
@@ -444,7 +445,26 @@ VecPartials vec_partials_shape(int64_t M, int64_t C) {
   return shape;
 }
 
-// bn_apply_kernel's vector path: vector i of the (M, C / V) view. One thread per vector, grid-strided.
+// The element-wise vector passes' block: lanes over channel groups (a power of 2, up to 32), rows of
+// threads over rows; each thread keeps its V channels' coefficients in registers for all its rows.
+// Grid (tiles, row blocks), rows grid-strided along y.
+template <typename S>
+struct VecPass {
+  dim3 grid, block;
+  VecPass(int64_t M, int64_t C) {
+    const int64_t groups = C / kVec<S>;
+    unsigned lanes = 1;
+    while (lanes < 32 && lanes < groups) lanes *= 2;
+    const unsigned rows = kThreads / lanes;
+    constexpr int64_t kRowsPerThread = 4;
+    const int64_t row_blocks =
+        std::clamp<int64_t>((M + rows * kRowsPerThread - 1) / (rows * kRowsPerThread), 1, 65535);
+    grid = dim3(static_cast<unsigned>((groups + lanes - 1) / lanes), static_cast<unsigned>(row_blocks));
+    block = dim3(lanes, rows);
+  }
+};
+
+// bn_apply_kernel's vector path. Grid and block: VecPass.
 template <typename S>
 __global__ void __launch_bounds__(kThreads)
     bn_apply_vec_kernel(const S* x /* (M, C) */, const S* residual /* (M, C) or null */,
@@ -452,27 +472,32 @@ __global__ void __launch_bounds__(kThreads)
                         S* y /* (M, C) */) {
   using A = compute_t<S>;
   constexpr int V = kVec<S>;
-  const int64_t groups = C / V;
-  const auto* xv = reinterpret_cast<const Vec<S>*>(x);
-  const auto* rv = reinterpret_cast<const Vec<S>*>(residual);
-  auto* yv = reinterpret_cast<Vec<S>*>(y);
-  RT_GRID_STRIDE(i, M * groups) {
-    const int64_t c0 = (i % groups) * V;
-    const Vec<S> a = xv[i];
+  const int64_t c0 = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
+  if (c0 >= C) return;
+  A scale[V], shift[V];
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    scale[k] = coef[c0 + k];
+    shift[k] = coef[C + c0 + k];
+  }
+  const int64_t stride = static_cast<int64_t>(gridDim.y) * blockDim.y;
+  for (int64_t r = static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y; r < M; r += stride) {
+    const int64_t at = r * C + c0;
+    const Vec<S> a = *reinterpret_cast<const Vec<S>*>(x + at);
     Vec<S> res, out;
-    if (residual) res = rv[i];
+    if (residual) res = *reinterpret_cast<const Vec<S>*>(residual + at);
 #pragma unroll
     for (int k = 0; k < V; ++k) {
-      A v = add_rn(mul_rn(load_as<A>(a.v[k]), coef[c0 + k]), coef[C + c0 + k]);
+      A v = add_rn(mul_rn(load_as<A>(a.v[k]), scale[k]), shift[k]);
       if (residual) v = add_rn(v, load_as<A>(res.v[k]));
       if (relu && v < A(0)) v = A(0);
       out.v[k] = store_as<S>(v);
     }
-    yv[i] = out;
+    *reinterpret_cast<Vec<S>*>(y + at) = out;
   }
 }
 
-// bn_backward_dx_kernel's vector path.
+// bn_backward_dx_kernel's vector path. Grid and block: VecPass.
 template <typename S>
 __global__ void __launch_bounds__(kThreads)
     bn_backward_dx_vec_kernel(const S* x /* (M, C) */, const S* dy /* (M, C) */, const param_t<S>* save_mean,
@@ -481,22 +506,30 @@ __global__ void __launch_bounds__(kThreads)
                               S* dx /* (M, C) */) {
   using A = compute_t<S>;
   constexpr int V = kVec<S>;
-  const int64_t groups = C / V;
-  const auto* xv = reinterpret_cast<const Vec<S>*>(x);
-  const auto* gv = reinterpret_cast<const Vec<S>*>(dy);
-  auto* dv = reinterpret_cast<Vec<S>*>(dx);
-  RT_GRID_STRIDE(i, M * groups) {
-    const int64_t c0 = (i % groups) * V;
-    const Vec<S> a = xv[i], g = gv[i];
+  const int64_t c0 = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
+  if (c0 >= C) return;
+  A mean[V], invstd[V], k1[V], k2[V], k3[V];
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    mean[k] = static_cast<A>(save_mean[c0 + k]);
+    invstd[k] = static_cast<A>(save_invstd[c0 + k]);
+    k1[k] = coef[c0 + k];
+    k2[k] = coef[C + c0 + k];
+    k3[k] = coef[2 * C + c0 + k];
+  }
+  const int64_t stride = static_cast<int64_t>(gridDim.y) * blockDim.y;
+  for (int64_t r = static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y; r < M; r += stride) {
+    const int64_t at = r * C + c0;
+    const Vec<S> a = *reinterpret_cast<const Vec<S>*>(x + at);
+    const Vec<S> g = *reinterpret_cast<const Vec<S>*>(dy + at);
     Vec<S> out;
 #pragma unroll
     for (int k = 0; k < V; ++k) {
-      const int64_t c = c0 + k;
-      const A xhat = mul_rn(sub_rn(load_as<A>(a.v[k]), static_cast<A>(save_mean[c])), static_cast<A>(save_invstd[c]));
-      const A gk = relu_masked_dy<S, A>(load_as<A>(g.v[k]), a.v[k], relu_coef, C, c);
-      out.v[k] = store_as<S>(sub_rn(sub_rn(mul_rn(gk, coef[c]), coef[C + c]), mul_rn(xhat, coef[2 * C + c])));
+      const A xhat = mul_rn(sub_rn(load_as<A>(a.v[k]), mean[k]), invstd[k]);
+      const A gk = relu_masked_dy<S, A>(load_as<A>(g.v[k]), a.v[k], relu_coef, C, c0 + k);
+      out.v[k] = store_as<S>(sub_rn(sub_rn(mul_rn(gk, k1[k]), k2[k]), mul_rn(xhat, k3[k])));
     }
-    dv[i] = out;
+    *reinterpret_cast<Vec<S>*>(dx + at) = out;
   }
 }
 
@@ -506,14 +539,10 @@ bool use_vec(int64_t C, const P*... arrays) {
   return kVec<S> > 1 && C % kVec<S> == 0 && all_aligned16(arrays...);
 }
 
-// Grid of a vector pass over (M, C): a few vectors per thread.
-template <typename S>
-unsigned vec_pass_grid(int64_t M, int64_t C) {
-  return grid_for(M * (C / kVec<S>), int64_t{kThreads} * 4);
-}
-
 // The partial-sum passes over one (M, C) array: the vector kernel where use_vec allows, else the scalar
 // one; the shape (and with it the order of every sum) depends on (M, C), the dtype and the alignment only.
+// Tensors the kernels make are 16-byte aligned, so two passes over equal data agree bit for bit unless
+// one is handed a view that starts mid-row (the one-replica SyncBatchNorm == BatchNorm promise too).
 template <typename S>
 struct Partials {
   bool vec = false;
@@ -570,10 +599,12 @@ __global__ void bn_update_running_kernel(const P* mean, const P* invstd, P neg_e
 template <typename S>
 void launch_apply(cudaStream_t stream, const S* x, const S* residual, const compute_t<S>* coef, int64_t M, int64_t C,
                   bool relu, S* y) {
-  if (use_vec<S>(C, x, residual, y))
-    bn_apply_vec_kernel<S><<<vec_pass_grid<S>(M, C), kThreads, 0, stream>>>(x, residual, coef, M, C, relu, y);
-  else
+  if (use_vec<S>(C, x, residual, y)) {
+    const VecPass<S> pass(M, C);
+    bn_apply_vec_kernel<S><<<pass.grid, pass.block, 0, stream>>>(x, residual, coef, M, C, relu, y);
+  } else {
     bn_apply_kernel<S><<<elementwise_grid(M, C), dim3(kLanes, kRows), 0, stream>>>(x, residual, coef, M, C, relu, y);
+  }
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -581,12 +612,14 @@ void launch_apply(cudaStream_t stream, const S* x, const S* residual, const comp
 template <typename S>
 void launch_dx(cudaStream_t stream, const S* x, const S* dy, const param_t<S>* mean, const param_t<S>* invstd,
                const compute_t<S>* coef, const compute_t<S>* relu_coef, int64_t M, int64_t C, S* dx) {
-  if (use_vec<S>(C, x, dy, dx))
+  if (use_vec<S>(C, x, dy, dx)) {
+    const VecPass<S> pass(M, C);
     bn_backward_dx_vec_kernel<S>
-        <<<vec_pass_grid<S>(M, C), kThreads, 0, stream>>>(x, dy, mean, invstd, coef, relu_coef, M, C, dx);
-  else
+        <<<pass.grid, pass.block, 0, stream>>>(x, dy, mean, invstd, coef, relu_coef, M, C, dx);
+  } else {
     bn_backward_dx_kernel<S><<<elementwise_grid(M, C), dim3(kLanes, kRows), 0, stream>>>(x, dy, mean, invstd, coef,
                                                                                          relu_coef, M, C, dx);
+  }
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -610,7 +643,7 @@ struct PoolGeometry {
 bool pool_fits_int32(const ConvGeometry& g) {
   constexpr int64_t kLimit = int64_t{1} << 30;  // headroom for the window arithmetic's sums
   return g.n * g.h * g.w * g.c < kLimit && g.n * g.p * g.q * g.c < kLimit && g.h + g.pad_h + g.r * g.dilation_h < kLimit &&
-         g.w + g.pad_w + g.s * g.dilation_w < kLimit;
+         g.w + g.pad_w + g.s * g.dilation_w < kLimit && g.stride_h < kLimit && g.stride_w < kLimit;
 }
 
 // Index decomposition of an NHWC offset: o = ((n * d1 + i1) * d2 + i2) * C + c.

@@ -286,46 +286,51 @@ TEST(CudaBatchNormMisc, FusedReluBackwardIsTheComposedReluBitForBit) {
 }
 
 // The vector kernels (16-byte loads, C a multiple of 8 / 4 / 2 elements) and the scalar ones agree: the
-// same input once aligned and once 2 bytes into a buffer (which the vector path refuses), forward,
-// backward and SyncBatchNorm's kernels. Element-wise results are the same bits; sums differ at most by
-// their order (f64 accumulation).
+// same input once aligned and once one element into a buffer (which the vector path refuses), forward,
+// backward (BN + add + ReLU, and BN + ReLU's fused backward) and SyncBatchNorm's statistics, every float
+// dtype. Element-wise results are the same bits; sums differ at most by their order (f64 accumulation).
 TEST(CudaBatchNormMisc, VectorAndScalarPathsAgree) {
   RT_REQUIRE_CUDA();
-  for (DType dtype : {DType::F16, DType::BF16}) {
-    const DType pd = param_dtype(dtype);
-    const int64_t C = 64, rows = 9 * 7 * 5;
-    const Tensor host = Tensor::normal(Shape{rows * C + 1}, 2.0, 3.0, 51, DType::F64).to(dtype);
-    const Tensor res_host = Tensor::normal(Shape{rows * C + 1}, 0.0, 1.0, 52, DType::F64).to(dtype);
-    const Tensor up_host = Tensor::normal(Shape{rows * C + 1}, 0.0, 1.0, 53, DType::F64).to(dtype);
-    // slice(1, ...) of a 1-D tensor starts one element (2 bytes) in: not 16-byte aligned.
-    auto at = [&](const Tensor& t, bool aligned) {
-      const Tensor g = t.to(kGpu);
-      return (aligned ? g.slice(0, rows * C) : g.slice(1, rows * C + 1)).view(Shape{9, 7, 5, C});
-    };
-    std::vector<std::vector<double>> got[2];
-    for (int aligned = 0; aligned < 2; ++aligned) {
-      const Tensor x_in = at(host, aligned != 0), res_in = at(res_host, aligned != 0), up = at(up_host, aligned != 0);
-      Tensor x = x_in.detach().set_requires_grad(), res = res_in.detach().set_requires_grad();
-      Tensor w = Tensor::uniform(Shape{C}, 0.5, 1.5, 54, pd, kGpu).set_requires_grad();
-      Tensor b = Tensor::uniform(Shape{C}, -0.5, 0.5, 55, pd, kGpu).set_requires_grad();
-      Tensor rm = Tensor::zeros(Shape{C}, pd, kGpu), rv = Tensor::ones(Shape{C}, pd, kGpu);
-      Tensor y = batch_norm(x, w, b, rm, rv, true, 0.1, 1e-5, true, res);
-      y.backward(up);
-      Tensor stats = Tensor::empty(Shape{2 * C + 1}, DType::F64, kGpu);
-      detail::kernel_table(kGpu, "batch_norm_stats").batch_norm_stats(x, stats);
-      got[aligned] = {y.to_vector(), x.grad().to_vector(), res.grad().to_vector(), w.grad().to_vector(),
-                      b.grad().to_vector(), rm.to_vector(), rv.to_vector(), stats.to_vector()};
+  for (DType dtype : kFloatingTypes)
+    for (bool with_residual : {true, false}) {
+      const DType pd = param_dtype(dtype);
+      const int64_t C = 64, rows = 9 * 7 * 5;
+      const Tensor host = Tensor::normal(Shape{rows * C + 1}, 2.0, 3.0, 51, DType::F64).to(dtype);
+      const Tensor res_host = Tensor::normal(Shape{rows * C + 1}, 0.0, 1.0, 52, DType::F64).to(dtype);
+      const Tensor up_host = Tensor::normal(Shape{rows * C + 1}, 0.0, 1.0, 53, DType::F64).to(dtype);
+      // slice(1, ...) of a 1-D tensor starts one element (2, 4 or 8 bytes) in: not 16-byte aligned; its
+      // clone holds the same values in a fresh (aligned) block.
+      auto at = [&](const Tensor& t, bool aligned) {
+        const Tensor off = t.to(kGpu).slice(1, rows * C + 1);
+        return (aligned ? off.clone() : off).view(Shape{9, 7, 5, C});
+      };
+      std::vector<std::vector<double>> got[2];
+      for (int aligned = 0; aligned < 2; ++aligned) {
+        const Tensor up = at(up_host, aligned != 0);
+        Tensor x = at(host, aligned != 0).detach().set_requires_grad();
+        Tensor res = with_residual ? at(res_host, aligned != 0).detach().set_requires_grad() : Tensor();
+        Tensor w = Tensor::uniform(Shape{C}, 0.5, 1.5, 54, pd, kGpu).set_requires_grad();
+        Tensor b = Tensor::uniform(Shape{C}, -0.5, 0.5, 55, pd, kGpu).set_requires_grad();
+        Tensor rm = Tensor::zeros(Shape{C}, pd, kGpu), rv = Tensor::ones(Shape{C}, pd, kGpu);
+        Tensor y = batch_norm(x, w, b, rm, rv, true, 0.1, 1e-5, true, res);
+        y.backward(up);
+        Tensor stats = Tensor::empty(Shape{2 * C + 1}, DType::F64, kGpu);
+        detail::kernel_table(kGpu, "batch_norm_stats").batch_norm_stats(x, stats);
+        got[aligned] = {y.to_vector(),  x.grad().to_vector(), w.grad().to_vector(), b.grad().to_vector(),
+                        rm.to_vector(), rv.to_vector(),       stats.to_vector()};
+        if (with_residual) got[aligned].push_back(res.grad().to_vector());
+      }
+      const char* names[] = {"y", "dx", "dgamma", "dbeta", "running_mean", "running_var", "stats", "dresidual"};
+      for (size_t i = 0; i < got[0].size(); ++i) {
+        // Bits can differ only through a sum's order: the statistics (f64, then rounded to the parameter
+        // dtype) and what uses them, an ulp of the activation dtype at most.
+        const bool sums = i >= 2 && i <= 6;
+        const double tol = sums ? (dtype == DType::F64 ? 1e-12 : 1e-6) : tol_for(dtype);
+        const auto n = static_cast<int64_t>(got[0][i].size());
+        EXPECT_TRUE(all_close(Tensor::from_vector(got[0][i], Shape{n}), Tensor::from_vector(got[1][i], Shape{n}), tol, tol))
+            << dtype_name(dtype) << (with_residual ? " residual" : " fused ReLU") << ": " << names[i];
+      }
     }
-    const char* names[] = {"y", "dx", "dresidual", "dgamma", "dbeta", "running_mean", "running_var", "stats"};
-    for (size_t i = 0; i < got[0].size(); ++i) {
-      // Bits can differ only through a sum's order: the statistics (f64, then rounded to f32) and what
-      // uses them, one ulp of the 16-bit type at most.
-      const double tol = i >= 3 ? 1e-6 : tol_for(dtype);
-      EXPECT_TRUE(all_close(Tensor::from_vector(got[0][i], Shape{static_cast<int64_t>(got[0][i].size())}),
-                            Tensor::from_vector(got[1][i], Shape{static_cast<int64_t>(got[1][i].size())}), tol, tol))
-          << dtype_name(dtype) << ": " << names[i];
-    }
-  }
 }
 
 // The running statistics' update in one kernel is the element-wise ops' arithmetic (which the CPU runs)

@@ -143,8 +143,8 @@ TEST(CudaVsCpuMisc, RandomAndConversionsAreBitwiseIdentical) {
 }
 
 // The element-wise kernels' vector paths (16-byte loads of 8 / 4 / 2 elements, the n % V tail one per
-// thread) give the CPU's bits: sizes around a vector and past one launch's grid, tensors 16-byte aligned
-// (vector path) and one element into their buffer (scalar path), in place and not.
+// thread) give the CPU's bits: sizes around a vector and a million, tensors 16-byte aligned (vector path)
+// and one element into their buffer (scalar path), in place and not.
 TEST(CudaVsCpuMisc, ElementwiseVectorPathsGiveTheCpusBits) {
   RT_REQUIRE_CUDA();
   for (DType dtype : {DType::F32, DType::F64, DType::F16, DType::BF16})
