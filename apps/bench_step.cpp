@@ -19,6 +19,8 @@
 // --backend none under mpirun runs the ranks side by side without synchronising them.
 // --profile runs --profile-steps more steps after the timed ones (which it leaves untouched) under the
 // per-op profiler and prints its table (runtime/telemetry/profiler.h); --profile-jsonl PATH appends its record.
+// --cuda-graph (one process on a GPU) captures the step as a CUDA graph after the warm-up and times its
+// replays (core/device.h's CudaGraph); the line adds cuda_graph=on, or =failed with the reason on stderr.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -33,6 +35,7 @@
 #include "core/autocast.h"
 #include "core/check.h"
 #include "core/cpu_features.h"
+#include "core/device.h"
 #include "core/ops.h"
 #include "core/parallel.h"
 #include "layers/checkpoint.h"
@@ -50,7 +53,7 @@ int main(int argc, char** argv) try {
               cpu_conv = "auto", recompute = "off";
   int64_t batch = 128, hw = 32, in_ch = 3, classes = 10;
   int threads = 0, steps = 10, warmup = 2, profile_steps = static_cast<int>(runtime::kProfileDefaultSteps);
-  bool profile = false, profile_layers = false;
+  bool profile = false, profile_layers = false, cuda_graph = false;
   std::string profile_jsonl;
   double bucket_mb = 25;
   app.add_option("-a,--arch", arch, "architecture")->capture_default_str();
@@ -89,6 +92,10 @@ int main(int argc, char** argv) try {
                  "steps)")
       ->capture_default_str()
       ->check(CLI::IsMember({"off", "on", "compare"}));
+  app.add_flag("--cuda-graph", cuda_graph,
+               "on a GPU, one process: capture the step (forward, loss, backward, SGD) as a CUDA graph after the "
+               "warm-up and replay it for the timed steps; where capture fails, say why and time the steps as they "
+               "are (--profile still profiles steps run op by op)");
   app.add_flag("--profile", profile,
                "after the timed steps, profile --profile-steps more: the table per op family (GPU time from CUDA "
                "events, host time, share of the step, host waits per step)");
@@ -152,14 +159,36 @@ int main(int argc, char** argv) try {
       }
       opt.step(0.1);
     };
+    // --cuda-graph: the step captured once, after the warm-up (cuDNN's algorithm search done, every buffer
+    // the step keeps allocated), then replayed. Refused with the reason where it cannot hold.
+    CudaGraph graph;
+    std::string graph_state = "off";
+    auto capture_step = [&] {
+      std::string why;
+      if (world.size() > 1)
+        why = "data-parallel steps are not captured yet (the gradient all-reduce runs from backward hooks)";
+      else if (compare)
+        why = "--cpu-conv compare and --recompute compare change the step between steps";
+      else if (warmup < 1)
+        why = "it needs at least one warm-up step first (--warmup)";
+      else
+        why = graph.capture(device, [&] { train_step(-1); });
+      graph_state = why.empty() ? "on" : "failed";
+      if (!why.empty() && world.is_root())
+        std::fprintf(stderr, "bench_step: --cuda-graph: not captured, the steps run op by op: %s\n", why.c_str());
+    };
     for (int s = 0; s < (compare ? 2 : 1) * (warmup + steps); ++s) {
+      if (cuda_graph && s == warmup) capture_step();
       const bool base_turn = compare && s % 2 == 0;
       if (compare_recompute)
         recompute_blocks(model, !base_turn);
       else if (compare)
         set_cpu_convolution(base_turn ? CpuConvolution::Direct : CpuConvolution::Auto);
       auto t0 = std::chrono::steady_clock::now();
-      train_step(s);
+      if (graph.ready())
+        graph.replay();
+      else
+        train_step(s);
       synchronize(device);
       const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (compare) {
@@ -201,6 +230,7 @@ int main(int argc, char** argv) try {
     for (const auto& [name, p] : model.named_parameters()) params += p.numel();
     std::printf(" params=%lld", static_cast<long long>(params));
     std::printf(" tf32=%s", allow_tf32() ? "on" : "off");
+    if (cuda_graph) std::printf(" cuda_graph=%s", graph_state.c_str());
     if (world.size() > 1) std::printf(" ranks=%d backend=%s comm_wait_s=%.4f", world.size(), backend.c_str(), wait);
     if (recompute != "off") std::printf(" recompute=%s", recompute.c_str());
     if (autocast) {

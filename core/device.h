@@ -95,6 +95,35 @@ class Event {
   std::shared_ptr<void*> handle_;
 };
 
+// A piece of GPU work (a training step) captured once as a CUDA Graph and replayed: one launch instead of
+// one per kernel, and none of the host work between them. The work runs on a stream of the graph's own,
+// so the caching allocator (which caches blocks per stream) keeps every block the capture allocated for
+// the graph alone: the addresses baked into the graph stay valid and no other work is handed them.
+// Whatever the work reads that it did not allocate (parameters, optimizer state, inputs) must stay
+// allocated and be updated in place between replays; values the host passed to kernels (a learning rate,
+// a seed) are baked in. A check deferred during the capture (cross_entropy's labels) reads what the next
+// replay leaves.
+class CudaGraph {
+ public:
+  CudaGraph();
+  ~CudaGraph();
+  CudaGraph(const CudaGraph&) = delete;
+  CudaGraph& operator=(const CudaGraph&) = delete;
+  // Runs `work` once on the graph's stream (current for it) under stream capture: its GPU work is recorded,
+  // not run, and the graph instantiated. Returns "" when the graph is ready, else why not: no CUDA device,
+  // what `work` threw (e.g. a host wait, which capture forbids), or the CUDA error that ended the capture.
+  // `work`'s host-side effects happen either way. Work queued on `device` before is waited for first.
+  std::string capture(Device device, const std::function<void()>& work);
+  // Runs the captured work: after what is queued on the calling thread's current stream, and before what
+  // is queued there next. Throws if nothing was captured.
+  void replay();
+  bool ready() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
 // The stream CUDA kernels of the calling thread are launched on (default: legacy default stream).
 Stream current_stream();
 void set_current_stream(const Stream& s);

@@ -55,6 +55,15 @@ void Event::synchronize() const { raise_no_cuda("Event::synchronize"); }
 
 float Event::elapsed_ms_since(const Event& /*start*/) const { raise_no_cuda("Event::elapsed_ms_since"); }
 
+struct CudaGraph::Impl {};
+CudaGraph::CudaGraph() : impl_(std::make_unique<Impl>()) {}
+CudaGraph::~CudaGraph() = default;
+bool CudaGraph::ready() const { return false; }
+std::string CudaGraph::capture(Device device, const std::function<void()>& /*work*/) {
+  return "this build of ringtrain has no CUDA (a CUDA graph needs a CUDA device; asked for " + device.str() + ")";
+}
+void CudaGraph::replay() { raise_no_cuda("CudaGraph::replay"); }
+
 Stream current_stream() { return Stream(); }
 
 void set_current_stream(const Stream& s) {

@@ -473,6 +473,17 @@ PY
       --steps 5 --warmup 2 --profile --profile-jsonl "$results/bench_resnet50_$precision.jsonl" |
       tee "$work/bench_resnet50_$precision.txt" || fail "bench_step resnet50 $precision"
   done
+  # CUDA graphs: bf16 steps run op by op, then captured once and replayed (bench_step --cuda-graph), back
+  # to back; ResNet-18's short step shows the launch overhead most.
+  for arch in resnet50 resnet18; do
+    for graph in off on; do
+      graph_flag=()
+      if [[ $graph = on ]]; then graph_flag=(--cuda-graph); fi
+      run limit 120 "$build_dir/bench_step" -a "$arch" -b 256 --hw 224 --classes 1000 --device cuda --precision bf16 \
+        --steps 10 --warmup 3 ${graph_flag[@]+"${graph_flag[@]}"} 2>&1 | tee "$work/bench_${arch}_bf16_graph_$graph.txt" ||
+        fail "bench_step $arch bf16 --cuda-graph $graph"
+    done
+  done
   fi
 
   section "5. PyTorch peer (torchvision, channels_last, bf16 autocast, SGD; same batch and steps; fp16, fp32 beside)"

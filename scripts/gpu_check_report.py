@@ -6,8 +6,9 @@ img_per_s_wall all images / the whole run's time (first steps, cuDNN's algorithm
 Where the GPU time goes, side by side: train_resnet's profile record (type "profile" in train_resnet50.jsonl)
 and the peer's (peer_profile_resnet50_bf16.json, torch.profiler's kernels by the same families) as
 "profile_resnet50_bf16". fp16 and fp32 (TF32 on): bench_step's line (WORK/bench_resnet50_P.txt) and profile
-record (bench_resnet50_P.jsonl) beside the peer's (peer_resnet50_P.json) as "precisions_resnet50". Any of
-these files may be missing (a dry run has none): what is there is reported.
+record (bench_resnet50_P.jsonl) beside the peer's (peer_resnet50_P.json) as "precisions_resnet50". CUDA
+graphs: bench_step's bf16 lines op by op and with --cuda-graph (WORK/bench_A_bf16_graph_off|on.txt) as
+"cuda_graph_bf16". Any of these files may be missing (a dry run has none): what is there is reported.
   python3 scripts/gpu_check_report.py FACTS WORK RESULTS_DIR MODE [TEST_LABEL...]
 Exit status 1 when it finds a failure the shell could not see: a GPU test skipped for want of a device in
 a full run (the check did not check), or a GPU training summary without its GPU figures."""
@@ -212,6 +213,33 @@ for precision in ("fp16", "fp32"):
 if precisions:
     out["precisions_resnet50"] = precisions
 
+# CUDA graphs: bench_step's bf16 median step op by op and replayed (WORK/bench_A_bf16_graph_off|on.txt).
+def bench_line(path):
+    try:
+        with open(path, errors="replace") as f:
+            line = next((l.strip() for l in f if l.startswith("ringtrain ") and "median_step_s=" in l), None)
+    except OSError:
+        return {}
+    return dict(kv.split("=", 1) for kv in line.split() if "=" in kv) if line else {}
+
+graphs = {}
+for arch in ("resnet50", "resnet18"):
+    off = bench_line(os.path.join(work, "bench_%s_bf16_graph_off.txt" % arch))
+    on = bench_line(os.path.join(work, "bench_%s_bf16_graph_on.txt" % arch))
+    if not off and not on:
+        continue
+    entry = {"cuda_graph": on.get("cuda_graph")}
+    for name, fields in (("op_by_op_median_step_s", off), ("graph_median_step_s", on)):
+        try:
+            entry[name] = float(fields["median_step_s"])
+        except (KeyError, ValueError):
+            entry[name] = None
+    if entry["op_by_op_median_step_s"] and entry["graph_median_step_s"] and entry["cuda_graph"] == "on":
+        entry["speedup"] = entry["op_by_op_median_step_s"] / entry["graph_median_step_s"]  # > 1: the graph is faster
+    graphs[arch] = entry
+if graphs:
+    out["cuda_graph_bf16"] = graphs
+
 with open(os.path.join(results, "gpu_check.json"), "w") as f:
     json.dump(out, f, indent=1)
 def fmt(v, digits):
@@ -229,6 +257,10 @@ for precision, entry in precisions.items():
     print("resnet50 %s ringtrain %s img/s (median step %s s, profiled step %s ms) | PyTorch %s img/s (median step %s s) | ratio %s"
           % (precision, fmt(r.get("img_per_s"), 0), fmt(r.get("median_step_s"), 4), fmt(r.get("profile_step_ms"), 1),
              fmt(p.get("img_per_s"), 0), fmt(p.get("median_step_s"), 4), fmt(entry.get("speed_ratio_median_step"), 3)))
+for arch, g in graphs.items():
+    print("%s bf16 CUDA graph %s: median step %s s op by op, %s s replayed | speedup %s"
+          % (arch, g.get("cuda_graph") or "-", fmt(g.get("op_by_op_median_step_s"), 4), fmt(g.get("graph_median_step_s"), 4),
+             fmt(g.get("speedup"), 3)))
 if "profile_resnet50_bf16" in out:
     prof = out["profile_resnet50_bf16"]
     print("resnet50 bf16, GPU ms a step by family: ringtrain (--profile, step %s ms) | PyTorch (torch.profiler, step %s ms)"

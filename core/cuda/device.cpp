@@ -235,6 +235,87 @@ float Event::elapsed_ms_since(const Event& start) const {
   return ms;
 }
 
+// ---------------------------------------------------------------------------------------------------
+// CUDA graphs
+
+struct CudaGraph::Impl {
+  Device device = Device::cpu();
+  Stream stream;                // the graph's own: its blocks stay in the allocator's cache for it
+  Event before, after;          // replay: the caller's stream -> the graph's stream -> the caller's
+  cudaGraph_t graph = nullptr;  // as captured
+  cudaGraphExec_t exec = nullptr;
+  ~Impl() {
+    // Replays still running own blocks that the allocator would hand out again under this stream's key.
+    if (stream.handle()) CUDA_CHECK_NOTHROW(ignore_unloading(cudaStreamSynchronize(as_stream(stream.handle()))));
+    if (exec) CUDA_CHECK_NOTHROW(ignore_unloading(cudaGraphExecDestroy(exec)));
+    if (graph) CUDA_CHECK_NOTHROW(ignore_unloading(cudaGraphDestroy(graph)));
+  }
+};
+
+CudaGraph::CudaGraph() : impl_(std::make_unique<Impl>()) {}
+CudaGraph::~CudaGraph() = default;
+
+bool CudaGraph::ready() const { return impl_->exec != nullptr; }
+
+std::string CudaGraph::capture(Device device, const std::function<void()>& work) {
+  if (!device.is_cuda()) return "a CUDA graph needs a CUDA device, not " + device.str();
+  RT_CHECK(!ready(), "CudaGraph::capture: this graph holds a capture already");
+  synchronize(device);  // the work queued before has run: nothing the capture orders after is pending
+  Impl& g = *impl_;
+  g.device = device;
+  g.stream = Stream::create(device);
+  g.before = Event::create(device);
+  g.after = Event::create(device);
+  const cudaStream_t stream = as_stream(g.stream.handle());
+  const Stream caller = current_stream();
+  set_current_stream(g.stream);
+  std::string why;
+  cudaError_t status = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+  if (status != cudaSuccess) {
+    why = std::string("cudaStreamBeginCapture failed: ") + cudaGetErrorString(status);
+  } else {
+    try {
+      work();
+    } catch (const std::exception& e) {
+      why = e.what();
+    } catch (...) {
+      why = "the captured work threw an exception that is not a std::exception";
+    }
+    cudaGraph_t graph = nullptr;
+    status = cudaStreamEndCapture(stream, &graph);  // always ended, so the stream is usable again
+    if (why.empty() && status != cudaSuccess)
+      why = std::string("the capture ended with ") + cudaGetErrorString(status) +
+            " (a call the capture does not allow, such as a host wait or a host-to-device copy from pageable "
+            "memory)";
+    if (why.empty()) {
+      status = cudaGraphInstantiate(&g.exec, graph, 0);
+      if (status != cudaSuccess) {
+        why = std::string("cudaGraphInstantiate failed: ") + cudaGetErrorString(status);
+        g.exec = nullptr;
+      }
+    }
+    if (graph && why.empty())
+      g.graph = graph;
+    else if (graph)
+      CUDA_CHECK_NOTHROW(cudaGraphDestroy(graph));
+  }
+  set_current_stream(caller);
+  if (!why.empty()) (void)cudaGetLastError();  // a failed capture's error is not the next kernel's
+  return why;
+}
+
+void CudaGraph::replay() {
+  RT_CHECK(ready(), "CudaGraph::replay: nothing was captured");
+  Impl& g = *impl_;
+  CheckedDeviceGuard guard(g.device);
+  const Stream caller = current_stream();
+  g.before.record(caller);
+  g.before.wait_on(g.stream);
+  CUDA_CHECK(cudaGraphLaunch(g.exec, as_stream(g.stream.handle())));
+  g.after.record(g.stream);
+  g.after.wait_on(caller);
+}
+
 Stream current_stream() { return t_current_stream; }
 
 void set_current_stream(const Stream& s) { t_current_stream = s; }
@@ -258,7 +339,12 @@ class CudaBackend final : public RawBackend {
   void* raw_allocate(int64_t nbytes) override {
     CheckedDeviceGuard guard(Device::cuda(index_));
     void* ptr = nullptr;
+    // Under a CudaGraph's capture the block belongs to the graph's stream for good (the cache is per
+    // stream), so allocating it outside the capture's view is safe: relaxed mode allows the call.
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
     cudaError_t status = cudaMalloc(&ptr, static_cast<size_t>(nbytes));
+    CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
     if (status == cudaErrorMemoryAllocation) {
       cudaGetLastError();  // not sticky, but clear it so after_op does not blame the next kernel
       return nullptr;

@@ -33,6 +33,10 @@ printf 'ringtrain resnet50 b256 224x224x3 threads=16 median_step_s=0.1012 img_pe
 printf '%s\n{"type": "prof' '{"type": "profile", "device": "cuda:0", "steps": 5, "step_ms": 105.0, "median_step_ms": 104.0, "families": [{"family": "bn_fwd", "calls": 53, "device_ms": 20.0, "host_ms": 1.0, "share": 0.19}]}' > "$work/r/bench_resnet50_fp16.jsonl"
 echo '{"median_step_s": 0.0445, "img_per_s": 5752.8, "img_per_s_wall": 5000.0, "peak_gpu_mem_bytes": 1.3e10, "steps": 20, "tf32": true, "loss_scaling": true, "last_loss": 6.0}' > "$work/r/peer_resnet50_fp16.json"
 echo '{"median_step_s": 0.0822, "img_per_s": 3114.4, "img_per_s_wall": 2900.0, "peak_gpu_mem_bytes": 2.9e10, "steps": 20, "tf32": true, "loss_scaling": false, "last_loss": 6.0}' > "$work/r/peer_resnet50_fp32.json"
+# CUDA graphs: ResNet-50 op by op and replayed; ResNet-18's capture failed (its line says so).
+printf 'ringtrain resnet50 b256 224x224x3 threads=16 median_step_s=0.0700 img_per_s=3657.1 peak_rss_mb=3000 params=25557032 tf32=on precision=bf16\n' > "$work/w/bench_resnet50_bf16_graph_off.txt"
+printf 'ringtrain resnet50 b256 224x224x3 threads=16 median_step_s=0.0560 img_per_s=4571.4 peak_rss_mb=3000 params=25557032 tf32=on cuda_graph=on precision=bf16\n' > "$work/w/bench_resnet50_bf16_graph_on.txt"
+printf 'bench_step: --cuda-graph: not captured, the steps run op by op: why\nringtrain resnet18 b256 224x224x3 threads=16 median_step_s=0.0250 img_per_s=10240.0 peak_rss_mb=3000 params=11689512 tf32=on cuda_graph=failed precision=bf16\n' > "$work/w/bench_resnet18_bf16_graph_on.txt"
 : > "$work/r/tests.log"
 
 python3 "$repo/scripts/gpu_check_report.py" "$work/facts" "$work/w" "$work/r" full grad_sync_np2 > "$work/out.txt"
@@ -64,8 +68,14 @@ assert fp16["ringtrain"]["profile_families_ms"] == {"bn_fwd": 20.0}, fp16
 assert fp16["pytorch"]["img_per_s"] == 5752.8 and fp16["pytorch"]["loss_scaling"] is True, fp16
 assert abs(fp16["speed_ratio_median_step"] - 0.0445 / 0.1012) < 1e-12, fp16
 assert list(pr["fp32"]) == ["pytorch"] and pr["fp32"]["pytorch"]["median_step_s"] == 0.0822, pr
+g = r["cuda_graph_bf16"]
+assert g["resnet50"] == {"cuda_graph": "on", "op_by_op_median_step_s": 0.07, "graph_median_step_s": 0.056,
+                         "speedup": 0.07 / 0.056}, g
+assert g["resnet18"] == {"cuda_graph": "failed", "op_by_op_median_step_s": None, "graph_median_step_s": 0.025}, g
 print("report ok")
 PY
+grep -q "resnet50 bf16 CUDA graph on: median step 0.0700 s op by op, 0.0560 s replayed | speedup 1.250" "$work/out.txt"
+grep -q "resnet18 bf16 CUDA graph failed: median step - s op by op, 0.0250 s replayed | speedup -" "$work/out.txt"
 grep -q "resnet50  ringtrain 5120 img/s" "$work/out.txt"
 grep -q "resnet50 fp16 ringtrain 2530 img/s (median step 0.1012 s, profiled step 105.0 ms) | PyTorch 5753 img/s (median step 0.0445 s) | ratio 0.440" "$work/out.txt"
 grep -q "resnet50 fp32 ringtrain - img/s .* PyTorch 3114 img/s" "$work/out.txt"

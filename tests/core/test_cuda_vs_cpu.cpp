@@ -6,6 +6,8 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "core/allocator.h"
 #include "core/autograd.h"
@@ -178,6 +180,92 @@ TEST(CudaVsCpuMisc, ElementwiseVectorPathsGiveTheCpusBits) {
         expected.mul_(-2.0);
         same(in_place, expected, "mul_ in place");
       }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// CUDA graphs (core/device.h)
+
+// Without a CUDA device nothing is captured: the reason names it, and replay refuses. Runs everywhere.
+TEST(CudaGraphTest, RefusesTheCpuSayingWhy) {
+  CudaGraph graph;
+  bool ran = false;
+  const std::string why = graph.capture(Device::cpu(), [&] { ran = true; });
+  EXPECT_NE(why.find("CUDA"), std::string::npos) << why;
+  EXPECT_FALSE(ran) << "nothing to capture on the CPU: the work is not run";
+  EXPECT_FALSE(graph.ready());
+  EXPECT_THROW(graph.replay(), Error);
+}
+
+// A training step (matmul, batch norm + ReLU, matmul, cross-entropy, backward, SGD with momentum)
+// captured after two steps and replayed three times trains exactly as five steps run op by op: the
+// parameters, momentum and running statistics the replays update in place, and their gradients.
+TEST(CudaGraphTest, ReplayedStepsTrainLikeStepsRunOpByOp) {
+  RT_REQUIRE_CUDA();
+  struct Net {
+    Tensor w1, gamma, beta, w2, rm, rv;
+    std::unique_ptr<Sgd> opt;
+  };
+  const Tensor x = Tensor::normal(Shape{64, 32}, 0, 1, 71, DType::F32, kGpu);
+  std::vector<double> ys(64);
+  for (size_t i = 0; i < ys.size(); ++i) ys[i] = static_cast<double>(i % 10);
+  const Tensor labels = Tensor::from_vector(ys, Shape{64}, DType::I64, kGpu);
+  auto make = [&] {
+    Net n;
+    n.w1 = Tensor::normal(Shape{32, 48}, 0, 0.2, 72, DType::F32, kGpu).set_requires_grad();
+    n.gamma = Tensor::ones(Shape{48}, DType::F32, kGpu).set_requires_grad();
+    n.beta = Tensor::zeros(Shape{48}, DType::F32, kGpu).set_requires_grad();
+    n.w2 = Tensor::normal(Shape{48, 10}, 0, 0.2, 73, DType::F32, kGpu).set_requires_grad();
+    n.rm = Tensor::zeros(Shape{48}, DType::F32, kGpu);
+    n.rv = Tensor::ones(Shape{48}, DType::F32, kGpu);
+    n.opt = std::make_unique<Sgd>(
+        std::vector<NamedParameter>{{"w1", n.w1}, {"gamma", n.gamma}, {"beta", n.beta}, {"w2", n.w2}},
+        SgdOptions{.momentum = 0.9, .weight_decay = 5e-4});
+    return n;
+  };
+  auto step = [&](Net& n) {
+    n.opt->zero_grad();
+    Tensor h = batch_norm(matmul(x, n.w1), n.gamma, n.beta, n.rm, n.rv, true, 0.1, 1e-5, /*fuse_relu=*/true);
+    Tensor loss = cross_entropy(matmul(h, n.w2), labels);
+    loss.backward();
+    n.opt->step(0.05);
+  };
+  auto state = [](const Net& n) {
+    std::vector<std::vector<double>> out;
+    for (const Tensor& t : {n.w1, n.gamma, n.beta, n.w2}) {
+      out.push_back(t.to_vector());
+      out.push_back(t.grad().to_vector());
+    }
+    out.push_back(n.rm.to_vector());
+    out.push_back(n.rv.to_vector());
+    return out;
+  };
+  Net eager = make();
+  for (int i = 0; i < 5; ++i) step(eager);
+  Net graphed = make();
+  step(graphed);
+  step(graphed);
+  CudaGraph graph;
+  const std::string why = graph.capture(kGpu, [&] { step(graphed); });
+  ASSERT_EQ(why, "") << "the step was not captured";
+  ASSERT_TRUE(graph.ready());
+  for (int i = 0; i < 3; ++i) graph.replay();
+  synchronize(kGpu);
+  const auto want = state(eager), got = state(graphed);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "state tensor " << i;
+}
+
+// A host wait inside the captured work (reading a tensor) ends the capture with the reason; the graph is
+// not ready and the GPU goes on working.
+TEST(CudaGraphTest, AHostWaitFailsTheCaptureWithTheReason) {
+  RT_REQUIRE_CUDA();
+  CudaGraph graph;
+  const std::string why = graph.capture(kGpu, [] { (void)Tensor::ones(Shape{4}, DType::F32, kGpu).to_vector(); });
+  EXPECT_FALSE(why.empty());
+  EXPECT_FALSE(graph.ready());
+  EXPECT_THROW(graph.replay(), Error);
+  const Tensor one = Tensor::ones(Shape{4}, DType::F32, kGpu);
+  EXPECT_EQ(add(one, one).to_vector(), std::vector<double>(4, 2.0));
 }
 
 TEST(CudaVsCpuMisc, Tf32MatmulStaysWithinItsPrecision) {
