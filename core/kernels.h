@@ -243,7 +243,8 @@ struct KernelTable {
   // element-wise ops: var = 1 / invstd^2 - eps, running_mean = running_mean * (1 - momentum) + mean *
   // momentum, running_var = running_var * (1 - momentum) + var * var_weight, each product, quotient and
   // sum rounded in the parameter dtype exactly as those ops round them (ops.cpp), so the result is theirs
-  // bit for bit. Optional: when null, ops.cpp runs the ops.
+  // bit for bit (but for a -0 product, which the CPU's f32 scalar multiply, x * s + 0, turns into +0).
+  // Optional: when null, ops.cpp runs the ops.
   void (*batch_norm_update_running)(const Tensor& save_mean, const Tensor& save_invstd, double eps, double momentum,
                                     double var_weight, Tensor& running_mean, Tensor& running_var) = nullptr;
   // Pooling over NHWC x (N, H, W, C) -> y (N, P, Q, C) with geometry g (k = c, r x s window).
