@@ -438,6 +438,31 @@ print(f"--layout auto: chose {plan['chosen']['flags']} of {len(plan['considered'
       f"peak predicted {peak / 2**30:.2f} GiB, tensors {got_peak / 2**30:.2f} GiB ({100 * (peak / got_peak - 1):+.1f}%)")
 PY
   fi
+  # The input side (issue 47): ResNet-50 bf16 b256 from JPEG shards, 3,072 synthetic 350x400 images (noise over
+  # class templates: more entropy, so a slower decode, than photographs), decoded, random-resized-cropped to
+  # 224 and flipped on the loader threads (automatic: the machine's cores), against --synthetic's step above.
+  rm -f "$results/train_resnet50_jpeg.jsonl"
+  run limit 90 "$build_dir/make_shards" synthetic "$work/jpeg" --shape 350x400x3 --count 3072 --classes 1000 \
+    --encode jpeg --shards 8 --quiet || fail "make_shards synthetic jpeg"
+  run limit 150 "$build_dir/train_resnet" --data "$work/jpeg" -a resnet50 -b 256 --image-size 224 --precision bf16 \
+    --device cuda --steps 30 --log-jsonl "$results/train_resnet50_jpeg.jsonl" || fail "train_resnet resnet50 from JPEG shards"
+  if [[ $mode != dry ]]; then
+    "$python" - "$results/train_resnet50_jpeg.jsonl" "$results/train_resnet50.jsonl" "$facts" <<'PY' || fail "input side: no summary from the JPEG or the synthetic run"
+import json, sys
+def summary(path):
+    return [r for r in map(json.loads, filter(str.strip, open(path))) if r.get("type") == "summary"][-1]
+jpeg, synthetic = summary(sys.argv[1]), summary(sys.argv[2])
+wait = (jpeg.get("breakdown_s") or {}).get("data_wait")
+facts = {"input_side.jpeg_img_per_s": jpeg["img_per_s"], "input_side.synthetic_img_per_s": synthetic["img_per_s"],
+         "input_side.jpeg_over_synthetic": jpeg["img_per_s"] / synthetic["img_per_s"],
+         "input_side.jpeg_data_wait_s_per_step": wait}
+with open(sys.argv[3], "a") as f:
+    for k, v in facts.items():
+        f.write(f"{k}\t{json.dumps(v)}\n")
+print(f"input side: ResNet-50 bf16 from JPEG shards {jpeg['img_per_s']:.0f} img/s, synthetic {synthetic['img_per_s']:.0f} "
+      f"img/s ({jpeg['img_per_s'] / synthetic['img_per_s']:.2f}x); data wait {wait} s a step")
+PY
+  fi
   # Real data: the Fashion-MNIST subset of scripts/gpu_data.sh (it travels in .gpu_data), ResNet-20 for one
   # epoch with the same seed and recipe on the GPU (fp32, TF32 on) and on this machine's CPU cores: the two
   # test accuracies must agree within 1 point (they differ only by rounding, which training amplifies).
