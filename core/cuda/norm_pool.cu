@@ -136,7 +136,8 @@ __global__ void __launch_bounds__(kThreads)
         const double d = v - m;
         a0 += d * d;
       } else {
-        const double g = static_cast<double>(relu_masked_dy<S, A>(load_as<A>(dy[r * C + c]), x[r * C + c], relu_coef, C, c));
+        const double g =
+            static_cast<double>(relu_masked_dy<S, A>(load_as<A>(dy[r * C + c]), x[r * C + c], relu_coef, C, c));
         a0 += g;
         a1 += g * ((v - m) * is);
       }
@@ -321,7 +322,8 @@ template <typename S>
 __global__ void __launch_bounds__(kThreads)
     bn_backward_dx_kernel(const S* x /* (M, C) */, const S* dy /* (M, C) */, const param_t<S>* save_mean,
                           const param_t<S>* save_invstd, const compute_t<S>* coef /* (3, C) */,
-                          const compute_t<S>* relu_coef /* (2, C) or null */, int64_t M, int64_t C, S* dx /* (M, C) */) {
+                          const compute_t<S>* relu_coef /* (2, C) or null */, int64_t M, int64_t C,
+                          S* dx /* (M, C) */) {
   using A = compute_t<S>;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kLanes + threadIdx.x;
   if (c >= C) return;
@@ -350,8 +352,8 @@ __global__ void __launch_bounds__(kThreads)
                                 const param_t<S>* mean /* (C), Backward only */,
                                 const param_t<S>* invstd /* (C), Backward only */,
                                 const double* mean64 /* (C), SquaredDeviation only */,
-                                const compute_t<S>* relu_coef /* (2, C) or null, Backward only */, int64_t M,
-                                int64_t C, int64_t chunk, double* partial /* (accumulators, parts, C) */) {
+                                const compute_t<S>* relu_coef /* (2, C) or null, Backward only */, int64_t M, int64_t C,
+                                int64_t chunk, double* partial /* (accumulators, parts, C) */) {
   using A = compute_t<S>;
   constexpr int V = kVec<S>;
   constexpr int kAcc = kPass == StatPass::Backward ? 2 : 1;
@@ -457,8 +459,7 @@ struct VecPass {
     while (lanes < 32 && lanes < groups) lanes *= 2;
     const unsigned rows = kThreads / lanes;
     constexpr int64_t kRowsPerThread = 4;
-    const int64_t row_blocks =
-        std::clamp<int64_t>((M + rows * kRowsPerThread - 1) / (rows * kRowsPerThread), 1, 65535);
+    const int64_t row_blocks = std::clamp<int64_t>((M + rows * kRowsPerThread - 1) / (rows * kRowsPerThread), 1, 65535);
     grid = dim3(static_cast<unsigned>((groups + lanes - 1) / lanes), static_cast<unsigned>(row_blocks));
     block = dim3(lanes, rows);
   }
@@ -614,11 +615,10 @@ void launch_dx(cudaStream_t stream, const S* x, const S* dy, const param_t<S>* m
                const compute_t<S>* coef, const compute_t<S>* relu_coef, int64_t M, int64_t C, S* dx) {
   if (use_vec<S>(C, x, dy, dx)) {
     const VecPass<S> pass(M, C);
-    bn_backward_dx_vec_kernel<S>
-        <<<pass.grid, pass.block, 0, stream>>>(x, dy, mean, invstd, coef, relu_coef, M, C, dx);
+    bn_backward_dx_vec_kernel<S><<<pass.grid, pass.block, 0, stream>>>(x, dy, mean, invstd, coef, relu_coef, M, C, dx);
   } else {
-    bn_backward_dx_kernel<S><<<elementwise_grid(M, C), dim3(kLanes, kRows), 0, stream>>>(x, dy, mean, invstd, coef,
-                                                                                         relu_coef, M, C, dx);
+    bn_backward_dx_kernel<S>
+        <<<elementwise_grid(M, C), dim3(kLanes, kRows), 0, stream>>>(x, dy, mean, invstd, coef, relu_coef, M, C, dx);
   }
   CUDA_CHECK(cudaGetLastError());
 }
@@ -632,18 +632,28 @@ template <typename I>
 struct PoolGeometry {
   I n, h, w, c, r, s, p, q, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w;
   explicit PoolGeometry(const ConvGeometry& g)
-      : n(static_cast<I>(g.n)), h(static_cast<I>(g.h)), w(static_cast<I>(g.w)), c(static_cast<I>(g.c)),
-        r(static_cast<I>(g.r)), s(static_cast<I>(g.s)), p(static_cast<I>(g.p)), q(static_cast<I>(g.q)),
-        stride_h(static_cast<I>(g.stride_h)), stride_w(static_cast<I>(g.stride_w)), pad_h(static_cast<I>(g.pad_h)),
-        pad_w(static_cast<I>(g.pad_w)), dilation_h(static_cast<I>(g.dilation_h)),
+      : n(static_cast<I>(g.n)),
+        h(static_cast<I>(g.h)),
+        w(static_cast<I>(g.w)),
+        c(static_cast<I>(g.c)),
+        r(static_cast<I>(g.r)),
+        s(static_cast<I>(g.s)),
+        p(static_cast<I>(g.p)),
+        q(static_cast<I>(g.q)),
+        stride_h(static_cast<I>(g.stride_h)),
+        stride_w(static_cast<I>(g.stride_w)),
+        pad_h(static_cast<I>(g.pad_h)),
+        pad_w(static_cast<I>(g.pad_w)),
+        dilation_h(static_cast<I>(g.dilation_h)),
         dilation_w(static_cast<I>(g.dilation_w)) {}
 };
 
 // Whether every index of a pool pass over g (inputs, outputs, window positions) fits in int32_t.
 bool pool_fits_int32(const ConvGeometry& g) {
   constexpr int64_t kLimit = int64_t{1} << 30;  // headroom for the window arithmetic's sums
-  return g.n * g.h * g.w * g.c < kLimit && g.n * g.p * g.q * g.c < kLimit && g.h + g.pad_h + g.r * g.dilation_h < kLimit &&
-         g.w + g.pad_w + g.s * g.dilation_w < kLimit && g.stride_h < kLimit && g.stride_w < kLimit;
+  return g.n * g.h * g.w * g.c < kLimit && g.n * g.p * g.q * g.c < kLimit &&
+         g.h + g.pad_h + g.r * g.dilation_h < kLimit && g.w + g.pad_w + g.s * g.dilation_w < kLimit &&
+         g.stride_h < kLimit && g.stride_w < kLimit;
 }
 
 // Index decomposition of an NHWC offset: o = ((n * d1 + i1) * d2 + i2) * C + c.
@@ -671,7 +681,7 @@ __device__ inline I first_window(I reach, I stride) {
 }
 
 // Grid-stride loop in index type I.
-#define RT_GRID_STRIDE_AS(I, i, n)                                                 \
+#define RT_GRID_STRIDE_AS(I, i, n)                                                                           \
   for (I i = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x); i < (n); \
        i += static_cast<I>(blockDim.x) * static_cast<I>(gridDim.x))
 
@@ -760,7 +770,8 @@ __global__ void avg_pool_backward_kernel(const S* dy /* (N, P, Q, C) */, PoolGeo
     const I q_hi = min(g.q - 1, (at.i2 + g.pad_w) / g.stride_w);
     A acc = A(0);
     for (I p = p_lo; p <= p_hi; ++p)
-      for (I q = q_lo; q <= q_hi; ++q) acc = add_rn(acc, mul_rn(load_as<A>(dy[((at.n * g.p + p) * g.q + q) * g.c + at.c]), inv));
+      for (I q = q_lo; q <= q_hi; ++q)
+        acc = add_rn(acc, mul_rn(load_as<A>(dy[((at.n * g.p + p) * g.q + q) * g.c + at.c]), inv));
     dx[i] = store_as<S>(acc);
   }
 }
@@ -840,8 +851,8 @@ void batch_norm_backward_impl(const Tensor& x, const Tensor& dy, const Tensor& g
     Tensor relu_coef;
     if (beta) {  // the forward's scale and shift, computed as it computed them
       relu_coef = Tensor::empty(Shape{2 * C}, accumulator_dtype<A>(), x.device());
-      bn_given_params_kernel<P, A><<<grid_for(C), kThreads, 0, stream>>>(pm, pi, gamma.data<P>(), beta->data<P>(), C,
-                                                                         relu_coef.data<A>());
+      bn_given_params_kernel<P, A>
+          <<<grid_for(C), kThreads, 0, stream>>>(pm, pi, gamma.data<P>(), beta->data<P>(), C, relu_coef.data<A>());
       CUDA_CHECK(cudaGetLastError());
     }
     const A* rc = beta ? relu_coef.data<A>() : nullptr;
@@ -887,8 +898,8 @@ void batch_norm_stats(const Tensor& x, Tensor& stats) {
     passes.template launch<StatPass::Sum>(stream, x.data<S>(), nullptr, nullptr, nullptr, nullptr, nullptr, M, C, ws);
     bn_stats_kernel<<<tiles, block, 0, stream>>>(ws, parts, M, C, true, out);
     CUDA_CHECK(cudaGetLastError());
-    passes.template launch<StatPass::SquaredDeviation>(stream, x.data<S>(), nullptr, nullptr, nullptr, out + 1,
-                                                       nullptr, M, C, ws);
+    passes.template launch<StatPass::SquaredDeviation>(stream, x.data<S>(), nullptr, nullptr, nullptr, out + 1, nullptr,
+                                                       M, C, ws);
     bn_stats_kernel<<<tiles, block, 0, stream>>>(ws, parts, M, C, false, out);
     CUDA_CHECK(cudaGetLastError());
   });
@@ -951,8 +962,8 @@ void batch_norm_backward_elemt(const Tensor& x, const Tensor& dy, const Tensor& 
                                                                      save_invstd.data<P>(), C, coef.data<A>());
     CUDA_CHECK(cudaGetLastError());
     if (M == 0) return;
-    launch_dx<S>(stream, x.data<S>(), dy.data<S>(), save_mean.data<P>(), save_invstd.data<P>(), coef.data<A>(),
-                 nullptr, M, C, dx.data<S>());
+    launch_dx<S>(stream, x.data<S>(), dy.data<S>(), save_mean.data<P>(), save_invstd.data<P>(), coef.data<A>(), nullptr,
+                 M, C, dx.data<S>());
   });
 }
 

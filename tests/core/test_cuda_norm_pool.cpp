@@ -272,8 +272,8 @@ TEST(CudaBatchNormMisc, FusedReluBackwardIsTheComposedReluBitForBit) {
           return Out{y.to_vector(), x.grad().to_vector(), w.grad().to_vector(), b.grad().to_vector()};
         };
         const Out f = run(true), c = run(false);
-        const std::string what = std::string(dtype_name(dtype)) + " C=" + std::to_string(C) +
-                                 (training ? " training" : " eval");
+        const std::string what =
+            std::string(dtype_name(dtype)) + " C=" + std::to_string(C) + (training ? " training" : " eval");
         std::vector<double> fy = f.y;
         for (double& v : fy)
           if (std::isnan(v)) v = 0.0;  // the fused ReLU keeps NaN, relu zeroes it; both masks are 0 there
@@ -327,7 +327,8 @@ TEST(CudaBatchNormMisc, VectorAndScalarPathsAgree) {
         const bool sums = i >= 2 && i <= 6;
         const double tol = sums ? (dtype == DType::F64 ? 1e-12 : 1e-6) : tol_for(dtype);
         const auto n = static_cast<int64_t>(got[0][i].size());
-        EXPECT_TRUE(all_close(Tensor::from_vector(got[0][i], Shape{n}), Tensor::from_vector(got[1][i], Shape{n}), tol, tol))
+        EXPECT_TRUE(
+            all_close(Tensor::from_vector(got[0][i], Shape{n}), Tensor::from_vector(got[1][i], Shape{n}), tol, tol))
             << dtype_name(dtype) << (with_residual ? " residual" : " fused ReLU") << ": " << names[i];
       }
     }
