@@ -100,11 +100,10 @@ __global__ void unary_kernel(UnaryOp op, const S* x /* (n) */, S* out /* (n) */,
   RT_GRID_STRIDE(i, n) out[i] = store_as<S>(unary_value<C>(op, load_as<C>(x[i])));
 }
 
-// The vector path (16-byte aligned x and out, which may alias): vector i holds elements [i * V, i * V + V);
-// the last n % V go one per thread.
-template <typename S>
-__global__ void unary_vec_kernel(UnaryOp op, const S* x /* (n) */, S* out /* (n) */, int64_t n) {
-  using C = compute_t<S>;
+// The vector path of a one-input op f (16-byte aligned x and out, which may alias): vector i holds
+// elements [i * V, i * V + V); the last n % V go one per thread. f maps a stored element to a stored element.
+template <typename S, typename F>
+__global__ void map_vec_kernel(F f, const S* x /* (n) */, S* out /* (n) */, int64_t n) {
   constexpr int V = kVec<S>;
   const int64_t nvec = n / V;
   const auto* xv = reinterpret_cast<const Vec<S>*>(x);
@@ -113,14 +112,20 @@ __global__ void unary_vec_kernel(UnaryOp op, const S* x /* (n) */, S* out /* (n)
     const Vec<S> a = xv[i];
     Vec<S> r;
 #pragma unroll
-    for (int k = 0; k < V; ++k) r.v[k] = store_as<S>(unary_value<C>(op, load_as<C>(a.v[k])));
+    for (int k = 0; k < V; ++k) r.v[k] = f(a.v[k]);
     ov[i] = r;
   }
-  RT_GRID_STRIDE(j, n - nvec * V) {
-    const int64_t i = nvec * V + j;
-    out[i] = store_as<S>(unary_value<C>(op, load_as<C>(x[i])));
-  }
+  RT_GRID_STRIDE(j, n - nvec * V) out[nvec * V + j] = f(x[nvec * V + j]);
 }
+
+template <typename S>
+struct UnaryFn {
+  UnaryOp op;
+  __device__ S operator()(S v) const {
+    using C = compute_t<S>;
+    return store_as<S>(unary_value<C>(op, load_as<C>(v)));
+  }
+};
 
 // Blocks for a vector kernel over n elements: enough for the vectors or the tail, whichever is more.
 template <typename S>
@@ -160,7 +165,7 @@ void unary(UnaryOp op, const Tensor& x, Tensor& out) {
   dispatch_all(x.dtype(), [&](auto tag) {
     using S = typename decltype(tag)::type;
     if (all_aligned16(x.data<S>(), out.data<S>()))
-      unary_vec_kernel<S><<<vec_grid<S>(n), kThreads, 0, stream_now()>>>(op, x.data<S>(), out.data<S>(), n);
+      map_vec_kernel<S><<<vec_grid<S>(n), kThreads, 0, stream_now()>>>(UnaryFn<S>{op}, x.data<S>(), out.data<S>(), n);
     else
       unary_kernel<S><<<grid_for(n), kThreads, 0, stream_now()>>>(op, x.data<S>(), out.data<S>(), n);
   });
@@ -355,27 +360,15 @@ __global__ void scalar_kernel(ScalarOp op, const S* x /* (n) */, double s, S* ou
   RT_GRID_STRIDE(i, n) out[i] = store_as<S>(scalar_value<C>(op, load_as<C>(x[i]), s, sv));
 }
 
-// The vector path (16-byte aligned x and out, which may alias).
 template <typename S>
-__global__ void scalar_vec_kernel(ScalarOp op, const S* x /* (n) */, double s, S* out /* (n) */, int64_t n) {
-  using C = compute_t<S>;
-  constexpr int V = kVec<S>;
-  const C sv = static_cast<C>(s);
-  const int64_t nvec = n / V;
-  const auto* xv = reinterpret_cast<const Vec<S>*>(x);
-  auto* ov = reinterpret_cast<Vec<S>*>(out);
-  RT_GRID_STRIDE(i, nvec) {
-    const Vec<S> a = xv[i];
-    Vec<S> r;
-#pragma unroll
-    for (int k = 0; k < V; ++k) r.v[k] = store_as<S>(scalar_value<C>(op, load_as<C>(a.v[k]), s, sv));
-    ov[i] = r;
+struct ScalarFn {
+  ScalarOp op;
+  double s;
+  compute_t<S> sv;  // s in the compute type, as scalar_kernel converts it
+  __device__ S operator()(S v) const {
+    return store_as<S>(scalar_value<compute_t<S>>(op, load_as<compute_t<S>>(v), s, sv));
   }
-  RT_GRID_STRIDE(j, n - nvec * V) {
-    const int64_t i = nvec * V + j;
-    out[i] = store_as<S>(scalar_value<C>(op, load_as<C>(x[i]), s, sv));
-  }
-}
+};
 
 }  // namespace
 
@@ -403,7 +396,8 @@ void scalar(ScalarOp op, const Tensor& x, double s, Tensor& out) {
   dispatch_all(x.dtype(), [&](auto tag) {
     using S = typename decltype(tag)::type;
     if (all_aligned16(x.data<S>(), out.data<S>()))
-      scalar_vec_kernel<S><<<vec_grid<S>(n), kThreads, 0, stream_now()>>>(op, x.data<S>(), s, out.data<S>(), n);
+      map_vec_kernel<S><<<vec_grid<S>(n), kThreads, 0, stream_now()>>>(ScalarFn<S>{op, s, static_cast<compute_t<S>>(s)},
+                                                                       x.data<S>(), out.data<S>(), n);
     else
       scalar_kernel<S><<<grid_for(n), kThreads, 0, stream_now()>>>(op, x.data<S>(), s, out.data<S>(), n);
   });
