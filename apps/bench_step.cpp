@@ -5,7 +5,8 @@
 //              [--cpu-conv auto]
 // Prints one line: "ringtrain resnet20 b128 32x32x3 threads=1 median_step_s=... img_per_s=... peak_rss_mb=...
 // params=..." (params: the model's parameter count, which scripts/peers/torch_resnet_step.py prints too);
-// with --precision bf16/fp16 it adds precision=... and, on the CPU, cpu_half_path=... (core/cpu_features.h);
+// with --precision bf16/fp16 it adds precision=... (fp16 also loss_scaling=dynamic and the final loss_scale:
+// it trains with train_resnet's loss scaler) and, on the CPU, cpu_half_path=... (core/cpu_features.h);
 // then always tf32=on|off, the --tf32 setting in effect (it changes f32 convolutions and GEMMs on a GPU only).
 // --cpu-conv compare alternates the CPU convolution choice step by step (direct, auto, direct, ...) and
 // adds both medians and the median of each pair's auto/direct ratio: a comparison that holds while the
@@ -41,6 +42,7 @@
 #include "layers/checkpoint.h"
 #include "layers/loss.h"
 #include "layers/models/resnet.h"
+#include "optim/grad_scaler.h"
 #include "optim/optimizer.h"
 #include "runtime/config/cli.h"
 #include "runtime/telemetry/profiler.h"
@@ -66,8 +68,8 @@ int main(int argc, char** argv) try {
   runtime::add_number(app, "--warmup", warmup, "untimed steps first", 0, 1000000);
   app.add_option("--device", device_text, "cpu or cuda[:i]")->capture_default_str();
   app.add_option("--precision", precision,
-                 "fp32, or bf16/fp16: convolutions and GEMMs autocast to it, as train_resnet --precision (no loss "
-                 "scaling: a timing)")
+                 "fp32, or bf16/fp16: convolutions and GEMMs autocast to it, as train_resnet --precision (fp16 with "
+                 "its dynamic loss scaling, as train_resnet's and PyTorch's GradScaler)")
       ->capture_default_str()
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   app.add_option("--tf32", tf32,
@@ -126,6 +128,14 @@ int main(int argc, char** argv) try {
     const std::optional<DType> autocast = precision == "bf16"   ? std::optional(DType::BF16)
                                           : precision == "fp16" ? std::optional(DType::F16)
                                                                 : std::optional<DType>();
+    // fp16 trains as train_resnet does: the loss scaled, the gradients unscaled and checked before the update
+    // (one host read a step, as PyTorch's GradScaler makes), so no gradient flushes to zero or below normal.
+    std::optional<GradScaler> scaler;
+    std::vector<Tensor> trained;  // the scaler's: every parameter
+    if (precision == "fp16") {
+      scaler.emplace();
+      for (const auto& [name, p] : model.named_parameters()) trained.push_back(p);
+    }
     Tensor x = Tensor::normal(Shape{batch, hw, hw, in_ch}, 0, 1, 1, DType::F32, device);
     std::vector<double> ys(static_cast<size_t>(batch));
     for (int64_t i = 0; i < batch; ++i) ys[static_cast<size_t>(i)] = static_cast<double>(i % classes);
@@ -150,14 +160,17 @@ int main(int argc, char** argv) try {
           AutocastGuard cast(autocast);
           loss = loss_fn(model(x), y);
         }
-        loss.backward();
+        (scaler ? scaler->scale_loss(loss) : loss).backward();
       }
       if (sync) {
         profile::Span span("allreduce", device, "gradient all-reduce");
         sync->finish();
         if (s >= warmup) waits.push_back(sync->last_wait_seconds());
       }
-      opt.step(0.1);
+      if (scaler)
+        scaler->step(opt, trained, 0.1);
+      else
+        opt.step(0.1);
     };
     // --cuda-graph: the step captured once, after the warm-up (cuDNN's algorithm search done, every buffer
     // the step keeps allocated), then replayed. Refused with the reason where it cannot hold.
@@ -171,6 +184,8 @@ int main(int argc, char** argv) try {
         why = "--cpu-conv compare and --recompute compare change the step between steps";
       else if (warmup < 1)
         why = "it needs at least one warm-up step first (--warmup)";
+      else if (scaler)
+        why = "fp16's loss scaler reads its inf check on the host every step";
       else
         why = graph.capture(device, [&] { train_step(-1); });
       graph_state = why.empty() ? "on" : "failed";
@@ -235,6 +250,7 @@ int main(int argc, char** argv) try {
     if (recompute != "off") std::printf(" recompute=%s", recompute.c_str());
     if (autocast) {
       std::printf(" precision=%s", precision.c_str());
+      if (scaler) std::printf(" loss_scaling=dynamic loss_scale=%g", scaler->scale());
       if (device.is_cpu()) std::printf(" cpu_half_path=%s", cpu_half_path(*autocast).path.c_str());
     }
     if (compare)

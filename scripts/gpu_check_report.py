@@ -193,6 +193,7 @@ for precision in ("fp16", "fp32"):
             except (KeyError, ValueError):
                 pass
         bench["tf32"] = fields.get("tf32")
+        bench["loss_scaling"] = fields.get("loss_scaling")  # "dynamic" for fp16 since bench_step scales its loss
     prof = (records(os.path.join(results, "bench_resnet50_%s.jsonl" % precision), "profile") or [None])[-1]
     if prof:
         bench["profile_step_ms"] = prof.get("step_ms")

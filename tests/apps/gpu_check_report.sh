@@ -29,7 +29,7 @@ JSON
 echo '{"type": "profile", "framework": "pytorch", "device": "cuda:0", "steps": 5, "step_ms": 55.9, "median_step_ms": 55.8, "kernel_ms": 53.6, "covered_share": 0.959, "families": [{"family": "elementwise", "calls": 186, "device_ms": 9.7, "share": 0.17}, {"family": "conv_fwd", "calls": 107, "device_ms": 5.8, "share": 0.1}, {"family": "gemm", "calls": 3, "device_ms": 0.02, "share": 0.0}]}' > "$work/r/peer_profile_resnet50_bf16.json"
 # fp16: bench_step's line (the check tees it into WORK) and profile record (and a line cut short), and the
 # peer's; fp32: the peer's only.
-printf 'ringtrain resnet50 b256 224x224x3 threads=16 median_step_s=0.1012 img_per_s=2529.6 peak_rss_mb=3000 params=25557032 tf32=on precision=fp16\nfamily calls GPU ms\n' > "$work/w/bench_resnet50_fp16.txt"
+printf 'ringtrain resnet50 b256 224x224x3 threads=16 median_step_s=0.1012 img_per_s=2529.6 peak_rss_mb=3000 params=25557032 tf32=on precision=fp16 loss_scaling=dynamic loss_scale=65536\nfamily calls GPU ms\n' > "$work/w/bench_resnet50_fp16.txt"
 printf '%s\n{"type": "prof' '{"type": "profile", "device": "cuda:0", "steps": 5, "step_ms": 105.0, "median_step_ms": 104.0, "families": [{"family": "bn_fwd", "calls": 53, "device_ms": 20.0, "host_ms": 1.0, "share": 0.19}]}' > "$work/r/bench_resnet50_fp16.jsonl"
 echo '{"median_step_s": 0.0445, "img_per_s": 5752.8, "img_per_s_wall": 5000.0, "peak_gpu_mem_bytes": 1.3e10, "steps": 20, "tf32": true, "loss_scaling": true, "last_loss": 6.0}' > "$work/r/peer_resnet50_fp16.json"
 echo '{"median_step_s": 0.0822, "img_per_s": 3114.4, "img_per_s_wall": 2900.0, "peak_gpu_mem_bytes": 2.9e10, "steps": 20, "tf32": true, "loss_scaling": false, "last_loss": 6.0}' > "$work/r/peer_resnet50_fp32.json"
@@ -64,6 +64,7 @@ pr = r["precisions_resnet50"]
 fp16 = pr["fp16"]
 assert fp16["ringtrain"]["median_step_s"] == 0.1012 and fp16["ringtrain"]["img_per_s"] == 2529.6, fp16
 assert fp16["ringtrain"]["tf32"] == "on" and fp16["ringtrain"]["profile_step_ms"] == 105.0, fp16
+assert fp16["ringtrain"]["loss_scaling"] == "dynamic", fp16
 assert fp16["ringtrain"]["profile_families_ms"] == {"bn_fwd": 20.0}, fp16
 assert fp16["pytorch"]["img_per_s"] == 5752.8 and fp16["pytorch"]["loss_scaling"] is True, fp16
 assert abs(fp16["speed_ratio_median_step"] - 0.0445 / 0.1012) < 1e-12, fp16
