@@ -54,9 +54,12 @@ class DeviceScope {
   int previous_ = -1;
 };
 
-#define RT_GRID_STRIDE(i, n)                                                             \
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
-       i += static_cast<int64_t>(blockDim.x) * gridDim.x)
+// Grid-stride loop with index type I (int32_t where the caller knows every index fits: 64-bit division and
+// modulo cost several times as much); RT_GRID_STRIDE is the int64_t one.
+#define RT_GRID_STRIDE_AS(I, i, n)                                                                           \
+  for (I i = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x); i < (n); \
+       i += static_cast<I>(blockDim.x) * static_cast<I>(gridDim.x))
+#define RT_GRID_STRIDE(i, n) RT_GRID_STRIDE_AS(int64_t, i, n)
 
 // out[i] = value: the fill op (core/cuda/elementwise.cu), and cross_entropy's bad-row flag
 // (core/cuda/softmax.cu), which needs an exact i64 that the fill op's double value cannot carry.

@@ -427,24 +427,12 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// The block shape and split of channel_partials_vec_kernel for (M, C): lanes cover the channel groups
-// (up to 32), the rest of the block's threads are rows.
-struct VecPartials {
-  dim3 grid, block;
-  RowSplit split;
-};
-
-template <typename S>
-VecPartials vec_partials_shape(int64_t M, int64_t C) {
-  const int64_t groups = C / kVec<S>;
+// Lanes of a vector pass's block over C / V channel groups: a power of 2 covering them, up to 32; the rest
+// of the block's kThreads are rows.
+unsigned vec_lanes(int64_t groups) {
   unsigned lanes = 1;
   while (lanes < 32 && lanes < groups) lanes *= 2;
-  const int64_t tiles = (groups + lanes - 1) / lanes;
-  VecPartials shape;
-  shape.split = split_rows_over(M, tiles);
-  shape.grid = dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(shape.split.parts));
-  shape.block = dim3(lanes, kThreads / lanes);
-  return shape;
+  return lanes;
 }
 
 // The element-wise vector passes' block: lanes over channel groups (a power of 2, up to 32), rows of
@@ -455,9 +443,7 @@ struct VecPass {
   dim3 grid, block;
   VecPass(int64_t M, int64_t C) {
     const int64_t groups = C / kVec<S>;
-    unsigned lanes = 1;
-    while (lanes < 32 && lanes < groups) lanes *= 2;
-    const unsigned rows = kThreads / lanes;
+    const unsigned lanes = vec_lanes(groups), rows = kThreads / lanes;
     constexpr int64_t kRowsPerThread = 4;
     const int64_t row_blocks = std::clamp<int64_t>((M + rows * kRowsPerThread - 1) / (rows * kRowsPerThread), 1, 65535);
     grid = dim3(static_cast<unsigned>((groups + lanes - 1) / lanes), static_cast<unsigned>(row_blocks));
@@ -551,11 +537,13 @@ struct Partials {
   RowSplit split;
 
   Partials(int64_t M, int64_t C, const S* x, const S* dy) : vec(use_vec<S>(C, x, dy)) {
-    if (vec) {
-      const VecPartials shape = vec_partials_shape<S>(M, C);
-      grid = shape.grid;
-      block = shape.block;
-      split = shape.split;
+    if (vec) {  // channel_partials_vec_kernel's block: lanes over channel groups, rows
+      const int64_t groups = C / kVec<S>;
+      const unsigned lanes = vec_lanes(groups);
+      const int64_t tiles = (groups + lanes - 1) / lanes;
+      split = split_rows_over(M, tiles);
+      grid = dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(split.parts));
+      block = dim3(lanes, kThreads / lanes);
     } else {
       split = split_rows(M, C);
       grid = dim3(static_cast<unsigned>((C + kLanes - 1) / kLanes), static_cast<unsigned>(split.parts));
@@ -680,11 +668,6 @@ __device__ inline I first_window(I reach, I stride) {
   return reach <= 0 ? 0 : (reach + stride - 1) / stride;
 }
 
-// Grid-stride loop in index type I.
-#define RT_GRID_STRIDE_AS(I, i, n)                                                                           \
-  for (I i = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x); i < (n); \
-       i += static_cast<I>(blockDim.x) * static_cast<I>(gridDim.x))
-
 template <typename S, typename I>
 __global__ void max_pool_forward_kernel(const S* x /* (N, H, W, C) */, PoolGeometry<I> g, I total,
                                         S* y /* (N, P, Q, C) */, int64_t* argmax /* (N, P, Q, C) */) {
@@ -775,8 +758,6 @@ __global__ void avg_pool_backward_kernel(const S* dy /* (N, P, Q, C) */, PoolGeo
     dx[i] = store_as<S>(acc);
   }
 }
-
-#undef RT_GRID_STRIDE_AS
 
 // Calls f(int32_t{}) where every index of a pool pass over g fits in 32 bits, else f(int64_t{}).
 template <typename F>
