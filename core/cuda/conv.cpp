@@ -229,8 +229,7 @@ Tensor workspace_tensor(size_t bytes, Device device) {
 // Looks the choice up, or makes it: `find` benchmarks (writing into the real output buffers, which the
 // call then overwrites anyway), `heuristic` asks cuDNN's ranking.
 template <typename FindFn, typename HeuristicFn>
-Choice choose(Pass pass, const Tensor& any, const ConvGeometry& g, FindFn find, HeuristicFn heuristic) {
-  const Key key = make_key(pass, any.device().index, any.dtype(), g);
+Choice choose(const Key& key, FindFn find, HeuristicFn heuristic) {
   {
     std::lock_guard<std::mutex> lock(g_cache_mutex);
     if (auto it = g_cache.find(key); it != g_cache.end()) return it->second;
@@ -248,9 +247,9 @@ constexpr int kMaxAlgos = 16;
 // benchmark (Find...AlgorithmEx) within the bytes benchmarking may use, `rank(max, &n, results)` cuDNN's
 // heuristic (Get...Algorithm_v7); each calls its cuDNN function under CUDNN_CHECK, so an error names it.
 template <typename Perf, typename FindFn, typename RankFn>
-Choice search(Pass pass, const Tensor& any, const ConvGeometry& g, FindFn find, RankFn rank) {
+Choice search(Pass pass, const Key& key, const Tensor& any, const ConvGeometry& g, FindFn find, RankFn rank) {
   return choose(
-      pass, any, g,
+      key,
       [&] {
         std::vector<Perf> r(kMaxAlgos);
         int n = 0;
@@ -339,17 +338,17 @@ void use_math(const Descriptors& d, const Choice& c) { CUDNN_CHECK(cudnnSetConvo
 // choice is): creating and setting five of them and destroying them again cost every call tens of
 // microseconds of host time, about 160 calls a ResNet-50 step. Per thread, because use_math sets the
 // convolution descriptor's math type before each call.
-const Descriptors& descriptors_for(Pass pass, const Tensor& any, const ConvGeometry& g, const char* op) {
+const Descriptors& descriptors_for(const Key& key, const ConvGeometry& g, DType dtype, const char* op) {
   thread_local std::map<Key, std::unique_ptr<Descriptors>> cache;
-  const Key key = make_key(pass, any.device().index, any.dtype(), g);
   auto it = cache.find(key);
-  if (it == cache.end()) it = cache.emplace(key, std::make_unique<Descriptors>(g, any.dtype(), op)).first;
+  if (it == cache.end()) it = cache.emplace(key, std::make_unique<Descriptors>(g, dtype, op)).first;
   return *it->second;
 }
 
 void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor* bias, const ConvGeometry& g, Tensor& y) {
   DeviceGuard guard(x.device().index);
-  const Descriptors& d = descriptors_for(Pass::Forward, x, g, "conv2d");
+  const Key key = make_key(Pass::Forward, x.device().index, x.dtype(), g);  // the descriptors' and the choice's
+  const Descriptors& d = descriptors_for(key, g, x.dtype(), "conv2d");
   cudnnHandle_t h = cudnn_handle(x.device().index);
   Operands o(h, d);
   const void* xp = o.in(x, x_dims(g));
@@ -357,7 +356,7 @@ void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor* bias, const 
   void* yp = o.out(y, y_dims(g));
   using Perf = cudnnConvolutionFwdAlgoPerf_t;
   const Choice c = search<Perf>(
-      Pass::Forward, x, g,
+      Pass::Forward, key, x, g,
       [&](int max, int* n, Perf* r, void* ws, size_t bytes) {
         CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(h, d.x, xp, d.w, wp, d.conv, d.y, yp, max, n, r, ws, bytes));
       },
@@ -375,7 +374,8 @@ void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor* bias, const 
 
 void conv2d_backward_data(const Tensor& dy, const Tensor& w, const ConvGeometry& g, Tensor& dx) {
   DeviceGuard guard(dy.device().index);
-  const Descriptors& d = descriptors_for(Pass::BackwardData, dy, g, "conv2d backward");
+  const Key key = make_key(Pass::BackwardData, dy.device().index, dy.dtype(), g);  // the descriptors' and the choice's
+  const Descriptors& d = descriptors_for(key, g, dy.dtype(), "conv2d backward");
   cudnnHandle_t h = cudnn_handle(dy.device().index);
   Operands o(h, d);
   const void* wp = o.in(w, w_dims(g));
@@ -383,7 +383,7 @@ void conv2d_backward_data(const Tensor& dy, const Tensor& w, const ConvGeometry&
   void* dxp = o.out(dx, x_dims(g));
   using Perf = cudnnConvolutionBwdDataAlgoPerf_t;
   const Choice c = search<Perf>(
-      Pass::BackwardData, dy, g,
+      Pass::BackwardData, key, dy, g,
       [&](int max, int* n, Perf* r, void* ws, size_t bytes) {
         CUDNN_CHECK(
             cudnnFindConvolutionBackwardDataAlgorithmEx(h, d.w, wp, d.y, dyp, d.conv, d.x, dxp, max, n, r, ws, bytes));
@@ -401,7 +401,8 @@ void conv2d_backward_data(const Tensor& dy, const Tensor& w, const ConvGeometry&
 
 void conv2d_backward_weights(const Tensor& x, const Tensor& dy, const ConvGeometry& g, Tensor& dw, Tensor* dbias) {
   DeviceGuard guard(x.device().index);
-  const Descriptors& d = descriptors_for(Pass::BackwardFilter, x, g, "conv2d backward");
+  const Key key = make_key(Pass::BackwardFilter, x.device().index, x.dtype(), g);  // the descriptors' and the choice's
+  const Descriptors& d = descriptors_for(key, g, x.dtype(), "conv2d backward");
   cudnnHandle_t h = cudnn_handle(x.device().index);
   Operands o(h, d);
   const void* xp = o.in(x, x_dims(g));
@@ -409,7 +410,7 @@ void conv2d_backward_weights(const Tensor& x, const Tensor& dy, const ConvGeomet
   void* dwp = o.out(dw, w_dims(g));
   using Perf = cudnnConvolutionBwdFilterAlgoPerf_t;
   const Choice c = search<Perf>(
-      Pass::BackwardFilter, x, g,
+      Pass::BackwardFilter, key, x, g,
       [&](int max, int* n, Perf* r, void* ws, size_t bytes) {
         CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(h, d.x, xp, d.y, dyp, d.conv, d.w, dwp, max, n, r, ws,
                                                                   bytes));
