@@ -176,17 +176,22 @@ if mine_profile or peer_profile:
                      for f in order},
     }
 
+def bench_line(path):
+    """bench_step's result line in a tee'd output as {key: value} ({} when the file or the line is missing)."""
+    try:
+        with open(path, errors="replace") as f:
+            line = next((l.strip() for l in f if l.startswith("ringtrain ") and "median_step_s=" in l), None)
+    except OSError:
+        return {}
+    return dict(kv.split("=", 1) for kv in line.split() if "=" in kv) if line else {}
+
+
 # fp16 and fp32 (TF32 on): bench_step's median step and profile beside the peer's.
 precisions = {}
 for precision in ("fp16", "fp32"):
-    line, bench = None, {}
-    try:
-        with open(os.path.join(work, "bench_resnet50_%s.txt" % precision), errors="replace") as f:
-            line = next((l.strip() for l in f if l.startswith("ringtrain ") and "median_step_s=" in l), None)
-    except OSError:
-        pass
-    if line:
-        fields = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
+    bench = {}
+    fields = bench_line(os.path.join(work, "bench_resnet50_%s.txt" % precision))
+    if fields:
         for key in ("median_step_s", "img_per_s"):
             try:
                 bench[key] = float(fields[key])
@@ -215,14 +220,6 @@ if precisions:
     out["precisions_resnet50"] = precisions
 
 # CUDA graphs: bench_step's bf16 median step op by op and replayed (WORK/bench_A_bf16_graph_off|on.txt).
-def bench_line(path):
-    try:
-        with open(path, errors="replace") as f:
-            line = next((l.strip() for l in f if l.startswith("ringtrain ") and "median_step_s=" in l), None)
-    except OSError:
-        return {}
-    return dict(kv.split("=", 1) for kv in line.split() if "=" in kv) if line else {}
-
 graphs = {}
 for arch in ("resnet50", "resnet18"):
     off = bench_line(os.path.join(work, "bench_%s_bf16_graph_off.txt" % arch))
