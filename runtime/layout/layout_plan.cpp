@@ -53,11 +53,9 @@ std::vector<Bucket> buckets_of(const std::vector<int64_t>& bytes_backward_order,
 // The link
 
 json LinkModel::to_json() const {
-  return {{"alpha_intra_s", alpha_intra},
-          {"bw_intra_bytes_per_s", bw_intra},
-          {"alpha_inter_s", alpha_inter},
-          {"bw_inter_bytes_per_s", bw_inter},
-          {"source", source}};
+  return {
+      {"alpha_intra_s", alpha_intra},     {"bw_intra_bytes_per_s", bw_intra},         {"alpha_inter_s", alpha_inter},
+      {"bw_inter_bytes_per_s", bw_inter}, {"inter_cpu_per_wire", inter_cpu_per_wire}, {"source", source}};
 }
 
 LinkModel LinkModel::from_json(const json& j, const std::string& where) {
@@ -66,6 +64,12 @@ LinkModel LinkModel::from_json(const json& j, const std::string& where) {
   l.bw_intra = positive(j, "bw_intra_bytes_per_s", where);
   l.alpha_inter = positive(j, "alpha_inter_s", where);
   l.bw_inter = positive(j, "bw_inter_bytes_per_s", where);
+  if (j.contains("inter_cpu_per_wire")) {  // optional: files written before it have none
+    const double v = j["inter_cpu_per_wire"].is_number() ? j["inter_cpu_per_wire"].get<double>() : -1;
+    RT_CHECK(v >= 0 && v <= kMaxInterCpu, where, ": key 'inter_cpu_per_wire' must be a number from 0 to ", kMaxInterCpu,
+             ", got ", j["inter_cpu_per_wire"].dump());
+    l.inter_cpu_per_wire = v;
+  }
   l.source = where;
   return l;
 }
@@ -345,8 +349,9 @@ bool cores_saturated(const PlanInput& in) {
 
 // A collective taking `seconds(link)`, split into {CPU, wire}: on CPU ranks that fill their host's cores,
 // its copies and sums (what it takes with every hop as fast as between ranks of one host) run on those
-// cores and hide under nothing; what a slower link between hosts adds waits on the wire and can overlap.
-// All wire where the cores have room, or on devices.
+// cores and hide under nothing, and so does what its transport between hosts takes from them
+// (LinkModel::inter_cpu_per_wire of what a slower link between hosts adds); the rest of that waits on the
+// wire and can overlap. All wire where the cores have room, or on devices.
 template <typename Seconds>
 std::pair<double, double> cpu_and_wire(const PlanInput& in, const Seconds& seconds) {
   const double all = seconds(in.link);
@@ -354,7 +359,8 @@ std::pair<double, double> cpu_and_wire(const PlanInput& in, const Seconds& secon
   LinkModel copies_only = in.link;
   copies_only.alpha_inter = in.link.alpha_intra, copies_only.bw_inter = in.link.bw_intra;
   const double copies = std::min(all, seconds(copies_only));
-  return {copies, all - copies};
+  const double f = std::clamp(in.link.inter_cpu_per_wire, 0.0, kMaxInterCpu);
+  return {copies + f * (all - copies), std::max(0.0, 1 - f) * (all - copies)};
 }
 
 // Blocks [begin, end) backward: exposed seconds of their gradients' sync beyond the backward `window` they

@@ -43,13 +43,24 @@
 
 namespace ringtrain::runtime {
 
+// The most LinkModel::inter_cpu_per_wire may be.
+inline constexpr double kMaxInterCpu = 8;
+
 // Alpha-beta per hop: a message of B bytes over a hop takes alpha + B / bw seconds.
 struct LinkModel {
   double alpha_intra = 5e-6, bw_intra = 4e9;      // between ranks of one host (shared memory, NVLink)
   double alpha_inter = 30e-6, bw_inter = 1.25e8;  // between hosts (one direction of the host's link)
-  std::string source = "defaults";                // "measured at start-up", "--link 100Gbit", a file
+  // The ranks' cores a collective's traffic between hosts takes, per second of its wire time there (the
+  // line above), where CPU ranks' threads fill them: TCP in the kernel and MPI's progress over it. Measured at
+  // start-up on several hosts (measure_transport_cpu); 0 elsewhere and on links given by hand. On the
+  // emulated cluster the veth pairs run on the ranks' own cores: ResNet-50's backward ran 22% slower beside
+  // its all-reduce between two such hosts than on one. No backward hides it; above 1 where the transport's
+  // CPU outlasts the link's idle time.
+  double inter_cpu_per_wire = 0;
+  std::string source = "defaults";  // "measured at start-up", "--link 100Gbit", a file
   nlohmann::json to_json() const;
-  // Errors name `where` (a file) and the key: missing, not a positive number.
+  // Errors name `where` (a file) and the key: missing, not a positive number (inter_cpu_per_wire: optional, from
+  // 0 to 8).
   static LinkModel from_json(const nlohmann::json& j, const std::string& where);
 };
 

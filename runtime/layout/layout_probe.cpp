@@ -280,6 +280,71 @@ LinkModel measure_link(comm::World& world, Device device, int64_t gradient_bytes
   return link;
 }
 
+namespace {
+
+// The GEMM loop that stands for a rank's compute in measure_transport_cpu (one multiply: about a millisecond).
+class GemmLoop {
+ public:
+  GemmLoop() : a_(Tensor::ones(Shape{192, 192}, DType::F32)) {
+    for (int i = 0; i < 3; ++i) once();
+  }
+  void once() {
+    (void)matmul(a_, a_);
+    ++count_;
+  }
+  int64_t count() const { return count_; }
+  void until(Clock::time_point t0, double seconds) {
+    while (since(t0) < seconds) once();
+  }
+
+ private:
+  Tensor a_;
+  int64_t count_ = 0;
+};
+
+}  // namespace
+
+void measure_transport_cpu(comm::World& world, LinkModel& link, int64_t gradient_bytes, double contention) {
+  if (world.num_nodes() < 2) return;
+  GemmLoop loop;
+  // The loop's rate with every rank running it: what the ranks compute alone.
+  comm::barrier(world.comm());
+  const auto t0 = Clock::now();
+  loop.until(t0, 0.06);
+  const double rate = static_cast<double>(loop.count()) / since(t0);
+  // The world's ring all-reduce of the gradients beside the loop, as data parallelism overlaps it with the
+  // backward: the loop's time it took (wall time beyond what the loop did in it at its rate alone), the mean
+  // over the ranks and two runs.
+  const int64_t bytes = std::clamp<int64_t>((gradient_bytes + 4095) / 4096 * 4096, int64_t{1} << 20, int64_t{16} << 20);
+  comm::CommunicatorPtr ring = comm::make_communicator(comm::Backend::Ring, world.comm());
+  Tensor t = Tensor::ones(Shape{bytes / 4}, DType::F32);
+  ring->all_reduce_async(t, comm::ReduceOp::Average)->wait();  // its buffers, once
+  double lost = 0;
+  constexpr int kRuns = 2;
+  for (int run = 0; run < kRuns; ++run) {
+    comm::barrier(world.comm());
+    const auto t1 = Clock::now();
+    const int64_t before = loop.count();
+    comm::WorkPtr w = ring->all_reduce_async(t, comm::ReduceOp::Average);
+    do loop.once();
+    while (!w->test());
+    w->wait();
+    lost += std::max(0.0, since(t1) - static_cast<double>(loop.count() - before) / rate) / kRuns;
+  }
+  lost = comm::all_reduce(world.comm(), lost, comm::HostOp::Sum) / world.size();
+  // Beyond what the model counts as the ring's CPU already (its copies, at `contention`: cpu_and_wire and
+  // exposed_sync in layout_plan.cpp), as a share of its wire time between hosts.
+  LinkModel copies_only = link;
+  copies_only.alpha_inter = link.alpha_intra, copies_only.bw_inter = link.bw_intra;
+  const double all = allreduce_seconds(link, comm::Backend::Ring, bytes, world.size(), world.local_size());
+  const double copies = allreduce_seconds(copies_only, comm::Backend::Ring, bytes, world.size(), world.local_size());
+  if (all > copies)
+    link.inter_cpu_per_wire = std::clamp((lost / contention - copies) / (all - copies), 0.0, kMaxInterCpu);
+  link.source = detail::str_cat(link.source,
+                                "; the transport beside compute: ", std::lround(100 * link.inter_cpu_per_wire) / 100.0,
+                                " s of the cores a second of wire");
+}
+
 LinkModel read_link_file(const std::string& path) {
   io::require_regular_file(path, "--link-calibration");
   std::ifstream in(path);
@@ -498,6 +563,9 @@ PlanInput gather_plan_input(comm::World& world, const TrainerOptions& o, Device 
     dog.phase("startup: --layout auto (measuring the links)", 0);
     const auto t0 = Clock::now();
     in.link = measure_link(world, device, in.compute.param_bytes());
+    // Between hosts while every rank computes: where CPU ranks fill their cores (what the model uses it for).
+    if (!device.is_cuda() && world.num_nodes() > 1 && world.local_size() * in.threads_per_rank >= in.cores_per_host)
+      measure_transport_cpu(world, in.link, in.compute.param_bytes(), in.compute.contention);
     empty_cache(device);  // the link probe's buffers, freed, back to the system
     took.link = since(t0);
   }
@@ -643,6 +711,8 @@ json plan_layout_what_if(comm::World& world, const TrainerOptions& o, Device dev
   if (w.intra_latency > 0) in.link.alpha_intra = w.intra_latency;
   if (w.link_rate > 0 || w.link_latency > 0 || w.intra_rate > 0 || w.intra_latency > 0)
     in.link.source = detail::str_cat("given (", in.link.source, " for what was not)");
+  if (w.link_rate > 0 || w.link_latency > 0)
+    in.link.inter_cpu_per_wire = 0;  // this machine's transport: not that link's
   if (w.device_memory > 0) {
     in.budget = w.device_memory;
     in.budget_source = "--device-memory";

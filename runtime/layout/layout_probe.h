@@ -42,6 +42,11 @@ ComputeProfile measure_compute(const TrainerOptions& o, Device device, Module& m
 // Collective over the world: every rank returns the same model (rank 0's fit), from all-reduces of 64 KiB up
 // to the model's `gradient_bytes` (at least 1 MiB, at most 16 MiB).
 LinkModel measure_link(comm::World& world, Device device, int64_t gradient_bytes);
+// Collective, CPU ranks on several hosts: LinkModel::inter_cpu_per_wire, while every rank runs a GEMM loop in place
+// of its compute: the loop's time a ring all-reduce over the world (of the model's `gradient_bytes`, as
+// measure_link sizes it) takes beyond the ring's copies, over its wire time between hosts (`contention`: how
+// much slower than alone the ranks compute, ComputeProfile::contention). Well under a second.
+void measure_transport_cpu(comm::World& world, LinkModel& link, int64_t gradient_bytes, double contention);
 // A calibration file (measure_link's, as ringtrain_plan --save-link writes it): errors name the file and key.
 LinkModel read_link_file(const std::string& path);
 

@@ -12,6 +12,9 @@
 #                --sync-bn); auto picks hierarchical and agrees with it to float noise
 #   pipeline     train_resnet with 2 and 4 pipeline stages (1F1B and GPipe) on 2x2, stages on both nodes: the
 #                same bits as on one host, no hang
+#   layout       --layout auto on 2x2: it measures the link between the hosts and what its transport takes from
+#                the cores (the plan record's link), trains bitwise like its chosen flags given by hand across
+#                the nodes; ringtrain_plan --save-link there writes a file another plan reads
 #   bench        scripts/bench_cluster.py, briefly: its all-reduce table (ring within the link rate, gloo beside)
 #   kill         cluster.sh kill node1 mid-training: non-zero exit within 30 s naming node1
 #   partition    cluster.sh partition node1 mid-training: non-zero exit within --timeout + 30 s naming node1's
@@ -243,6 +246,40 @@ sys.exit('connected')" || fail "a partitioned node answered"
     grep -q "4 rank(s) on 2 node(s) (2 pipeline stages x 2 replica(s))" "$work/two21f1b.log" ||
       { head -5 "$work/two21f1b.log"; fail "the 2x2 plan line"; }
     grep -q "4 rank(s) on 2 node(s) (4 pipeline stages x 1 replica(s))" "$work/two4gpipe.log" || fail "the 4-stage plan line"
+    ;;
+  layout)
+    base=(--synthetic -a resnet20 --image-size 16 --synthetic-size 256 --steps 3 --threads 1 --log-every 100 --seed 7)
+    args=("${base[@]}" --global-batch 32)
+    up 2 --slots 2 --rate 1gbit
+    run 300 -np 4 -- "$build/train_resnet" "${args[@]}" --layout auto --checkpoint-dir "$work/auto" \
+      --log-jsonl "$work/auto.jsonl" > "$work/auto.log" 2>&1 || { cat "$work/auto.log"; fail "--layout auto on 2x2"; }
+    grep -q "over 4 rank(s) on 2 host(s)" "$work/auto.log" || { cat "$work/auto.log"; fail "the table's world"; }
+    # The plan record's link: measured between the 2 hosts, with what the transport takes from the cores beside
+    # compute (a number from 0 to 8: on this machine's shared cores usually above 0, a quiet moment may read 0).
+    chosen=$(python3 - "$work/auto.jsonl" << 'PY'
+import json, sys
+lay = [r for r in map(json.loads, open(sys.argv[1])) if r.get("type") == "plan"][-1]["layout"]
+link = lay["link"]
+assert "(2 host(s), 2 rank(s) each); the transport beside compute: " in link["source"], link
+share = link["inter_cpu_per_wire"]
+assert isinstance(share, (int, float)) and 0 <= share <= 8, link
+print(lay["chosen"]["flags"])
+PY
+) || fail "the plan record's link"
+    echo "--layout auto on 2x2 chose: $chosen"
+    read -ra flags <<< "$chosen"
+    run 300 -np 4 -- "$build/train_resnet" "${base[@]}" "${flags[@]}" --checkpoint-dir "$work/hand" \
+      > "$work/hand.log" 2>&1 || { cat "$work/hand.log"; fail "the chosen flags by hand on 2x2"; }
+    "$build/tests/compare_checkpoints" "$work/auto/ckpt-step00000003.h5" "$work/hand/ckpt-step00000003.h5" ||
+      fail "--layout auto across nodes is not bitwise its flags by hand ($chosen)"
+    run 300 -np 4 -- "$build/ringtrain_plan" "${args[@]}" --save-link "$work/link.json" > "$work/plan.log" 2>&1 ||
+      { cat "$work/plan.log"; fail "ringtrain_plan --save-link on 2x2"; }
+    python3 -c "import json,sys; l=json.load(open(sys.argv[1]))['link']; assert 0 <= l['inter_cpu_per_wire'] <= 8, l" \
+      "$work/link.json" || fail "the saved link has no transport share"
+    timeout -k 5 300 mpirun -np 2 --allow-run-as-root --oversubscribe "$build/ringtrain_plan" "${args[@]}" --hosts 2 \
+      --ranks-per-host 2 --link-calibration "$work/link.json" > "$work/file.log" 2>&1 ||
+      { cat "$work/file.log"; fail "ringtrain_plan with the saved link"; }
+    grep -q "link --link-calibration '$work/link.json'" "$work/file.log" || { cat "$work/file.log"; fail "the file's link"; }
     ;;
   bench)
     BUILD_DIR=$build timeout -k 5 400 /usr/bin/python3 "$src/scripts/bench_cluster.py" --out "$work/bench" --rates 1gbit \

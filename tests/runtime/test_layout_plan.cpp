@@ -128,6 +128,20 @@ TEST(LayoutLink, AFileNamesTheKeyThatIsWrong) {
   EXPECT_NE(
       error_of([&] { LinkModel::from_json(j, "l2.json"); }).find("l2.json: key 'alpha_intra_s' must be a positive"),
       std::string::npos);
+  // The transport's CPU between hosts: kept, optional (a file written before it has none: 0), and bounded.
+  l.inter_cpu_per_wire = 0.75;
+  EXPECT_EQ(LinkModel::from_json(l.to_json(), "link.json").inter_cpu_per_wire, 0.75);
+  j = l.to_json();
+  j.erase("inter_cpu_per_wire");
+  EXPECT_EQ(LinkModel::from_json(j, "old.json").inter_cpu_per_wire, 0);
+  for (const nlohmann::json& bad : {nlohmann::json(-0.5), nlohmann::json(9), nlohmann::json("1")}) {
+    j["inter_cpu_per_wire"] = bad;
+    EXPECT_NE(error_of([&] {
+                LinkModel::from_json(j, "l3.json");
+              }).find("l3.json: key 'inter_cpu_per_wire' must be a number from 0 to 8, got " + bad.dump()),
+              std::string::npos)
+        << bad;
+  }
 }
 
 TEST(LayoutCompute, TheLineIsNeverSuperlinearAndTheProfileRoundTrips) {
@@ -377,6 +391,34 @@ TEST(LayoutCost, CpuRanksSharingTheirCoresHideNoSyncAndRunFasterInABubble) {
   const LayoutCost across = predict_layout(two, dp);
   EXPECT_GE(across.comm, copies);
   EXPECT_LT(across.comm, whole + copies);
+  // Where the transport between hosts takes the cores too (the emulated cluster's TCP through veth on the
+  // ranks' own cores), that share of the wire hides under nothing either: at 1 second of the cores a second
+  // of wire, none of the sync overlaps the backward, the copies and the wire both count in full; a share
+  // between adds in proportion; devices and cores with room never pay it.
+  PlanInput taken = two;
+  taken.link.alpha_inter = taken.link.alpha_intra = 0;  // no latency per bucket: the sums below are exact
+  LinkModel copied = taken.link;
+  copied.bw_inter = copied.bw_intra;
+  const double sync = allreduce_seconds(taken.link, comm::Backend::Ring, 11 * MiB, 4, 2);
+  const double sync_copies = allreduce_seconds(copied, comm::Backend::Ring, 11 * MiB, 4, 2);
+  const double overlapped = predict_layout(taken, dp).comm;
+  EXPECT_LT(overlapped, sync);
+  taken.link.inter_cpu_per_wire = 1;
+  EXPECT_NEAR(predict_layout(taken, dp).comm, sync, 1e-12);
+  taken.link.inter_cpu_per_wire = 0.5;
+  EXPECT_GT(predict_layout(taken, dp).comm, overlapped);
+  EXPECT_LT(predict_layout(taken, dp).comm, sync);
+  taken.link.inter_cpu_per_wire = 2;  // the transport's CPU outlasting the idle link's time
+  EXPECT_NEAR(predict_layout(taken, dp).comm, sync + (sync - sync_copies), 1e-12);
+  PlanInput room = taken;  // room on the cores: all wire, as without it
+  room.cores_per_host = 8;
+  PlanInput room_plain = room;
+  room_plain.link.inter_cpu_per_wire = 0;
+  EXPECT_NEAR(predict_layout(room, dp).comm, predict_layout(room_plain, dp).comm, 1e-12);
+  PlanInput dev = room, dev_plain = room_plain;  // a device each
+  dev.world.cuda = dev_plain.world.cuda = true;
+  dev.cores_per_host = dev_plain.cores_per_host = 0;
+  EXPECT_NEAR(predict_layout(dev, dp).comm, predict_layout(dev_plain, dp).comm, 1e-12);
   // A pipeline of 2 stages x 2 replicas, 2 micro-batches: 3 slots with 2, 4 and 2 ranks busy: the first
   // and the last at the speed of a rank alone (half the probe's time), the middle at the probe's.
   Layout pp;
