@@ -53,7 +53,7 @@ struct LinkModel {
   // The ranks' cores a collective's traffic between hosts takes, per second of its wire time there (the
   // line above), where CPU ranks' threads fill them: TCP in the kernel and MPI's progress over it. Measured at
   // start-up on several hosts (measure_transport_cpu); 0 elsewhere and on links given by hand. On the
-  // emulated cluster the veth pairs run on the ranks' own cores: ResNet-50's backward ran 22% slower beside
+  // emulated cluster the veth pairs run on the ranks' own cores: ResNet-50's backward ran 28% slower beside
   // its all-reduce between two such hosts than on one. No backward hides it; above 1 where the transport's
   // CPU outlasts the link's idle time.
   double inter_cpu_per_wire = 0;
