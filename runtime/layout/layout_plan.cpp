@@ -58,6 +58,12 @@ json LinkModel::to_json() const {
       {"bw_inter_bytes_per_s", bw_inter}, {"inter_cpu_per_wire", inter_cpu_per_wire}, {"source", source}};
 }
 
+LinkModel LinkModel::copies_only() const {
+  LinkModel l = *this;
+  l.alpha_inter = alpha_intra, l.bw_inter = bw_intra;
+  return l;
+}
+
 LinkModel LinkModel::from_json(const json& j, const std::string& where) {
   LinkModel l;
   l.alpha_intra = positive(j, "alpha_intra_s", where);
@@ -356,9 +362,7 @@ template <typename Seconds>
 std::pair<double, double> cpu_and_wire(const PlanInput& in, const Seconds& seconds) {
   const double all = seconds(in.link);
   if (!cores_saturated(in)) return {0.0, all};
-  LinkModel copies_only = in.link;
-  copies_only.alpha_inter = in.link.alpha_intra, copies_only.bw_inter = in.link.bw_intra;
-  const double copies = std::min(all, seconds(copies_only));
+  const double copies = std::min(all, seconds(in.link.copies_only()));
   const double f = std::clamp(in.link.inter_cpu_per_wire, 0.0, kMaxInterCpu);
   return {copies + f * (all - copies), std::max(0.0, 1 - f) * (all - copies)};
 }

@@ -58,6 +58,8 @@ struct LinkModel {
   // CPU outlasts the link's idle time.
   double inter_cpu_per_wire = 0;
   std::string source = "defaults";  // "measured at start-up", "--link 100Gbit", a file
+  // Every hop as fast as between ranks of one host: what a collective takes in its copies and sums alone.
+  LinkModel copies_only() const;
   nlohmann::json to_json() const;
   // Errors name `where` (a file) and the key: missing, not a positive number (inter_cpu_per_wire: optional, from
   // 0 to 8).

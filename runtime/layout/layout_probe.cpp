@@ -226,6 +226,14 @@ double time_allreduce(comm::Communicator& c, Device device, int64_t bytes, int r
   return times[times.size() / 2];
 }
 
+// The link probes' largest all-reduce: up to 16 MiB, past the caches, as the gradient buckets are (25 MiB by
+// default); no larger than the model's gradients, which no bucket exceeds: a larger message would leave the
+// run buffers it never needs (16 MiB of resident memory at ResNet-56's 3.4 MB). At least 1 MiB, above the
+// smallest's 64 KiB.
+int64_t link_probe_bytes(int64_t gradient_bytes) {
+  return std::clamp<int64_t>((gradient_bytes + 4095) / 4096 * 4096, int64_t{1} << 20, int64_t{16} << 20);
+}
+
 std::pair<double, double> fit_group(MPI_Comm group, int n, comm::Backend backend, Device device, int64_t largest) {
   comm::CommunicatorPtr c = comm::make_communicator(backend, group);
   std::vector<std::pair<int64_t, double>> samples;
@@ -245,11 +253,7 @@ std::pair<double, double> fit_group(MPI_Comm group, int n, comm::Backend backend
 
 LinkModel measure_link(comm::World& world, Device device, int64_t gradient_bytes) {
   LinkModel link;
-  // Up to 16 MiB, past the caches, as the gradient buckets are (25 MiB by default); no larger than the
-  // model's gradients, which no bucket exceeds: a larger message would leave the run buffers it never needs
-  // (16 MiB of resident memory at ResNet-56's 3.4 MB). At least 1 MiB, above the smallest's 64 KiB.
-  const int64_t largest =
-      std::clamp<int64_t>((gradient_bytes + 4095) / 4096 * 4096, int64_t{1} << 20, int64_t{16} << 20);
+  const int64_t largest = link_probe_bytes(gradient_bytes);
   const comm::Backend backend = device.is_cuda() ? comm::Backend::Nccl : comm::Backend::Ring;
   MPI_Comm local = MPI_COMM_NULL, leaders = MPI_COMM_NULL;
   MPI_CHECK(MPI_Comm_split(world.comm(), host_index(world), world.rank(), &local));
@@ -315,7 +319,7 @@ void measure_transport_cpu(comm::World& world, LinkModel& link, int64_t gradient
   // The world's ring all-reduce of the gradients beside the loop, as data parallelism overlaps it with the
   // backward: the loop's time it took (wall time beyond what the loop did in it at its rate alone), the mean
   // over the ranks and two runs.
-  const int64_t bytes = std::clamp<int64_t>((gradient_bytes + 4095) / 4096 * 4096, int64_t{1} << 20, int64_t{16} << 20);
+  const int64_t bytes = link_probe_bytes(gradient_bytes);
   comm::CommunicatorPtr ring = comm::make_communicator(comm::Backend::Ring, world.comm());
   Tensor t = Tensor::ones(Shape{bytes / 4}, DType::F32);
   ring->all_reduce_async(t, comm::ReduceOp::Average)->wait();  // its buffers, once
@@ -334,10 +338,9 @@ void measure_transport_cpu(comm::World& world, LinkModel& link, int64_t gradient
   lost = comm::all_reduce(world.comm(), lost, comm::HostOp::Sum) / world.size();
   // Beyond what the model counts as the ring's CPU already (its copies, at `contention`: cpu_and_wire and
   // exposed_sync in layout_plan.cpp), as a share of its wire time between hosts.
-  LinkModel copies_only = link;
-  copies_only.alpha_inter = link.alpha_intra, copies_only.bw_inter = link.bw_intra;
   const double all = allreduce_seconds(link, comm::Backend::Ring, bytes, world.size(), world.local_size());
-  const double copies = allreduce_seconds(copies_only, comm::Backend::Ring, bytes, world.size(), world.local_size());
+  const double copies =
+      allreduce_seconds(link.copies_only(), comm::Backend::Ring, bytes, world.size(), world.local_size());
   if (all > copies)
     link.inter_cpu_per_wire = std::clamp((lost / contention - copies) / (all - copies), 0.0, kMaxInterCpu);
   link.source = detail::str_cat(link.source,
