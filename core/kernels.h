@@ -89,6 +89,9 @@ struct SgdTensor {
 struct SgdArgs {
   double lr = 0.0, momentum = 0.0, dampening = 0.0;
   bool nesterov = false;
+  // Set: the rate is read from values[0] (F64 on the parameters' device) when the kernel runs, instead of
+  // `lr`: a launch captured once in a CUDA graph then serves every step (optim/optimizer.h stage/apply).
+  const Tensor* values = nullptr;
 };
 
 // The per-element SGD update both devices' sgd_multi_tensor kernels run (C: the compute type; m null
@@ -119,9 +122,13 @@ struct AdamWTensor {
   Tensor* exp_avg_sq = nullptr;
   double decay = 1.0, step_size = 0.0, inv_bias2 = 1.0;
   bool init = false;
+  bool decays = false;  // with AdamWArgs::values: the decay is values[2] (else 1)
 };
 struct AdamWArgs {
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  // Set: step_size, inv_bias2 and (for tensors that decay) decay are read from values[0..2] (F64 on the
+  // parameters' device) when the kernel runs, instead of each tensor's fields (see SgdArgs::values).
+  const Tensor* values = nullptr;
 };
 
 // Square root in the compute type on either side of the CUDA boundary.

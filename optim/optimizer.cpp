@@ -53,6 +53,37 @@ bool Optimizer::decays(const Tensor& p) const {
   return policy_ == DecayPolicy::All || p.ndim() > 1;
 }
 
+std::string Optimizer::replayable() const { return "this optimizer has no replayable step (stage/apply)"; }
+void Optimizer::stage(double) { RT_THROW("optimizer: ", replayable()); }
+void Optimizer::apply() { RT_THROW("optimizer: ", replayable()); }
+
+void Optimizer::write_values(const std::vector<double>& values) {
+  NoGradGuard no_grad;
+  const Device device = params_.empty() ? Device::cpu() : params_.front().tensor.device();
+  if (!values_.defined() || values_.device() != device || values_.numel() != static_cast<int64_t>(values.size()))
+    values_ = Tensor::empty(Shape{static_cast<int64_t>(values.size())}, DType::F64, device);
+  // A fill each, the value a kernel argument: ordered on the stream after the replay before, no host wait.
+  for (size_t i = 0; i < values.size(); ++i)
+    values_.slice(static_cast<int64_t>(i), static_cast<int64_t>(i) + 1).fill_(values[i]);
+}
+
+std::string Optimizer::replayable_state(const std::vector<Tensor>& state, const char* slot) const {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Tensor& p = params_[i].tensor;
+    if (p.device() != params_.front().tensor.device())
+      return detail::str_cat("parameters '", params_.front().name, "' and '", params_[i].name,
+                             "' are on different devices");
+    if (!p.grad().defined())
+      return detail::str_cat("parameter '", params_[i].name, "' has no gradient (each update is captured once)");
+  }
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (slot && !state[i].defined())
+      return detail::str_cat("parameter '", params_[i].name, "' has no ", slot,
+                             " yet (its first update makes it; take a step() first)");
+  }
+  return "";
+}
+
 void Optimizer::zero_grad(bool set_to_none) {
   for (auto& p : params_) p.tensor.zero_grad(set_to_none);
 }
@@ -109,7 +140,26 @@ int64_t Sgd::state_bytes() const {
   return bytes;
 }
 
-void Sgd::step(double lr) {
+void Sgd::step(double lr) { launch(lr, false); }
+
+std::string Sgd::replayable() const {
+  return replayable_state(momentum_, options_.momentum != 0.0 ? "momentum" : nullptr);
+}
+
+void Sgd::stage(double lr) {
+  const std::string why = replayable();
+  RT_CHECK(why.empty(), "SGD: stage(): ", why);
+  write_values({lr});
+  ++steps_;
+}
+
+void Sgd::apply() {
+  const std::string why = replayable();
+  RT_CHECK(why.empty() && values_.defined(), "SGD: apply(): ", why.empty() ? "no stage() before it" : why);
+  launch(0.0, true);
+}
+
+void Sgd::launch(double lr, bool from_values) {
   NoGradGuard no_grad;
   // One fused kernel call per (device, dtype) group: one pass over each parameter instead of an op per
   // term, and on CUDA a few launches for the whole model.
@@ -133,14 +183,14 @@ void Sgd::step(double lr) {
     }
     groups[fusion_key(p)].push_back(t);
   }
-  const SgdArgs args{lr, options_.momentum, options_.dampening, options_.nesterov};
+  const SgdArgs args{lr, options_.momentum, options_.dampening, options_.nesterov, from_values ? &values_ : nullptr};
   for (const auto& [key, tensors] : groups) {
     const Device device = tensors.front().param->device();
     RT_KERNEL(device, "sgd", sgd_multi_tensor)(tensors, args);
     detail::after_op(device, "sgd");
   }
   momentum_ = std::move(momentum);
-  ++steps_;
+  if (!from_values) ++steps_;  // stage() counted it
 }
 
 State Sgd::state() const {
@@ -181,7 +231,35 @@ int64_t AdamW::state_bytes() const {
   return bytes;
 }
 
-void AdamW::step(double lr) {
+void AdamW::step(double lr) { launch(lr, false); }
+
+std::string AdamW::replayable() const {
+  std::string why = replayable_state(m_, "exp_avg");
+  for (size_t i = 1; why.empty() && i < params_.size(); ++i)
+    if (param_steps_[i] != param_steps_[0])
+      why = detail::str_cat("parameters '", params_[0].name, "' and '", params_[i].name, "' have taken ",
+                            param_steps_[0], " and ", param_steps_[i], " steps (their bias corrections differ)");
+  return why;
+}
+
+void AdamW::stage(double lr) {
+  const std::string why = replayable();
+  RT_CHECK(why.empty(), "AdamW: stage(): ", why);
+  for (int64_t& s : param_steps_) ++s;
+  // step()'s figures for this step, computed as it computes them.
+  const double t = static_cast<double>(param_steps_.empty() ? 1 : param_steps_[0]);
+  write_values(
+      {lr / (1.0 - std::pow(options_.beta1, t)), 1.0 / (1.0 - std::pow(options_.beta2, t)), 1.0 - lr * weight_decay_});
+  ++steps_;
+}
+
+void AdamW::apply() {
+  const std::string why = replayable();
+  RT_CHECK(why.empty() && values_.defined(), "AdamW: apply(): ", why.empty() ? "no stage() before it" : why);
+  launch(0.0, true);
+}
+
+void AdamW::launch(double lr, bool from_values) {
   NoGradGuard no_grad;
   // One fused kernel call per (device, dtype) group, as for SGD: a single pass over p, g, m and v. New
   // moments and step counts are committed only once every launch has succeeded.
@@ -192,7 +270,7 @@ void AdamW::step(double lr) {
     Tensor& p = params_[i].tensor;
     grads[i] = p.grad();
     if (!grads[i].defined()) continue;
-    const double t = static_cast<double>(++param_steps[i]);
+    const double t = static_cast<double>(from_values ? param_steps[i] : ++param_steps[i]);
     AdamWTensor a;
     a.param = &p;
     a.grad = &grads[i];
@@ -205,12 +283,13 @@ void AdamW::step(double lr) {
     check_state_slot(params_[i].name, "exp_avg_sq", v[i], p);
     a.exp_avg = &m[i];
     a.exp_avg_sq = &v[i];
-    a.decay = decays(p) ? 1.0 - lr * weight_decay_ : 1.0;
+    a.decays = decays(p);
+    a.decay = a.decays ? 1.0 - lr * weight_decay_ : 1.0;
     a.step_size = lr / (1.0 - std::pow(options_.beta1, t));
     a.inv_bias2 = 1.0 / (1.0 - std::pow(options_.beta2, t));
     groups[fusion_key(p)].push_back(a);
   }
-  const AdamWArgs args{options_.beta1, options_.beta2, options_.eps};
+  const AdamWArgs args{options_.beta1, options_.beta2, options_.eps, from_values ? &values_ : nullptr};
   for (const auto& [key, tensors] : groups) {
     const Device device = tensors.front().param->device();
     RT_KERNEL(device, "adamw", adamw_multi_tensor)(tensors, args);
@@ -218,6 +297,7 @@ void AdamW::step(double lr) {
   }
   m_ = std::move(m);
   v_ = std::move(v);
+  if (from_values) return;  // stage() counted the steps
   param_steps_ = std::move(param_steps);
   ++steps_;
 }

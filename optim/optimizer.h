@@ -33,6 +33,17 @@ class Optimizer {
   virtual ~Optimizer() = default;
   // Applies one update with learning rate `lr` to every parameter that has a gradient.
   virtual void step(double lr) = 0;
+  // A step in two halves, for a step captured once as a CUDA graph and replayed (core/device.h CudaGraph):
+  // stage(lr) does the host's part of step(lr) (the step counts) and writes the figures that change from
+  // step to step (the rate; AdamW's bias corrections) into a small F64 tensor on the parameters' device,
+  // with fills ordered on the stream; apply() launches the update, which reads them there when it runs, so
+  // launches captured once serve every later step. stage(lr) then apply() gives step(lr)'s bits.
+  // replayable(): "" when apply() may be captured now, else why not (a parameter without its state yet:
+  // its first update initialises it; parameters on several devices; AdamW's per-parameter step counts
+  // that differ). The default: not supported by this optimizer.
+  virtual std::string replayable() const;
+  virtual void stage(double lr);
+  virtual void apply();
   void zero_grad(bool set_to_none = true);
   // State tensors by "<parameter name>.<slot>" (e.g. "fc.weight.momentum"), plus "step".
   virtual std::vector<std::pair<std::string, Tensor>> state() const = 0;
@@ -46,7 +57,12 @@ class Optimizer {
  protected:
   explicit Optimizer(std::vector<NamedParameter> params, double weight_decay, DecayPolicy policy);
   bool decays(const Tensor& p) const;
+  // stage(): `values` into values_ (made on the parameters' device at first use), one fill each.
+  void write_values(const std::vector<double>& values);
+  // replayable()'s checks shared by the rules: one device, and every parameter with a gradient has state.
+  std::string replayable_state(const std::vector<Tensor>& state, const char* slot) const;
   std::vector<NamedParameter> params_;
+  Tensor values_;  // stage()'s figures, F64 on the parameters' device
   double weight_decay_;
   DecayPolicy policy_;
   int64_t steps_ = 0;
@@ -64,11 +80,16 @@ class Sgd final : public Optimizer {
  public:
   Sgd(std::vector<NamedParameter> params, SgdOptions options);
   void step(double lr) override;
+  std::string replayable() const override;
+  void stage(double lr) override;
+  void apply() override;
   std::vector<std::pair<std::string, Tensor>> state() const override;
   void load_state(const std::vector<std::pair<std::string, Tensor>>& state) override;
   int64_t state_bytes() const override;
 
  private:
+  // The update's launches: by value at `lr`, or reading values_ (apply()).
+  void launch(double lr, bool from_values);
   SgdOptions options_;
   std::vector<Tensor> momentum_;  // undefined until the parameter's first step
 };
@@ -83,11 +104,16 @@ class AdamW final : public Optimizer {
  public:
   AdamW(std::vector<NamedParameter> params, AdamWOptions options);
   void step(double lr) override;
+  std::string replayable() const override;
+  void stage(double lr) override;
+  void apply() override;
   std::vector<std::pair<std::string, Tensor>> state() const override;
   void load_state(const std::vector<std::pair<std::string, Tensor>>& state) override;
   int64_t state_bytes() const override;
 
  private:
+  // The update's launches (step's, advancing the step counts), or apply()'s reading values_.
+  void launch(double lr, bool from_values);
   AdamWOptions options_;
   std::vector<Tensor> m_, v_;
   std::vector<int64_t> param_steps_;  // per parameter, as PyTorch: bias correction counts its own updates

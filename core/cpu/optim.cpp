@@ -27,7 +27,8 @@ void sgd_multi_tensor(const std::vector<SgdTensor>& tensors, const SgdArgs& a) {
       const S* g = t.grad->data<S>();
       S* m = t.momentum ? t.momentum->data<S>() : nullptr;
       const C wd = static_cast<C>(t.weight_decay), mom = static_cast<C>(a.momentum),
-              keep = static_cast<C>(1.0 - a.dampening), lr = static_cast<C>(a.lr);
+              keep = static_cast<C>(1.0 - a.dampening),
+              lr = static_cast<C>(a.values ? a.values->data<double>()[0] : a.lr);
       const bool init = t.init_momentum, nesterov = a.nesterov;
       parallel_for(t.param->numel(), kGrain, [&](int64_t b, int64_t e) {
         for (int64_t i = b; i < e; ++i)
@@ -48,9 +49,12 @@ void adamw_multi_tensor(const std::vector<AdamWTensor>& tensors, const AdamWArgs
       const S* g = t.grad->data<S>();
       S* m = t.exp_avg->data<S>();
       S* v = t.exp_avg_sq->data<S>();
-      const C decay = static_cast<C>(t.decay), b1 = static_cast<C>(a.beta1), keep1 = static_cast<C>(1.0 - a.beta1),
-              b2 = static_cast<C>(a.beta2), keep2 = static_cast<C>(1.0 - a.beta2), eps = static_cast<C>(a.eps),
-              step_size = static_cast<C>(t.step_size), inv_bias2 = static_cast<C>(t.inv_bias2);
+      const double* values = a.values ? a.values->data<double>() : nullptr;
+      const C decay = static_cast<C>(values ? (t.decays ? values[2] : 1.0) : t.decay), b1 = static_cast<C>(a.beta1),
+              keep1 = static_cast<C>(1.0 - a.beta1), b2 = static_cast<C>(a.beta2),
+              keep2 = static_cast<C>(1.0 - a.beta2), eps = static_cast<C>(a.eps),
+              step_size = static_cast<C>(values ? values[0] : t.step_size),
+              inv_bias2 = static_cast<C>(values ? values[1] : t.inv_bias2);
       const bool init = t.init;
       parallel_for(t.param->numel(), kGrain, [&](int64_t lo, int64_t hi) {
         for (int64_t i = lo; i < hi; ++i)

@@ -32,8 +32,10 @@ struct SgdList {
   bool init[kMaxTensors];
 };
 
+// values: null, or the step's rate on the device (SgdArgs::values), read instead of lr_d.
 template <typename S>
-__global__ void sgd_kernel(SgdList<S> list, double lr_d, double momentum_d, double dampening_d, bool nesterov) {
+__global__ void sgd_kernel(SgdList<S> list, double lr_d, const double* values, double momentum_d, double dampening_d,
+                           bool nesterov) {
   using C = compute_t<S>;
   const int t = static_cast<int>(blockIdx.y);
   S* p = list.param[t];
@@ -41,7 +43,7 @@ __global__ void sgd_kernel(SgdList<S> list, double lr_d, double momentum_d, doub
   S* m = list.momentum[t];
   const int64_t n = list.numel[t];
   const C wd = static_cast<C>(list.weight_decay[t]), mom = static_cast<C>(momentum_d),
-          keep = static_cast<C>(1.0 - dampening_d), lr = static_cast<C>(lr_d);
+          keep = static_cast<C>(1.0 - dampening_d), lr = static_cast<C>(values ? values[0] : lr_d);
   const bool init = list.init[t];
   RT_GRID_STRIDE(i, n) sgd_element<S, C>(p[i], g[i], m ? m + i : nullptr, wd, mom, keep, lr, init, nesterov);
 }
@@ -55,10 +57,11 @@ struct AdamWList {
   int64_t numel[kMaxTensors];
   double decay[kMaxTensors], step_size[kMaxTensors], inv_bias2[kMaxTensors];
   bool init[kMaxTensors];
+  bool decays[kMaxTensors];  // with values: decay is values[2], else 1
 };
 
 template <typename S>
-__global__ void adamw_kernel(AdamWList<S> list, double beta1_d, double beta2_d, double eps_d) {
+__global__ void adamw_kernel(AdamWList<S> list, const double* values, double beta1_d, double beta2_d, double eps_d) {
   using C = compute_t<S>;
   const int t = static_cast<int>(blockIdx.y);
   S* p = list.param[t];
@@ -66,9 +69,12 @@ __global__ void adamw_kernel(AdamWList<S> list, double beta1_d, double beta2_d, 
   S* m = list.exp_avg[t];
   S* v = list.exp_avg_sq[t];
   const int64_t n = list.numel[t];
-  const C decay = static_cast<C>(list.decay[t]), b1 = static_cast<C>(beta1_d), keep1 = static_cast<C>(1.0 - beta1_d),
-          b2 = static_cast<C>(beta2_d), keep2 = static_cast<C>(1.0 - beta2_d), eps = static_cast<C>(eps_d),
-          step_size = static_cast<C>(list.step_size[t]), inv_bias2 = static_cast<C>(list.inv_bias2[t]);
+  // values (AdamWArgs::values): the step's figures on the device, read instead of the list's.
+  const C decay = static_cast<C>(values ? (list.decays[t] ? values[2] : 1.0) : list.decay[t]),
+          b1 = static_cast<C>(beta1_d), keep1 = static_cast<C>(1.0 - beta1_d), b2 = static_cast<C>(beta2_d),
+          keep2 = static_cast<C>(1.0 - beta2_d), eps = static_cast<C>(eps_d),
+          step_size = static_cast<C>(values ? values[0] : list.step_size[t]),
+          inv_bias2 = static_cast<C>(values ? values[1] : list.inv_bias2[t]);
   const bool init = list.init[t];
   RT_GRID_STRIDE(i, n)
   adamw_element<S, C>(p[i], g[i], m[i], v[i], decay, b1, keep1, b2, keep2, eps, step_size, inv_bias2, init);
@@ -138,8 +144,9 @@ void sgd_multi_tensor(const std::vector<SgdTensor>& tensors, const SgdArgs& args
             list.init[j] = t.init_momentum;
             largest = std::max(largest, t.param->numel());
           }
-          sgd_kernel<S><<<list_grid(largest, count), kThreads, 0, stream_now()>>>(list, args.lr, args.momentum,
-                                                                                  args.dampening, args.nesterov);
+          sgd_kernel<S><<<list_grid(largest, count), kThreads, 0, stream_now()>>>(
+              list, args.lr, args.values ? args.values->data<double>() : nullptr, args.momentum, args.dampening,
+              args.nesterov);
           CUDA_CHECK(cudaGetLastError());
         });
   });
@@ -166,10 +173,11 @@ void adamw_multi_tensor(const std::vector<AdamWTensor>& tensors, const AdamWArgs
             list.step_size[j] = t.step_size;
             list.inv_bias2[j] = t.inv_bias2;
             list.init[j] = t.init;
+            list.decays[j] = t.decays;
             largest = std::max(largest, t.param->numel());
           }
-          adamw_kernel<S>
-              <<<list_grid(largest, count), kThreads, 0, stream_now()>>>(list, args.beta1, args.beta2, args.eps);
+          adamw_kernel<S><<<list_grid(largest, count), kThreads, 0, stream_now()>>>(
+              list, args.values ? args.values->data<double>() : nullptr, args.beta1, args.beta2, args.eps);
           CUDA_CHECK(cudaGetLastError());
         });
   });

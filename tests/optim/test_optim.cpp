@@ -187,6 +187,77 @@ TEST(Optim, ParametersWithoutGradientsAreSkippedAndBadOptionsRejected) {
   EXPECT_THROW(AdamW({{"a", a}}, AdamWOptions{.beta1 = 1.0}), Error);
 }
 
+// stage(lr) + apply() (the halves a CUDA graph captures once and replays) give step(lr)'s bits, with the rate
+// and AdamW's bias corrections read from the values stage() wrote, not from the launch: apply()'s launch is
+// the same call at every step.
+TEST(Optim, StagedStepsGiveTheStepsBitsWithTheRateReadWhenApplied) {
+  for (const bool adam : {false, true}) {
+    for (const DType dtype : {DType::F32, DType::BF16, DType::F64}) {
+      auto run = [&](bool staged) {
+        Tensor w = Tensor::from_vector({1, -2, 3, 0.5}, Shape{2, 2}, DType::F64).to(dtype).set_requires_grad();
+        Tensor b = Tensor::from_vector({0.25, -1}, Shape{2}, DType::F64).to(dtype).set_requires_grad();
+        std::unique_ptr<Optimizer> opt;
+        if (adam)
+          opt = std::make_unique<AdamW>(
+              std::vector<NamedParameter>{{"w", w}, {"b", b}},
+              AdamWOptions{.weight_decay = 0.1, .decay_policy = DecayPolicy::ExceptBiasAndNorm});
+        else
+          opt = std::make_unique<Sgd>(std::vector<NamedParameter>{{"w", w}, {"b", b}},
+                                      SgdOptions{.momentum = 0.9, .nesterov = true, .weight_decay = 0.01});
+        for (int s = 0; s < 5; ++s) {
+          opt->zero_grad();
+          sum(mul(mul(w, w), add(w, 1.0))).backward();
+          sum(mul(b, b)).backward();
+          const double lr = 0.1 / (1 + s);  // a schedule: a baked-in rate would show
+          if (!staged || s == 0) {
+            if (staged) {
+              EXPECT_NE(opt->replayable(), "") << "no state before the first step";
+            }
+            opt->step(lr);
+          } else {
+            EXPECT_EQ(opt->replayable(), "");
+            opt->stage(lr);
+            opt->apply();
+          }
+        }
+        EXPECT_EQ(opt->steps(), 5);
+        std::vector<double> out = w.to_vector(), tail = b.to_vector();
+        out.insert(out.end(), tail.begin(), tail.end());
+        auto state = opt->state();
+        for (auto& [name, t] : state) {
+          const auto v = t.to_vector();
+          out.insert(out.end(), v.begin(), v.end());
+        }
+        return out;
+      };
+      EXPECT_EQ(run(false), run(true)) << (adam ? "AdamW " : "SGD ") << dtype;
+    }
+  }
+}
+
+TEST(Optim, StagedStepsAreRefusedWhereTheyCannotHoldSayingWhy) {
+  Tensor a = Tensor::ones(Shape{2}).set_requires_grad(), b = Tensor::ones(Shape{2}).set_requires_grad();
+  Sgd sgd({{"a", a}, {"b", b}}, SgdOptions{});
+  sum(a * 2.0).backward();
+  EXPECT_NE(sgd.replayable().find("parameter 'b' has no gradient"), std::string::npos) << sgd.replayable();
+  sum(b * 2.0).backward();
+  EXPECT_NE(sgd.replayable().find("parameter 'a' has no momentum yet"), std::string::npos) << sgd.replayable();
+  EXPECT_THROW(sgd.stage(0.1), Error);
+  sgd.step(0.1);
+  EXPECT_EQ(sgd.replayable(), "");
+  EXPECT_THROW(sgd.apply(), Error) << "apply() without stage()";
+  // AdamW: each parameter counts its own steps; replayed launches hold one bias correction for all.
+  Tensor c = Tensor::ones(Shape{2}).set_requires_grad(), d = Tensor::ones(Shape{2}).set_requires_grad();
+  AdamW adam({{"c", c}, {"d", d}}, AdamWOptions{});
+  sum(c * 2.0).backward();
+  adam.step(0.1);
+  sum(d * 2.0).backward();
+  adam.step(0.1);
+  EXPECT_NE(adam.replayable().find("'c' and 'd' have taken 2 and 1 steps"), std::string::npos) << adam.replayable();
+  EXPECT_THROW(adam.stage(0.1), Error);
+  EXPECT_EQ(adam.steps(), 2) << "a refused stage() counts nothing";
+}
+
 TEST(Optim, ATensorOrNameListedTwiceIsRefused) {
   // Listed twice, a tensor would be updated twice a step (and by two GPU blocks at once).
   Tensor a = Tensor::ones(Shape{2}).set_requires_grad(), b = Tensor::ones(Shape{2}).set_requires_grad();
