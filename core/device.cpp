@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "core/tensor.h"
 
 namespace ringtrain {
 
@@ -33,7 +34,18 @@ Device parse_device(std::string_view text) {
 namespace {
 std::atomic<int64_t> g_host_syncs{0};
 std::mutex g_deferred_mutex;
-std::vector<std::function<void()>> g_deferred;  // guarded by g_deferred_mutex
+std::vector<detail::DeferredCheck> g_deferred;  // guarded by g_deferred_mutex
+thread_local std::vector<detail::DeferredCheck>* t_capture_sink = nullptr;
+
+// Runs one check with its stream current, the caller's again after it.
+void run_check(const detail::DeferredCheck& c) {
+  struct OnStream {
+    Stream before = current_stream();
+    explicit OnStream(const Stream& s) { set_current_stream(s); }
+    ~OnStream() { set_current_stream(before); }
+  } on_stream(c.stream);
+  c.check(c.evidence);
+}
 
 bool sync_every_op() {
   static const bool on = [] {
@@ -48,11 +60,17 @@ int64_t cuda_host_syncs() { return g_host_syncs.load(std::memory_order_relaxed);
 
 namespace detail {
 void count_host_sync() { g_host_syncs.fetch_add(1, std::memory_order_relaxed); }
+void set_capture_sink(std::vector<DeferredCheck>* sink) { t_capture_sink = sink; }
 }  // namespace detail
 
-void defer_device_check(std::function<void()> check) {
+void defer_device_check(std::vector<Tensor> evidence, DeviceCheck check) {
+  detail::DeferredCheck c{std::move(evidence), std::move(check), current_stream()};
+  if (t_capture_sink) {  // the graph's: nothing it reads has been written yet
+    t_capture_sink->push_back(std::move(c));
+    return;
+  }
   if (sync_every_op()) {
-    check();
+    run_check(c);
     return;
   }
   bool full = false;
@@ -62,17 +80,17 @@ void defer_device_check(std::function<void()> check) {
   }
   if (full) run_deferred_checks();
   std::lock_guard<std::mutex> lock(g_deferred_mutex);
-  g_deferred.push_back(std::move(check));
+  g_deferred.push_back(std::move(c));
 }
 
 void run_deferred_checks() {
-  std::vector<std::function<void()>> checks;
+  std::vector<detail::DeferredCheck> checks;
   {
     std::lock_guard<std::mutex> lock(g_deferred_mutex);
     if (g_deferred.empty()) return;
     checks.swap(g_deferred);  // a check's own reads must not run the list again
   }
-  for (const auto& check : checks) check();
+  for (const auto& check : checks) run_check(check);
 }
 
 size_t deferred_checks_pending() {

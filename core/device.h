@@ -14,6 +14,8 @@
 
 namespace ringtrain {
 
+class Tensor;
+
 enum class DeviceType : uint8_t { CPU, CUDA };
 
 struct Device {
@@ -101,8 +103,9 @@ class Event {
 // the graph alone: the addresses baked into the graph stay valid and no other work is handed them.
 // Whatever the work reads that it did not allocate (parameters, optimizer state, inputs) must stay
 // allocated and be updated in place between replays; values the host passed to kernels (a learning rate,
-// a seed) are baked in. A check deferred during the capture (cross_entropy's labels) reads what the next
-// replay leaves.
+// a seed) are baked in. A check deferred during the capture (cross_entropy's labels) belongs to the graph:
+// each replay defers it again, on copies of its evidence taken after that replay, so every replay is
+// checked with what it left, however many replays run before the host reads.
 class CudaGraph {
  public:
   CudaGraph();
@@ -141,14 +144,26 @@ int64_t cuda_host_syncs();
 // run at the next host read of device data (Tensor::item(), to_vector(), .to(cpu)), which waits anyway.
 // `check` reads its device flags and throws the error it describes. RINGTRAIN_CUDA_SYNC=1 runs each at
 // once, like the op errors. At most kMaxDeferredChecks wait; one more runs them all first.
+// `evidence`: the device tensors the check reads, handed to it when it runs, with the stream current at the
+// deferral current again (reads ordered after the kernels that wrote them). Under a CudaGraph's capture
+// the check goes to the graph instead (see CudaGraph).
 constexpr size_t kMaxDeferredChecks = 256;
-void defer_device_check(std::function<void()> check);
+using DeviceCheck = std::function<void(const std::vector<Tensor>& evidence)>;
+void defer_device_check(std::vector<Tensor> evidence, DeviceCheck check);
 // Runs (and forgets) every deferred check, in the order they were made; the first that fails throws.
 void run_deferred_checks();
 size_t deferred_checks_pending();
 
 namespace detail {
 void count_host_sync();
+// A check deferred, with what it reads and the stream its reads go on.
+struct DeferredCheck {
+  std::vector<Tensor> evidence;
+  DeviceCheck check;
+  Stream stream;
+};
+// While a CudaGraph captures on this thread, the checks deferred go to `sink` (null: the usual list).
+void set_capture_sink(std::vector<DeferredCheck>* sink);
 }  // namespace detail
 
 }  // namespace ringtrain

@@ -1019,30 +1019,23 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels, double label_sm
   (logits, labels, label_smoothing, log_probs, row_loss, bad_row);
   detail::after_op(logits.device(), "cross_entropy");
   // On the GPU the flag is read at the next host read of device data (the loss, at a log point), so the
-  // step makes no host wait for it; the error still names the label, its row and the logits.
-  // The read goes on the stream the kernel ran on, whichever thread's read runs the check.
+  // step makes no host wait for it; the error still names the label, its row and the logits. The read goes
+  // on the stream the kernel ran on (the deferral's), whichever thread's read runs the check.
   const bool deferred = !logits.device().is_cpu();
-  auto check = [bad_row, labels = labels.detach(), rows, cols, what = logits.describe(), deferred,
-                stream = deferred ? current_stream() : Stream()] {
-    struct OnStream {  // the kernel's stream current for the reads, the caller's again after them
-      Stream before = current_stream();
-      explicit OnStream(const Stream& s, bool on) {
-        if (on) set_current_stream(s);
-      }
-      ~OnStream() { set_current_stream(before); }
-    } on_stream(stream, deferred);
-    const int64_t row = bad_row.to(Device::cpu()).data<int64_t>()[0];
+  // evidence: the flag and the labels (a CUDA graph's replays check copies of both, core/device.h).
+  auto check = [rows, cols, what = logits.describe(), deferred](const std::vector<Tensor>& evidence) {
+    const int64_t row = evidence[0].to(Device::cpu()).data<int64_t>()[0];
     if (row < 0 || row >= rows) return;
-    const auto value = static_cast<long long>(labels.slice(row, row + 1).item());
+    const auto value = static_cast<long long>(evidence[1].slice(row, row + 1).item());
     RT_THROW("op 'cross_entropy': label ", value, " at row ", row, " is outside [0, ", cols, ") for logits ", what,
              deferred ? " (checked on the device and reported at the next read of the loss; RINGTRAIN_CUDA_SYNC=1 "
                         "reports it at the op)"
                       : "");
   };
   if (deferred)
-    defer_device_check(check);
+    defer_device_check({bad_row, labels.detach()}, check);
   else
-    check();
+    check({bad_row, labels.detach()});
   Tensor loss;
   {
     NoGradGuard no_grad;

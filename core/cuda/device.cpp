@@ -20,6 +20,7 @@
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/device_guard.h"
 #include "core/device.h"
+#include "core/tensor.h"
 
 namespace ringtrain {
 
@@ -244,6 +245,7 @@ struct CudaGraph::Impl {
   Event before, after;          // replay: the caller's stream -> the graph's stream -> the caller's
   cudaGraph_t graph = nullptr;  // as captured
   cudaGraphExec_t exec = nullptr;
+  std::vector<detail::DeferredCheck> checks;  // deferred during the capture: deferred again by each replay
   ~Impl() {
     // Replays still running own blocks that the allocator would hand out again under this stream's key.
     if (stream.handle()) CUDA_CHECK_NOTHROW(ignore_unloading(cudaStreamSynchronize(as_stream(stream.handle()))));
@@ -274,7 +276,12 @@ std::string CudaGraph::capture(Device device, const std::function<void()>& work)
   if (status != cudaSuccess) {
     why = std::string("cudaStreamBeginCapture failed: ") + cudaGetErrorString(status);
   } else {
+    struct Sink {  // the checks the work defers are the graph's (reset also when it throws)
+      explicit Sink(std::vector<detail::DeferredCheck>* s) { detail::set_capture_sink(s); }
+      ~Sink() { detail::set_capture_sink(nullptr); }
+    };
     try {
+      Sink sink(&g.checks);
       work();
     } catch (const std::exception& e) {
       why = e.what();
@@ -300,7 +307,10 @@ std::string CudaGraph::capture(Device device, const std::function<void()>& work)
       CUDA_CHECK_NOTHROW(cudaGraphDestroy(graph));
   }
   set_current_stream(caller);
-  if (!why.empty()) (void)cudaGetLastError();  // a failed capture's error is not the next kernel's
+  if (!why.empty()) {
+    (void)cudaGetLastError();  // a failed capture's error is not the next kernel's
+    g.checks.clear();
+  }
   return why;
 }
 
@@ -314,6 +324,14 @@ void CudaGraph::replay() {
   CUDA_CHECK(cudaGraphLaunch(g.exec, as_stream(g.stream.handle())));
   g.after.record(g.stream);
   g.after.wait_on(caller);
+  // The capture's checks, on copies of what this replay left (the next replay overwrites the originals),
+  // made on the caller's stream after the replay and read there.
+  for (const detail::DeferredCheck& c : g.checks) {
+    std::vector<Tensor> copies;
+    copies.reserve(c.evidence.size());
+    for (const Tensor& e : c.evidence) copies.push_back(e.detach().clone());
+    defer_device_check(std::move(copies), c.check);
+  }
 }
 
 Stream current_stream() { return t_current_stream; }

@@ -124,14 +124,14 @@ TEST(Profile, ClosedSessionTurnsRecordingOff) {
 TEST(DeferredChecks, RunInOrderAtTheNextRunAndThrowTheFirstError) {
   run_deferred_checks();
   std::string order;
-  defer_device_check([&] { order += "a"; });
-  defer_device_check([&] { order += "b"; });
+  defer_device_check({}, [&](const std::vector<Tensor>&) { order += "a"; });
+  defer_device_check({}, [&](const std::vector<Tensor>&) { order += "b"; });
   EXPECT_EQ(deferred_checks_pending(), 2u);
   EXPECT_EQ(order, "");
   run_deferred_checks();
   EXPECT_EQ(order, "ab");
   EXPECT_EQ(deferred_checks_pending(), 0u);
-  defer_device_check([] { RT_THROW("bad label found later"); });
+  defer_device_check({}, [](const std::vector<Tensor>&) { RT_THROW("bad label found later"); });
   try {
     run_deferred_checks();
     FAIL() << "expected the deferred error";
@@ -144,12 +144,30 @@ TEST(DeferredChecks, RunInOrderAtTheNextRunAndThrowTheFirstError) {
 TEST(DeferredChecks, AFullListRunsBeforeTakingMore) {
   run_deferred_checks();
   int ran = 0;
-  for (size_t i = 0; i < kMaxDeferredChecks; ++i) defer_device_check([&] { ++ran; });
+  for (size_t i = 0; i < kMaxDeferredChecks; ++i) defer_device_check({}, [&](const std::vector<Tensor>&) { ++ran; });
   EXPECT_EQ(ran, 0);
-  defer_device_check([&] { ++ran; });
+  defer_device_check({}, [&](const std::vector<Tensor>&) { ++ran; });
   EXPECT_EQ(ran, static_cast<int>(kMaxDeferredChecks));
   EXPECT_EQ(deferred_checks_pending(), 1u);
   run_deferred_checks();
+}
+
+TEST(DeferredChecks, GetTheirEvidenceAndGoToACapturesSinkWhileOneRuns) {
+  run_deferred_checks();
+  std::vector<double> seen;
+  defer_device_check({Tensor::from_vector({3, 4}, Shape{2})}, [&](const std::vector<Tensor>& evidence) {
+    ASSERT_EQ(evidence.size(), 1u);
+    seen = evidence[0].to_vector();
+  });
+  // Under a CudaGraph's capture (core/cuda/device.cpp sets the sink) a check belongs to the graph.
+  std::vector<detail::DeferredCheck> sink;
+  detail::set_capture_sink(&sink);
+  defer_device_check({Tensor::zeros(Shape{1})}, [](const std::vector<Tensor>&) { RT_THROW("not yet"); });
+  detail::set_capture_sink(nullptr);
+  EXPECT_EQ(sink.size(), 1u);
+  EXPECT_EQ(deferred_checks_pending(), 1u);
+  run_deferred_checks();
+  EXPECT_EQ(seen, (std::vector<double>{3, 4}));
 }
 
 TEST(DeferredChecks, CpuLabelCheckStillFailsAtTheOp) {
