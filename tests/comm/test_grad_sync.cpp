@@ -214,6 +214,59 @@ TEST(GradSync, BucketsAreReverseOrderViewsAndLaunchDuringBackward) {
   EXPECT_EQ(sync.last_buckets_launched_early(), 2);
 }
 
+// Counts the all-reduces a GradSync of one rank (MPI_COMM_SELF) hands its communicator.
+class CountingComm final : public Communicator {
+ public:
+  CountingComm() : Communicator(MPI_COMM_SELF) {}
+  ~CountingComm() override { free_comm(); }
+  Backend backend() const override { return Backend::Ring; }
+  WorkPtr all_reduce_async(const Tensor&, ReduceOp) override {
+    ++all_reduces;
+    return done();
+  }
+  WorkPtr broadcast_async(const Tensor&, int) override { return done(); }
+  WorkPtr all_gather_async(const Tensor&, const Tensor&) override { return done(); }
+  WorkPtr reduce_scatter_async(const Tensor&, const Tensor&, ReduceOp) override { return done(); }
+  void barrier() override {}
+  void close() override {}
+  bool release_local() noexcept override { return true; }
+  int all_reduces = 0;
+
+ private:
+  struct Done final : Work {
+    void wait() override {}
+    bool test() override { return true; }
+  };
+  static WorkPtr done() { return std::make_shared<Done>(); }
+};
+
+// One rank's average is its gradient: nothing goes to the communicator (a step of one GPU then waits for no
+// communicator's events, and a CUDA graph can capture it), and the gradients are backward's own. With
+// compression the wire's rounding is part of the result, so that still runs.
+TEST(GradSync, OneRankLaunchesNothingUnlessCompressing) {
+  for (const bool compress : {false, true}) {
+    auto model = make_model(false), reference = make_model(false);
+    auto counting = std::make_shared<CountingComm>();
+    GradSyncOptions o;
+    o.bucket_mb = 100.0 / (1 << 20);
+    if (compress) o.compression = Compression::BF16;
+    GradSync sync(*model, counting, o);
+    sync.zero_grad();
+    CrossEntropyLoss loss_fn;
+    loss_fn((*model)(images(0, 1)), labels(1)).backward();
+    sync.finish();
+    if (compress) {
+      EXPECT_EQ(counting->all_reduces, static_cast<int>(sync.buckets().size()));
+      continue;
+    }
+    EXPECT_EQ(counting->all_reduces, 0);
+    loss_fn((*reference)(images(0, 1)), labels(1)).backward();
+    const auto p = model->named_parameters(), r = reference->named_parameters();
+    for (size_t i = 0; i < p.size(); ++i)
+      EXPECT_EQ(p[i].second.grad().to_vector(), r[i].second.grad().to_vector()) << p[i].first;
+  }
+}
+
 TEST(GradSync, NoSyncAccumulationEqualsOneLargerBatch) {
   World& w = World::init();
   const int k = 3, r = w.rank(), n = w.size();
