@@ -448,6 +448,13 @@ void GradSync::zero_grad() {
   for (Param& p : s.params) s.ensure_view(p);
 }
 
+void GradSync::discard_step() {
+  State& s = *state_;
+  std::lock_guard<std::mutex> lock(s.mutex);
+  s.wait_all();
+  s.reset_step();
+}
+
 GradSync::NoSync::NoSync(GradSync& owner) : owner_(owner) {
   std::lock_guard<std::mutex> lock(owner_.state_->mutex);
   previous_ = owner_.state_->no_sync;

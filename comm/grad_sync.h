@@ -91,6 +91,10 @@ class GradSync {
   // Zeroes every bucket. Gradients stay views into the buckets (Module/Optimizer zero_grad with
   // set_to_none also works, at the price of one copy per parameter in the next backward).
   void zero_grad();
+  // Forgets the step's progress (which parameters reported, which buckets launched) after a step whose
+  // kernels never ran: a CUDA graph's capture that failed part way (runtime/loop/trainer.cpp). Waits for any
+  // bucket launched; the buckets keep what they held.
+  void discard_step();
 
   // While alive, backward accumulates locally and nothing is communicated (gradient accumulation):
   // k micro-batches under no_sync followed by one synchronised backward equal one k-times-larger batch.

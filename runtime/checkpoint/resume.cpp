@@ -56,6 +56,7 @@ constexpr const char* kRuntimeOnly[] = {"data",
                                         "pipeline_balance",
                                         "pipeline_recompute",
                                         "recompute",
+                                        "cuda_graph",
                                         "strict"};
 // What must be the same for a resume to continue the training at all.
 constexpr const char* kIdentity[] = {"arch", "model", "optimizer", "dataset"};

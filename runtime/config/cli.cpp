@@ -81,6 +81,10 @@ void add_device_flags(CLI::App& app, TrainerOptions& o) {
              "on or off: f32 convolutions and GEMMs on the GPU may use TF32 tensor cores (inputs rounded to 10-bit "
              "mantissas, f32 sums; as PyTorch's convolutions); no effect on the CPU",
              on_off(o.tf32), {"on", "off"}, [&o](const std::string& v) { o.tf32 = parse_on_off(v, "--tf32"); });
+  app.add_flag("--cuda-graph", o.cuda_graph,
+               "one rank on a GPU: capture the steady training step (forward, backward, optimizer) as a CUDA graph "
+               "after two steps run op by op, and replay it (one launch a step; the same bits); not with --profile, "
+               "fp16, --clip-grad-norm, --zero, --sync-bn, --compression or --pipeline-stages");
   app.add_flag("--recompute", o.recompute,
                "activation recompute: every block but the last (a ResNet's stem and residual blocks, a Sequential's "
                "children) keeps only its input, and its backward runs its forward again (less memory for one more "

@@ -147,6 +147,7 @@ json TrainerOptions::to_json() const {
   // How the model is spread over the ranks and what it keeps, not what it computes: recorded, and
   // changeable on resume.
   if (recompute) j["recompute"] = true;
+  if (cuda_graph) j["cuda_graph"] = true;
   if (layout_auto) j["layout"] = "auto";
   if (pipeline_stages > 1)
     j["pipeline"] = {{"stages", pipeline_stages},
@@ -264,6 +265,21 @@ void validate_options(const TrainerOptions& o) {
                "without --layout auto");
   RT_CHECK(o.link_calibration.empty() || o.layout_auto, "--link-calibration ", o.link_calibration,
            " is read by --layout auto only");
+  // --cuda-graph: what a captured step cannot do. The f16 scaler and clipping read the gradients on the host
+  // each step; ZeRO-1, SyncBatchNorm, compression and stages communicate inside the step.
+  if (o.cuda_graph) {
+    RT_CHECK(o.device != DeviceChoice::Cpu,
+             "--cuda-graph captures the step on a GPU, but --device cpu trains on the CPU: drop --cuda-graph");
+    RT_CHECK(o.profile_steps == 0,
+             "--profile times each op, and --cuda-graph replays the step as one launch: choose one");
+    for (const auto& [given, flag] :
+         {std::pair{o.precision == Precision::FP16, "--precision fp16 (its loss scaler reads the gradients each step)"},
+          std::pair{o.clip_grad_norm > 0, "--clip-grad-norm (it reads the gradients' norm each step)"},
+          std::pair{o.zero != 0, "--zero"}, std::pair{o.sync_bn, "--sync-bn"},
+          std::pair{o.compression != comm::Compression::None, "--compression"},
+          std::pair{o.pipeline_stages != 1, "--pipeline-stages"}})
+      RT_CHECK(!given, "--cuda-graph does not combine with ", flag, ": drop one of them");
+  }
   if (o.device == DeviceChoice::Cpu)
     for (const auto& [given, flag] :
          {std::pair{!o.gpus.empty(), "--gpus"}, std::pair{o.allow_shared_gpu, "--allow-shared-gpu"},

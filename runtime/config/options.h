@@ -25,6 +25,9 @@ enum class PipelineBalance : uint8_t { Time, Memory };
 
 // --profile: the warm-up steps before its window, and the steps it measures unless --profile-steps says.
 constexpr int64_t kProfileWarmupSteps = 3;
+// --cuda-graph: steps run op by op before the capture (cuDNN's algorithm search and the optimizer's state
+// made by the first, a steady step to be sure).
+constexpr int64_t kGraphWarmupSteps = 2;
 constexpr int64_t kProfileDefaultSteps = 5;
 
 // The names the flags and checkpoints use ("sgd", "cosine", "bf16", ...); parse errors name `flag`.
@@ -77,6 +80,11 @@ struct TrainerOptions {
   // rounded to 10-bit mantissas, f32 accumulation); on by default, as PyTorch's convolutions. No effect on
   // the CPU. A checkpoint written before the flag existed counts as on.
   bool tf32 = true;
+  // The steady training step (every micro-batch's forward and backward, the optimizer, zeroing the
+  // gradients) captured once as a CUDA graph after kGraphWarmupSteps steps run op by op, then replayed: one
+  // launch a step instead of one per kernel (runtime/loop/trainer.cpp). One rank on a GPU; the same bits as
+  // the op-by-op steps. A capture that fails says why and the run goes on op by op.
+  bool cuda_graph = false;
   // The memory a rank may use (runtime/memory/memory_plan.h): a run predicted over it is refused before its first
   // step. 0: the device's free memory shared by the ranks on it (runtime/memory/memory_budget.h).
   int64_t max_memory = 0;

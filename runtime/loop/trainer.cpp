@@ -17,6 +17,7 @@
 #include <span>
 
 #include "comm/host_collectives.h"
+#include "core/allocator.h"
 #include "core/autocast.h"
 #include "core/check.h"
 #include "core/ops.h"
@@ -91,6 +92,14 @@ Trainer::Trainer(comm::World& world, TrainerOptions options) : world_(world), op
   device_ = binding.device;
   threads_ = binding.threads;
   agree_on_device();
+  if (options_.cuda_graph && device_.is_cpu())
+    RT_THROW_PERMANENT("--cuda-graph captures the step on a GPU, but this rank trains on the CPU (",
+                       options_.device == DeviceChoice::Auto ? cuda_status().reason : "--device cpu",
+                       "): drop --cuda-graph");
+  if (options_.cuda_graph && world_.size() > 1)
+    RT_THROW_PERMANENT("--cuda-graph captures one rank's step, and this job has ", world_.size(),
+                       " ranks (the gradient all-reduce between them is not captured): run one rank, or drop "
+                       "--cuda-graph");
   manual_seed(options_.seed);     // the model built next is initialised identically on every rank
   set_allow_tf32(options_.tf32);  // before the memory plan's probe and the pipeline's timings run the model
   if (options_.check) {
@@ -217,6 +226,17 @@ class Run {
     Clock::time_point begin, backward_start, backward_end;
   };
   bool run_micro_batches(int64_t epoch, int64_t step, int64_t& micro, MicroTimes& t);
+  // One micro-batch's forward and backward (the k-th of the step) on `batch`, timed into the step.
+  void micro_step(const data::Batch& batch, int64_t k, int64_t epoch, int64_t step, int64_t micro, MicroTimes& m,
+                  Clock::time_point t0, Clock::time_point t1);
+  // --cuda-graph: the step through the graph (captured first where not yet). NotTaken: nothing was read,
+  // the step runs op by op; RanOut: the epoch's batches ran out; Micro: the micro-batches ran op by op on
+  // the batches read (shapes other than the captured ones; an optimizer that cannot be captured), the rest
+  // of the step is the caller's; Whole: the step ran, its optimizer update and zeroed gradients included.
+  enum class GraphRun { NotTaken, RanOut, Micro, Whole };
+  GraphRun run_graph_step(int64_t epoch, int64_t step, int64_t& micro, MicroTimes& m);
+  // The graph is off from now on, for `why`: said on stderr and in the JSONL log.
+  void graph_off(int64_t step, const std::string& why);
   bool run_pipelined(int64_t epoch, int64_t step, int64_t& micro, MicroTimes& t);
   std::string non_finite_loss(double loss, int64_t epoch, int64_t step, int64_t micro) const;
   // Reads the pending losses (losses_): each into the report, a non-finite one (unscaled) as the error.
@@ -256,6 +276,16 @@ class Run {
   // The losses since the host last read them: on the GPU, read at reports, checkpoints and epoch ends only.
   LossLog losses_{device_.is_cuda()};
   std::unique_ptr<StepProfiler> profiler_;  // --profile: made when the first step is known
+  // --cuda-graph (core/device.h CudaGraph): the step captured once and replayed. The graph reads the
+  // micro-batches from `slots` (each step's batches copied in) and leaves their losses in `losses`.
+  struct GraphStep {
+    CudaGraph graph;
+    std::vector<data::Batch> slots;
+    std::vector<Tensor> losses;
+    std::string off;  // why the steps run op by op ("" while the graph may be used)
+    int64_t replays = 0;
+  };
+  std::unique_ptr<GraphStep> graph_;
 };
 
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
@@ -339,6 +369,7 @@ Cursor Run::start() {
     if (world_.is_root()) std::printf("%s\n", pipeline_->describe().c_str());
   }
   replica_ = std::make_unique<Replica>(world_, o_, device_, model_, step_fn_, from, scope);
+  if (o_.cuda_graph && !pipeline_) graph_ = std::make_unique<GraphStep>();
   reporter_ = std::make_unique<Reporter>(world_, o_, device_, plan_, replica_->sync().buckets().size(),
                                          pipeline_ ? pipeline_->plan() : json(), memory_, layout_plan_);
   tidy_folder(others, resumed);
@@ -445,7 +476,6 @@ bool Run::run_micro_batches(int64_t epoch, int64_t step, int64_t& micro, MicroTi
   // and recomputed blocks (core/autocast.h).
   WeightCastScope casts;
   if (pipeline_) return run_pipelined(epoch, step, micro, m);
-  PhaseTimes& time = reporter_->timer().current();
   for (int64_t k = 0; k < plan_.accum; ++k) {
     const auto t0 = Clock::now();
     if (k == 0) m.begin = t0;
@@ -458,24 +488,134 @@ bool Run::run_micro_batches(int64_t epoch, int64_t step, int64_t& micro, MicroTi
     }
     if (!batch) return false;
     ++micro;
-    const auto t1 = Clock::now();
-    dog_.phase("forward", step);
-    const Tensor loss = replica_->forward(*batch);
-    losses_.add(loss, {epoch, step, micro - 1}, [this](const LossLog::Origin& at, double v) { take_loss(at, v); });
-    const auto t2 = Clock::now();
-    dog_.phase("backward", step);
-    replica_->backward(loss, k + 1 == plan_.accum);
-    const auto t3 = Clock::now();
-    time.data_wait += seconds(t1 - t0);
-    time.forward += seconds(t2 - t1);
-    time.backward += seconds(t3 - t2);
-    trace_.span("data_wait", t0, t1, step);
-    trace_.span("forward", t1, t2, step);
-    trace_.span("backward", t2, t3, step);
-    m.backward_start = t2;
-    m.backward_end = t3;
+    micro_step(*batch, k, epoch, step, micro - 1, m, t0, Clock::now());
   }
   return true;
+}
+
+void Run::micro_step(const data::Batch& batch, int64_t k, int64_t epoch, int64_t step, int64_t micro, MicroTimes& m,
+                     Clock::time_point t0, Clock::time_point t1) {
+  PhaseTimes& time = reporter_->timer().current();
+  dog_.phase("forward", step);
+  const Tensor loss = replica_->forward(batch);
+  losses_.add(loss, {epoch, step, micro}, [this](const LossLog::Origin& at, double v) { take_loss(at, v); });
+  const auto t2 = Clock::now();
+  dog_.phase("backward", step);
+  replica_->backward(loss, k + 1 == plan_.accum);
+  const auto t3 = Clock::now();
+  time.data_wait += seconds(t1 - t0);
+  time.forward += seconds(t2 - t1);
+  time.backward += seconds(t3 - t2);
+  trace_.span("data_wait", t0, t1, step);
+  trace_.span("forward", t1, t2, step);
+  trace_.span("backward", t2, t3, step);
+  m.backward_start = t2;
+  m.backward_end = t3;
+}
+
+void Run::graph_off(int64_t step, const std::string& why) {
+  graph_->off = why;
+  if (world_.is_root())
+    std::fprintf(stderr, "%s: --cuda-graph: not captured at step %lld, the steps run op by op: %s\n",
+                 o_.program.c_str(), static_cast<long long>(step), why.c_str());
+  reporter_->write_record(cuda_graph_record(step, why));
+}
+
+Run::GraphRun Run::run_graph_step(int64_t epoch, int64_t step, int64_t& micro, MicroTimes& m) {
+  GraphStep& g = *graph_;
+  if (!g.off.empty() || step < first_step_ + kGraphWarmupSteps || micro + plan_.accum > plan_.micro_per_epoch)
+    return GraphRun::NotTaken;  // the op-by-op path, which also ends the epoch where its batches run out
+  PhaseTimes& time = reporter_->timer().current();
+  const auto t0 = Clock::now();
+  m.begin = t0;
+  dog_.phase("data loading", step);
+  std::vector<data::Batch> batches;
+  {
+    profile::Span span("data", device_, "data loading");
+    for (int64_t k = 0; k < plan_.accum; ++k) {
+      std::optional<data::Batch> b = data_.next();
+      if (!b) return GraphRun::RanOut;
+      batches.push_back(std::move(*b));
+    }
+  }
+  const int64_t first = micro;
+  micro += plan_.accum;
+  const auto t1 = Clock::now();
+  auto same = [](const Tensor& a, const Tensor& b) {
+    return a.shape() == b.shape() && a.dtype() == b.dtype() && a.device() == b.device();
+  };
+  bool fits = !g.slots.empty();
+  for (size_t k = 0; fits && k < batches.size(); ++k)
+    fits = same(g.slots[k].images, batches[k].images) && same(g.slots[k].labels, batches[k].labels);
+  std::string why;
+  if (!g.graph.ready()) {
+    why = replica_->replayable();
+    if (!why.empty()) graph_off(step, "the optimizer step cannot be captured: " + why);
+  }
+  if (!why.empty() || (g.graph.ready() && !fits)) {  // op by op (other shapes: an epoch's short last batch)
+    WeightCastScope casts;
+    for (int64_t k = 0; k < plan_.accum; ++k)
+      micro_step(batches[static_cast<size_t>(k)], k, epoch, step, first + k, m, k == 0 ? t0 : Clock::now(),
+                 k == 0 ? t1 : Clock::now());
+    return GraphRun::Micro;
+  }
+  dog_.phase("forward and backward (CUDA graph)", step);
+  {
+    NoGradGuard no_grad;
+    if (g.slots.empty()) {  // made outside the capture: they outlive it, and every replay reads them
+      for (const data::Batch& b : batches)
+        g.slots.push_back(data::Batch{b.images.detach().clone(), b.labels.detach().clone(), b.valid, b.index});
+    } else {
+      for (size_t k = 0; k < batches.size(); ++k) {
+        g.slots[k].images.copy_(batches[k].images);
+        g.slots[k].labels.copy_(batches[k].labels);
+      }
+    }
+  }
+  replica_->stage(schedule_.at(step));
+  // The step from its micro-batches to its zeroed gradients: captured, or (the capture failed) run once.
+  auto work = [&] {
+    WeightCastScope casts;
+    g.losses.assign(static_cast<size_t>(plan_.accum), Tensor());
+    for (int64_t k = 0; k < plan_.accum; ++k) {
+      const Tensor loss = replica_->forward(g.slots[static_cast<size_t>(k)]);
+      g.losses[static_cast<size_t>(k)] = loss.detach();
+      replica_->backward(loss, k + 1 == plan_.accum);
+    }
+    replica_->finish_gradients();
+    replica_->apply_and_zero();
+  };
+  if (!g.graph.ready()) {
+    // The op-by-op steps' cached blocks back to the device first: the graph keeps a pool of its own (its
+    // stream's, core/device.h), which would otherwise sit beside them for the rest of the run.
+    empty_cache(device_);
+    why = g.graph.capture(device_, work);
+    if (!why.empty()) {
+      replica_->discard_step();  // nothing of the capture ran: this step runs op by op below
+      graph_off(step, why);
+      work();
+    } else {
+      reporter_->write_record(cuda_graph_record(step, ""));
+      if (world_.is_root())
+        std::printf("%s: --cuda-graph: the step was captured at step %lld and is replayed from here\n",
+                    o_.program.c_str(), static_cast<long long>(step));
+    }
+  }
+  if (g.graph.ready()) {
+    g.graph.replay();
+    ++g.replays;
+  }
+  for (int64_t k = 0; k < plan_.accum; ++k)
+    losses_.add(g.losses[static_cast<size_t>(k)], {epoch, step, first + k},
+                [this](const LossLog::Origin& at, double v) { take_loss(at, v); });
+  const auto t2 = Clock::now();
+  time.data_wait += seconds(t1 - t0);
+  time.backward += seconds(t2 - t1);  // the whole step, its optimizer included, in one launch
+  trace_.span("data_wait", t0, t1, step);
+  trace_.span("cuda graph replay", t1, t2, step);
+  m.backward_start = t1;
+  m.backward_end = t2;
+  return GraphRun::Whole;
 }
 
 // The step's micro-batches through the stages, in the schedule's order (runtime/pipeline/pipeline.h). Every stage
@@ -513,17 +653,19 @@ bool Run::run_pipelined(int64_t epoch, int64_t step, int64_t& micro, MicroTimes&
 Run::StepEnd Run::train_step(int64_t epoch, int64_t step, int64_t& micro, const Saved& saved) {
   MicroTimes m;
   profiler_->begin_step(step);
-  if (!run_micro_batches(epoch, step, micro, m)) return {};
+  const GraphRun graphed = graph_ ? run_graph_step(epoch, step, micro, m) : GraphRun::NotTaken;
+  if (graphed == GraphRun::RanOut || (graphed == GraphRun::NotTaken && !run_micro_batches(epoch, step, micro, m)))
+    return {};
   PhaseTimes& time = reporter_->timer().current();
   const Clock::time_point begin = m.begin, backward_start = m.backward_start, backward_end = m.backward_end;
   dog_.phase("gradient all-reduce (waiting for other ranks)", step);
-  {
+  if (graphed != GraphRun::Whole) {
     profile::Span span("allreduce", device_, "gradient all-reduce");
     replica_->finish_gradients();
   }
   const auto t4 = Clock::now();
   dog_.phase("optimizer", step);
-  const StepOutcome outcome = replica_->step(schedule_.at(step), step);
+  const StepOutcome outcome = graphed == GraphRun::Whole ? StepOutcome{} : replica_->step(schedule_.at(step), step);
   if (!outcome.took) reporter_->step_skipped();
   if (outcome.took && o_.clip_grad_norm > 0) reporter_->add_grad_norm(outcome.grad_norm);
   const auto t5 = Clock::now();

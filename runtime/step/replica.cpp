@@ -171,6 +171,21 @@ StepOutcome Replica::step(double lr, int64_t step) {
   return out;
 }
 
+std::string Replica::replayable() const {
+  if (scaler_ || o_.clip_grad_norm > 0) return "the f16 loss scaler and --clip-grad-norm read the gradients each step";
+  if (zero_) return "ZeRO-1 gathers the parameters after each step";
+  return opt_->replayable();
+}
+
+void Replica::stage(double lr) { opt_->stage(lr); }
+
+void Replica::apply_and_zero() {
+  opt_->apply();
+  sync_->zero_grad();
+}
+
+void Replica::discard_step() { sync_->discard_step(); }
+
 int64_t Replica::optimizer_state_bytes() const { return opt_->state_bytes(); }
 
 std::vector<std::pair<std::string, Tensor>> Replica::optimizer_state() const { return opt_->state(); }

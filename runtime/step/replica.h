@@ -93,6 +93,16 @@ class Replica {
   // non-finite gradient norm, an f16 loss scale that collapsed.
   StepOutcome step(double lr, int64_t step);
 
+  // --cuda-graph (runtime/loop/trainer.cpp) splits step() in two: stage(lr) before the replay (the host's
+  // part, and the rate written on the device: optim/optimizer.h), apply_and_zero() inside the captured
+  // work (the update, reading it there, then zero_grad()). The scaler and clipping are refused with the flag.
+  // replayable(): why the optimizer's update cannot be captured now ("" when it can).
+  std::string replayable() const;
+  void stage(double lr);
+  void apply_and_zero();
+  // After a capture that failed part way (none of its kernels ran): the step's progress forgotten.
+  void discard_step();
+
   bool scaled() const { return scaler_.has_value(); }  // f16 loss scaling
   const std::optional<GradScaler>& scaler() const { return scaler_; }
   comm::Backend backend() const { return backend_; }

@@ -55,6 +55,12 @@ json eval_record(int64_t step, int64_t epoch, const EvalResult& e) {
           {"test_top5", e.top5}, {"test_loss", e.loss}, {"images", e.count}};
 }
 
+json cuda_graph_record(int64_t step, const std::string& reason) {
+  json r{{"type", "cuda_graph"}, {"step", step}, {"state", reason.empty() ? "captured" : "off"}};
+  if (!reason.empty()) r["reason"] = reason;
+  return r;
+}
+
 json summary_record(const SummaryRecord& s) {
   json summary{{"type", "summary"},
                {"train_loss", s.train_loss},

@@ -12,6 +12,7 @@
 //            grad_norm (with --clip-grad-norm)
 //   eval     step, epoch, test_top1, test_top5, test_loss, images
 //   gpu      step, samples [{rank, util_pct, mem_used_bytes, mem_total_bytes, temperature_c, power_w}]
+//   cuda_graph  step, state ("captured", or "off" with reason): --cuda-graph's capture, once a run
 //   summary  train_loss, img_per_s, median_step_s, peak_mem_bytes (the largest rank's),
 //            peak_mem_bytes_by_rank, peak_tensor_bytes, predicted_peak_mem_bytes (the memory plan's, when
 //            it ran), world_size, steps, elapsed_s,
@@ -68,6 +69,9 @@ struct TrainRecord {
 nlohmann::json train_record(const TrainRecord& t);
 
 nlohmann::json eval_record(int64_t step, int64_t epoch, const EvalResult& e);
+
+// --cuda-graph: captured at `step`, or (`reason` not empty) off from `step` on, the steps run op by op.
+nlohmann::json cuda_graph_record(int64_t step, const std::string& reason);
 
 struct SummaryRecord {
   double train_loss = 0, img_per_s = 0, median_step_s = 0, peak_mem_bytes = 0, elapsed_s = 0;

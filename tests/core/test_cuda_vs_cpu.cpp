@@ -255,6 +255,29 @@ TEST(CudaGraphTest, ReplayedStepsTrainLikeStepsRunOpByOp) {
   for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "state tensor " << i;
 }
 
+// The label check of a captured cross-entropy belongs to the graph: each replay is checked with the flag
+// and labels it left, even when a later replay (with good labels) overwrote them before the host read.
+TEST(CudaGraphTest, EachReplayIsCheckedWithWhatItLeft) {
+  RT_REQUIRE_CUDA();
+  run_deferred_checks();
+  const Tensor logits = Tensor::zeros(Shape{4, 3}, DType::F32, kGpu);
+  Tensor labels = Tensor::from_vector({0, 1, 2, 0}, Shape{4}, DType::I64, kGpu);
+  const Tensor good = Tensor::from_vector({0, 1, 2, 0}, Shape{4}, DType::I64, kGpu),
+               bad = Tensor::from_vector({0, 7, 2, 0}, Shape{4}, DType::I64, kGpu);
+  CudaGraph graph;
+  ASSERT_EQ(graph.capture(kGpu, [&] { (void)cross_entropy(logits, labels); }), "");
+  EXPECT_EQ(deferred_checks_pending(), 0u) << "the capture's check is the graph's, not the next read's";
+  labels.copy_(bad);
+  graph.replay();
+  labels.copy_(good);
+  graph.replay();
+  EXPECT_EQ(deferred_checks_pending(), 2u) << "one check a replay";
+  const std::string e = testing::error_of([] { run_deferred_checks(); });
+  EXPECT_NE(e.find("label 7 at row 1 is outside [0, 3)"), std::string::npos) << e;
+  graph.replay();
+  EXPECT_NO_THROW(run_deferred_checks()) << "the good replay's own evidence";
+}
+
 // A host wait inside the captured work (reading a tensor) ends the capture with the reason; the graph is
 // not ready and the GPU goes on working.
 TEST(CudaGraphTest, AHostWaitFailsTheCaptureWithTheReason) {

@@ -337,6 +337,62 @@ TEST(Trainer, RunsUnderItsTf32ChoiceRecordsItAndSaysAChangeOnResume) {
   if (world().is_root()) fs::remove_all(dir);
 }
 
+// --cuda-graph: on one GPU the steps replayed from the graph train exactly as the same steps run op by op
+// (SGD and AdamW, two micro-batches a step, BatchNorm's running statistics, a cosine rate that changes every
+// step, an epoch's end with its evaluation between replays), and the capture is recorded. Without a GPU,
+// or with several ranks, the flag is refused, naming why.
+TEST(Trainer, CudaGraphStepsTrainLikeStepsRunOpByOp) {
+  const fs::path dir = make_dataset("graph", 96, 10);
+  if (!cuda_available() || world().size() > 1) {
+    TrainerOptions o = small_run(dir / "refused");
+    o.cuda_graph = true;
+    const std::string e = testing::error_of([&] { Trainer trainer(world(), o); });
+    EXPECT_NE(e.find(cuda_available() ? "captures one rank's step, and this job has" : "this rank trains on the CPU"),
+              std::string::npos)
+        << e;
+    comm::barrier(world().comm());
+    if (world().is_root()) fs::remove_all(dir);
+    return;
+  }
+  for (const OptimizerKind kind : {OptimizerKind::Sgd, OptimizerKind::AdamW}) {
+    auto run = [&](const std::string& name, bool graph) {
+      TrainerOptions o = small_run(dir / name);
+      o.cuda_graph = graph;
+      o.optimizer = kind;
+      o.accum = 2;  // global batch 24: 4 steps an epoch, the capture at step 2, replays across the epoch's end
+      o.steps = 6;
+      o.log_jsonl = (dir / (name + ".jsonl")).string();
+      Trainer trainer(world(), o);
+      auto data = open_shards(dir, {.train_transform = {.pad_crop = 1, .hflip = true}, .device = trainer.device()});
+      auto net = small_net(data->info().channels, data->info().classes);
+      return trainer.fit(*net, *data);
+    };
+    const std::string tag = kind == OptimizerKind::Sgd ? "sgd" : "adamw";
+    const TrainResult eager = run(tag + "-eager", false), graphed = run(tag + "-graph", true);
+    EXPECT_EQ(graphed.steps, 6);
+    EXPECT_EQ(graphed.train_loss, eager.train_loss) << tag;
+    const auto x = bytes_of(dir / (tag + "-eager") / "ckpt-step00000006.h5"),
+               y = bytes_of(dir / (tag + "-graph") / "ckpt-step00000006.h5");
+    ASSERT_EQ(x.size(), y.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+      EXPECT_EQ(x[i].first, y[i].first);
+      EXPECT_TRUE(x[i].second == y[i].second) << tag << ": " << x[i].first << " differs from the op-by-op run's";
+    }
+    std::ifstream log(dir / (tag + "-graph.jsonl"));
+    bool captured = false;
+    for (std::string line; std::getline(log, line);) {
+      const nlohmann::json r = nlohmann::json::parse(line);
+      if (r["type"] == "cuda_graph") {
+        EXPECT_EQ(r["state"], "captured") << line;
+        EXPECT_EQ(r["step"], 2) << line;
+        captured = true;
+      }
+    }
+    EXPECT_TRUE(captured) << "no cuda_graph record in " << tag << "-graph.jsonl";
+  }
+  fs::remove_all(dir);
+}
+
 // What the supervisor acts on: errors about the input are permanent (no restart fixes them), the rest not.
 TEST(Trainer, ErrorsAboutTheInputArePermanent) {
   auto permanent = [](const std::function<void()>& fn) {
@@ -457,6 +513,24 @@ TEST(Trainer, OptionsAreCheckedNamingTheFlag) {
   o.checkpoint_every = 5;
   EXPECT_NE(testing::error_of([&] { Trainer(world(), o); }).find("--checkpoint-every 5 needs --checkpoint-dir"),
             std::string::npos);
+  // --cuda-graph with what a captured step cannot do: refused before anything runs, naming both.
+  const std::pair<std::function<void(TrainerOptions&)>, std::string> graph_refusals[] = {
+      {[](TrainerOptions& t) { t.device = DeviceChoice::Cpu; }, "but --device cpu trains on the CPU"},
+      {[](TrainerOptions& t) { t.profile_steps = 5; }, "--profile times each op"},
+      {[](TrainerOptions& t) { t.precision = Precision::FP16; }, "does not combine with --precision fp16"},
+      {[](TrainerOptions& t) { t.clip_grad_norm = 1; }, "does not combine with --clip-grad-norm"},
+      {[](TrainerOptions& t) { t.zero = 1; }, "does not combine with --zero"},
+      {[](TrainerOptions& t) { t.sync_bn = true; }, "does not combine with --sync-bn"},
+      {[](TrainerOptions& t) { t.compression = comm::Compression::BF16; }, "does not combine with --compression"},
+      {[](TrainerOptions& t) { t.pipeline_stages = 2; }, "does not combine with --pipeline-stages"}};
+  for (const auto& [set, want] : graph_refusals) {
+    o = TrainerOptions{};
+    o.cuda_graph = true;
+    set(o);
+    const std::string e = testing::error_of([&] { Trainer(world(), o); });
+    EXPECT_NE(e.find(want), std::string::npos) << e;
+    EXPECT_NE(e.find("--cuda-graph"), std::string::npos) << e;
+  }
   o = TrainerOptions{};
   o.log_jsonl = "/nonexistent/folder/run.jsonl";
   const std::string e = testing::error_of([&] { Trainer(world(), o); });

@@ -84,6 +84,9 @@ TEST(RunLog, RecordsHaveTheDocumentedFields) {
       train_record(
           {.step = 3, .epoch = 0, .lr = 0.1, .loss = 1.5, .img_per_s = 9, .time = {}, .grad_norm = 2.5})["grad_norm"],
       2.5);
+  EXPECT_EQ(cuda_graph_record(2, ""), (json{{"type", "cuda_graph"}, {"step", 2}, {"state", "captured"}}));
+  EXPECT_EQ(cuda_graph_record(3, "why"),
+            (json{{"type", "cuda_graph"}, {"step", 3}, {"state", "off"}, {"reason", "why"}}));
   SummaryRecord s;
   s.breakdown_by_rank = {PhaseTimes{}, PhaseTimes{}};
   s.peak_mem_bytes_by_rank = {1e8, 2e8};
