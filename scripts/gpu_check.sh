@@ -368,6 +368,8 @@ if [[ $mode != build ]]; then
   gtest grad_sync_np1 1 test_grad_sync --gtest_filter='GradSyncGpu.*'
   gtest grad_sync_np2 2 test_grad_sync --gtest_filter='GradSyncGpu.*'
   gtest pipeline_np2 2 test_pipeline_mpi --gtest_filter='Channel.CarriesGpuTensors:Pipeline.TrainsOnTheGpu'
+  # --cuda-graph in the Trainer: replayed steps give the op-by-op run's checkpoint bits (SGD, AdamW).
+  gtest trainer_graph_np1 1 test_runtime_mpi --gtest_filter='Trainer.CudaGraphStepsTrainLikeStepsRunOpByOp'
 
   section "4. train_resnet --synthetic (bf16, batch 256, $steps steps)"
   # --profile: the per-family table of 5 steady steps (after 3 warm-up steps), in the JSONL log too.
@@ -509,6 +511,40 @@ PY
         fail "bench_step $arch bf16 --cuda-graph $graph"
     done
   done
+  # The Trainer's step as a graph (train_resnet --cuda-graph): ResNet-50 bf16 b256 op by op and replayed, 30
+  # steps each with the same seed. The two must end with the same loss (the same bits), the graph run must say
+  # it captured, and the median steps go into the facts.
+  for graph in off on; do
+    graph_flag=()
+    if [[ $graph = on ]]; then graph_flag=(--cuda-graph); fi
+    rm -f "$results/train_resnet50_graph_$graph.jsonl"
+    run limit 120 "$build_dir/train_resnet" --synthetic -a resnet50 -b 256 --precision bf16 --device cuda --steps 30 \
+      ${graph_flag[@]+"${graph_flag[@]}"} --log-jsonl "$results/train_resnet50_graph_$graph.jsonl" ||
+      fail "train_resnet resnet50 bf16 --cuda-graph $graph"
+  done
+  if [[ $mode != dry ]]; then
+    "$python" - "$results/train_resnet50_graph_off.jsonl" "$results/train_resnet50_graph_on.jsonl" "$facts" <<'PY' || fail "train_resnet --cuda-graph: not captured, another loss, or no summary"
+import json, sys
+def records(path):
+    return [json.loads(l) for l in open(path) if l.strip()]
+off, on = records(sys.argv[1]), records(sys.argv[2])
+s_off = [r for r in off if r.get("type") == "summary"][-1]
+s_on = [r for r in on if r.get("type") == "summary"][-1]
+graph = [r for r in on if r.get("type") == "cuda_graph"]
+state = graph[-1]["state"] if graph else "no record"
+facts = {"train_cuda_graph.state": state, "train_cuda_graph.op_by_op_median_step_s": s_off["median_step_s"],
+         "train_cuda_graph.graph_median_step_s": s_on["median_step_s"],
+         "train_cuda_graph.speedup": s_off["median_step_s"] / s_on["median_step_s"],
+         "train_cuda_graph.same_loss": s_off["train_loss"] == s_on["train_loss"]}
+with open(sys.argv[3], "a") as f:
+    for k, v in facts.items():
+        f.write(f"{k}\t{json.dumps(v)}\n")
+print(f"train_resnet --cuda-graph: {state}{' (' + graph[-1].get('reason', '') + ')' if graph and state != 'captured' else ''}; "
+      f"median step {1e3 * s_off['median_step_s']:.1f} ms op by op, {1e3 * s_on['median_step_s']:.1f} ms replayed "
+      f"({s_off['median_step_s'] / s_on['median_step_s']:.2f}x); loss {s_off['train_loss']} vs {s_on['train_loss']}")
+sys.exit(0 if state == "captured" and s_off["train_loss"] == s_on["train_loss"] else 1)
+PY
+  fi
   fi
 
   section "5. PyTorch peer (torchvision, channels_last, bf16 autocast, SGD; same batch and steps; fp16, fp32 beside)"

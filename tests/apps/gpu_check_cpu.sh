@@ -41,6 +41,8 @@ else
     "torch_gpu_peer.py -a resnet50 -b 256 --steps 20 --precision fp16 --tf32 on" \
     "torch_gpu_peer.py -a resnet50 -b 256 --steps 20 --precision fp32 --tf32 on" \
     "bench_step -a resnet18 .*--precision bf16 --steps 10 --warmup 3 --cuda-graph" \
+    "-np 1 .*tests/test_runtime_mpi .*Trainer.CudaGraphStepsTrainLikeStepsRunOpByOp" \
+    "train_resnet --synthetic -a resnet50 -b 256 --precision bf16 --device cuda --steps 30 --cuda-graph" \
     "make_shards synthetic .*--shape 350x400x3 --count 3072 .*--encode jpeg" \
     "train_resnet --data .*/jpeg -a resnet50 -b 256 --image-size 224 --precision bf16"; do
     grep -Eq -- "^\+ .*$step" "$work/r/gpu_check.log" || { echo "FAIL: the dry run's plan lacks /$step/"; fails=$((fails + 1)); }
