@@ -235,13 +235,30 @@ void CachingAllocator::free(void* ptr) {
 }
 
 void CachingAllocator::release_cached_locked() {
-  for (auto& [stream, blocks] : free_by_stream_) {
-    for (auto& [size, ptr] : blocks) {
+  for (auto it = free_by_stream_.begin(); it != free_by_stream_.end();) {
+    if (held_.count(it->first)) {  // a graph's: its replays write there
+      ++it;
+      continue;
+    }
+    for (auto& [size, ptr] : it->second) {
       backend_->raw_free(ptr);
       stats_.reserved_bytes -= size;
     }
+    it = free_by_stream_.erase(it);
   }
-  free_by_stream_.clear();
+}
+
+void CachingAllocator::hold_stream(void* stream) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++held_[stream];
+}
+
+void CachingAllocator::release_stream(void* stream) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = held_.find(stream);
+  RT_CHECK(it != held_.end(), "CachingAllocator::release_stream: stream ", stream, " of ", backend_->device_name(),
+           " is not held");
+  if (--it->second == 0) held_.erase(it);
 }
 
 void CachingAllocator::empty_cache() {

@@ -54,7 +54,12 @@ class CachingAllocator {
 
   void* allocate(int64_t nbytes, void* stream);
   void free(void* ptr);  // back to the free list of the stream it was allocated on
-  void empty_cache();    // returns every cached (unused) block to the device
+  void empty_cache();    // returns every cached (unused) block to the device, but a held stream's
+  // While held (counted: as often released as held), `stream`'s cached blocks stay cached: neither
+  // empty_cache nor an out-of-memory retry gives them back. For a CUDA graph (core/device.h CudaGraph), whose
+  // replays write into the blocks its capture allocated and freed again under its stream.
+  void hold_stream(void* stream);
+  void release_stream(void* stream);
   AllocatorStats stats() const;
   void reset_peak();
 
@@ -68,6 +73,7 @@ class CachingAllocator {
   mutable std::mutex mutex_;
   std::unordered_map<void*, Block> live_;                          // ptr -> block in use
   std::map<void*, std::multimap<int64_t, void*>> free_by_stream_;  // stream -> size -> ptr
+  std::map<void*, int> held_;                                      // stream -> holds
   AllocatorStats stats_;
 };
 

@@ -246,11 +246,22 @@ struct CudaGraph::Impl {
   cudaGraph_t graph = nullptr;  // as captured
   cudaGraphExec_t exec = nullptr;
   std::vector<detail::DeferredCheck> checks;  // deferred during the capture: deferred again by each replay
+  bool held = false;  // the allocator keeps the stream's cached blocks (the replays write into them)
   ~Impl() {
     // Replays still running own blocks that the allocator would hand out again under this stream's key.
     if (stream.handle()) CUDA_CHECK_NOTHROW(ignore_unloading(cudaStreamSynchronize(as_stream(stream.handle()))));
     if (exec) CUDA_CHECK_NOTHROW(ignore_unloading(cudaGraphExecDestroy(exec)));
     if (graph) CUDA_CHECK_NOTHROW(ignore_unloading(cudaGraphDestroy(graph)));
+    release();
+  }
+  // The stream's cached blocks may go back to the device (empty_cache, an out-of-memory retry) from now on.
+  void release() noexcept {
+    if (!held) return;
+    held = false;
+    try {
+      cuda_allocator(device.index).release_stream(stream.handle());
+    } catch (...) {  // a destructor: the blocks then stay cached, which is safe
+    }
   }
 };
 
@@ -269,6 +280,10 @@ std::string CudaGraph::capture(Device device, const std::function<void()>& work)
   g.before = Event::create(device);
   g.after = Event::create(device);
   const cudaStream_t stream = as_stream(g.stream.handle());
+  // Every block the capture allocates and frees again stays cached under this stream for the replays:
+  // held, it is not given back by empty_cache or an out-of-memory retry while the graph lives.
+  cuda_allocator(device.index).hold_stream(g.stream.handle());
+  g.held = true;
   const Stream caller = current_stream();
   set_current_stream(g.stream);
   std::string why;
@@ -310,6 +325,7 @@ std::string CudaGraph::capture(Device device, const std::function<void()>& work)
   if (!why.empty()) {
     (void)cudaGetLastError();  // a failed capture's error is not the next kernel's
     g.checks.clear();
+    g.release();  // nothing will replay: what the capture cached may go back to the device
   }
   return why;
 }

@@ -117,6 +117,35 @@ TEST(CachingAllocator, OutOfMemoryReleasesCacheThenExplains) {
   alloc.free(b);
 }
 
+// A CUDA graph's stream is held while the graph lives: its replays write into the blocks its capture freed
+// back under that stream, so neither empty_cache nor an out-of-memory retry may give them to the device.
+TEST(CachingAllocator, AHeldStreamsCacheSurvivesEmptyCacheAndTheOutOfMemoryRetry) {
+  int raw_frees = 0;
+  CachingAllocator alloc(std::make_unique<FakeBackend>(3 << 20, &raw_frees));
+  void* graph = reinterpret_cast<void*>(0x9);
+  alloc.hold_stream(graph);
+  alloc.hold_stream(graph);  // counted
+  void* g = alloc.allocate(1 << 20, graph);
+  alloc.free(g);  // the capture's block, cached under the graph's stream
+  void* other = alloc.allocate(4096, nullptr);
+  alloc.free(other);
+  alloc.empty_cache();
+  EXPECT_EQ(raw_frees, 1) << "only the other stream's block goes back";
+  EXPECT_EQ(alloc.stats().reserved_bytes, 1 << 20);
+  // 2.5 MiB does not fit beside the held 1 MiB: the retry may not take it, so this is out of memory.
+  EXPECT_THROW(alloc.allocate((5 << 20) / 2, nullptr), Error);
+  EXPECT_EQ(alloc.allocate(1 << 20, graph), g) << "the replay's block is still the graph's";
+  alloc.free(g);
+  alloc.release_stream(graph);
+  alloc.empty_cache();
+  EXPECT_EQ(raw_frees, 1) << "still held once";
+  alloc.release_stream(graph);
+  alloc.empty_cache();
+  EXPECT_EQ(raw_frees, 2);
+  EXPECT_EQ(alloc.stats().reserved_bytes, 0);
+  EXPECT_THROW(alloc.release_stream(graph), Error) << "released more often than held";
+}
+
 TEST(CpuAllocator, TracksLiveBytes) {
   const int64_t before = cpu_allocator_stats().allocated_bytes;
   {
