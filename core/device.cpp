@@ -58,6 +58,11 @@ bool sync_every_op() {
 
 int64_t cuda_host_syncs() { return g_host_syncs.load(std::memory_order_relaxed); }
 
+bool cuda_graph_emulated() {
+  const char* v = std::getenv("RINGTRAIN_CUDA_GRAPH_EMULATE");  // read each time: tests set it
+  return v && *v && std::string(v) != "0";
+}
+
 namespace detail {
 void count_host_sync() { g_host_syncs.fetch_add(1, std::memory_order_relaxed); }
 void set_capture_sink(std::vector<DeferredCheck>* sink) { t_capture_sink = sink; }

@@ -125,7 +125,13 @@ class CudaGraph {
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
+  std::function<void()> emulated_;  // cuda_graph_emulated() on the CPU: the work each replay runs again
 };
+
+// RINGTRAIN_CUDA_GRAPH_EMULATE=1, for tests without a GPU: a CudaGraph "captures" work on the CPU by keeping
+// it (nothing runs) and each replay runs it again, so what drives a graph (runtime/loop/trainer.cpp's
+// --cuda-graph) is tested on the CPU. It proves nothing about the GPU's capture itself.
+bool cuda_graph_emulated();
 
 // The stream CUDA kernels of the calling thread are launched on (default: legacy default stream).
 Stream current_stream();

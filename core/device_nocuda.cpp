@@ -58,11 +58,19 @@ float Event::elapsed_ms_since(const Event& /*start*/) const { raise_no_cuda("Eve
 struct CudaGraph::Impl {};
 CudaGraph::CudaGraph() : impl_(std::make_unique<Impl>()) {}
 CudaGraph::~CudaGraph() = default;
-bool CudaGraph::ready() const { return false; }
-std::string CudaGraph::capture(Device device, const std::function<void()>& /*work*/) {
+bool CudaGraph::ready() const { return static_cast<bool>(emulated_); }
+std::string CudaGraph::capture(Device device, const std::function<void()>& work) {
+  RT_CHECK(!ready(), "CudaGraph::capture: this graph holds a capture already");
+  if (device.is_cpu() && cuda_graph_emulated()) {
+    emulated_ = work;
+    return "";
+  }
   return "this build of ringtrain has no CUDA (a CUDA graph needs a CUDA device; asked for " + device.str() + ")";
 }
-void CudaGraph::replay() { raise_no_cuda("CudaGraph::replay"); }
+void CudaGraph::replay() {
+  if (!emulated_) raise_no_cuda("CudaGraph::replay");
+  emulated_();
+}
 
 Stream current_stream() { return Stream(); }
 

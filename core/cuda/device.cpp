@@ -268,11 +268,15 @@ struct CudaGraph::Impl {
 CudaGraph::CudaGraph() : impl_(std::make_unique<Impl>()) {}
 CudaGraph::~CudaGraph() = default;
 
-bool CudaGraph::ready() const { return impl_->exec != nullptr; }
+bool CudaGraph::ready() const { return impl_->exec != nullptr || emulated_; }
 
 std::string CudaGraph::capture(Device device, const std::function<void()>& work) {
-  if (!device.is_cuda()) return "a CUDA graph needs a CUDA device, not " + device.str();
   RT_CHECK(!ready(), "CudaGraph::capture: this graph holds a capture already");
+  if (device.is_cpu() && cuda_graph_emulated()) {
+    emulated_ = work;
+    return "";
+  }
+  if (!device.is_cuda()) return "a CUDA graph needs a CUDA device, not " + device.str();
   synchronize(device);  // the work queued before has run: nothing the capture orders after is pending
   Impl& g = *impl_;
   g.device = device;
@@ -332,6 +336,10 @@ std::string CudaGraph::capture(Device device, const std::function<void()>& work)
 
 void CudaGraph::replay() {
   RT_CHECK(ready(), "CudaGraph::replay: nothing was captured");
+  if (emulated_) {
+    emulated_();
+    return;
+  }
   Impl& g = *impl_;
   CheckedDeviceGuard guard(g.device);
   const Stream caller = current_stream();

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <set>
 #include <span>
 
@@ -92,7 +93,7 @@ Trainer::Trainer(comm::World& world, TrainerOptions options) : world_(world), op
   device_ = binding.device;
   threads_ = binding.threads;
   agree_on_device();
-  if (options_.cuda_graph && device_.is_cpu())
+  if (options_.cuda_graph && device_.is_cpu() && !cuda_graph_emulated())
     RT_THROW_PERMANENT("--cuda-graph captures the step on a GPU, but this rank trains on the CPU (",
                        options_.device == DeviceChoice::Auto ? cuda_status().reason : "--device cpu",
                        "): drop --cuda-graph");
@@ -282,7 +283,8 @@ class Run {
     CudaGraph graph;
     std::vector<data::Batch> slots;
     std::vector<Tensor> losses;
-    std::string off;  // why the steps run op by op ("" while the graph may be used)
+    std::string off;                           // why the steps run op by op ("" while the graph may be used)
+    std::function<void(bool capturing)> work;  // what the graph captured (run_graph_step)
     int64_t replays = 0;
   };
   std::unique_ptr<GraphStep> graph_;
@@ -573,40 +575,44 @@ Run::GraphRun Run::run_graph_step(int64_t epoch, int64_t step, int64_t& micro, M
     }
   }
   replica_->stage(schedule_.at(step));
-  // The step from its micro-batches to its zeroed gradients: captured, or (the capture failed) run once.
-  // capturing: a draw of the host's generator (dropout's masks) would be baked into every replay: refused.
-  auto work = [&](bool capturing) {
-    const uint64_t draws = rng_stream();
-    WeightCastScope casts;
-    g.losses.assign(static_cast<size_t>(plan_.accum), Tensor());
-    for (int64_t k = 0; k < plan_.accum; ++k) {
-      const Tensor loss = replica_->forward(g.slots[static_cast<size_t>(k)]);
-      g.losses[static_cast<size_t>(k)] = loss.detach();
-      replica_->backward(loss, k + 1 == plan_.accum);
-    }
-    replica_->finish_gradients();
-    replica_->apply_and_zero();
-    if (capturing && rng_stream() != draws)
-      RT_THROW("the step draws random numbers on the host (dropout): every replay would use this step's");
-  };
   if (!g.graph.ready()) {
+    // The step from its micro-batches to its zeroed gradients, reading the slots: captured, or (the capture
+    // failed) run once. It lives with the graph (an emulated graph, core/device.h, runs it at each replay).
+    // capturing: a draw of the host's generator (dropout's masks) would be baked into every replay: refused.
+    g.work = [this](bool capturing) {
+      GraphStep& gs = *graph_;
+      const uint64_t draws = rng_stream();
+      WeightCastScope casts;
+      gs.losses.assign(static_cast<size_t>(plan_.accum), Tensor());
+      for (int64_t k = 0; k < plan_.accum; ++k) {
+        const Tensor loss = replica_->forward(gs.slots[static_cast<size_t>(k)]);
+        gs.losses[static_cast<size_t>(k)] = loss.detach();
+        replica_->backward(loss, k + 1 == plan_.accum);
+      }
+      replica_->finish_gradients();
+      replica_->apply_and_zero();
+      if (capturing && rng_stream() != draws)
+        RT_THROW("the step draws random numbers on the host (dropout): every replay would use this step's");
+    };
     // The op-by-op steps' cached blocks back to the device first: the graph keeps a pool of its own (its
     // stream's, core/device.h), which would otherwise sit beside them for the rest of the run.
     empty_cache(device_);
     const uint64_t draws = rng_stream();
-    why = g.graph.capture(device_, [&] { work(true); });
+    const bool captures = device_.is_cuda();  // else emulated: nothing is baked in
+    why = g.graph.capture(device_, [this, captures] { graph_->work(captures); });
     if (!why.empty()) {
       // Nothing of the capture ran: this step runs op by op below, as if the capture had not been tried.
       replica_->discard_step();
       set_rng_stream(draws);
       empty_cache(device_);  // the capture's blocks
       graph_off(step, why);
-      work(false);
+      g.work(false);
     } else {
       reporter_->write_record(cuda_graph_record(step, ""));
       if (world_.is_root())
-        std::printf("%s: --cuda-graph: the step was captured at step %lld and is replayed from here\n",
-                    o_.program.c_str(), static_cast<long long>(step));
+        std::printf("%s: --cuda-graph: the step was captured at step %lld and is replayed from here%s\n",
+                    o_.program.c_str(), static_cast<long long>(step),
+                    captures ? "" : " (emulated on the CPU: RINGTRAIN_CUDA_GRAPH_EMULATE)");
     }
   }
   if (g.graph.ready()) {

@@ -339,21 +339,46 @@ TEST(Trainer, RunsUnderItsTf32ChoiceRecordsItAndSaysAChangeOnResume) {
 
 // --cuda-graph: on one GPU the steps replayed from the graph train exactly as the same steps run op by op
 // (SGD and AdamW, two micro-batches a step, BatchNorm's running statistics, a cosine rate that changes every
-// step, an epoch's end with its evaluation between replays), and the capture is recorded. Without a GPU,
-// or with several ranks, the flag is refused, naming why.
+// step, an epoch's end with its evaluation between replays), and the capture is recorded. Without a GPU the
+// same run goes through an emulated graph (RINGTRAIN_CUDA_GRAPH_EMULATE: each replay runs the kept work
+// again), which checks what drives the graph (the slots, the staged rate, the losses, the fall-backs) on the
+// CPU. Without a GPU and emulation, or with several ranks, the flag is refused, naming why.
 TEST(Trainer, CudaGraphStepsTrainLikeStepsRunOpByOp) {
   const fs::path dir = make_dataset("graph", 96, 10);
-  if (!cuda_available() || world().size() > 1) {
+  struct Emulation {  // on the CPU only, and only for this test
+    bool on = !cuda_available();
+    Emulation() {
+      if (on) setenv("RINGTRAIN_CUDA_GRAPH_EMULATE", "1", 1);
+    }
+    ~Emulation() {
+      if (on) unsetenv("RINGTRAIN_CUDA_GRAPH_EMULATE");
+    }
+  };
+  if (world().size() > 1) {
     TrainerOptions o = small_run(dir / "refused");
     o.cuda_graph = true;
-    const std::string e = testing::error_of([&] { Trainer trainer(world(), o); });
+    std::string e = testing::error_of([&] { Trainer trainer(world(), o); });
     EXPECT_NE(e.find(cuda_available() ? "captures one rank's step, and this job has" : "this rank trains on the CPU"),
+              std::string::npos)
+        << e;
+    {
+      Emulation emulated;
+      e = testing::error_of([&] { Trainer trainer(world(), o); });
+    }
+    EXPECT_NE(e.find("captures one rank's step, and this job has " + std::to_string(world().size()) + " ranks"),
               std::string::npos)
         << e;
     comm::barrier(world().comm());
     if (world().is_root()) fs::remove_all(dir);
     return;
   }
+  if (!cuda_available()) {
+    TrainerOptions o = small_run(dir / "refused");
+    o.cuda_graph = true;
+    const std::string e = testing::error_of([&] { Trainer trainer(world(), o); });
+    EXPECT_NE(e.find("this rank trains on the CPU"), std::string::npos) << e;
+  }
+  Emulation emulated;
   // Both runs share cuDNN's algorithm choices (one process); deterministic ones, so that atomics do not
   // differ either (read at the first convolution: this test runs alone in gpu_check, which also sets it).
   setenv("RINGTRAIN_CUDNN_DETERMINISTIC", "1", 0);
@@ -394,7 +419,12 @@ TEST(Trainer, CudaGraphStepsTrainLikeStepsRunOpByOp) {
     EXPECT_TRUE(captured) << "no cuda_graph record in " << tag << "-graph.jsonl";
   }
   // A step that draws dropout masks on the host cannot be replayed (every replay would reuse one mask): the
-  // capture fails saying so, and the run goes on op by op, with the op-by-op run's bits.
+  // capture fails saying so, and the run goes on op by op, with the op-by-op run's bits. (An emulated graph
+  // bakes nothing in.)
+  if (emulated.on) {
+    fs::remove_all(dir);
+    return;
+  }
   const StepFn dropped = [](Module& m, const data::Batch& batch) {
     return CrossEntropyLoss()(dropout(m(batch.images), 0.2), batch.labels);
   };
