@@ -285,7 +285,6 @@ class Run {
     std::vector<Tensor> losses;
     std::string off;                           // why the steps run op by op ("" while the graph may be used)
     std::function<void(bool capturing)> work;  // what the graph captured (run_graph_step)
-    int64_t replays = 0;
   };
   std::unique_ptr<GraphStep> graph_;
 };
@@ -615,10 +614,7 @@ Run::GraphRun Run::run_graph_step(int64_t epoch, int64_t step, int64_t& micro, M
                     captures ? "" : " (emulated on the CPU: RINGTRAIN_CUDA_GRAPH_EMULATE)");
     }
   }
-  if (g.graph.ready()) {
-    g.graph.replay();
-    ++g.replays;
-  }
+  if (g.graph.ready()) g.graph.replay();
   for (int64_t k = 0; k < plan_.accum; ++k)
     losses_.add(g.losses[static_cast<size_t>(k)], {epoch, step, first + k},
                 [this](const LossLog::Origin& at, double v) { take_loss(at, v); });
