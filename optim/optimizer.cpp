@@ -67,6 +67,11 @@ void Optimizer::write_values(const std::vector<double>& values) {
     values_.slice(static_cast<int64_t>(i), static_cast<int64_t>(i) + 1).fill_(values[i]);
 }
 
+void Optimizer::check_staged(const char* rule) const {
+  const std::string why = replayable();
+  RT_CHECK(why.empty() && values_.defined(), rule, ": apply(): ", why.empty() ? "no stage() before it" : why);
+}
+
 std::string Optimizer::replayable_state(const std::vector<Tensor>& state, const char* slot) const {
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor& p = params_[i].tensor;
@@ -154,8 +159,7 @@ void Sgd::stage(double lr) {
 }
 
 void Sgd::apply() {
-  const std::string why = replayable();
-  RT_CHECK(why.empty() && values_.defined(), "SGD: apply(): ", why.empty() ? "no stage() before it" : why);
+  check_staged("SGD");
   launch(0.0, true);
 }
 
@@ -254,8 +258,7 @@ void AdamW::stage(double lr) {
 }
 
 void AdamW::apply() {
-  const std::string why = replayable();
-  RT_CHECK(why.empty() && values_.defined(), "AdamW: apply(): ", why.empty() ? "no stage() before it" : why);
+  check_staged("AdamW");
   launch(0.0, true);
 }
 

@@ -61,6 +61,8 @@ class Optimizer {
   void write_values(const std::vector<double>& values);
   // replayable()'s checks shared by the rules: one device, and every parameter with a gradient has state.
   std::string replayable_state(const std::vector<Tensor>& state, const char* slot) const;
+  // apply()'s precondition: replayable() and a stage() before it; else the error names `rule`.
+  void check_staged(const char* rule) const;
   std::vector<NamedParameter> params_;
   Tensor values_;  // stage()'s figures, F64 on the parameters' device
   double weight_decay_;
