@@ -171,11 +171,7 @@ StepOutcome Replica::step(double lr, int64_t step) {
   return out;
 }
 
-std::string Replica::replayable() const {
-  if (scaler_ || o_.clip_grad_norm > 0) return "the f16 loss scaler and --clip-grad-norm read the gradients each step";
-  if (zero_) return "ZeRO-1 gathers the parameters after each step";
-  return opt_->replayable();
-}
+std::string Replica::replayable() const { return opt_->replayable(); }
 
 void Replica::stage(double lr) { opt_->stage(lr); }
 

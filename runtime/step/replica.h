@@ -95,7 +95,8 @@ class Replica {
 
   // --cuda-graph (runtime/loop/trainer.cpp) splits step() in two: stage(lr) before the replay (the host's
   // part, and the rate written on the device: optim/optimizer.h), apply_and_zero() inside the captured
-  // work (the update, reading it there, then zero_grad()). The scaler and clipping are refused with the flag.
+  // work (the update, reading it there, then zero_grad()). The scaler, clipping and ZeRO-1 are refused with
+  // the flag (runtime/config/options.cpp), and ZeroOptimizer has no staged step.
   // replayable(): why the optimizer's update cannot be captured now ("" when it can).
   std::string replayable() const;
   void stage(double lr);
