@@ -129,6 +129,11 @@ class MpiChannel final : public Channel {
   struct Posted {
     std::vector<Piece> pieces;
     std::map<const Message*, int> left;  // pieces still on their way, per message
+    // poll()'s arrays, kept between polls.
+    std::vector<MPI_Request> requests;
+    std::vector<int> indices;
+    std::vector<MPI_Status> statuses;
+    std::vector<char> done;
   };
 
   WorkPtr start(const char* verb, const Tensor& t, int peer, bool sending) {
@@ -195,29 +200,56 @@ class MpiChannel final : public Channel {
     m.state.store(2, std::memory_order_release);
   }
 
-  // Tests every posted piece once; true when any finished.
+  // Tests every posted piece once, in one MPI_Testsome: one pass of MPI's progress engine however many
+  // pieces are posted (over TCP each pass polls the sockets in the kernel; a pass per piece made the
+  // waiting stage's progress thread the rank's busiest caller of poll()). True when any finished.
   static bool poll(Posted& posted) {
-    bool any = false;
-    for (size_t i = 0; i < posted.pieces.size();) {
-      Piece& p = posted.pieces[i];
-      int done = 0;
-      MPI_Status status;
-      const int rc = p.request == MPI_REQUEST_NULL ? MPI_SUCCESS : MPI_Test(&p.request, &done, &status);
-      if (rc != MPI_SUCCESS) {
-        fail(*p.m, detail::str_cat(p.m->what, ": ", detail::mpi_error_text(rc)));
-        done = 1;
-      } else if (p.request == MPI_REQUEST_NULL && !done) {
-        done = 1;  // a piece whose posting failed
-      } else if (done && p.expected >= 0) {
-        int got = 0;
-        MPI_Get_count(&status, MPI_BYTE, &got);
-        if (got != p.expected)
-          fail(*p.m, detail::str_cat(p.m->what, ": received ", got, " bytes from rank ", status.MPI_SOURCE, " where ",
-                                     p.expected, " were expected: the two stages disagree about the tensor at their ",
-                                     "boundary"));
+    const size_t n = posted.pieces.size();
+    if (n == 0) return false;
+    posted.requests.resize(n);
+    posted.indices.resize(n);
+    posted.statuses.resize(n);
+    std::vector<char>& done = posted.done;
+    done.assign(n, 0);
+    for (size_t i = 0; i < n; ++i) {
+      posted.requests[i] = posted.pieces[i].request;
+      done[i] = posted.pieces[i].request == MPI_REQUEST_NULL;  // a piece whose posting failed
+    }
+    int count = 0;
+    const int rc = MPI_Testsome(static_cast<int>(n), posted.requests.data(), &count, posted.indices.data(),
+                                posted.statuses.data());
+    if (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS) {
+      for (size_t i = 0; i < n; ++i)
+        if (!done[i]) {
+          fail(*posted.pieces[i].m, detail::str_cat(posted.pieces[i].m->what, ": ", detail::mpi_error_text(rc)));
+          done[i] = 1;
+        }
+    } else if (count != MPI_UNDEFINED) {
+      for (int k = 0; k < count; ++k) {
+        const auto i = static_cast<size_t>(posted.indices[static_cast<size_t>(k)]);
+        const MPI_Status& status = posted.statuses[static_cast<size_t>(k)];
+        Piece& p = posted.pieces[i];
+        p.request = MPI_REQUEST_NULL;
+        done[i] = 1;
+        if (rc == MPI_ERR_IN_STATUS && status.MPI_ERROR != MPI_SUCCESS) {
+          fail(*p.m, detail::str_cat(p.m->what, ": ", detail::mpi_error_text(status.MPI_ERROR)));
+        } else if (p.expected >= 0) {
+          int got = 0;
+          MPI_Get_count(&status, MPI_BYTE, &got);
+          if (got != p.expected)
+            fail(*p.m, detail::str_cat(p.m->what, ": received ", got, " bytes from rank ", status.MPI_SOURCE, " where ",
+                                       p.expected, " were expected: the two stages disagree about the ",
+                                       "tensor at their boundary"));
+        }
       }
-      if (!done) {
-        ++i;
+    }
+    bool any = false;
+    size_t kept = 0;
+    for (size_t i = 0; i < n; ++i) {
+      Piece& p = posted.pieces[i];
+      if (!done[i]) {
+        if (kept != i) posted.pieces[kept] = std::move(p);
+        ++kept;
         continue;
       }
       any = true;
@@ -225,15 +257,15 @@ class MpiChannel final : public Channel {
         posted.left.erase(p.m.get());
         if (p.m->state.load() == 0) p.m->state.store(1, std::memory_order_release);
       }
-      posted.pieces.erase(posted.pieces.begin() + static_cast<std::ptrdiff_t>(i));
     }
+    posted.pieces.resize(kept);
     return any;
   }
 
   void progress() {
     Posted posted;
     using us = std::chrono::microseconds;
-    us pause(10);
+    us pause(10), slept(0);
     int idle = 0;
     for (;;) {
       std::deque<std::shared_ptr<Message>> fresh;
@@ -247,6 +279,7 @@ class MpiChannel final : public Channel {
       if (!fresh.empty() || poll(posted)) {
         idle = 0;
         pause = us(10);
+        slept = us(0);
         continue;
       }
       // Nothing moved: spin a little, then yield, then sleep (the compute threads need the core).
@@ -257,7 +290,12 @@ class MpiChannel final : public Channel {
       }
       std::unique_lock<std::mutex> lock(mutex_);
       wake_.wait_for(lock, pause, [&] { return stop_ || !queue_.empty(); });
-      pause = std::min(pause * 2, us(200));
+      slept += pause;
+      // As the ring waits (comm/ring.cpp): a quarter of the time slept so far, at most 200 us while a piece
+      // to this node is pending and 1 ms while only pieces to other nodes are.
+      bool local = false;
+      for (const Piece& p : posted.pieces) local = local || p.m->piece == kNodePieceBytes;
+      pause = std::min(std::max(std::min(pause * 2, us(100)), slept / 4), local ? us(200) : us(1000));
     }
     for (auto& p : posted.pieces) new Tensor(p.m->keep);  // NOLINT: MPI may still touch their memory
   }
