@@ -2,9 +2,11 @@
 #include "comm/host_collectives.h"
 
 #include <algorithm>
+#include <chrono>
 #include <limits>
 
 #include "comm/mpi_check.h"
+#include "comm/polite_wait.h"
 
 namespace ringtrain::comm {
 namespace {
@@ -33,6 +35,15 @@ int size_of(MPI_Comm comm) {
   return size;
 }
 
+// Runs the non-blocking collective `start` posts and waits for it politely (polite_wait.h), at most 1 ms
+// late: a rank waiting for a slower one (the step's check-in) leaves the cores to those still computing.
+template <typename Start>
+void run_politely(Start start) {
+  MPI_Request request = MPI_REQUEST_NULL;
+  start(&request);
+  wait_politely(&request, MPI_STATUS_IGNORE, std::chrono::milliseconds(1));
+}
+
 int checked_count(size_t n, const char* what) {
   RT_CHECK(n <= static_cast<size_t>(std::numeric_limits<int>::max()), what, ": ", n,
            " elements exceed MPI's int count");
@@ -54,18 +65,24 @@ int displacements(const std::vector<int>& lengths, std::vector<int>& displs) {
 }  // namespace
 
 void all_reduce(MPI_Comm comm, std::span<double> values, HostOp op) {
-  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, values.data(), checked_count(values.size(), "all_reduce"), MPI_DOUBLE,
-                          mpi_op(op), comm));
+  const int n = checked_count(values.size(), "all_reduce");
+  run_politely([&](MPI_Request* r) {
+    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, values.data(), n, MPI_DOUBLE, mpi_op(op), comm, r));
+  });
 }
 
 void all_reduce(MPI_Comm comm, std::span<int64_t> values, HostOp op) {
-  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, values.data(), checked_count(values.size(), "all_reduce"), MPI_INT64_T,
-                          mpi_op(op), comm));
+  const int n = checked_count(values.size(), "all_reduce");
+  run_politely([&](MPI_Request* r) {
+    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, values.data(), n, MPI_INT64_T, mpi_op(op), comm, r));
+  });
 }
 
 void all_reduce(MPI_Comm comm, std::span<uint64_t> values, HostOp op) {
-  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, values.data(), checked_count(values.size(), "all_reduce"), MPI_UINT64_T,
-                          mpi_op(op), comm));
+  const int n = checked_count(values.size(), "all_reduce");
+  run_politely([&](MPI_Request* r) {
+    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, values.data(), n, MPI_UINT64_T, mpi_op(op), comm, r));
+  });
 }
 
 double all_reduce(MPI_Comm comm, double value, HostOp op) {

@@ -31,26 +31,22 @@
 #include <cstring>
 #include <span>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "comm/backends.h"
 #include "comm/host_collectives.h"
 #include "comm/host_comm.h"
 #include "comm/mpi_check.h"
+#include "comm/polite_wait.h"
 #include "core/check.h"
 
 namespace ringtrain::comm {
 namespace {
 
-// Waits for a request without hogging a core: MPI_Wait busy-polls, which on a fully subscribed node
-// (every core running a rank's compute threads) steals the core backward is computing on while the peer
-// is not ready yet. Poll briefly, then yield between polls (other runnable threads go first), then
-// sleep with a growing pause: doubling from 10 us to 100 us (well below the time a large chunk takes), then
-// a quarter of the time slept so far, at most `max_pause` — 100 us inside a node; 1 ms between nodes,
-// where a slow link would otherwise wake this thread every 100 us for the whole of backward, each wake-up
-// preempting the compute thread on its core, while a message is still noticed at most 25% later than it
-// arrived. MPI makes progress, including the single-copy (CMA) transfers, inside MPI_Test.
+// Waits for a request without hogging a core (polite_wait.h): `max_pause` is 100 us inside a node; 1 ms
+// between nodes, where a slow link would otherwise wake this thread every 100 us for the whole of
+// backward, each wake-up preempting the compute thread on its core. MPI makes progress, including the
+// single-copy (CMA) transfers, inside MPI_Test.
 // For receives, `expected_bytes` >= 0 checks the message's size: a shorter message means the ranks are
 // not running the same operation (different sizes or a different sequence), an error instead of
 // silently wrong data.
@@ -58,36 +54,17 @@ namespace {
 // wait with an error instead of waiting for a peer that may never come.
 void wait_polite(const HostCommunicator& owner, MPI_Request* request, std::chrono::microseconds max_pause,
                  int64_t expected_bytes = -1) {
-  int done = 0;
   MPI_Status status;
-  auto finished = [&] {
-    if (expected_bytes < 0) return;
-    int got = 0;
-    MPI_CHECK(MPI_Get_count(&status, MPI_BYTE, &got));
-    if (got != expected_bytes)
-      RT_THROW("ring: received ", got, " bytes from rank ", status.MPI_SOURCE, " where ", expected_bytes,
-               " were expected: the ranks are not running the same collective (sizes or order differ)");
-  };
-  for (int i = 0; i < 64; ++i) {
-    MPI_CHECK(MPI_Test(request, &done, &status));
-    if (done) return finished();
-  }
-  for (int i = 0; i < 256; ++i) {
-    std::this_thread::yield();
-    MPI_CHECK(MPI_Test(request, &done, &status));
-    if (done) return finished();
-  }
-  using us = std::chrono::microseconds;
-  us pause(10), slept(0);
-  for (;;) {
+  wait_politely(request, &status, max_pause, [&] {
     if (owner.cancelled())
       RT_THROW("ring: cancelled (the communicator was destroyed while this rank waited for a peer)");
-    std::this_thread::sleep_for(pause);
-    slept += pause;
-    MPI_CHECK(MPI_Test(request, &done, &status));
-    if (done) return finished();
-    pause = std::min(std::max(std::min(pause * 2, us(100)), slept / 4), max_pause);
-  }
+  });
+  if (expected_bytes < 0) return;
+  int got = 0;
+  MPI_CHECK(MPI_Get_count(&status, MPI_BYTE, &got));
+  if (got != expected_bytes)
+    RT_THROW("ring: received ", got, " bytes from rank ", status.MPI_SOURCE, " where ", expected_bytes,
+             " were expected: the ranks are not running the same collective (sizes or order differ)");
 }
 
 // One ring: a communicator and this rank's place in it.

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <span>
 #include <string>
 #include <thread>
@@ -349,6 +350,29 @@ TEST(HostCollectives, ReduceBroadcastAndGatherHostValues) {
   EXPECT_EQ(static_cast<int>(pairs.size()), 2 * n);
   EXPECT_EQ(pairs[2 * (n - 1) + 1], -(n - 1));
   barrier(w.comm());
+}
+
+// A rank waiting in a host collective for a slower one (a pipeline's stage at the step's check-in while
+// another still computes) sleeps between polls instead of busy-polling a core the others need.
+TEST(HostCollectives, AnAllReduceWaitingForASlowRankLeavesTheCore) {
+  World& w = World::init();
+  const int r = w.rank(), n = w.size();
+  if (n < 2) GTEST_SKIP() << "one rank: nobody to wait for";
+  barrier(w.comm());
+  if (r == n - 1) std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  const auto thread_cpu = [] {
+    timespec t{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+  };
+  const double cpu0 = thread_cpu();
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(all_reduce(w.comm(), int64_t{r + 1}), int64_t{n} * (n + 1) / 2);
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double cpu = thread_cpu() - cpu0;
+  if (r == n - 1) return;
+  EXPECT_GT(wall, 0.2) << "rank " << r << " did not wait for the slow rank";
+  EXPECT_LT(cpu, 0.25 * wall) << "rank " << r << " spent " << cpu << " s of CPU waiting " << wall << " s";
 }
 
 // Destroying a communicator never waits for a peer: an operation no other rank will join is cancelled,

@@ -1,0 +1,35 @@
+// comm/polite_wait.cpp: see polite_wait.h.
+#include "comm/polite_wait.h"
+
+#include <algorithm>
+#include <thread>
+
+#include "comm/mpi_check.h"
+
+namespace ringtrain::comm {
+
+void wait_politely(MPI_Request* request, MPI_Status* status, std::chrono::microseconds max_pause,
+                   const std::function<void()>& before_sleep) {
+  int done = 0;
+  for (int i = 0; i < 64; ++i) {
+    MPI_CHECK(MPI_Test(request, &done, status));
+    if (done) return;
+  }
+  for (int i = 0; i < 256; ++i) {
+    std::this_thread::yield();
+    MPI_CHECK(MPI_Test(request, &done, status));
+    if (done) return;
+  }
+  using us = std::chrono::microseconds;
+  us pause(10), slept(0);
+  for (;;) {
+    if (before_sleep) before_sleep();
+    std::this_thread::sleep_for(pause);
+    slept += pause;
+    MPI_CHECK(MPI_Test(request, &done, status));
+    if (done) return;
+    pause = std::min(std::max(std::min(pause * 2, us(100)), slept / 4), max_pause);
+  }
+}
+
+}  // namespace ringtrain::comm

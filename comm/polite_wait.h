@@ -1,0 +1,22 @@
+// comm/polite_wait.h (internal): waiting for an MPI request without taking a core from the ranks that
+// compute. MPI_Wait and the blocking collectives busy-poll, and over TCP every poll is a system call:
+// a rank waiting for a slower one (a pipeline's last stage at the step's check-in while the first still
+// runs its last backward) takes the cores the busy ranks need wherever ranks share them.
+#pragma once
+
+#include <mpi.h>
+
+#include <chrono>
+#include <functional>
+
+namespace ringtrain::comm {
+
+// Polls briefly, then yields between polls (other runnable threads go first), then sleeps with a growing
+// pause: doubling from 10 us to 100 us, then a quarter of the time slept so far, at most `max_pause`, so
+// a request is noticed at most 25% later than it finished (and at most `max_pause`). MPI makes progress,
+// a non-blocking collective's rounds included, inside MPI_Test. `before_sleep` (may throw) runs before
+// every sleep: a cancelled owner ends the wait there. Failures are ringtrain::Errors naming the call.
+void wait_politely(MPI_Request* request, MPI_Status* status, std::chrono::microseconds max_pause,
+                   const std::function<void()>& before_sleep = {});
+
+}  // namespace ringtrain::comm
