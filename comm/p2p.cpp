@@ -216,14 +216,20 @@ class MpiChannel final : public Channel {
       done[i] = posted.pieces[i].request == MPI_REQUEST_NULL;  // a piece whose posting failed
     }
     int count = 0;
-    const int rc = MPI_Testsome(static_cast<int>(n), posted.requests.data(), &count, posted.indices.data(),
-                                posted.statuses.data());
+    const auto test = [&] {
+      return MPI_Testsome(static_cast<int>(n), posted.requests.data(), &count, posted.indices.data(),
+                          posted.statuses.data());
+    };
+    int rc = test();
+    // Open MPI looks for finished requests before its progress pass, not after: what that pass finished
+    // is seen by a second call now rather than after the next pause.
+    if (rc == MPI_SUCCESS && count == 0) rc = test();
     if (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS) {
+      // Their messages fail; the pieces stay posted (MPI may still write into their memory, which the
+      // channel keeps until it is destroyed).
       for (size_t i = 0; i < n; ++i)
-        if (!done[i]) {
+        if (!done[i])
           fail(*posted.pieces[i].m, detail::str_cat(posted.pieces[i].m->what, ": ", detail::mpi_error_text(rc)));
-          done[i] = 1;
-        }
     } else if (count != MPI_UNDEFINED) {
       for (int k = 0; k < count; ++k) {
         const auto i = static_cast<size_t>(posted.indices[static_cast<size_t>(k)]);
