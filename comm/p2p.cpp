@@ -15,6 +15,7 @@
 
 #include "comm/backends.h"
 #include "comm/mpi_check.h"
+#include "comm/polite_wait.h"
 #include "core/check.h"
 
 namespace ringtrain::comm {
@@ -297,11 +298,11 @@ class MpiChannel final : public Channel {
       std::unique_lock<std::mutex> lock(mutex_);
       wake_.wait_for(lock, pause, [&] { return stop_ || !queue_.empty(); });
       slept += pause;
-      // As the ring waits (comm/ring.cpp): a quarter of the time slept so far, at most 200 us while a piece
+      // As polite_wait.h waits: a quarter of the time slept so far, at most 200 us while a piece
       // to this node is pending and 1 ms while only pieces to other nodes are.
       bool local = false;
       for (const Piece& p : posted.pieces) local = local || p.m->piece == kNodePieceBytes;
-      pause = std::min(std::max(std::min(pause * 2, us(100)), slept / 4), local ? us(200) : us(1000));
+      pause = next_polite_pause(pause, slept, local ? us(200) : us(1000));
     }
     for (auto& p : posted.pieces) new Tensor(p.m->keep);  // NOLINT: MPI may still touch their memory
   }

@@ -28,8 +28,14 @@ void wait_politely(MPI_Request* request, MPI_Status* status, std::chrono::micros
     slept += pause;
     MPI_CHECK(MPI_Test(request, &done, status));
     if (done) return;
-    pause = std::min(std::max(std::min(pause * 2, us(100)), slept / 4), max_pause);
+    pause = next_polite_pause(pause, slept, max_pause);
   }
+}
+
+std::chrono::microseconds next_polite_pause(std::chrono::microseconds pause, std::chrono::microseconds slept,
+                                            std::chrono::microseconds max_pause) {
+  using us = std::chrono::microseconds;
+  return std::min(std::max(std::min(pause * 2, us(100)), slept / 4), max_pause);
 }
 
 }  // namespace ringtrain::comm

@@ -19,4 +19,8 @@ namespace ringtrain::comm {
 void wait_politely(MPI_Request* request, MPI_Status* status, std::chrono::microseconds max_pause,
                    const std::function<void()>& before_sleep = {});
 
+// The rule of those pauses: the one after `pause`, with `slept` slept so far in this wait.
+std::chrono::microseconds next_polite_pause(std::chrono::microseconds pause, std::chrono::microseconds slept,
+                                            std::chrono::microseconds max_pause);
+
 }  // namespace ringtrain::comm
