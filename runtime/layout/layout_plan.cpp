@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <set>
 
 #include "core/allocator.h"
@@ -341,6 +342,23 @@ bool stage_link_crosses(const WorldShape& w, int replicas, int stage) {
   return false;
 }
 
+// How the hierarchical backend runs the all-reduce of each stage's `replicas` (comm/ring.cpp, split_nodes):
+// hierarchically only where the group spans several hosts with the same number, more than one, on each;
+// otherwise as the flat ring, the same run as --backend ring. Runs hierarchically for some stage: 0; flat
+// with every group inside one host: 1; flat otherwise (one a host, or spread unevenly): 2.
+int hierarchical_flat(const WorldShape& w, int replicas, int stages) {
+  bool inside = true;
+  for (int s = 0; s < stages; ++s) {
+    std::map<int, int> on;  // host: the group's ranks on it
+    for (int j = 0; j < replicas; ++j) ++on[(s * replicas + j) / w.ranks_per_host];
+    const int first = on.begin()->second;
+    const bool uniform = std::all_of(on.begin(), on.end(), [&](const auto& h) { return h.second == first; });
+    if (uniform && first > 1 && on.size() > 1) return 0;
+    inside = inside && on.size() == 1;
+  }
+  return inside ? 1 : 2;
+}
+
 // How much slower than alone a rank computes with `busy` ranks of its host computing (CPU: they share its
 // cores; a device each: never).
 double sharing(const PlanInput& in, double busy) {
@@ -595,6 +613,13 @@ std::vector<Layout> enumerate_layouts(const PlanInput& in, std::vector<std::stri
     std::vector<double> buckets{in.options.bucket_mb};
     if (D > 1) {
       backends = in.backends.empty() ? std::vector<comm::Backend>{comm::Backend::Ring} : in.backends;
+      // Both considered, and hierarchical would run the flat ring: the same layout twice under two names.
+      const bool both = std::count(backends.begin(), backends.end(), comm::Backend::Ring) > 0;
+      const int flat = hierarchical_flat(in.world, D, S);
+      if (both && flat > 0 && std::erase(backends, comm::Backend::Hierarchical) > 0)
+        skip(detail::str_cat(S, S > 1 ? " stages" : " stage", ": --backend hierarchical, where each stage's ", D,
+                             " replicas ", flat == 1 ? "share a host" : "are one a host or spread unevenly",
+                             ": it runs the flat ring, the same layout as --backend ring"));
       // Bucket sizes that make other buckets than the first size (a small model is one bucket either way).
       buckets.clear();
       std::set<size_t> counts;

@@ -187,7 +187,8 @@ struct PlanInput {
 std::vector<comm::Backend> backends_for(const WorldShape& w);
 
 // The layouts the planner considers (see the .cpp for the rules), and in `skipped` why the others were
-// not (stage counts the global batch cannot be split for, recompute where the plain layout fits). Errors
+// not (stage counts the global batch cannot be split for, recompute where the plain layout fits, hierarchical
+// where a stage's replicas would run the flat ring). Errors
 // (permanent): a global batch no stage count can split over the world.
 std::vector<Layout> enumerate_layouts(const PlanInput& in, std::vector<std::string>* skipped = nullptr);
 LayoutCost predict_layout(const PlanInput& in, const Layout& layout);

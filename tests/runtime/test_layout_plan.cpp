@@ -206,6 +206,40 @@ TEST(LayoutEnumerate, FourRanksGiveEveryStageCountAndTheVariantsOfEach) {
   EXPECT_TRUE(said_recompute);
 }
 
+TEST(LayoutEnumerate, HierarchicalIsConsideredOnlyWhereItIsNotTheFlatRing) {
+  // 2 hosts x 4 ranks. Data parallelism spans both hosts with 4 ranks on each: both backends. 2 stages of
+  // 4 replicas, 4 stages of 2 and 8 stages of 1: each stage's replicas sit on one host, where the
+  // hierarchical backend runs the flat ring (comm/ring.cpp): one layout, listed once, as ring.
+  PlanInput in = input(2, 4, 64);
+  std::vector<std::string> skipped;
+  std::map<int, std::set<comm::Backend>> by_stages;
+  for (const Layout& l : enumerate_layouts(in, &skipped))
+    if (l.replicas > 1) by_stages[l.stages].insert(l.backend);
+  EXPECT_EQ(by_stages[1], (std::set<comm::Backend>{comm::Backend::Ring, comm::Backend::Hierarchical}));
+  EXPECT_EQ(by_stages[2], std::set<comm::Backend>{comm::Backend::Ring});
+  EXPECT_EQ(by_stages[4], std::set<comm::Backend>{comm::Backend::Ring});
+  std::string text;
+  for (const auto& s : skipped) text += s + "\n";
+  EXPECT_NE(text.find("2 stages: --backend hierarchical, where each stage's 4 replicas share a host"),
+            std::string::npos)
+      << text;
+  // 4 hosts x 2 ranks, 2 stages: each stage's 4 replicas are 2 on each of 2 hosts, which it runs
+  // hierarchically; 4 stages leave each stage's 2 replicas on one host.
+  in = input(4, 2, 64);
+  by_stages.clear();
+  for (const Layout& l : enumerate_layouts(in))
+    if (l.replicas > 1) by_stages[l.stages].insert(l.backend);
+  EXPECT_EQ(by_stages[2], (std::set<comm::Backend>{comm::Backend::Ring, comm::Backend::Hierarchical}));
+  EXPECT_EQ(by_stages[4], std::set<comm::Backend>{comm::Backend::Ring});
+  // Asked for by hand, it stays, whatever it runs.
+  in.backends = {comm::Backend::Hierarchical};
+  for (const Layout& l : enumerate_layouts(in)) {
+    if (l.replicas > 1) {
+      EXPECT_EQ(l.backend, comm::Backend::Hierarchical) << l.flags();
+    }
+  }
+}
+
 TEST(LayoutEnumerate, StagesTheBatchOrTheModelCannotTakeAreSkippedWithTheirReason) {
   PlanInput in = input(1, 4, 12);  // 12 images: D2's 6 make 2 micro-batches but not 4 or 8; D1's 12 make 4
   in.compute = profile(3);         // and 3 blocks make no 4 stages
