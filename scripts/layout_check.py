@@ -14,6 +14,9 @@ and peak with their errors; below it the verdicts of issue 50:
   * the chosen layout's measured step is within 5% of the best measured one,
   * predicted steps within 15% of the measured (median error within 10%),
   * predicted peaks within 10%.
+With several rounds, a last line gives the measurement's own spread: how far one layout's runs moved
+between rounds (the slowest over the fastest median), the largest and the median over the layouts. A
+prediction cannot be checked tighter than the runs it is checked against repeat.
 --launcher is the command before the program: "mpirun -np 4 --oversubscribe", or
 "bash scripts/cluster.sh run -np 4 --" on the emulated cluster. Each run is under `timeout` (--timeout).
 Exit status: 0 every verdict holds, 1 one does not, 2 a run failed or bad arguments.
@@ -60,6 +63,17 @@ def last(records, kind):
     if not found:
         raise SystemExit(f"layout_check: no '{kind}' record in the run's log")
     return found[-1]
+
+
+def rounds_spread(ran):
+    """How far each layout's runs moved between rounds: its slowest median step over its fastest, less 1; the
+    largest (and whose) and the median over the layouts run more than once. None when none was."""
+    moves = [(max(r["steps"]) / min(r["steps"]) - 1, r["layout"]) for r in ran if len(r["steps"]) > 1]
+    if not moves:
+        return None
+    largest = max(moves)
+    return {"largest": largest[0], "largest_layout": largest[1], "median": statistics.median(m for m, _ in moves),
+            "layouts": len(moves)}
 
 
 def main():
@@ -156,11 +170,16 @@ def main():
                  f"{1e3 * auto_summary['median_step_s']:.1f} ms a step")
     for text, ok in verdicts:
         lines.append(f"{'PASS' if ok else 'FAIL'}: {text}")
+    spread = rounds_spread(ran)
+    if spread:
+        lines.append(f"measurement spread: one layout's rounds differed by up to {100 * spread['largest']:.1f}% "
+                     f"({spread['largest_layout']}), median {100 * spread['median']:.1f}%, over "
+                     f"{spread['layouts']} layouts run {a.repeats} times")
     print("\n".join(lines))
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"args": args, "launcher": a.launcher, "rows": rows, "link": layout.get("link"),
-                       "world": layout.get("world"), "planning_s": layout.get("planning_s"),
+                       "world": layout.get("world"), "planning_s": layout.get("planning_s"), "spread": spread,
                        "verdicts": [{"text": t, "ok": ok} for t, ok in verdicts]}, f, indent=1)
     return 0 if all(ok for _, ok in verdicts) else 1
 
