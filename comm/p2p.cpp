@@ -52,23 +52,13 @@ void finish(Message& m) {
   }
 }
 
-// The polite wait of the ring (spin, yield, then sleeps of at most 200 us) on a message's state.
+// The polite wait of the ring (spin, yield, then sleeps of at most 200 us: comm/polite_wait.h) on a
+// message's state, which the channel's progress thread sets.
 class MpiChannelWork final : public Work {
  public:
   explicit MpiChannelWork(std::shared_ptr<Message> m) : m_(std::move(m)) {}
   void wait() override {
-    using us = std::chrono::microseconds;
-    us pause(10);
-    for (int round = 0;; ++round) {
-      if (test()) break;
-      if (round < 64) continue;
-      if (round < 320) {
-        std::this_thread::yield();
-        continue;
-      }
-      std::this_thread::sleep_for(pause);
-      pause = std::min(pause * 2, us(200));
-    }
+    wait_politely_until([this] { return test(); }, std::chrono::microseconds(200));
     finish(*m_);
   }
   bool test() override { return m_->state.load(std::memory_order_acquire) != 0; }

@@ -8,17 +8,13 @@
 
 namespace ringtrain::comm {
 
-void wait_politely(MPI_Request* request, MPI_Status* status, std::chrono::microseconds max_pause,
-                   const std::function<void()>& before_sleep) {
-  int done = 0;
-  for (int i = 0; i < 64; ++i) {
-    MPI_CHECK(MPI_Test(request, &done, status));
-    if (done) return;
-  }
+void wait_politely_until(const std::function<bool()>& done, std::chrono::microseconds max_pause,
+                         const std::function<void()>& before_sleep) {
+  for (int i = 0; i < 64; ++i)
+    if (done()) return;
   for (int i = 0; i < 256; ++i) {
     std::this_thread::yield();
-    MPI_CHECK(MPI_Test(request, &done, status));
-    if (done) return;
+    if (done()) return;
   }
   using us = std::chrono::microseconds;
   us pause(10), slept(0);
@@ -26,10 +22,20 @@ void wait_politely(MPI_Request* request, MPI_Status* status, std::chrono::micros
     if (before_sleep) before_sleep();
     std::this_thread::sleep_for(pause);
     slept += pause;
-    MPI_CHECK(MPI_Test(request, &done, status));
-    if (done) return;
+    if (done()) return;
     pause = next_polite_pause(pause, slept, max_pause);
   }
+}
+
+void wait_politely(MPI_Request* request, MPI_Status* status, std::chrono::microseconds max_pause,
+                   const std::function<void()>& before_sleep) {
+  wait_politely_until(
+      [&] {
+        int done = 0;
+        MPI_CHECK(MPI_Test(request, &done, status));
+        return done != 0;
+      },
+      max_pause, before_sleep);
 }
 
 std::chrono::microseconds next_polite_pause(std::chrono::microseconds pause, std::chrono::microseconds slept,

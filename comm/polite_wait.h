@@ -19,6 +19,12 @@ namespace ringtrain::comm {
 void wait_politely(MPI_Request* request, MPI_Status* status, std::chrono::microseconds max_pause,
                    const std::function<void()>& before_sleep = {});
 
+// The same wait on any condition: `done` is polled 64 times, then 256 times with a yield before each,
+// then after every sleep (the pauses above) until it is true. A channel's message, which its own progress
+// thread completes, is waited for so (comm/p2p.cpp).
+void wait_politely_until(const std::function<bool()>& done, std::chrono::microseconds max_pause,
+                         const std::function<void()>& before_sleep = {});
+
 // The rule of those pauses: the one after `pause`, with `slept` slept so far in this wait.
 std::chrono::microseconds next_polite_pause(std::chrono::microseconds pause, std::chrono::microseconds slept,
                                             std::chrono::microseconds max_pause);
