@@ -10,8 +10,9 @@
 // The step time of a layout is built from what was measured:
 //   compute   every block's forward and backward at two micro-batch sizes: the whole model's time the line
 //             through their sums (never superlinear: a smaller micro-batch is never predicted faster per
-//             image than the larger was measured), each block its share of it, a recomputed block's forward once more
-//             (it and the backward after it in the cache: their times alone, the whole pass's scale taken off);
+//             image than the larger was measured), each block its share of it, a recomputed block's
+//             forward once more (it and the backward after it in the cache: their times alone, the whole
+//             pass's scale taken off);
 //   pipeline  1F1B/GPipe over S stages and M micro-batches: every stage's work once (filling and draining
 //             the pipe) plus M - 1 times the slowest stage's, with the activations and their gradients
 //             sent between stages over the link model; its peak is the stage whose blocks' activations
@@ -110,9 +111,10 @@ struct ComputeProfile {
   // A whole step's time over the sum of its blocks' measured one at a time, at each batch: the blocks' times
   // above are already multiplied by it (layout_probe.h); recorded to show the correction.
   double scale[2] = {1, 1};
-  // That scale at micro-batch b (from the one to the other between the batches, held past them), at least 1: a block
-  // whose forward runs again just before its backward (recompute) finds its activations in the cache, as when timed
-  // alone, so its recomputed forward and its backward take their one-at-a-time times, the scale taken off.
+  // That scale at micro-batch b (from the one to the other between the batches, held past them), at least
+  // 1: a block whose forward runs again just before its backward (recompute) finds its activations in the
+  // cache, as when timed alone, so its recomputed forward and its backward take their one-at-a-time times,
+  // the scale taken off.
   double scale_at(int64_t b) const;
   // How much slower than alone the ranks ran, sharing their host's cores: max(1, busy threads / cores) over
   // the probe (every rank at once); 1 on GPUs, a device each.
