@@ -484,6 +484,7 @@ PY
         stepds() { pgrep -f "^slurmstepd: \[$id\." > /dev/null; }
         stepds || fail "cannot see job $id's slurmstepd processes (the wait below would prove nothing)"
         in0 scontrol requeue "$id" || fail "scontrol requeue failed"
+        requeued_at=$(date +%s)
         # A requeued job waits out a begin time of its own (about 2 minutes); the test does not, so it waits
         # for what that delay covers: the first run's slurmstepds gone. The batch step's stepd reports the
         # script's end (exit 143) to slurmctld before it exits, and slurmctld applies a batch completion to
@@ -491,6 +492,13 @@ PY
         # FAILED before its script printed anything (the likely cause of one failure on a slow CI machine).
         for _ in $(seq 240); do stepds || break; sleep 0.25; done
         stepds && fail "job $id's first run still has slurmstepd processes 60 s after the requeue"
+        # The delay also covers the first run's credential: slurmctld revoked it at the requeue, stamped with
+        # that second, and a slurmd takes any credential of the job issued in the same second for the revoked
+        # one (it compares whole seconds: ctime <= revoked). A second run allocated within that second is
+        # refused its batch launch (or its srun step on node1) and the job ends FAILED before its script says
+        # anything; how often depends on how fast the machine gets from the requeue to the allocation. So the
+        # job is released only once the clock has passed the requeue's second (scontrol returned after it).
+        while (( $(date +%s) <= requeued_at + 1 )); do sleep 0.1; done
         for _ in $(seq 120); do
           [[ $(state_of "$id") = PENDING ]] && in0 scontrol update JobId="$id" StartTime=now 2> /dev/null && break
           sleep 0.25
