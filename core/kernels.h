@@ -29,6 +29,80 @@ enum class ReduceOp : uint8_t { Sum, Max };
 
 constexpr bool is_comparison(BinaryOp op) { return op >= BinaryOp::Eq && op <= BinaryOp::Ge; }
 
+// The activations of today's CNNs, each with its own backward from x (core/ops.h has the formulas):
+// Clamp to [a, b] (gradient where a < x < b, none for NaN), Hardtanh to [a, b] (ReLU6; gradient but where x <= a
+// or x >= b, so NaN passes it), LeakyRelu (slope a), Gelu (erf), GeluTanh (the tanh approximation), Silu,
+// Hardswish, Hardsigmoid: PyTorch 2.15's forward and backward, edges included.
+enum class ActivationOp : uint8_t { Clamp, Hardtanh, LeakyRelu, Gelu, GeluTanh, Silu, Hardswish, Hardsigmoid };
+
+// A strided copy between two tensors' memory, for the ops that move elements without arithmetic (permute,
+// narrow, cat, expand and their backward): for every index (i_0, .., i_{ndim-1}) < dims, dst[dst_offset +
+// sum i_d * dst_stride[d]] = src[src_offset + sum i_d * src_stride[d]] (element strides and offsets; a source
+// stride of 0 repeats, as expand does). Destinations never overlap themselves.
+struct StridedCopy {
+  int ndim = 0;
+  int64_t dims[kMaxDims] = {};
+  int64_t src_stride[kMaxDims] = {}, dst_stride[kMaxDims] = {};
+  int64_t src_offset = 0, dst_offset = 0;
+};
+
+// The same copy over the fewest dims: dims of size 1 dropped, and neighbours merged where both sides step
+// through them as one dim (a permute of NHWC to NCHW keeps 3, a cat along C keeps 2: rows and a run). Both
+// devices' kernels run the collapsed copy; at least one dim remains.
+inline StridedCopy collapse(const StridedCopy& c) {
+  StridedCopy o;
+  o.src_offset = c.src_offset;
+  o.dst_offset = c.dst_offset;
+  for (int d = 0; d < c.ndim; ++d) {
+    if (c.dims[d] == 1) continue;
+    if (o.ndim > 0) {
+      const int last = o.ndim - 1;
+      if (o.src_stride[last] == c.src_stride[d] * c.dims[d] && o.dst_stride[last] == c.dst_stride[d] * c.dims[d]) {
+        o.dims[last] *= c.dims[d];
+        o.src_stride[last] = c.src_stride[d];
+        o.dst_stride[last] = c.dst_stride[d];
+        continue;
+      }
+    }
+    o.dims[o.ndim] = c.dims[d];
+    o.src_stride[o.ndim] = c.src_stride[d];
+    o.dst_stride[o.ndim] = c.dst_stride[d];
+    ++o.ndim;
+  }
+  if (o.ndim == 0) {  // one element
+    o.ndim = 1;
+    o.dims[0] = 1;
+    o.src_stride[0] = o.dst_stride[0] = 1;
+  }
+  return o;
+}
+
+// Separable resampling of NHWC images: output row p reads input rows index_h[offsets_h[p] ..
+// offsets_h[p + 1]) with weights weight_h (the same for columns), and y[n, p, q, c] = sum over those rows i
+// and columns j of weight_h[i] * weight_w[j] * x[n, row_i, col_j, c], summed rows outer, columns inner, in
+// the tables' order. Adaptive average pooling, nearest and bilinear upsampling are such tables; their
+// backward is the same kernel with the transposed tables. offsets and index: I32 on the op's device;
+// weights: F64 for f64 tensors, else F32.
+struct ResampleTaps {
+  Tensor offsets_h, index_h, weight_h;
+  Tensor offsets_w, index_w, weight_w;
+};
+
+// x viewed as (n, s, c), c channels in `groups` groups (group_norm_forward).
+struct GroupNormShape {
+  int64_t n = 0, s = 0, c = 0, groups = 1;
+};
+
+// Cross-entropy's options as the kernels take them (core/ops.h CrossEntropyOptions): rows whose label is
+// ignore_index count for nothing; class_weight (C), in the loss dtype (F32, F64 for f64 logits), weighs each
+// row by its label's weight and the smoothing term by each class's weight, as PyTorch does.
+struct CrossEntropyArgs {
+  double smoothing = 0.0;
+  bool has_ignore = false;
+  int64_t ignore_index = 0;
+  const Tensor* class_weight = nullptr;
+};
+
 // Broadcast description shared by all devices: out has `ndim` dims; a_stride[d] / b_stride[d] are the
 // element strides of a and b along out's dim d (0 where that input is broadcast).
 struct BroadcastDesc {
@@ -189,15 +263,20 @@ struct KernelTable {
   void (*softmax_backward)(const Tensor& y, const Tensor& dy, int64_t rows, int64_t cols, bool log,
                            Tensor& dx) = nullptr;
   // Fused softmax cross-entropy with label smoothing eps over logits [rows, cols], labels I32 or I64 [rows].
-  // Writes log_probs [rows, cols] (logits' dtype) and loss [rows] (F32 for 16-bit logits, else logits' dtype):
-  // loss_r = -(1 - eps) * logp[r, y_r] - (eps / cols) * sum_c logp[r, c].
-  // bad_row: I64 [1] on the op's device, set to the first row whose label is outside [0, cols), or to a
-  // value >= rows when every label is valid. Written without a host wait (core/device.h's deferred checks).
-  void (*cross_entropy)(const Tensor& logits, const Tensor& labels, double smoothing, Tensor& log_probs, Tensor& loss,
-                        Tensor& bad_row) = nullptr;
-  // dlogits[r, c] = scale * (exp(logp[r, c]) - (1 - eps) [c == y_r] - eps / cols); scale = dloss / rows.
-  void (*cross_entropy_backward)(const Tensor& log_probs, const Tensor& labels, double smoothing, double scale,
-                                 Tensor& dlogits) = nullptr;
+  // Writes log_probs [rows, cols] (logits' dtype), loss [rows] and row_weight [rows] (both F32 for 16-bit
+  // logits, else logits' dtype). Without class weights: loss_r = -(1 - eps) * logp[r, y_r] - (eps / cols) *
+  // sum_c logp[r, c] and w_r = 1; with weights wt: loss_r = -(1 - eps) * wt[y_r] * logp[r, y_r] - (eps / cols)
+  // * sum_c wt[c] * logp[r, c] and w_r = wt[y_r]; a row whose label is the ignore index: loss_r = w_r = 0.
+  // bad_row: I64 [1] on the op's device, set to the first row whose label is outside [0, cols) (and not the
+  // ignore index), or to a value >= rows when every label is valid. Written without a host wait
+  // (core/device.h's deferred checks).
+  void (*cross_entropy)(const Tensor& logits, const Tensor& labels, const CrossEntropyArgs& args, Tensor& log_probs,
+                        Tensor& loss, Tensor& row_weight, Tensor& bad_row) = nullptr;
+  // dlogits[r, c] = scale * (exp(logp[r, c]) - (1 - eps) [c == y_r] - eps / cols) without class weights; with
+  // them scale * ((1 - eps) wt[y_r] (p[r, c] - [c == y_r]) + (eps / cols) (p[r, c] sum wt - wt[c])); 0 for an
+  // ignored row. scale = dloss / rows (dloss / sum of the row weights for the weighted mean).
+  void (*cross_entropy_backward)(const Tensor& log_probs, const Tensor& labels, const CrossEntropyArgs& args,
+                                 double scale, Tensor& dlogits) = nullptr;
   // mask[i] = (philox_uniform(seed, stream, i) > p) ? 1/(1-p) : 0 (x's dtype); out = x * mask.
   void (*dropout)(const Tensor& x, double p, uint64_t seed, uint64_t stream, Tensor& out, Tensor& mask) = nullptr;
   // y = conv(x, w) (+ bias broadcast over K when bias != null).
@@ -261,6 +340,36 @@ struct KernelTable {
   // Average: count_include_pad semantics (divide by r * s), as PyTorch's default.
   void (*avg_pool2d_forward)(const Tensor& x, const ConvGeometry& g, Tensor& y) = nullptr;
   void (*avg_pool2d_backward)(const Tensor& dy, const ConvGeometry& g, Tensor& dx) = nullptr;
+  // ---- the pieces of today's CNNs (core/ops.h: cat, permute, where, activations, group and layer norm,
+  // resampling, drop_path)
+  // dst's elements from src's as `copy` says (StridedCopy); src and dst of one dtype, any dtype.
+  void (*strided_copy)(const Tensor& src, Tensor& dst, const StridedCopy& copy) = nullptr;
+  // out[i] = cond[i] ? a[i] : b[i] over out's elements; cond U8, a, b and out of one dtype, all of out's size.
+  void (*where)(const Tensor& cond, const Tensor& a, const Tensor& b, Tensor& out) = nullptr;
+  // y = op(x) with the op's parameters a, b (ActivationOp); floating dtypes, computed in compute_t.
+  void (*activation)(ActivationOp op, const Tensor& x, double a, double b, Tensor& y) = nullptr;
+  // dx = dy * op'(x).
+  void (*activation_backward)(ActivationOp op, const Tensor& x, const Tensor& dy, double a, double b,
+                              Tensor& dx) = nullptr;
+  // Group normalisation of x viewed as (n, s, c) with c = groups x (c / groups) (NHWC GroupNorm: s = H * W;
+  // LayerNorm over the last dim: n rows, s = 1, one group): each (n, group) is normalised over its s x c /
+  // groups values with their mean and rstd = 1 / sqrt(biased variance + eps), statistics accumulated in f64 on
+  // the CPU and in the compute type (f32 for 16-bit x) on CUDA; y = (x - mean) * rstd * gamma[c] + beta[c]
+  // (no affine when gamma and beta are null). gamma, beta: (c) F32 (F64 for f64 x); mean, rstd: (n, groups), the
+  // same dtype.
+  void (*group_norm_forward)(const Tensor& x, const Tensor* gamma, const Tensor* beta, const GroupNormShape& shape,
+                             double eps, Tensor& y, Tensor& mean, Tensor& rstd) = nullptr;
+  // dx = rstd * (g - mean_group(g) - xhat * mean_group(g * xhat)) with g = dy * gamma (dy without affine);
+  // dgamma[c] = sum over n, s of dy * xhat, dbeta[c] = sum of dy (both null without affine), summed in a fixed
+  // order.
+  void (*group_norm_backward)(const Tensor& x, const Tensor& dy, const Tensor* gamma, const Tensor& mean,
+                              const Tensor& rstd, const GroupNormShape& shape, Tensor& dx, Tensor* dgamma,
+                              Tensor* dbeta) = nullptr;
+  // y (N, P, Q, C) from x (N, H, W, C) through the tables (ResampleTaps); floating dtypes.
+  void (*resample2d)(const Tensor& x, const ResampleTaps& taps, Tensor& y) = nullptr;
+  // A per-sample keep mask (drop_path): mask[i] = philox_uniform(seed, stream, first + i) > p ? 1 / (1 - p) : 0,
+  // as dropout draws, i over mask's elements; floating dtypes.
+  void (*sample_mask)(Tensor& mask, double p, uint64_t seed, uint64_t stream, int64_t first) = nullptr;
   // All tensors on this device with one dtype; on CUDA a handful of launches for the whole model.
   void (*sgd_multi_tensor)(const std::vector<SgdTensor>& tensors, const SgdArgs& args) = nullptr;
   void (*adamw_multi_tensor)(const std::vector<AdamWTensor>& tensors, const AdamWArgs& args) = nullptr;

@@ -9,6 +9,7 @@
 #include "core/autograd.h"
 #include "core/check.h"
 #include "core/dispatch.h"
+#include "core/ops_internal.h"
 #include "core/pack.h"
 
 namespace ringtrain {
@@ -33,7 +34,53 @@ void after_op(Device device, const char* op) {
   if (auto hook = kernel_table(device, op).after_op) hook(op);
 }
 
+Shape broadcast_shapes(const char* op, const Tensor& a, const Tensor& b) {
+  return broadcast_shapes(op, a.shape(), b.shape());
+}
+
+Shape broadcast_shapes(const char* op, const Shape& sa, const Shape& sb) {
+  const int ndim = std::max(sa.ndim(), sb.ndim());
+  std::vector<int64_t> dims(static_cast<size_t>(ndim));
+  for (int d = 0; d < ndim; ++d) {
+    int da = d - (ndim - sa.ndim()), db = d - (ndim - sb.ndim());
+    int64_t x = da >= 0 ? sa[da] : 1, y = db >= 0 ? sb[db] : 1;
+    if (x != y && x != 1 && y != 1)
+      RT_THROW("op '", op, "': shapes ", sa, " and ", sb, " do not broadcast (dim ", d, ": ", x, " vs ", y, ")");
+    dims[static_cast<size_t>(d)] = x == 1 ? y : x;
+  }
+  return Shape(std::span<const int64_t>(dims));
+}
+
+void check_same_device_dtype(const char* op, const Tensor& a, const Tensor& b) {
+  RT_CHECK(a.defined() && b.defined(), "op '", op, "': undefined input");
+  if (a.device() != b.device())
+    RT_THROW("op '", op, "': inputs are on different devices: ", a.describe(), " and ", b.describe());
+  if (a.dtype() != b.dtype())
+    RT_THROW("op '", op, "': dtype mismatch: ", a.describe(), " and ", b.describe(), " (convert one with .to(dtype))");
+}
+
+void check_floating(const char* op, const Tensor& x) {
+  RT_CHECK(x.defined(), "op '", op, "': undefined input");
+  if (!is_floating(x.dtype())) RT_THROW("op '", op, "' needs a floating-point tensor, got ", x.describe());
+}
+
+// Autocast (core/autocast.h): conv2d, linear and matmul whose inputs are f32 or already the autocast
+// dtype (activations from an earlier autocast op meeting f32 weights) run in the autocast dtype; f64 never.
+std::optional<DType> autocast_for(const Tensor& a, const Tensor& b) {
+  const auto dtype = autocast_dtype();
+  if (!dtype) return std::nullopt;
+  auto eligible = [&](DType t) { return t == DType::F32 || t == *dtype; };
+  if (!eligible(a.dtype()) || !eligible(b.dtype()) || (a.dtype() == *dtype && b.dtype() == *dtype)) return std::nullopt;
+  return dtype;
+}
+Tensor cast_if_defined(const Tensor& t, DType dtype) { return t.defined() ? autocast_cast(t, dtype) : t; }
 }  // namespace detail
+
+using detail::autocast_for;
+using detail::broadcast_shapes;
+using detail::cast_if_defined;
+using detail::check_floating;
+using detail::check_same_device_dtype;
 
 BroadcastDesc make_broadcast(const Shape& a, const Shape& b, const Shape& out) {
   BroadcastDesc bc;
@@ -92,34 +139,6 @@ const char* binary_name(BinaryOp op) {
       return "relu_backward";
   }
   return "binary";
-}
-
-Shape broadcast_shapes(const char* op, const Tensor& a, const Tensor& b) {
-  const Shape& sa = a.shape();
-  const Shape& sb = b.shape();
-  const int ndim = std::max(sa.ndim(), sb.ndim());
-  std::vector<int64_t> dims(static_cast<size_t>(ndim));
-  for (int d = 0; d < ndim; ++d) {
-    int da = d - (ndim - sa.ndim()), db = d - (ndim - sb.ndim());
-    int64_t x = da >= 0 ? sa[da] : 1, y = db >= 0 ? sb[db] : 1;
-    if (x != y && x != 1 && y != 1)
-      RT_THROW("op '", op, "': shapes ", sa, " and ", sb, " do not broadcast (dim ", d, ": ", x, " vs ", y, ")");
-    dims[static_cast<size_t>(d)] = x == 1 ? y : x;
-  }
-  return Shape(std::span<const int64_t>(dims));
-}
-
-void check_same_device_dtype(const char* op, const Tensor& a, const Tensor& b) {
-  RT_CHECK(a.defined() && b.defined(), "op '", op, "': undefined input");
-  if (a.device() != b.device())
-    RT_THROW("op '", op, "': inputs are on different devices: ", a.describe(), " and ", b.describe());
-  if (a.dtype() != b.dtype())
-    RT_THROW("op '", op, "': dtype mismatch: ", a.describe(), " and ", b.describe(), " (convert one with .to(dtype))");
-}
-
-void check_floating(const char* op, const Tensor& x) {
-  RT_CHECK(x.defined(), "op '", op, "': undefined input");
-  if (!is_floating(x.dtype())) RT_THROW("op '", op, "' needs a floating-point tensor, got ", x.describe());
 }
 
 Tensor binary_forward(BinaryOp op, const Tensor& a, const Tensor& b) {
@@ -469,19 +488,6 @@ void gemm_into(const Tensor& a, const Tensor& b, Tensor& c, bool ta, bool tb, in
   RT_KERNEL(a.device(), "matmul", gemm)(args, a, b, c, batch, stride_a, stride_b, m * n);
   detail::after_op(a.device(), "matmul");
 }
-}  // namespace
-
-namespace {
-// Autocast (core/autocast.h): conv2d, linear and matmul whose inputs are f32 or already the autocast
-// dtype (activations from an earlier autocast op meeting f32 weights) run in the autocast dtype; f64 never.
-std::optional<DType> autocast_for(const Tensor& a, const Tensor& b) {
-  const auto dtype = autocast_dtype();
-  if (!dtype) return std::nullopt;
-  auto eligible = [&](DType t) { return t == DType::F32 || t == *dtype; };
-  if (!eligible(a.dtype()) || !eligible(b.dtype()) || (a.dtype() == *dtype && b.dtype() == *dtype)) return std::nullopt;
-  return dtype;
-}
-Tensor cast_if_defined(const Tensor& t, DType dtype) { return t.defined() ? autocast_cast(t, dtype) : t; }
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
@@ -996,65 +1002,7 @@ Tensor softmax_impl(const Tensor& x, bool log) {
 Tensor softmax(const Tensor& x) { return softmax_impl(x, false); }
 Tensor log_softmax(const Tensor& x) { return softmax_impl(x, true); }
 
-Tensor cross_entropy(const Tensor& logits, const Tensor& labels, double label_smoothing) {
-  check_floating("cross_entropy", logits);
-  RT_CHECK(labels.defined(), "op 'cross_entropy': undefined labels");
-  if (logits.ndim() != 2) RT_THROW("op 'cross_entropy': logits must be (N, C), got ", logits.describe());
-  if (labels.ndim() != 1 || labels.size(0) != logits.size(0) ||
-      (labels.dtype() != DType::I32 && labels.dtype() != DType::I64))
-    RT_THROW("op 'cross_entropy': labels must be i32 or i64 of shape [", logits.size(0), "], got ", labels.describe(),
-             " for logits ", logits.describe());
-  if (labels.device() != logits.device())
-    RT_THROW("op 'cross_entropy': logits ", logits.describe(), " and labels ", labels.describe(),
-             " are on different devices");
-  if (!(label_smoothing >= 0.0 && label_smoothing <= 1.0))
-    RT_THROW("op 'cross_entropy': label_smoothing must be in [0, 1], got ", label_smoothing);
-  const int64_t rows = logits.size(0), cols = logits.size(1);
-  RT_CHECK(rows > 0 && cols > 0, "op 'cross_entropy': empty logits ", logits.describe());
-  const DType loss_dtype = logits.dtype() == DType::F64 ? DType::F64 : DType::F32;
-  Tensor log_probs = Tensor::empty(logits.shape(), logits.dtype(), logits.device());
-  Tensor row_loss = Tensor::empty(Shape{rows}, loss_dtype, logits.device());
-  Tensor bad_row = Tensor::empty(Shape{1}, DType::I64, logits.device());
-  RT_KERNEL(logits.device(), "cross_entropy", cross_entropy)
-  (logits, labels, label_smoothing, log_probs, row_loss, bad_row);
-  detail::after_op(logits.device(), "cross_entropy");
-  // On the GPU the flag is read at the next host read of device data (the loss, at a log point), so the
-  // step makes no host wait for it; the error still names the label, its row and the logits. The read goes
-  // on the stream the kernel ran on (the deferral's), whichever thread's read runs the check.
-  const bool deferred = !logits.device().is_cpu();
-  // evidence: the flag and the labels (a CUDA graph's replays check copies of both, core/device.h).
-  auto check = [rows, cols, what = logits.describe(), deferred](const std::vector<Tensor>& evidence) {
-    const int64_t row = evidence[0].to(Device::cpu()).data<int64_t>()[0];
-    if (row < 0 || row >= rows) return;
-    const auto value = static_cast<long long>(evidence[1].slice(row, row + 1).item());
-    RT_THROW("op 'cross_entropy': label ", value, " at row ", row, " is outside [0, ", cols, ") for logits ", what,
-             deferred ? " (checked on the device and reported at the next read of the loss; RINGTRAIN_CUDA_SYNC=1 "
-                        "reports it at the op)"
-                      : "");
-  };
-  if (deferred)
-    defer_device_check({bad_row, labels.detach()}, check);
-  else
-    check({bad_row, labels.detach()});
-  Tensor loss;
-  {
-    NoGradGuard no_grad;
-    loss = mean(row_loss);
-  }
-  if (!needs_grad({&logits})) return loss;
-  Tensor saved_log_probs = log_probs, saved_labels = labels.detach();
-  DType logits_dtype = logits.dtype();
-  return record("cross_entropy", {&logits}, loss,
-                [saved_log_probs, saved_labels, label_smoothing, rows, logits_dtype](const Tensor& g) {
-                  Tensor dlogits = Tensor::empty(saved_log_probs.shape(), logits_dtype, g.device());
-                  // Scale by 1/rows here and by the incoming gradient on the device (no host sync).
-                  RT_KERNEL(g.device(), "cross_entropy", cross_entropy_backward)
-                  (saved_log_probs, saved_labels, label_smoothing, 1.0 / static_cast<double>(rows), dlogits);
-                  detail::after_op(g.device(), "cross_entropy_backward");
-                  dlogits = mul(dlogits, g.to(logits_dtype));
-                  return Grads{dlogits};
-                });
-}
+// cross_entropy: core/ops_nn.cpp (any leading dims, an ignore index, class weights).
 
 // ---------------------------------------------------------------------------------------------------
 // Dropout

@@ -198,6 +198,117 @@ Tensor dropout(const Tensor& x, double p, bool training, uint64_t seed, uint64_t
 // The same, drawing (seed, stream) from the thread's default generator (manual_seed to reproduce).
 Tensor dropout(const Tensor& x, double p, bool training = true);
 
+// ---------------------------------------------------------------------------------------------------
+// The pieces of today's CNNs (core/ops_tensor.cpp, core/ops_nn.cpp). PyTorch's torch.nn.functional is the
+// reference: the same semantics, the same defaults, errors naming the op and the shapes.
+
+// ---- moving elements. ringtrain tensors are always contiguous, so these copy (PyTorch would make strided
+// views), except narrow and select on the first dim, which are views sharing the input's memory.
+// cat: tensors of one dtype and device whose shapes agree but along `dim` (negative counts from the end).
+Tensor cat(const std::vector<Tensor>& tensors, int dim);
+// Pieces of `size` along dim, the last one smaller when the dim does not divide (torch.split).
+std::vector<Tensor> split(const Tensor& x, int64_t size, int dim);
+// Pieces of the given sizes, which must add up to the dim (torch.split with a list).
+std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int dim);
+// `chunks` pieces of ceil(size / chunks), fewer when that already covers the dim (torch.chunk).
+std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int dim);
+// Elements [start, start + length) of dim (start may be negative: from the end).
+Tensor narrow(const Tensor& x, int dim, int64_t start, int64_t length);
+// Index `index` of dim, the dim removed (negative: from the end).
+Tensor select(const Tensor& x, int dim, int64_t index);
+// Dims reordered: output dim i is input dim dims[i] (a permutation of 0..ndim-1, negative allowed).
+Tensor permute(const Tensor& x, const std::vector<int>& dims);
+Tensor transpose(const Tensor& x, int dim0, int dim1);
+// x itself: every ringtrain tensor is already contiguous (for code ported from PyTorch).
+Tensor contiguous(const Tensor& x);
+// x broadcast to `shape` (NumPy rules: x's dims align to the right and must be 1 or equal), a copy.
+Tensor expand(const Tensor& x, const Shape& shape);
+// cond (U8, nonzero = true) ? a : b, elementwise with broadcasting of all three; a and b of one dtype and
+// device. Differentiable in a and b.
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
+
+// ---- activations (floating; each with a fused backward kernel)
+// min(max(x, min), max), either bound optional (not both absent); gradient where min < x < max (PyTorch 2's:
+// none at a bound itself).
+Tensor clamp(const Tensor& x, std::optional<double> min, std::optional<double> max);
+// clamp to [min, max] with PyTorch's hardtanh gradient: zero at the bounds themselves.
+Tensor hardtanh(const Tensor& x, double min = -1.0, double max = 1.0);
+Tensor relu6(const Tensor& x);                            // hardtanh(x, 0, 6)
+Tensor leaky_relu(const Tensor& x, double slope = 0.01);  // x > 0 ? x : slope * x
+enum class GeluApproximation : uint8_t { None, Tanh };    // PyTorch's approximate="none" | "tanh"
+Tensor gelu(const Tensor& x, GeluApproximation approximation = GeluApproximation::None);
+Tensor silu(const Tensor& x);         // x * sigmoid(x)
+Tensor hardswish(const Tensor& x);    // x * relu6(x + 3) / 6
+Tensor hardsigmoid(const Tensor& x);  // relu6(x + 3) / 6
+
+// ---- normalisation over channels (NHWC: C is the last dim). weight and bias: (C) F32 (F64 for f64 x), or
+// both undefined (no affine); statistics in f32 or better for 16-bit x; one fused kernel each way.
+// Over the last dim of x (..., C), each position on its own (ConvNeXt's channels-last LayerNorm on NHWC).
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
+// x (N, ..., C): C in `groups` groups, each (sample, group) normalised over its positions and channels.
+Tensor group_norm(const Tensor& x, int64_t groups, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
+
+// ---- pooling and resizing (NHWC)
+// x (N, H, W, C) -> (N, out_h, out_w, C): output (i, j) averages rows [floor(i H / out_h), ceil((i + 1) H /
+// out_h)) and the columns likewise (torch's adaptive_avg_pool2d); any output size, also larger than H x W.
+Tensor adaptive_avg_pool2d(const Tensor& x, int64_t out_h, int64_t out_w);
+enum class UpsampleMode : uint8_t { Nearest, NearestExact, Bilinear };
+struct UpsampleOptions {
+  int64_t out_h = 0, out_w = 0;         // the output size; or 0 and a scale factor
+  double scale_h = 0.0, scale_w = 0.0;  // output = floor(input * scale); the source index uses 1 / scale
+  UpsampleMode mode = UpsampleMode::Nearest;
+  bool align_corners = false;  // bilinear only (PyTorch refuses it for nearest)
+};
+// x (N, H, W, C) -> (N, out_h, out_w, C), as torch.nn.functional.interpolate.
+Tensor upsample(const Tensor& x, const UpsampleOptions& options);
+struct ConvTranspose2dParams {
+  int64_t stride_h = 1, stride_w = 1;
+  int64_t pad_h = 0, pad_w = 0;
+  int64_t output_pad_h = 0, output_pad_w = 0;  // each smaller than its stride or its dilation
+  int64_t dilation_h = 1, dilation_w = 1;
+  int64_t groups = 1;
+};
+// The gradient of conv2d with respect to its input, as a layer: x (N, H, W, Cin), weight (Cin, R, S,
+// Cout / groups) -- PyTorch's (Cin, Cout / groups, R, S) in ringtrain's KRSC order -- bias (Cout) or undefined
+// -> (N, (H - 1) stride - 2 pad + dilation (R - 1) + output_pad + 1, ..., Cout). Autocast as conv2d.
+Tensor conv_transpose2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const ConvTranspose2dParams& params);
+
+// ---- regularisation
+// Stochastic depth per sample (torchvision's StochasticDepth, mode "row"): in training each sample of x (N,
+// ...) is kept with probability 1 - p and scaled by 1 / (1 - p), else zeroed; sample i's draw is
+// philox_uniform(seed, stream, first_sample + i). Identity when !training or p == 0; p == 1 zeroes all.
+Tensor drop_path(const Tensor& x, double p, bool training, uint64_t seed, uint64_t stream, int64_t first_sample);
+// The same from the default generator: one stream a call, keyed as sample_draws() says (below).
+Tensor drop_path(const Tensor& x, double p, bool training = true);
+
+// Per-sample draws that do not depend on how a global batch is split over ranks and micro-batches. While set,
+// drop_path keys sample i of a micro-batch by first_sample + i (its index in the step's global batch) and its
+// stream by (step, the draw's place in the model's forward: the default generator's stream minus
+// micro_origin, the stream where this micro-batch's forward of the whole model began). The runtime sets it
+// before each micro-batch's forward and its recompute (runtime/step/replica.h); unset, drop_path keys by the
+// stream it draws and the sample's index in x.
+struct SampleDraws {
+  bool set = false;
+  uint64_t step = 0;
+  int64_t first_sample = 0;
+  uint64_t micro_origin = 0;
+};
+void set_sample_draws(const SampleDraws& draws);
+SampleDraws sample_draws();
+
+// ---- losses
+struct CrossEntropyOptions {
+  double label_smoothing = 0.0;
+  std::optional<int64_t> ignore_index =
+      std::nullopt;          // labels equal to it count for nothing (PyTorch's default -100: set it)
+  Tensor weight = Tensor();  // (C) per-class weights in the loss dtype, or undefined
+};
+// Softmax cross-entropy over the last dim of logits (..., C) -- (N, C) classification or (N, H, W, C)
+// per-pixel segmentation -- with labels (...) I32/I64 in [0, C) or the ignore index. The mean over the rows,
+// weighted as PyTorch's mean reduction: sum of the rows' losses / sum of their label weights (a batch whose
+// every label is ignored gives NaN, as PyTorch). Label smoothing as the (N, C) form.
+Tensor cross_entropy(const Tensor& logits, const Tensor& labels, const CrossEntropyOptions& options);
+
 // Default generator: a seed and a counter of consumed streams.
 void manual_seed(uint64_t seed);
 uint64_t default_seed();

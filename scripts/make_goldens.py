@@ -2,7 +2,9 @@
 """Writes the PyTorch golden dumps the C++ tests compare against (tests/golden/*.json).
 
 Run with Debian's interpreter after `apt-get install python3-torch`:
-    /usr/bin/python3 scripts/make_goldens.py [OUT_DIR]
+    /usr/bin/python3 scripts/make_goldens.py [OUT_DIR] [NAME ...]
+cnn_ops (the ops of core/ops_tensor.cpp and core/ops_nn.cpp) was written by PyTorch 2.15:
+    /opt/torch2/bin/python scripts/make_goldens.py tests/golden cnn_ops
 Each file maps a tensor name to {"shape": [...], "data": [...]} (float64 values, row-major), plus
 "meta" with the scalar settings. Everything is computed in float64 so the C++ f64 results must match
 to ~1e-12; the f32 tests use looser tolerances.
@@ -278,16 +280,241 @@ def resnet_golden(out_dir):
     write(out_dir, "resnet", tensors)
 
 
+def cnn_ops_golden(out_dir):
+    """The pieces of today's CNNs (core/ops.h): each op's output and input gradients for a fixed upstream, on
+    odd sizes, one-element dims and values at the activations' corners. Images NHWC, transposed-convolution
+    filters (Cin, kh, kw, Cout / groups) as ringtrain keeps them."""
+    g = torch.Generator().manual_seed(7)
+    nhwc = lambda t: t.permute(0, 2, 3, 1)
+    tensors, meta = {}, {}
+
+    def run(name, fn, inputs, layout=None):
+        """fn(*inputs) -> output; dumps inputs, output, upstream and each input's gradient."""
+        leaves = [t.clone().requires_grad_(t.is_floating_point()) for t in inputs]
+        out = fn(*leaves)
+        up = torch.randn(tuple(out.shape), generator=g)
+        out.backward(up)
+        lay = layout or (lambda t: t)
+        tensors[name + "_y"] = lay(out)
+        tensors[name + "_upstream"] = lay(up)
+        for i, (t, leaf) in enumerate(zip(inputs, leaves)):
+            tensors["%s_in%d" % (name, i)] = lay(t) if t.dim() == 4 else t
+            if leaf.requires_grad and leaf.grad is not None:
+                tensors["%s_grad%d" % (name, i)] = lay(leaf.grad) if t.dim() == 4 else leaf.grad
+
+    # Moving elements
+    run("cat", lambda a, b, c: torch.cat([a, b, c], dim=1),
+        [torch.randn(2, 3, 4, generator=g), torch.randn(2, 1, 4, generator=g), torch.randn(2, 5, 4, generator=g)])
+    run("permute", lambda x: x.permute(0, 3, 1, 2).contiguous(), [torch.randn(2, 3, 1, 5, generator=g)])
+    run("narrow", lambda x: x.narrow(2, 1, 3), [torch.randn(3, 2, 5, 4, generator=g)])
+    run("where", lambda c, a, b: torch.where(c > 0, a, b),
+        [torch.randn(3, 1, generator=g), torch.randn(3, 4, generator=g), torch.randn(4, generator=g)])
+    # Activations: random values plus each one's corners (0, +-3, 6, and a value far in each tail).
+    corners = torch.tensor([0.0, -3.0, 3.0, 6.0, -1.0, 1.0, -8.0, 8.0, 1e-4, -1e-4, 2.5, -2.5])
+    ax = torch.cat([torch.randn(3 * 5 * 7 - corners.numel(), generator=g) * 3, corners]).reshape(3, 5, 7)
+    acts = {"clamp_both": lambda x: torch.clamp(x, -0.5, 1.5), "clamp_min": lambda x: torch.clamp(x, min=-1.0),
+            "clamp_max": lambda x: torch.clamp(x, max=3.0), "hardtanh": lambda x: F.hardtanh(x, -2.0, 2.5),
+            "relu6": F.relu6, "leaky_relu": lambda x: F.leaky_relu(x, 0.2), "gelu": F.gelu,
+            "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "silu": F.silu, "hardswish": F.hardswish,
+            "hardsigmoid": F.hardsigmoid}
+    for name, fn in acts.items():
+        run(name, fn, [ax])
+    # Normalisation over channels: NHWC x, ringtrain's LayerNorm over the last dim and GroupNorm over groups of C.
+    lx = torch.randn(2, 3, 5, 7, generator=g) * 2 + 0.5
+    run("layer_norm", lambda x, w, b: F.layer_norm(x, (7,), w, b, 1e-6),
+        [lx, torch.randn(7, generator=g), torch.randn(7, generator=g)])
+    run("layer_norm_plain", lambda x: F.layer_norm(x, (7,), None, None, 1e-5), [lx])
+    gx = torch.randn(2, 6, 3, 5, generator=g) * 1.5 - 0.3  # NCHW for torch
+    for groups in [1, 3, 6]:
+        run("group_norm%d" % groups, lambda x, w, b: F.group_norm(x, groups, w, b, 1e-5),
+            [gx, torch.randn(6, generator=g), torch.randn(6, generator=g)], layout=nhwc)
+    run("group_norm_plain", lambda x: F.group_norm(x, 2, None, None, 1e-5), [gx], layout=nhwc)
+    # Resizing
+    px = torch.randn(2, 3, 7, 5, generator=g)
+    for name, size in {"adaptive3x2": (3, 2), "adaptive1x1": (1, 1), "adaptive9x7": (9, 7)}.items():
+        run(name, lambda x: F.adaptive_avg_pool2d(x, size), [px], layout=nhwc)
+    ux = torch.randn(2, 3, 5, 3, generator=g)
+    ups = {"up_nearest_size": lambda x: F.interpolate(x, size=(11, 7), mode="nearest"),
+           "up_nearest_scale2": lambda x: F.interpolate(x, scale_factor=2, mode="nearest"),
+           "up_nearest_exact": lambda x: F.interpolate(x, size=(8, 5), mode="nearest-exact"),
+           "up_bilinear": lambda x: F.interpolate(x, size=(9, 7), mode="bilinear", align_corners=False),
+           "up_bilinear_corners": lambda x: F.interpolate(x, size=(9, 7), mode="bilinear", align_corners=True),
+           "up_bilinear_scale": lambda x: F.interpolate(x, scale_factor=1.7, mode="bilinear", align_corners=False),
+           "up_bilinear_down": lambda x: F.interpolate(x, size=(3, 2), mode="bilinear", align_corners=False)}
+    for name, fn in ups.items():
+        run(name, fn, [ux], layout=nhwc)
+    # Transposed convolution (torch's weight (Cin, Cout / groups, kh, kw))
+    tcases = {"tconv_s2_op1": dict(stride=2, padding=1, output_padding=1, groups=1, dilation=1, cin=4, cout=3, k=3,
+                                   hw=(4, 3)),
+              "tconv_grouped_dilated": dict(stride=1, padding=2, output_padding=0, groups=2, dilation=2, cin=4,
+                                            cout=6, k=3, hw=(5, 4)),
+              "tconv_k2s2": dict(stride=2, padding=0, output_padding=0, groups=1, dilation=1, cin=3, cout=2, k=2,
+                                 hw=(3, 3))}
+    for name, c in tcases.items():
+        x = torch.randn(2, c["cin"], *c["hw"], generator=g)
+        w = torch.randn(c["cin"], c["cout"] // c["groups"], c["k"], c["k"], generator=g)
+        b = torch.randn(c["cout"], generator=g)
+        run(name, lambda x, w, b, c=c: F.conv_transpose2d(x, w, b, stride=c["stride"], padding=c["padding"],
+                                                           output_padding=c["output_padding"], groups=c["groups"],
+                                                           dilation=c["dilation"]), [x, w, b], layout=nhwc)
+        meta.update({name + "_" + k: v for k, v in c.items() if k != "hw"})
+    # Per-pixel cross-entropy: logits NHWC (2, 3, 4, 5), labels (2, 3, 4) with ignored pixels, class weights.
+    logits = torch.randn(2, 3, 4, 5, generator=g) * 2
+    labels = torch.randint(0, 5, (2, 3, 4), generator=g)
+    labels[0, 1, 2] = 255
+    labels[1, 0, 0] = 255
+    weight = torch.rand(5, generator=g) + 0.5
+    seg = lambda **kw: (lambda z: F.cross_entropy(z.permute(0, 3, 1, 2), labels, ignore_index=255, **kw))
+    for name, fn in {"seg_ce": seg(), "seg_ce_weighted": seg(weight=weight),
+                     "seg_ce_weighted_smooth": seg(weight=weight, label_smoothing=0.1)}.items():
+        run(name, fn, [logits])
+    tensors["seg_labels"] = labels.to(torch.float64)
+    tensors["seg_weight"] = weight
+    write(out_dir, "cnn_ops", tensors, meta)
+
+
+class DoubleConv(torch.nn.Module):
+    def __init__(self, i, o, groups=0):
+        super().__init__()
+        norm = (lambda c: torch.nn.GroupNorm(groups, c)) if groups else torch.nn.BatchNorm2d
+        self.double_conv = torch.nn.Sequential(
+            torch.nn.Conv2d(i, o, 3, padding=1, bias=False), norm(o), torch.nn.ReLU(inplace=True),
+            torch.nn.Conv2d(o, o, 3, padding=1, bias=False), norm(o), torch.nn.ReLU(inplace=True))
+
+    def forward(self, x):
+        return self.double_conv(x)
+
+
+class Down(torch.nn.Module):
+    def __init__(self, i, o, groups=0):
+        super().__init__()
+        self.maxpool_conv = torch.nn.Sequential(torch.nn.MaxPool2d(2), DoubleConv(i, o, groups))
+
+    def forward(self, x):
+        return self.maxpool_conv(x)
+
+
+class Up(torch.nn.Module):
+    def __init__(self, i, o, groups=0):
+        super().__init__()
+        self.up = torch.nn.ConvTranspose2d(i, i // 2, kernel_size=2, stride=2)
+        self.conv = DoubleConv(i, o, groups)
+
+    def forward(self, x, skip):
+        return self.conv(torch.cat([skip, self.up(x)], dim=1))
+
+
+class OutConv(torch.nn.Module):
+    def __init__(self, i, o):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(i, o, kernel_size=1)
+
+    def forward(self, x):
+        return self.conv(x)
+
+
+class UNet(torch.nn.Module):
+    """ringtrain's UNet (layers/models/unet.h) with the same parameter names: the layout of the widely used PyTorch
+    port (inc, down1.maxpool_conv.1.double_conv.0, up1.up, up1.conv.double_conv.0, outc.conv)."""
+    def __init__(self, in_channels=3, num_classes=2, width=16, depth=3, groups=0):
+        super().__init__()
+        self.depth = depth
+        self.inc = DoubleConv(in_channels, width, groups)
+        for level in range(1, depth + 1):
+            setattr(self, "down%d" % level, Down(width << (level - 1), width << level, groups))
+        for i in range(1, depth + 1):
+            level = depth - i + 1
+            setattr(self, "up%d" % i, Up(width << level, width << (level - 1), groups))
+        self.outc = OutConv(width, num_classes)
+
+    def forward(self, x):
+        skips = [self.inc(x)]
+        for level in range(1, self.depth + 1):
+            skips.append(getattr(self, "down%d" % level)(skips[-1]))
+        y = skips[-1]
+        for i in range(1, self.depth + 1):
+            y = getattr(self, "up%d" % i)(y, skips[-1 - i])
+        return self.outc(y)
+
+
+def no_randomness(model):
+    """Dropout and stochastic depth off, so a training step is a function of the weights alone."""
+    import torchvision
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+        elif isinstance(m, torchvision.ops.StochasticDepth):
+            m.p = 0.0
+    return model
+
+
+def models_golden(out_dir):
+    """Today's CNNs in f64 with weights from deterministic_state's formula (the C++ test evaluates it too):
+    torchvision's MobileNetV2, EfficientNet-B0 and ConvNeXt-Tiny and the UNet above (batch norm and GroupNorm),
+    dropout and stochastic depth off. Training-mode logits and loss, gradients of a few parameters, a batch norm's
+    running mean after the step; eval-mode logits."""
+    import torchvision
+    # 64x64 for the classifiers that end at stride 32: train-mode batch norm over 2 images x 1x1 would amplify
+    # float rounding into visible differences (2x2 positions per channel keep it conditioned).
+    cases = [("mobilenet_v2", lambda: torchvision.models.mobilenet_v2(num_classes=7), 64, 7, False),
+             ("efficientnet_b0", lambda: torchvision.models.efficientnet_b0(num_classes=7), 64, 7, False),
+             ("convnext_tiny", lambda: torchvision.models.convnext_tiny(num_classes=7), 32, 7, False),
+             ("unet", lambda: UNet(3, 4, width=8, depth=3), 16, 4, True),
+             ("unet_gn", lambda: UNet(3, 4, width=8, depth=3, groups=4), 16, 4, True)]
+    watched = {"mobilenet_v2": ["features.0.0.weight", "features.5.conv.1.1.weight", "classifier.1.weight"],
+               "efficientnet_b0": ["features.0.0.weight", "features.3.1.block.2.fc1.weight", "classifier.1.bias"],
+               "convnext_tiny": ["features.0.0.weight", "features.5.4.layer_scale", "features.5.4.block.2.weight",
+                                 "classifier.2.weight"],
+               "unet": ["inc.double_conv.0.weight", "up2.up.weight", "up3.conv.double_conv.4.bias", "outc.conv.bias"],
+               "unet_gn": ["inc.double_conv.0.weight", "down3.maxpool_conv.1.double_conv.1.weight", "up1.up.bias"]}
+    running = {"mobilenet_v2": "features.0.1", "efficientnet_b0": "features.2.0.block.1.1", "unet": "inc.double_conv.1"}
+    tensors = {}
+    for arch, make, hw, classes, segmentation in cases:
+        model = no_randomness(make()).double()
+        deterministic_state(model)
+        n = 2
+        i = torch.arange(n * hw * hw * 3, dtype=torch.float64)
+        x = torch.sin(0.05 * i).reshape(n, hw, hw, 3).permute(0, 3, 1, 2).contiguous()
+        model.train()
+        logits = model(x)
+        if segmentation:
+            labels = (torch.arange(n * hw * hw) * 7 % classes).reshape(n, hw, hw)
+            labels[0, 3, 5] = 255
+            loss = F.cross_entropy(logits, labels, ignore_index=255)
+            logits = logits.permute(0, 2, 3, 1)
+        else:
+            loss = F.cross_entropy(logits, torch.tensor([1, classes - 1]), label_smoothing=0.1)
+        loss.backward()
+        params = dict(model.named_parameters())
+        tensors.update({arch + "_logits": logits, arch + "_loss": loss})
+        for name in watched[arch]:
+            tensors[arch + "_grad_" + name] = to_ringtrain_layout(name, params[name].grad)
+        if arch in running:
+            tensors[arch + "_running_mean"] = dict(model.named_modules())[running[arch]].running_mean.clone()
+        model.eval()
+        with torch.no_grad():
+            e = model(x)
+            tensors[arch + "_eval_logits"] = e.permute(0, 2, 3, 1) if segmentation else e
+    write(out_dir, "models", tensors)
+
+
+GOLDENS = {"matmul": matmul_golden, "cross_entropy": cross_entropy_golden, "composed": composed_golden,
+           "optimizer": optimizer_golden, "conv": conv_golden, "norm_pool": norm_pool_golden,
+           "resnet": resnet_golden, "cnn_ops": cnn_ops_golden, "models": models_golden}
+
+
 def main():
-    out_dir = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "tests", "golden")
+    """make_goldens.py [OUT_DIR] [NAME ...]: every golden, or only the named ones (cnn_ops: PyTorch 2.15's, run
+    with its interpreter, e.g. /opt/torch2/bin/python; models: Debian's torchvision)."""
+    args = sys.argv[1:]
+    out_dir = args[0] if args else os.path.join(os.path.dirname(__file__), "..", "tests", "golden")
+    names = args[1:] or list(GOLDENS)
+    unknown = [n for n in names if n not in GOLDENS]
+    if unknown:
+        raise SystemExit("make_goldens.py: no golden named %s (known: %s)" % (", ".join(unknown), ", ".join(GOLDENS)))
     os.makedirs(out_dir, exist_ok=True)
-    matmul_golden(out_dir)
-    cross_entropy_golden(out_dir)
-    composed_golden(out_dir)
-    optimizer_golden(out_dir)
-    conv_golden(out_dir)
-    norm_pool_golden(out_dir)
-    resnet_golden(out_dir)
+    for name in names:
+        GOLDENS[name](out_dir)
 
 
 if __name__ == "__main__":

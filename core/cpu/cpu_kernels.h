@@ -28,6 +28,10 @@ void register_softmax_kernels(KernelTable& t);      // softmax.cpp: (log-)softma
 void register_conv_kernels(KernelTable& t);         // conv.cpp: oneDNN (f32, bf16), direct loops for f64
 void register_norm_pool_kernels(KernelTable& t);    // norm_pool.cpp: batch norm, max / average pooling
 void register_optim_kernels(KernelTable& t);        // optim.cpp: fused SGD, AdamW, loss-scale unscaling
+void register_shape_kernels(KernelTable& t);        // shape.cpp: strided copies (permute, cat, ...), where
+void register_activation_kernels(KernelTable& t);   // activation.cpp: GELU, SiLU, hardswish, clamp, ...
+void register_group_norm_kernels(KernelTable& t);   // group_norm.cpp: GroupNorm and LayerNorm
+void register_resample_kernels(KernelTable& t);     // resample.cpp: adaptive average pooling, upsampling
 
 // core/cpu/elementwise.cpp, also called by the GEMM (empty inner dimension, 16-bit conversions).
 // Signatures and semantics are the KernelTable's.

@@ -70,12 +70,27 @@ void dropout(const Tensor& x, double p, uint64_t seed, uint64_t stream, Tensor& 
   });
 }
 
+// drop_path's per-sample mask: as dropout's mask, element i drawn at index first + i.
+void sample_mask(Tensor& mask, double p, uint64_t seed, uint64_t stream, int64_t first) {
+  visit_floating(mask.dtype(), "sample_mask", [&](auto tag) {
+    using S = typename decltype(tag)::type;
+    using C = compute_t<S>;
+    S* pm = mask.data<S>();
+    const C keep_scale = static_cast<C>(1.0 / (1.0 - p));
+    const float threshold = static_cast<float>(p);
+    for (int64_t i = 0; i < mask.numel(); ++i)
+      pm[i] =
+          store_as<S>(philox_uniform(seed, stream, static_cast<uint64_t>(first + i)) > threshold ? keep_scale : C(0));
+  });
+}
+
 }  // namespace
 
 void register_random_kernels(KernelTable& t) {
   t.uniform = &uniform;
   t.normal = &normal;
   t.dropout = &dropout;
+  t.sample_mask = &sample_mask;
 }
 
 }  // namespace ringtrain::cpu

@@ -20,6 +20,10 @@ const KernelTable& cpu_kernels() {
     cpu::register_conv_kernels(t);
     cpu::register_norm_pool_kernels(t);
     cpu::register_optim_kernels(t);
+    cpu::register_shape_kernels(t);
+    cpu::register_activation_kernels(t);
+    cpu::register_group_norm_kernels(t);
+    cpu::register_resample_kernels(t);
     return t;
   }();
   return table;

@@ -18,6 +18,10 @@ void register_softmax_kernels(KernelTable& t);      // softmax.cu: (log-)softmax
 void register_conv_kernels(KernelTable& t);         // conv.cpp: cuDNN, algorithms chosen once per shape
 void register_norm_pool_kernels(KernelTable& t);    // norm_pool.cu: batch norm (fused add + ReLU), pooling
 void register_optim_kernels(KernelTable& t);        // optim.cu: fused SGD, AdamW, loss-scale unscaling
+void register_shape_kernels(KernelTable& t);        // shape.cu: strided copies (permute, cat, ...), where
+void register_activation_kernels(KernelTable& t);   // activation.cu: GELU, SiLU, hardswish, clamp, ...
+void register_group_norm_kernels(KernelTable& t);   // group_norm.cu: GroupNorm and LayerNorm
+void register_resample_kernels(KernelTable& t);     // resample.cu: adaptive average pooling, upsampling
 
 // core/cuda/elementwise.cu, also called by the reduction (empty dimension) and the GEMM (empty inner
 // dimension). Signatures and semantics are the KernelTable's.

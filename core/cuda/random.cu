@@ -107,12 +107,36 @@ void dropout(const Tensor& x, double p, uint64_t seed, uint64_t stream, Tensor& 
   });
 }
 
+// drop_path's per-sample mask, as the CPU: element i drawn at index first + i, kept when u > p (in f32).
+template <typename S>
+__global__ void sample_mask_kernel(S* mask /* (n) */, float threshold, compute_t<S> keep_scale, uint64_t seed,
+                                   uint64_t stream, int64_t first, int64_t n) {
+  using C = compute_t<S>;
+  RT_GRID_STRIDE(i, n) {
+    mask[i] =
+        store_as<S>(philox_uniform(seed, stream, static_cast<uint64_t>(first + i)) > threshold ? keep_scale : C(0));
+  }
+}
+
+void sample_mask(Tensor& mask, double p, uint64_t seed, uint64_t stream, int64_t first) {
+  const int64_t n = mask.numel();
+  if (n == 0) return;
+  DeviceScope scope(mask);
+  dispatch_floating(mask.dtype(), "sample_mask", [&](auto tag) {
+    using S = typename decltype(tag)::type;
+    const compute_t<S> keep_scale = static_cast<compute_t<S>>(1.0 / (1.0 - p));
+    sample_mask_kernel<S><<<grid_for(n), kThreads, 0, stream_now()>>>(mask.data<S>(), static_cast<float>(p), keep_scale,
+                                                                      seed, stream, first, n);
+  });
+}
+
 }  // namespace
 
 void register_random_kernels(KernelTable& t) {
   t.uniform = &uniform;
   t.normal = &normal;
   t.dropout = &dropout;
+  t.sample_mask = &sample_mask;
 }
 
 }  // namespace ringtrain::cuda

@@ -109,18 +109,22 @@ void softmax_backward(const Tensor& y, const Tensor& dy, int64_t rows, int64_t c
 constexpr int64_t kNoBadRow = std::numeric_limits<int64_t>::max();
 
 // One block per row: log_probs = x - (max + log(sum exp(x - max))), and the loss from the log-probs as
-// stored (rounded to S), as the CPU. A row with a label outside [0, cols) reports itself through an
-// atomicMin, which keeps the first such row whatever the block order (the dispatcher then throws).
-template <typename S, typename L>
+// stored (rounded to S), as the CPU. A row with a label outside [0, cols) (and not the ignore index) reports
+// itself through an atomicMin, which keeps the first such row whatever the block order (the dispatcher then
+// throws). Class weights (in the loss type L) weigh the label's term and each class's smoothing term.
+template <typename S, typename L, typename W>
 __global__ void cross_entropy_kernel(const S* logits /* (rows, cols) */, const L* labels /* (rows) */, int64_t rows,
-                                     int64_t cols, double smoothing, S* log_probs /* (rows, cols) */,
-                                     compute_t<S>* loss /* (rows) */, int64_t* bad_row /* (1) or null */) {
+                                     int64_t cols, double smoothing, bool has_ignore, int64_t ignore_index,
+                                     const W* weight /* (cols) or null */, S* log_probs /* (rows, cols) */,
+                                     W* loss /* (rows) */, W* row_weight /* (rows) */, int64_t* bad_row /* (1) */) {
   using C = compute_t<S>;
   __shared__ C shared[kThreads];
   const C on = C(1) - static_cast<C>(smoothing), off = static_cast<C>(smoothing) / static_cast<C>(cols);
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const S* in = logits + r * cols;
     S* out = log_probs + r * cols;
+    const int64_t label = static_cast<int64_t>(labels[r]);
+    const bool ignored = has_ignore && label == ignore_index;
     C max_value = dev_neg_infinity<C>();
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) max_value = nan_max(max_value, load_as<C>(in[c]));
     max_value = block_reduce(max_value, shared, MaxOp{});
@@ -132,33 +136,53 @@ __global__ void cross_entropy_kernel(const S* logits /* (rows, cols) */, const L
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
       const S stored = store_as<S>(load_as<C>(in[c]) - lse);
       out[c] = stored;
-      sum_logp += load_as<C>(stored);
+      sum_logp += (weight ? static_cast<C>(weight[c]) : C(1)) * load_as<C>(stored);
     }
     sum_logp = block_reduce(sum_logp, shared, SumOp{});
     if (threadIdx.x == 0) {
-      const int64_t label = static_cast<int64_t>(labels[r]);
-      C logp_label = C(0);
+      if (ignored) {
+        loss[r] = row_weight[r] = W(0);
+        continue;
+      }
+      C logp_label = C(0), w = C(1);
       if (label >= 0 && label < cols) {
         logp_label = load_as<C>(store_as<S>(load_as<C>(in[label]) - lse));  // the value stored above
-      } else if (bad_row) {
+        if (weight) w = static_cast<C>(weight[label]);
+      } else {
         atomicMin(reinterpret_cast<unsigned long long*>(bad_row), static_cast<unsigned long long>(r));
       }
-      loss[r] = -on * logp_label - off * sum_logp;
+      loss[r] = weight ? -on * w * logp_label - off * sum_logp : -on * logp_label - off * sum_logp;
+      row_weight[r] = static_cast<W>(w);
     }
   }
 }
 
-template <typename S, typename L>
+template <typename S, typename L, typename W>
 __global__ void cross_entropy_backward_kernel(const S* log_probs /* (rows, cols) */, const L* labels /* (rows) */,
-                                              int64_t rows, int64_t cols, double smoothing, double scale,
+                                              int64_t rows, int64_t cols, double smoothing, bool has_ignore,
+                                              int64_t ignore_index, const W* weight /* (cols) or null */, double scale,
                                               S* dlogits /* (rows, cols) */) {
   using C = compute_t<S>;
   const C on = C(1) - static_cast<C>(smoothing), off = static_cast<C>(smoothing) / static_cast<C>(cols);
   const C factor = static_cast<C>(scale);
   RT_GRID_STRIDE(i, rows * cols) {
     const int64_t r = i / cols, c = i % cols;
-    const C target = off + (static_cast<int64_t>(labels[r]) == c ? on : C(0));
-    dlogits[i] = store_as<S>(factor * (dev_exp(load_as<C>(log_probs[i])) - target));
+    const int64_t label = static_cast<int64_t>(labels[r]);
+    if (has_ignore && label == ignore_index) {
+      dlogits[i] = store_as<S>(C(0));
+      continue;
+    }
+    const C p = dev_exp(load_as<C>(log_probs[i]));
+    if (weight) {
+      C weight_sum = C(0);  // the same order as the CPU's sum
+      for (int64_t k = 0; k < cols; ++k) weight_sum += static_cast<C>(weight[k]);
+      const C hit = label == c ? C(1) : C(0);
+      dlogits[i] = store_as<S>(factor * (on * static_cast<C>(weight[label]) * (p - hit) +
+                                         off * (p * weight_sum - static_cast<C>(weight[c]))));
+    } else {
+      const C target = off + (label == c ? on : C(0));
+      dlogits[i] = store_as<S>(factor * (p - target));
+    }
   }
 }
 
@@ -176,8 +200,8 @@ void dispatch_labels(DType t, F&& f) {
   }
 }
 
-void cross_entropy(const Tensor& logits, const Tensor& labels, double smoothing, Tensor& log_probs, Tensor& loss,
-                   Tensor& bad_row) {
+void cross_entropy(const Tensor& logits, const Tensor& labels, const CrossEntropyArgs& args, Tensor& log_probs,
+                   Tensor& loss, Tensor& row_weight, Tensor& bad_row) {
   const int64_t rows = logits.size(0), cols = logits.size(1);
   if (rows == 0) return;
   DeviceScope scope(logits);
@@ -189,17 +213,21 @@ void cross_entropy(const Tensor& logits, const Tensor& labels, double smoothing,
   dispatch_floating(logits.dtype(), "cross_entropy", [&](auto tag) {
     using S = typename decltype(tag)::type;
     using C = compute_t<S>;
-    RT_CHECK(loss.dtype() == (std::is_same_v<C, double> ? DType::F64 : DType::F32), "cross_entropy: loss ",
-             loss.describe(), " has the wrong dtype for logits ", logits.describe());
+    RT_CHECK(
+        loss.dtype() == (std::is_same_v<C, double> ? DType::F64 : DType::F32) && row_weight.dtype() == loss.dtype(),
+        "cross_entropy: loss ", loss.describe(), " or row weights ", row_weight.describe(),
+        " have the wrong dtype for logits ", logits.describe());
     dispatch_labels(labels.dtype(), [&](auto label_tag) {
       using L = typename decltype(label_tag)::type;
-      cross_entropy_kernel<S, L><<<grid_for(rows, 1), row_threads(cols), 0, stream>>>(
-          logits.data<S>(), labels.data<L>(), rows, cols, smoothing, log_probs.data<S>(), loss.data<C>(), bad_row_ptr);
+      cross_entropy_kernel<S, L, C><<<grid_for(rows, 1), row_threads(cols), 0, stream>>>(
+          logits.data<S>(), labels.data<L>(), rows, cols, args.smoothing, args.has_ignore, args.ignore_index,
+          args.class_weight ? args.class_weight->data<C>() : nullptr, log_probs.data<S>(), loss.data<C>(),
+          row_weight.data<C>(), bad_row_ptr);
     });
   });
 }
 
-void cross_entropy_backward(const Tensor& log_probs, const Tensor& labels, double smoothing, double scale,
+void cross_entropy_backward(const Tensor& log_probs, const Tensor& labels, const CrossEntropyArgs& args, double scale,
                             Tensor& dlogits) {
   const int64_t rows = log_probs.size(0), cols = log_probs.size(1);
   if (rows == 0 || cols == 0) return;
@@ -208,10 +236,12 @@ void cross_entropy_backward(const Tensor& log_probs, const Tensor& labels, doubl
   DeviceScope scope(dlogits);
   dispatch_floating(log_probs.dtype(), "cross_entropy_backward", [&](auto tag) {
     using S = typename decltype(tag)::type;
+    using C = compute_t<S>;
     dispatch_labels(labels.dtype(), [&](auto label_tag) {
       using L = typename decltype(label_tag)::type;
-      cross_entropy_backward_kernel<S, L><<<grid_for(rows * cols), kThreads, 0, stream_now()>>>(
-          log_probs.data<S>(), labels.data<L>(), rows, cols, smoothing, scale, dlogits.data<S>());
+      cross_entropy_backward_kernel<S, L, C><<<grid_for(rows * cols), kThreads, 0, stream_now()>>>(
+          log_probs.data<S>(), labels.data<L>(), rows, cols, args.smoothing, args.has_ignore, args.ignore_index,
+          args.class_weight ? args.class_weight->data<C>() : nullptr, scale, dlogits.data<S>());
     });
   });
 }

@@ -67,6 +67,10 @@ const KernelTable* cuda_kernels() {
     cuda::register_conv_kernels(t);
     cuda::register_norm_pool_kernels(t);
     cuda::register_optim_kernels(t);
+    cuda::register_shape_kernels(t);
+    cuda::register_activation_kernels(t);
+    cuda::register_group_norm_kernels(t);
+    cuda::register_resample_kernels(t);
     t.after_op = &cuda::after_op;
     return t;
   }();

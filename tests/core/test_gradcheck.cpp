@@ -196,6 +196,132 @@ std::vector<GradCase> cases() {
        }},
       {"clone", [](const Inputs& x) { return mul(x[0].clone(), x[0]); },
        [] { return Inputs{random_f64(Shape{3}, 48)}; }},
+      // ---- the pieces of today's CNNs (core/ops_tensor.cpp, core/ops_nn.cpp): odd sizes, one-element dims
+      {"cat",
+       [](const Inputs& x) {
+         return cat({x[0], x[1], x[2]}, -2);
+       },
+       [] {
+         return Inputs{random_f64(Shape{2, 3, 1}, 70), random_f64(Shape{2, 1, 1}, 71), random_f64(Shape{2, 2, 1}, 72)};
+       }},
+      {"split_chunk_narrow_select",
+       [](const Inputs& x) {
+         const std::vector<Tensor> p = split(x[0], 2, 1), c = chunk(x[0], 2, 2);  // (2,2,3) (2,1,3); (2,3,2) (2,3,1)
+         return add(add(mul(p[1], narrow(x[0], 1, 1, 1)), sum(c[0], 2, true)), mul(select(x[0], 0, 1), 2.0));
+       },
+       [] {
+         return Inputs{random_f64(Shape{2, 3, 3}, 73)};
+       }},
+      {"permute_transpose",
+       [](const Inputs& x) {
+         return mul(permute(x[0], {3, 1, 0, 2}), transpose(transpose(permute(x[0], {3, 1, 0, 2}), 0, 3), 3, 0));
+       },
+       [] {
+         return Inputs{random_f64(Shape{2, 1, 3, 4}, 74)};
+       }},
+      {"expand",
+       [](const Inputs& x) {
+         return expand(x[0], Shape{2, 3, 4});
+       },
+       [] {
+         return Inputs{random_f64(Shape{3, 1}, 75)};
+       }},
+      {"where",
+       [](const Inputs& x) {
+         return where(gt(random_f64(Shape{3, 1}, 76), Tensor::zeros(Shape{}, DType::F64)), x[0], x[1]);
+       },
+       [] {
+         return Inputs{random_f64(Shape{3, 4}, 77), random_f64(Shape{4}, 78)};
+       }},
+      {"clamp", [](const Inputs& x) { return clamp(x[0], -0.3, 0.4); },
+       [] { return Inputs{random_f64(Shape{7}, 79)}; }},
+      {"clamp_min", [](const Inputs& x) { return clamp(x[0], 0.1, std::nullopt); },
+       [] { return Inputs{random_f64(Shape{7}, 80)}; }},
+      {"hardtanh", [](const Inputs& x) { return hardtanh(x[0], -0.5, 0.5); },
+       [] { return Inputs{random_f64(Shape{7}, 81)}; }},
+      {"relu6", [](const Inputs& x) { return relu6(x[0]); }, [] { return Inputs{random_f64(Shape{9}, 82, -2, 8)}; }},
+      {"leaky_relu", [](const Inputs& x) { return leaky_relu(x[0], 0.1); },
+       [] { return Inputs{random_f64(Shape{7}, 83)}; }},
+      {"gelu", [](const Inputs& x) { return gelu(x[0]); }, [] { return Inputs{random_f64(Shape{9}, 84, -4, 4)}; }},
+      {"gelu_tanh", [](const Inputs& x) { return gelu(x[0], GeluApproximation::Tanh); },
+       [] { return Inputs{random_f64(Shape{9}, 85, -4, 4)}; }},
+      {"silu", [](const Inputs& x) { return silu(x[0]); }, [] { return Inputs{random_f64(Shape{9}, 86, -5, 5)}; }},
+      {"hardswish", [](const Inputs& x) { return hardswish(x[0]); },
+       [] { return Inputs{random_f64(Shape{9}, 87, -5, 5)}; }},
+      {"hardsigmoid", [](const Inputs& x) { return hardsigmoid(x[0]); },
+       [] { return Inputs{random_f64(Shape{9}, 88, -5, 5)}; }},
+      {"layer_norm", [](const Inputs& x) { return layer_norm(x[0], x[1], x[2]); },
+       [] {
+         return Inputs{random_f64(Shape{2, 1, 3, 5}, 89), random_f64(Shape{5}, 90), random_f64(Shape{5}, 91)};
+       }},
+      {"layer_norm_plain", [](const Inputs& x) { return layer_norm(x[0], {}, {}, 1e-3); },
+       [] {
+         return Inputs{random_f64(Shape{3, 4}, 92)};
+       }},
+      {"group_norm", [](const Inputs& x) { return group_norm(x[0], 2, x[1], x[2]); },
+       [] {
+         return Inputs{random_f64(Shape{2, 3, 1, 6}, 93), random_f64(Shape{6}, 94), random_f64(Shape{6}, 95)};
+       }},
+      {"group_norm_per_channel", [](const Inputs& x) { return group_norm(x[0], 3, {}, {}); },
+       [] {
+         return Inputs{random_f64(Shape{1, 2, 3, 3}, 96)};
+       }},
+      {"adaptive_avg_pool2d", [](const Inputs& x) { return adaptive_avg_pool2d(x[0], 3, 2); },
+       [] {
+         return Inputs{random_f64(Shape{2, 5, 3, 2}, 97)};
+       }},
+      {"adaptive_avg_pool2d_up", [](const Inputs& x) { return adaptive_avg_pool2d(x[0], 4, 5); },
+       [] {
+         return Inputs{random_f64(Shape{1, 3, 2, 2}, 98)};
+       }},
+      {"upsample_nearest", [](const Inputs& x) { return upsample(x[0], {.out_h = 5, .out_w = 7}); },
+       [] {
+         return Inputs{random_f64(Shape{2, 3, 2, 2}, 99)};
+       }},
+      {"upsample_bilinear",
+       [](const Inputs& x) { return upsample(x[0], {.out_h = 5, .out_w = 7, .mode = UpsampleMode::Bilinear}); },
+       [] {
+         return Inputs{random_f64(Shape{2, 3, 2, 2}, 100)};
+       }},
+      {"upsample_bilinear_corners",
+       [](const Inputs& x) {
+         return upsample(x[0], {.scale_h = 2, .scale_w = 1.5, .mode = UpsampleMode::Bilinear, .align_corners = true});
+       },
+       [] {
+         return Inputs{random_f64(Shape{1, 3, 4, 2}, 101)};
+       }},
+      {"conv_transpose2d",
+       [](const Inputs& x) {
+         return conv_transpose2d(
+             x[0], x[1], x[2], {.stride_h = 2, .stride_w = 1, .pad_h = 1, .pad_w = 0, .output_pad_h = 1, .groups = 2});
+       },
+       [] {
+         return Inputs{random_f64(Shape{2, 3, 2, 4}, 102), random_f64(Shape{4, 3, 2, 3}, 103),
+                       random_f64(Shape{6}, 104)};
+       }},
+      {"conv_transpose2d_dilated",
+       [](const Inputs& x) {
+         return conv_transpose2d(x[0], x[1], Tensor(),
+                                 {.stride_h = 2, .stride_w = 2, .dilation_h = 2, .dilation_w = 1});
+       },
+       [] {
+         return Inputs{random_f64(Shape{1, 2, 3, 2}, 105), random_f64(Shape{2, 2, 2, 3}, 106)};
+       }},
+      {"drop_path", [](const Inputs& x) { return drop_path(x[0], 0.4, true, 11, 3, 5); },
+       [] {
+         return Inputs{random_f64(Shape{6, 2, 1, 2}, 107)};
+       }},
+      {"cross_entropy_pixels_weighted",
+       [](const Inputs& x) {
+         const Tensor labels = Tensor::from_vector({0, 2, 9, 1, 1, 2}, Shape{1, 2, 3}, DType::I64);
+         return cross_entropy(x[0], labels,
+                              {.label_smoothing = 0.1,
+                               .ignore_index = 9,
+                               .weight = Tensor::from_vector({0.5, 2.0, 1.25}, Shape{3}, DType::F64)});
+       },
+       [] {
+         return Inputs{random_f64(Shape{1, 2, 3, 3}, 108, -2, 2)};
+       }},
   };
 }
 
