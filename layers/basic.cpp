@@ -1,4 +1,4 @@
-// layers/basic.cpp: ReLU, Dropout, Sequential.
+// layers/basic.cpp: ReLU, Dropout, DropPath, LayerScale, Sequential.
 #include "layers/basic.h"
 
 #include "core/check.h"
@@ -11,6 +11,26 @@ Tensor ReLU::forward(const Tensor& x) { return relu(x); }
 Dropout::Dropout(double p) : p_(p) { RT_CHECK(p >= 0.0 && p < 1.0, "Dropout: probability must be in [0, 1), got ", p); }
 
 Tensor Dropout::forward(const Tensor& x) { return dropout(x, p_, is_training()); }
+
+DropPath::DropPath(double p) : p_(p) {
+  RT_CHECK(p >= 0.0 && p <= 1.0, "DropPath: probability must be in [0, 1], got ", p);
+}
+
+Tensor DropPath::forward(const Tensor& x) { return drop_path(x, p_, is_training()); }
+
+LayerScale::LayerScale(int64_t channels, double init, DType dtype) : channels_(channels) {
+  RT_CHECK(channels > 0, "LayerScale: channels must be positive, got ", channels);
+  gamma_ =
+      register_parameter("gamma", Tensor::full(Shape{channels}, init, dtype == DType::F64 ? DType::F64 : DType::F32));
+}
+
+Tensor LayerScale::forward(const Tensor& x) {
+  use_parameters();
+  if (x.ndim() < 1 || x.size(-1) != channels_)
+    RT_THROW("LayerScale(", channels_, ") '", gamma_.name(), "': input ", x.describe(), " must have ", channels_,
+             " channels last");
+  return mul(x, gamma_.dtype() == x.dtype() ? gamma_ : gamma_.to(x.dtype()));
+}
 
 Sequential::Sequential(std::initializer_list<std::shared_ptr<Module>> modules) {
   for (const auto& m : modules) add(m);

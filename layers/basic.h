@@ -1,4 +1,5 @@
-// layers/basic.h: the small stateless layers: ReLU, Identity, Flatten, Dropout, and Sequential.
+// layers/basic.h: the small layers: ReLU, Identity, Flatten, Dropout, DropPath (stochastic depth), LayerScale, and
+// Sequential.
 #pragma once
 
 #include <initializer_list>
@@ -39,6 +40,36 @@ class Dropout : public Module {
 
  private:
   double p_;
+};
+
+// Stochastic depth per sample (torchvision.ops.StochasticDepth, mode "row"): in training each sample is dropped
+// with probability p and the rest scaled by 1 / (1 - p); identity in eval. The draws come from the default
+// generator keyed by each sample's place in the step's global batch (core/ops.h sample_draws), so a run draws the
+// same masks whatever its world size and accumulation. No parameters (torchvision's "stochastic_depth" has none).
+class DropPath : public Module {
+ public:
+  explicit DropPath(double p = 0.0);
+  Tensor forward(const Tensor& x) override;
+  std::string type_name() const override { return "DropPath"; }
+  double p() const { return p_; }
+
+ private:
+  double p_;
+};
+
+// A learned per-channel scale of a residual branch (CaiT / ConvNeXt's layer scale): x * gamma, gamma (channels)
+// initialised to `init` (1e-6 in ConvNeXt), f32 (f64 for f64 models). torchvision's ConvNeXt keeps its own
+// (C, 1, 1) parameter named layer_scale (layers/models/convnext.h); this one is timm's, named gamma.
+class LayerScale : public Module {
+ public:
+  explicit LayerScale(int64_t channels, double init = 1e-5, DType dtype = DType::F32);
+  Tensor forward(const Tensor& x) override;  // x: (..., channels)
+  std::string type_name() const override { return "LayerScale"; }
+  const Tensor& gamma() const { return gamma_; }
+
+ private:
+  int64_t channels_;
+  Tensor gamma_;
 };
 
 // Children named "0", "1", ... applied in order.

@@ -50,6 +50,7 @@ struct CheckpointNode final : Node {
   std::shared_ptr<SavedInput> saved;
   bool x_grad = false;
   uint64_t stream = 0;  // the generator's position at the forward
+  SampleDraws draws;    // and its per-sample keying (drop_path): the recompute may run under another micro-batch's
   std::optional<DType> cast;
   size_t params = 0;
   BatchNormTape stats;  // the forward's batch statistics, which the recompute takes instead of reducing again
@@ -68,7 +69,15 @@ struct CheckpointNode final : Node {
         AutocastGuard autocast(cast);
         BatchNormTape::Scope replay(stats, BatchNormTape::Mode::kReplay);
         set_rng_stream(stream);
-        out = fn(in);
+        const SampleDraws now = sample_draws();
+        set_sample_draws(draws);
+        try {
+          out = fn(in);
+        } catch (...) {
+          set_sample_draws(now);
+          throw;
+        }
+        set_sample_draws(now);
       }
       RT_CHECK(stats.replayed() == stats.size(), "checkpoint: the recompute ran ", stats.replayed(),
                " training-mode batch norms but the forward it repeats ran ", stats.size(),
@@ -131,6 +140,7 @@ Tensor checkpoint(BlockFn fn, const Tensor& x, const std::vector<const Module*>&
   node->saved->dense = x.detach();
   node->x_grad = x.requires_grad();
   node->stream = stream;
+  node->draws = sample_draws();
   node->cast = cast;
   node->params = params.size();
   pending_inputs.push_back(node->saved);

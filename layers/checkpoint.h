@@ -1,6 +1,7 @@
 // layers/checkpoint.h: activation recompute (checkpointing). checkpoint(m, x) runs m's forward keeping
 // nothing but x; the backward runs the forward again from x — with gradients on, the same generator
-// position (dropout draws the same masks) and the same autocast — and backpropagates through it at once.
+// position and per-sample keying (dropout and drop_path draw the same masks, core/ops.h sample_draws, even
+// when another micro-batch's forward ran in between) and the same autocast — and backpropagates through it.
 // So a checkpointed block holds its input between forward and backward instead of every activation it
 // made, for one more forward. The arithmetic is the plain run's: the gradients are the same bits. The
 // second forward's batch norms take the first's batch statistics (core/ops.h BatchNormTape) instead of

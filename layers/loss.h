@@ -1,6 +1,8 @@
-// layers/loss.h: softmax cross-entropy with label smoothing, as a callable (fused kernel in core/ops).
+// layers/loss.h: softmax cross-entropy as a callable (the fused kernel in core/ops.h): label smoothing, an ignore
+// index and class weights, over (N, C) logits or per pixel over (N, H, W, C) with (N, H, W) labels.
 #pragma once
 
+#include "core/ops.h"
 #include "core/tensor.h"
 
 namespace ringtrain {
@@ -8,12 +10,15 @@ namespace ringtrain {
 class CrossEntropyLoss {
  public:
   explicit CrossEntropyLoss(double label_smoothing = 0.0);
-  // logits: (N, C) floating; labels: (N) i32/i64 in [0, C). Mean over N; f32 for 16-bit logits.
+  explicit CrossEntropyLoss(CrossEntropyOptions options);
+  // logits: (N, ..., C) floating; labels: (N, ...) i32/i64 in [0, C) or the ignore index. The mean over the
+  // labels not ignored (weighted by the class weights, as PyTorch's); f32 for 16-bit logits.
   Tensor operator()(const Tensor& logits, const Tensor& labels) const;
-  double label_smoothing() const { return label_smoothing_; }
+  double label_smoothing() const { return options_.label_smoothing; }
+  const CrossEntropyOptions& options() const { return options_; }
 
  private:
-  double label_smoothing_;
+  CrossEntropyOptions options_;
 };
 
 }  // namespace ringtrain

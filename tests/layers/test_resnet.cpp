@@ -10,6 +10,7 @@
 #include "core/autograd.h"
 #include "core/check.h"
 #include "core/ops.h"
+#include "layers/deterministic_state.h"
 #include "layers/loss.h"
 #include "layers/models/resnet.h"
 #include "optim/optimizer.h"
@@ -21,31 +22,7 @@ namespace {
 using testing::all_close;
 using testing::load_golden;
 
-// Mirrors deterministic_state() in scripts/make_goldens.py.
-void deterministic_state(Module& model) {
-  NoGradGuard no_grad;
-  int64_t e = 0;
-  for (auto& [name, t] : model.state_dict()) {
-    const int64_t index = e++;
-    if (name.ends_with("num_batches_tracked")) continue;
-    const int64_t n = t.numel();
-    std::vector<double> v(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) {
-      const double wave = std::sin(0.1 * static_cast<double>(i) + 0.7 * static_cast<double>(index));
-      double value;
-      if (name.ends_with("running_var"))
-        value = 1.0 + 0.5 * std::abs(wave);
-      else if (name.ends_with("running_mean") || name.ends_with("bias"))
-        value = 0.1 * wave;
-      else if (t.ndim() == 1)
-        value = 1.0 + 0.2 * wave;
-      else
-        value = wave * std::sqrt(2.0 / static_cast<double>(n / t.size(0)));
-      v[static_cast<size_t>(i)] = value;
-    }
-    Tensor(t).copy_(Tensor::from_vector(v, t.shape(), t.dtype()));
-  }
-}
+using testing::deterministic_state;
 
 void check_against_golden(const std::string& arch, int64_t hw, int64_t classes) {
   auto g = load_golden("resnet");
