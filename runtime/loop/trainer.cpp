@@ -240,6 +240,15 @@ class Run {
   void graph_off(int64_t step, const std::string& why);
   bool run_pipelined(int64_t epoch, int64_t step, int64_t& micro, MicroTimes& t);
   std::string non_finite_loss(double loss, int64_t epoch, int64_t step, int64_t micro) const;
+  // drop_path's keying of the step's k-th micro-batch (core/ops.h sample_draws): its samples' place in the
+  // step's global batch (the sampler deals each micro-batch to the replicas in order) and the generator's
+  // stream where its forward begins. Whatever the split over ranks and micro-batches, a sample draws the same.
+  SampleDraws micro_draws(int64_t step, int64_t k) const {
+    return {.set = true,
+            .step = static_cast<uint64_t>(step),
+            .first_sample = k * plan_.per_step_global + static_cast<int64_t>(layout_.replica) * plan_.batch,
+            .micro_origin = rng_stream()};
+  }
   // Reads the pending losses (losses_): each into the report, a non-finite one (unscaled) as the error.
   void read_losses();
   void take_loss(const LossLog::Origin& at, double loss);
@@ -285,6 +294,7 @@ class Run {
     std::vector<Tensor> losses;
     std::string off;                           // why the steps run op by op ("" while the graph may be used)
     std::function<void(bool capturing)> work;  // what the graph captured (run_graph_step)
+    int64_t step = 0;                          // the step it runs for (an emulated replay runs work again)
   };
   std::unique_ptr<GraphStep> graph_;
 };
@@ -498,6 +508,7 @@ void Run::micro_step(const data::Batch& batch, int64_t k, int64_t epoch, int64_t
                      Clock::time_point t0, Clock::time_point t1) {
   PhaseTimes& time = reporter_->timer().current();
   dog_.phase("forward", step);
+  set_sample_draws(micro_draws(step, k));
   const Tensor loss = replica_->forward(batch);
   losses_.add(loss, {epoch, step, micro}, [this](const LossLog::Origin& at, double v) { take_loss(at, v); });
   const auto t2 = Clock::now();
@@ -574,6 +585,7 @@ Run::GraphRun Run::run_graph_step(int64_t epoch, int64_t step, int64_t& micro, M
     }
   }
   replica_->stage(schedule_.at(step));
+  g.step = step;
   if (!g.graph.ready()) {
     // The step from its micro-batches to its zeroed gradients, reading the slots: captured, or (the capture
     // failed) run once. It lives with the graph (an emulated graph, core/device.h, runs it at each replay).
@@ -584,6 +596,7 @@ Run::GraphRun Run::run_graph_step(int64_t epoch, int64_t step, int64_t& micro, M
       WeightCastScope casts;
       gs.losses.assign(static_cast<size_t>(plan_.accum), Tensor());
       for (int64_t k = 0; k < plan_.accum; ++k) {
+        set_sample_draws(micro_draws(gs.step, k));
         const Tensor loss = replica_->forward(gs.slots[static_cast<size_t>(k)]);
         gs.losses[static_cast<size_t>(k)] = loss.detach();
         replica_->backward(loss, k + 1 == plan_.accum);
@@ -793,7 +806,10 @@ TrainResult Trainer::fit(Module& model, DataSource& data, const StepFn& step_fn)
   // The caller's work after the run (or after catching its error) is not a stuck phase.
   struct Pause {
     Watchdog& dog;
-    ~Pause() { dog.pause(); }
+    ~Pause() {
+      dog.pause();
+      set_sample_draws({});  // the run's keying of drop_path ends with it
+    }
   } pause{*watchdog_};
   model.to(device_);
   model.train();

@@ -321,6 +321,16 @@ Shape Pipeline::with_batch(const Boundary& b, int64_t n) const {
   return s;
 }
 
+// drop_path's keying of micro-batch m (core/ops.h sample_draws): its samples' place in the step's global batch
+// (the sampler deals micro-batch m's samples to the replicas in order) and where the whole model's forward of m
+// began in the generator, the stages before this one included.
+SampleDraws Pipeline::micro_draws(int64_t step, int m, uint64_t step_stream) const {
+  return {.set = true,
+          .step = static_cast<uint64_t>(step),
+          .first_sample = (static_cast<int64_t>(m) * layout_.replicas + layout_.replica) * o_.batch,
+          .micro_origin = step_stream + static_cast<uint64_t>(m) * draws_per_micro_};
+}
+
 Pipeline::StepWork Pipeline::run_step(Replica& replica, int64_t step, const std::function<data::Batch()>& next_batch,
                                       const std::function<void(int, double)>& on_loss, Trace& trace) {
   const int m = static_cast<int>(o_.accum), s = layout_.stage;
@@ -370,6 +380,7 @@ Pipeline::StepWork Pipeline::run_step(Replica& replica, int64_t step, const std:
         if (recompute_) keep_nothing.emplace();
         rng_at[i] = step_stream + i * draws_per_micro_ + draws_before_;
         set_rng_stream(rng_at[i]);
+        set_sample_draws(micro_draws(step, op.micro, step_stream));
         AutocastGuard autocast(replica.autocast());
         y = run_blocks(x);
         if (layout_.last()) losses[i] = replica.loss_of(y, labels[i]);
@@ -400,9 +411,10 @@ Pipeline::StepWork Pipeline::run_step(Replica& replica, int64_t step, const std:
     }
     dog_.phase("backward", step, where("", op.micro, -1));
     const auto t2 = Clock::now();
-    if (recompute_)
+    if (recompute_) {
+      set_sample_draws(micro_draws(step, op.micro, step_stream));
       recomputed_backward(replica, inputs[i], rng_at[i], labels[i], g, last_micro, w, start_bytes);
-    else if (layout_.last())
+    } else if (layout_.last())
       replica.backward(losses[i], last_micro);
     else
       replica.backward_from(outputs[i], g, last_micro);

@@ -26,6 +26,7 @@
 
 #include "comm/p2p.h"
 #include "comm/world.h"
+#include "core/ops.h"
 #include "data/loader.h"
 #include "layers/module.h"
 #include "optim/clip.h"
@@ -115,6 +116,7 @@ class Pipeline {
   std::map<const TensorImpl*, int> owners() const;
   void keep_my_blocks();
   Tensor run_blocks(const Tensor& x) const;
+  SampleDraws micro_draws(int64_t step, int m, uint64_t step_stream) const;
   void recomputed_backward(Replica& replica, const Tensor& input, uint64_t rng_at, const Tensor& labels,
                            const Tensor& grad, bool last_micro, StepWork& w, int64_t start_bytes);
   Shape with_batch(const Boundary& b, int64_t n) const;
