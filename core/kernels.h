@@ -277,8 +277,9 @@ struct KernelTable {
   // ignored row. scale = dloss / rows (dloss / sum of the row weights for the weighted mean).
   void (*cross_entropy_backward)(const Tensor& log_probs, const Tensor& labels, const CrossEntropyArgs& args,
                                  double scale, Tensor& dlogits) = nullptr;
-  // mask[i] = (philox_uniform(seed, stream, i) > p) ? 1/(1-p) : 0 (x's dtype); out = x * mask.
-  void (*dropout)(const Tensor& x, double p, uint64_t seed, uint64_t stream, Tensor& out, Tensor& mask) = nullptr;
+  // mask[i] = (philox_uniform(seed, stream, first + i) > p) ? 1/(1-p) : 0 (x's dtype); out = x * mask.
+  void (*dropout)(const Tensor& x, double p, uint64_t seed, uint64_t stream, int64_t first, Tensor& out,
+                  Tensor& mask) = nullptr;
   // y = conv(x, w) (+ bias broadcast over K when bias != null).
   void (*conv2d_forward)(const Tensor& x, const Tensor& w, const Tensor* bias, const ConvGeometry& g,
                          Tensor& y) = nullptr;

@@ -1007,13 +1007,14 @@ Tensor log_softmax(const Tensor& x) { return softmax_impl(x, true); }
 // ---------------------------------------------------------------------------------------------------
 // Dropout
 
-Tensor dropout(const Tensor& x, double p, bool training, uint64_t seed, uint64_t stream) {
+Tensor dropout(const Tensor& x, double p, bool training, uint64_t seed, uint64_t stream, int64_t first) {
   check_floating("dropout", x);
   if (!(p >= 0.0 && p < 1.0)) RT_THROW("op 'dropout': probability must be in [0, 1), got ", p);
   if (!training || p == 0.0) return x;
+  if (first < 0) RT_THROW("op 'dropout': first element ", first, " is negative");
   Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
   Tensor mask = Tensor::empty(x.shape(), x.dtype(), x.device());
-  RT_KERNEL(x.device(), "dropout", dropout)(x, p, seed, stream, out, mask);
+  RT_KERNEL(x.device(), "dropout", dropout)(x, p, seed, stream, first, out, mask);
   detail::after_op(x.device(), "dropout");
   if (!needs_grad({&x})) return out;
   return record("dropout", {&x}, out, [mask](const Tensor& g) { return Grads{mul(g, mask)}; });
@@ -1021,7 +1022,12 @@ Tensor dropout(const Tensor& x, double p, bool training, uint64_t seed, uint64_t
 
 Tensor dropout(const Tensor& x, double p, bool training) {
   if (!training || p == 0.0) return dropout(x, p, training, 0, 0);
-  return dropout(x, p, training, default_seed(), next_rng_stream());
+  const uint64_t stream = next_rng_stream();
+  const std::optional<std::pair<uint64_t, int64_t>> keyed = keyed_draw(stream);
+  if (!keyed) return dropout(x, p, training, default_seed(), stream);
+  // Under the per-sample keying each sample's elements are drawn at its place in the global batch.
+  const int64_t per_sample = x.ndim() > 0 && x.size(0) > 0 ? x.numel() / x.size(0) : 0;
+  return dropout(x, p, training, default_seed(), keyed->first, keyed->second * per_sample);
 }
 
 }  // namespace ringtrain

@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/tensor.h"
@@ -193,9 +194,11 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels, double label_sm
 
 // ---- regularisation
 // Zeroes elements with probability p and scales the rest by 1/(1-p). The mask depends only on
-// (seed, stream, element index), identical on CPU and GPU. Identity when !training or p == 0.
-Tensor dropout(const Tensor& x, double p, bool training, uint64_t seed, uint64_t stream);
-// The same, drawing (seed, stream) from the thread's default generator (manual_seed to reproduce).
+// (seed, stream, first + element index), identical on CPU and GPU. Identity when !training or p == 0.
+Tensor dropout(const Tensor& x, double p, bool training, uint64_t seed, uint64_t stream, int64_t first = 0);
+// The same, drawing (seed, stream) from the default generator (manual_seed to reproduce); while the runtime's
+// per-sample keying is set (sample_draws below), sample n of x (N, ...) is drawn as sample first_sample + n of
+// the step's global batch, as drop_path draws: the masks do not depend on the world size or the micro-batches.
 Tensor dropout(const Tensor& x, double p, bool training = true);
 
 // ---------------------------------------------------------------------------------------------------
@@ -282,11 +285,11 @@ Tensor drop_path(const Tensor& x, double p, bool training, uint64_t seed, uint64
 Tensor drop_path(const Tensor& x, double p, bool training = true);
 
 // Per-sample draws that do not depend on how a global batch is split over ranks and micro-batches. While set,
-// drop_path keys sample i of a micro-batch by first_sample + i (its index in the step's global batch) and its
-// stream by (step, the draw's place in the model's forward: the default generator's stream minus
+// drop_path and dropout key sample i of a micro-batch by first_sample + i (its index in the step's global batch)
+// and their stream by (step, the draw's place in the model's forward: the default generator's stream minus
 // micro_origin, the stream where this micro-batch's forward of the whole model began). The runtime sets it
-// before each micro-batch's forward and its recompute (runtime/step/replica.h); unset, drop_path keys by the
-// stream it draws and the sample's index in x.
+// before each micro-batch's forward and its recompute (runtime/loop/trainer.cpp, runtime/pipeline/); unset,
+// they key by the stream they draw and the element's index in x.
 struct SampleDraws {
   bool set = false;
   uint64_t step = 0;
@@ -295,6 +298,9 @@ struct SampleDraws {
 };
 void set_sample_draws(const SampleDraws& draws);
 SampleDraws sample_draws();
+// Under the keying: the keyed stream of a draw that took `stream` from the default generator, and the first
+// sample's place in the global batch; nothing when unset.
+std::optional<std::pair<uint64_t, int64_t>> keyed_draw(uint64_t stream);
 
 // ---- losses
 struct CrossEntropyOptions {

@@ -480,16 +480,22 @@ Tensor drop_path(const Tensor& x, double p, bool training, uint64_t seed, uint64
   return mul(x, mask);
 }
 
+std::optional<std::pair<uint64_t, int64_t>> keyed_draw(uint64_t stream) {
+  const SampleDraws d = sample_draws();
+  if (!d.set) return std::nullopt;
+  // Keyed by (step, place in the forward), in streams no counter reaches (the top bit set).
+  const uint64_t place = stream - d.micro_origin;
+  RT_CHECK(place < (uint64_t{1} << 24) && d.step < (uint64_t{1} << 39), "the per-sample keying: draw ", place,
+           " of step ", d.step, " is outside the keyed streams");
+  return std::pair<uint64_t, int64_t>{(uint64_t{1} << 63) | (d.step << 24) | place, d.first_sample};
+}
+
 Tensor drop_path(const Tensor& x, double p, bool training) {
   if (!training || p == 0.0) return drop_path(x, p, training, 0, 0, 0);
   const uint64_t stream = next_rng_stream();
-  const SampleDraws d = sample_draws();
-  if (!d.set) return drop_path(x, p, training, default_seed(), stream, 0);
-  // Keyed by (step, place in the forward), in streams no counter reaches (the top bit set).
-  const uint64_t place = stream - d.micro_origin;
-  RT_CHECK(place < (uint64_t{1} << 24) && d.step < (uint64_t{1} << 39), "drop_path: draw ", place, " of step ", d.step,
-           " is outside the keyed streams");
-  return drop_path(x, p, training, default_seed(), (uint64_t{1} << 63) | (d.step << 24) | place, d.first_sample);
+  const std::optional<std::pair<uint64_t, int64_t>> keyed = keyed_draw(stream);
+  if (!keyed) return drop_path(x, p, training, default_seed(), stream, 0);
+  return drop_path(x, p, training, default_seed(), keyed->first, keyed->second);
 }
 
 // ---------------------------------------------------------------------------------------------------

@@ -52,7 +52,7 @@ void normal(Tensor& out, uint64_t seed, uint64_t stream, double mean, double std
   });
 }
 
-void dropout(const Tensor& x, double p, uint64_t seed, uint64_t stream, Tensor& out, Tensor& mask) {
+void dropout(const Tensor& x, double p, uint64_t seed, uint64_t stream, int64_t first, Tensor& out, Tensor& mask) {
   visit_floating(x.dtype(), "dropout", [&](auto tag) {
     using S = typename decltype(tag)::type;
     using C = compute_t<S>;
@@ -62,7 +62,7 @@ void dropout(const Tensor& x, double p, uint64_t seed, uint64_t stream, Tensor& 
     const float threshold = static_cast<float>(p);
     parallel_for(x.numel(), kGrain, [&](int64_t lo, int64_t hi) {
       for (int64_t i = lo; i < hi; ++i) {
-        const C m = philox_uniform(seed, stream, static_cast<uint64_t>(i)) > threshold ? keep_scale : C(0);
+        const C m = philox_uniform(seed, stream, static_cast<uint64_t>(first + i)) > threshold ? keep_scale : C(0);
         pm[i] = store_as<S>(m);
         po[i] = store_as<S>(load_as<C>(px[i]) * m);
       }

@@ -86,16 +86,16 @@ void normal(Tensor& out, uint64_t seed, uint64_t stream, double mean, double std
 
 template <typename S>
 __global__ void dropout_kernel(const S* x /* (n) */, float threshold, compute_t<S> keep_scale, uint64_t seed,
-                               uint64_t stream, S* out /* (n) */, S* mask /* (n) */, int64_t n) {
+                               uint64_t stream, int64_t first, S* out /* (n) */, S* mask /* (n) */, int64_t n) {
   using C = compute_t<S>;
   RT_GRID_STRIDE(i, n) {
-    const C m = philox_uniform(seed, stream, static_cast<uint64_t>(i)) > threshold ? keep_scale : C(0);
+    const C m = philox_uniform(seed, stream, static_cast<uint64_t>(first + i)) > threshold ? keep_scale : C(0);
     mask[i] = store_as<S>(m);
     out[i] = store_as<S>(load_as<C>(x[i]) * m);
   }
 }
 
-void dropout(const Tensor& x, double p, uint64_t seed, uint64_t stream, Tensor& out, Tensor& mask) {
+void dropout(const Tensor& x, double p, uint64_t seed, uint64_t stream, int64_t first, Tensor& out, Tensor& mask) {
   const int64_t n = x.numel();
   if (n == 0) return;
   DeviceScope scope(out);
@@ -103,7 +103,7 @@ void dropout(const Tensor& x, double p, uint64_t seed, uint64_t stream, Tensor& 
     using S = typename decltype(tag)::type;
     const compute_t<S> keep_scale = static_cast<compute_t<S>>(1.0 / (1.0 - p));
     dropout_kernel<S><<<grid_for(n), kThreads, 0, stream_now()>>>(x.data<S>(), static_cast<float>(p), keep_scale, seed,
-                                                                  stream, out.data<S>(), mask.data<S>(), n);
+                                                                  stream, first, out.data<S>(), mask.data<S>(), n);
   });
 }
 

@@ -368,7 +368,7 @@ TEST(CnnOps, DropPathKeepsOrDropsWholeSamplesFromTheirGlobalIndex) {
   EXPECT_EQ(g.grad().to_vector(), v);
 }
 
-TEST(CnnOps, DropPathUnderSampleDrawsDependsOnStepAndPlaceNotOnTheSplit) {
+TEST(CnnOps, DropPathAndDropoutUnderSampleDrawsDependOnStepAndPlaceNotOnTheSplit) {
   const Tensor x = Tensor::ones(Shape{8, 3});
   manual_seed(3);
   // One process, one micro-batch of 8: two drop_path calls (places 0 and 1) in the step's forward.
@@ -385,6 +385,14 @@ TEST(CnnOps, DropPathUnderSampleDrawsDependsOnStepAndPlaceNotOnTheSplit) {
   EXPECT_EQ(cat({b0, c0}, 0).to_vector(), a0);
   EXPECT_EQ(cat({b1, c1}, 0).to_vector(), a1);
   EXPECT_NE(a0, a1);
+  // Dropout is keyed the same way: each sample's elements at its place in the global batch.
+  set_rng_stream(100);
+  set_sample_draws({.set = true, .step = 4, .first_sample = 0, .micro_origin = 100});
+  const std::vector<double> d = dropout(x, 0.5).to_vector();
+  set_rng_stream(700);
+  set_sample_draws({.set = true, .step = 4, .first_sample = 5, .micro_origin = 700});
+  const std::vector<double> tail = dropout(x.slice(5, 8), 0.5).to_vector();
+  EXPECT_EQ(std::vector<double>(d.begin() + 15, d.end()), tail);
   // Another step draws anew.
   set_rng_stream(100);
   set_sample_draws({.set = true, .step = 5, .first_sample = 0, .micro_origin = 100});
