@@ -1,6 +1,9 @@
-// core/cpu/gemm.cpp: the CPU GEMM on OpenBLAS (f32, f64). bf16 runs oneDNN's bf16 matmul (bf16
-// operands, f32 accumulation) where the CPU has bf16 kernels (cpu_bf16_kernels(), core/cpu_features.h);
-// elsewhere, and for f16, the operands convert to f32 around OpenBLAS.
+// core/cpu/gemm.cpp: the CPU GEMM. f32 runs oneDNN's matmul, on the same OpenMP threads as the convolutions and
+// every other kernel: OpenBLAS's own pthreads, woken while OpenMP's threads still spin after a kernel, fought them
+// for the cores (ConvNeXt-Tiny's step on 2 threads: 1.4 s through OpenBLAS, 0.6 s through oneDNN; 1.1 s on one
+// thread either way). bf16 runs oneDNN's bf16 matmul (bf16 operands, f32 accumulation) where the CPU has bf16
+// kernels (cpu_bf16_kernels(), core/cpu_features.h); elsewhere, and for f16, the operands convert to f32. OpenBLAS
+// keeps f64 (gradient checks) and any shape for which oneDNN has only its reference loops.
 #include <cblas.h>
 #include <omp.h>
 
@@ -41,17 +44,18 @@ struct MatmulPlan {
 };
 
 // op(X) of (rows, cols), stored row-major with leading dimension ld, or transposed.
-memory::desc view(int64_t batch, int64_t rows, int64_t cols, int64_t batch_stride, bool trans, int64_t ld) {
+memory::desc view(int64_t batch, int64_t rows, int64_t cols, int64_t batch_stride, bool trans, int64_t ld, dt type) {
   const int64_t b = batch_stride == 0 ? 1 : batch;
   const int64_t bs = batch_stride == 0 ? rows * cols : batch_stride;
-  return memory::desc({b, rows, cols}, dt::bf16, trans ? memory::dims{bs, 1, ld} : memory::dims{bs, ld, 1});
+  return memory::desc({b, rows, cols}, type, trans ? memory::dims{bs, 1, ld} : memory::dims{bs, ld, 1});
 }
 
-MatmulPlan build_matmul(const GemmArgs& g, int64_t batch, int64_t stride_a, int64_t stride_b, int64_t stride_c) {
+MatmulPlan build_matmul(const GemmArgs& g, int64_t batch, int64_t stride_a, int64_t stride_b, int64_t stride_c,
+                        dt type) {
   MatmulPlan plan;
-  plan.a = view(batch, g.m, g.k, stride_a, g.trans_a, g.lda);
-  plan.b = view(batch, g.k, g.n, stride_b, g.trans_b, g.ldb);
-  plan.c = memory::desc({batch, g.m, g.n}, dt::bf16, memory::dims{batch == 1 ? g.m * g.ldc : stride_c, g.ldc, 1});
+  plan.a = view(batch, g.m, g.k, stride_a, g.trans_a, g.lda, type);
+  plan.b = view(batch, g.k, g.n, stride_b, g.trans_b, g.ldb, type);
+  plan.c = memory::desc({batch, g.m, g.n}, type, memory::dims{batch == 1 ? g.m * g.ldc : stride_c, g.ldc, 1});
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   if (g.alpha != 1.0) attr.set_output_scales(0, {static_cast<float>(g.alpha)});
@@ -68,11 +72,11 @@ MatmulPlan build_matmul(const GemmArgs& g, int64_t batch, int64_t stride_a, int6
   return plan;
 }
 
-PlanCache<std::array<int64_t, 16>, MatmulPlan> matmul_plans;
+PlanCache<std::array<int64_t, 17>, MatmulPlan> matmul_plans;
 
 std::shared_ptr<const MatmulPlan> matmul_plan(const GemmArgs& g, int64_t batch, int64_t stride_a, int64_t stride_b,
-                                              int64_t stride_c) {
-  const std::array<int64_t, 16> key{g.trans_a,
+                                              int64_t stride_c, dt type) {
+  const std::array<int64_t, 17> key{g.trans_a,
                                     g.trans_b,
                                     g.m,
                                     g.n,
@@ -87,16 +91,16 @@ std::shared_ptr<const MatmulPlan> matmul_plan(const GemmArgs& g, int64_t batch, 
                                     std::bit_cast<int64_t>(g.alpha),
                                     std::bit_cast<int64_t>(g.beta),
                                     omp_get_max_threads(),
-                                    static_cast<int64_t>(cpu_bf16_kernels())};
-  return matmul_plans.get(key, [&] { return build_matmul(g, batch, stride_a, stride_b, stride_c); });
+                                    static_cast<int64_t>(cpu_bf16_kernels()),
+                                    static_cast<int64_t>(type)};
+  return matmul_plans.get(key, [&] { return build_matmul(g, batch, stride_a, stride_b, stride_c, type); });
 }
 
-// Runs the bf16 GEMM on oneDNN when this CPU has bf16 kernels and oneDNN more than its reference loops for
-// the shape; false: the caller takes the f32 path.
-bool bf16_matmul(const GemmArgs& g, const Tensor& a, const Tensor& b, Tensor& c, int64_t batch, int64_t stride_a,
-                 int64_t stride_b, int64_t stride_c) {
-  if (cpu_bf16_kernels() == Bf16Kernels::F32) return false;
-  const auto plan = matmul_plan(g, batch, stride_a, stride_b, stride_c);
+// Runs the GEMM on oneDNN's matmul (bf16 or f32 operands, f32 accumulation) when oneDNN has more than its
+// reference loops for the shape; false: the caller takes OpenBLAS.
+bool onednn_matmul(const GemmArgs& g, const Tensor& a, const Tensor& b, Tensor& c, int64_t batch, int64_t stride_a,
+                   int64_t stride_b, int64_t stride_c) {
+  const auto plan = matmul_plan(g, batch, stride_a, stride_b, stride_c, a.dtype() == DType::BF16 ? dt::bf16 : dt::f32);
   if (plan->reference) return false;
   thread_local dnnl::stream stream(engine());
   std::unordered_map<int, memory> args{{DNNL_ARG_SRC, memory(plan->a, engine(), a.data_ptr())},
@@ -130,6 +134,7 @@ void gemm(const GemmArgs& g, const Tensor& a, const Tensor& b, Tensor& c, int64_
   }
   switch (a.dtype()) {
     case DType::F32:
+      if (onednn_matmul(g, a, b, c, batch, stride_a, stride_b, stride_c)) return;
       for (int64_t bi = 0; bi < batch; ++bi)
         cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, static_cast<float>(g.alpha), a.data<float>() + bi * stride_a, lda,
                     b.data<float>() + bi * stride_b, ldb, static_cast<float>(g.beta), c.data<float>() + bi * stride_c,
@@ -141,7 +146,8 @@ void gemm(const GemmArgs& g, const Tensor& a, const Tensor& b, Tensor& c, int64_
                     b.data<double>() + bi * stride_b, ldb, g.beta, c.data<double>() + bi * stride_c, ldc);
       return;
     case DType::BF16:
-      if (bf16_matmul(g, a, b, c, batch, stride_a, stride_b, stride_c)) return;
+      if (cpu_bf16_kernels() != Bf16Kernels::F32 && onednn_matmul(g, a, b, c, batch, stride_a, stride_b, stride_c))
+        return;
       [[fallthrough]];
     case DType::F16: {
       Tensor a32 = Tensor::empty(a.shape(), DType::F32), b32 = Tensor::empty(b.shape(), DType::F32);
@@ -149,10 +155,7 @@ void gemm(const GemmArgs& g, const Tensor& a, const Tensor& b, Tensor& c, int64_
       convert(a, a32);
       convert(b, b32);
       if (g.beta != 0.0) convert(c, c32);
-      for (int64_t bi = 0; bi < batch; ++bi)
-        cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, static_cast<float>(g.alpha), a32.data<float>() + bi * stride_a, lda,
-                    b32.data<float>() + bi * stride_b, ldb, static_cast<float>(g.beta),
-                    c32.data<float>() + bi * stride_c, ldc);
+      gemm(g, a32, b32, c32, batch, stride_a, stride_b, stride_c);  // the f32 path
       convert(c32, c);
       return;
     }
@@ -173,15 +176,16 @@ namespace ringtrain {
 
 std::string cpu_gemm_kernel(DType dtype, int64_t m, int64_t n, int64_t k) {
   RT_CHECK(m > 0 && n > 0 && k > 0, "cpu_gemm_kernel: m, n, k must be positive, got ", m, ", ", n, ", ", k);
-  if (dtype == DType::F32 || dtype == DType::F64) return "openblas";
-  RT_CHECK(dtype == DType::BF16 || dtype == DType::F16, "cpu_gemm_kernel: ", dtype_name(dtype), " has no CPU GEMM");
-  if (dtype == DType::BF16 && cpu_bf16_kernels() != Bf16Kernels::F32) {
-    GemmArgs g;
-    g.m = m, g.n = n, g.k = k, g.lda = k, g.ldb = n, g.ldc = n;
-    const auto plan = cpu::matmul_plan(g, 1, 0, 0, 0);
-    if (!plan->reference) return "onednn " + plan->kernel;
-  }
-  return "openblas (through f32)";
+  if (dtype == DType::F64) return "openblas";
+  RT_CHECK(dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16, "cpu_gemm_kernel: ", dtype_name(dtype),
+           " has no CPU GEMM");
+  GemmArgs g;
+  g.m = m, g.n = n, g.k = k, g.lda = k, g.ldb = n, g.ldc = n;
+  const bool bf16 = dtype == DType::BF16 && cpu_bf16_kernels() != Bf16Kernels::F32;
+  const auto plan =
+      cpu::matmul_plan(g, 1, 0, 0, 0, bf16 ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32);
+  const std::string through = dtype == DType::F32 || bf16 ? "" : " (through f32)";
+  return (plan->reference ? "openblas" : "onednn " + plan->kernel) + through;
 }
 
 }  // namespace ringtrain
