@@ -15,6 +15,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "core/check.h"
 #include "core/dtype.h"
 #include "core/tensor.h"
 
@@ -34,6 +35,31 @@ constexpr bool is_comparison(BinaryOp op) { return op >= BinaryOp::Eq && op <= B
 // or x >= b, so NaN passes it), LeakyRelu (slope a), Gelu (erf), GeluTanh (the tanh approximation), Silu,
 // Hardswish, Hardsigmoid: PyTorch 2.15's forward and backward, edges included.
 enum class ActivationOp : uint8_t { Clamp, Hardtanh, LeakyRelu, Gelu, GeluTanh, Silu, Hardswish, Hardsigmoid };
+
+// fn(std::integral_constant<ActivationOp, op>{}) for the run-time op, so each kernel is compiled per op with
+// the op's arithmetic inlined (CPU and CUDA).
+template <typename Fn>
+void with_activation_op(ActivationOp op, Fn&& fn) {
+  switch (op) {
+    case ActivationOp::Clamp:
+      return fn(std::integral_constant<ActivationOp, ActivationOp::Clamp>{});
+    case ActivationOp::Hardtanh:
+      return fn(std::integral_constant<ActivationOp, ActivationOp::Hardtanh>{});
+    case ActivationOp::LeakyRelu:
+      return fn(std::integral_constant<ActivationOp, ActivationOp::LeakyRelu>{});
+    case ActivationOp::Gelu:
+      return fn(std::integral_constant<ActivationOp, ActivationOp::Gelu>{});
+    case ActivationOp::GeluTanh:
+      return fn(std::integral_constant<ActivationOp, ActivationOp::GeluTanh>{});
+    case ActivationOp::Silu:
+      return fn(std::integral_constant<ActivationOp, ActivationOp::Silu>{});
+    case ActivationOp::Hardswish:
+      return fn(std::integral_constant<ActivationOp, ActivationOp::Hardswish>{});
+    case ActivationOp::Hardsigmoid:
+      return fn(std::integral_constant<ActivationOp, ActivationOp::Hardsigmoid>{});
+  }
+  RT_THROW("activation: unknown op ", static_cast<int>(op));
+}
 
 // A strided copy between two tensors' memory, for the ops that move elements without arithmetic (permute,
 // narrow, cat, expand and their backward): for every index (i_0, .., i_{ndim-1}) < dims, dst[dst_offset +

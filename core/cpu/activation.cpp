@@ -209,30 +209,6 @@ Loops loops_of(ActivationOp op) {
   RT_THROW("activation: unknown op ", static_cast<int>(op));
 }
 
-// fn(integral_constant<ActivationOp, op>) for the run-time op, so the portable loops inline it too.
-template <typename Fn>
-void with_op(ActivationOp op, Fn&& fn) {
-  switch (op) {
-    case ActivationOp::Clamp:
-      return fn(std::integral_constant<ActivationOp, ActivationOp::Clamp>{});
-    case ActivationOp::Hardtanh:
-      return fn(std::integral_constant<ActivationOp, ActivationOp::Hardtanh>{});
-    case ActivationOp::LeakyRelu:
-      return fn(std::integral_constant<ActivationOp, ActivationOp::LeakyRelu>{});
-    case ActivationOp::Gelu:
-      return fn(std::integral_constant<ActivationOp, ActivationOp::Gelu>{});
-    case ActivationOp::GeluTanh:
-      return fn(std::integral_constant<ActivationOp, ActivationOp::GeluTanh>{});
-    case ActivationOp::Silu:
-      return fn(std::integral_constant<ActivationOp, ActivationOp::Silu>{});
-    case ActivationOp::Hardswish:
-      return fn(std::integral_constant<ActivationOp, ActivationOp::Hardswish>{});
-    case ActivationOp::Hardsigmoid:
-      return fn(std::integral_constant<ActivationOp, ActivationOp::Hardsigmoid>{});
-  }
-  RT_THROW("activation: unknown op ", static_cast<int>(op));
-}
-
 void activation(ActivationOp op, const Tensor& x, double a, double b, Tensor& y) {
   const int64_t n = x.numel();
   const auto fa = static_cast<float>(a), fb = static_cast<float>(b);
@@ -255,7 +231,7 @@ void activation(ActivationOp op, const Tensor& x, double a, double b, Tensor& y)
     using C = compute_t<S>;
     const S* px = x.data<S>();
     S* py = y.data<S>();
-    with_op(op, [&](auto op_tag) {
+    with_activation_op(op, [&](auto op_tag) {
       constexpr ActivationOp O = decltype(op_tag)::value;
       parallel_for(n, kGrain, [&](int64_t lo, int64_t hi) {
         for (int64_t i = lo; i < hi; ++i)
@@ -291,7 +267,7 @@ void activation_backward(ActivationOp op, const Tensor& x, const Tensor& dy, dou
     using C = compute_t<S>;
     const S *px = x.data<S>(), *pg = dy.data<S>();
     S* pd = dx.data<S>();
-    with_op(op, [&](auto op_tag) {
+    with_activation_op(op, [&](auto op_tag) {
       constexpr ActivationOp O = decltype(op_tag)::value;
       parallel_for(n, kGrain, [&](int64_t lo, int64_t hi) {
         for (int64_t i = lo; i < hi; ++i)

@@ -95,29 +95,6 @@ __global__ void activation_backward_kernel(const S* x, const S* dy, S* dx, int64
   RT_GRID_STRIDE(i, n) dx[i] = store_as<S>(activate_grad<OP, C>(load_as<C>(x[i]), load_as<C>(dy[i]), a, b));
 }
 
-template <typename Fn>
-void with_op(ActivationOp op, Fn&& fn) {
-  switch (op) {
-    case ActivationOp::Clamp:
-      return fn(std::integral_constant<ActivationOp, ActivationOp::Clamp>{});
-    case ActivationOp::Hardtanh:
-      return fn(std::integral_constant<ActivationOp, ActivationOp::Hardtanh>{});
-    case ActivationOp::LeakyRelu:
-      return fn(std::integral_constant<ActivationOp, ActivationOp::LeakyRelu>{});
-    case ActivationOp::Gelu:
-      return fn(std::integral_constant<ActivationOp, ActivationOp::Gelu>{});
-    case ActivationOp::GeluTanh:
-      return fn(std::integral_constant<ActivationOp, ActivationOp::GeluTanh>{});
-    case ActivationOp::Silu:
-      return fn(std::integral_constant<ActivationOp, ActivationOp::Silu>{});
-    case ActivationOp::Hardswish:
-      return fn(std::integral_constant<ActivationOp, ActivationOp::Hardswish>{});
-    case ActivationOp::Hardsigmoid:
-      return fn(std::integral_constant<ActivationOp, ActivationOp::Hardsigmoid>{});
-  }
-  RT_THROW("activation: unknown op ", static_cast<int>(op));
-}
-
 void activation(ActivationOp op, const Tensor& x, double a, double b, Tensor& y) {
   const int64_t n = x.numel();
   if (n == 0) return;
@@ -125,7 +102,7 @@ void activation(ActivationOp op, const Tensor& x, double a, double b, Tensor& y)
   dispatch_floating(x.dtype(), "activation", [&](auto tag) {
     using S = typename decltype(tag)::type;
     using C = compute_t<S>;
-    with_op(op, [&](auto op_tag) {
+    with_activation_op(op, [&](auto op_tag) {
       constexpr ActivationOp O = decltype(op_tag)::value;
       activation_kernel<O, S><<<grid_for(n), kThreads, 0, stream_now()>>>(x.data<S>(), y.data<S>(), n,
                                                                           static_cast<C>(a), static_cast<C>(b));
@@ -142,7 +119,7 @@ void activation_backward(ActivationOp op, const Tensor& x, const Tensor& dy, dou
   dispatch_floating(x.dtype(), "activation_backward", [&](auto tag) {
     using S = typename decltype(tag)::type;
     using C = compute_t<S>;
-    with_op(op, [&](auto op_tag) {
+    with_activation_op(op, [&](auto op_tag) {
       constexpr ActivationOp O = decltype(op_tag)::value;
       activation_backward_kernel<O, S><<<grid_for(n), kThreads, 0, stream_now()>>>(
           x.data<S>(), dy.data<S>(), dx.data<S>(), n, static_cast<C>(a), static_cast<C>(b));
