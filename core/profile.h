@@ -1,8 +1,9 @@
 // core/profile.h: the per-op profiler's recording side. While a profile::Session is open, every kernel
 // call through RT_KERNEL (core/dispatch.h) and every copy between tensors is timed: host time on a steady
 // clock, and on a CUDA device GPU time too, from a pair of timing events recorded on the op's stream around
-// it. Each call belongs to a family (conv_fwd, conv_dgrad, conv_wgrad, bn_fwd, bn_bwd, elementwise, pool,
-// loss, optimizer, cast_copy, reduce, gemm, ...); layers above add their own spans (data, allreduce) with
+// it. Each call belongs to a family (conv_fwd, conv_dgrad, conv_wgrad, bn_fwd, bn_bwd, norm_fwd, norm_bwd
+// (layer and group norm), activation, elementwise, pool, resample, move (permute, cat, ...), loss, optimizer,
+// cast_copy, reduce, gemm, ...); layers above add their own spans (data, allreduce) with
 // profile::Span. Only the outermost call of a thread is counted, so nested calls are never counted twice.
 // With the Session closed the cost of a kernel call is one relaxed atomic load. In a CUDA build each call
 // is also an NVTX range named after its kernel, for Nsight Systems (only while a Session is open).

@@ -27,8 +27,9 @@ Without an operator (or under one without a family: aten::add_, aten::sum), the 
     'other' beyond the expected); prints "kernel_families: self-test passed"."""
 import sys
 
-FAMILIES = ("conv_fwd", "conv_dgrad", "conv_wgrad", "bn_fwd", "bn_bwd", "elementwise", "pool", "loss", "optimizer",
-            "cast_copy", "reduce", "gemm", "data", "allreduce", "random", "other")
+FAMILIES = ("conv_fwd", "conv_dgrad", "conv_wgrad", "bn_fwd", "bn_bwd", "norm_fwd", "norm_bwd", "activation",
+            "elementwise", "pool", "resample", "move", "loss", "optimizer", "cast_copy", "reduce", "gemm", "data",
+            "allreduce", "random", "other")
 
 # Operators, by their name without the namespace ("aten::cudnn_convolution" -> "cudnn_convolution"), lower case.
 # Checked in this order; a rule matches when the name equals it or (for entries ending in '*') starts with it.
@@ -43,8 +44,16 @@ _OP_RULES = (
     ("batch_norm_backward*", "bn_bwd"), ("miopen_batch_norm_backward", "bn_bwd"),
     ("batch_norm*", "bn_fwd"), ("_batch_norm*", "bn_fwd"), ("native_batch_norm", "bn_fwd"),
     ("cudnn_batch_norm", "bn_fwd"), ("_native_batch_norm_legit*", "bn_fwd"),
+    ("native_layer_norm_backward", "norm_bwd"), ("layer_norm_backward*", "norm_bwd"),
+    ("native_group_norm_backward", "norm_bwd"), ("group_norm_backward*", "norm_bwd"),
+    ("layer_norm", "norm_fwd"), ("native_layer_norm", "norm_fwd"), ("group_norm", "norm_fwd"),
+    ("native_group_norm", "norm_fwd"),
+    ("gelu*", "activation"), ("silu*", "activation"), ("hardswish*", "activation"), ("hardsigmoid*", "activation"),
+    ("hardtanh*", "activation"), ("relu6", "activation"), ("leaky_relu*", "activation"), ("clamp*", "activation"),
     ("max_pool2d*", "pool"), ("avg_pool2d*", "pool"), ("adaptive_avg_pool2d*", "pool"),
     ("_adaptive_avg_pool2d*", "pool"), ("adaptive_max_pool2d*", "pool"),
+    ("upsample_*", "resample"),
+    ("cat", "move"), ("permute", "move"), ("narrow", "move"), ("split*", "move"), ("chunk", "move"),
     ("cross_entropy_loss", "loss"), ("nll_loss*", "loss"), ("log_softmax*", "loss"), ("_log_softmax*", "loss"),
     ("softmax*", "loss"), ("_softmax*", "loss"),
     ("_foreach_*", "optimizer"), ("_fused_sgd*", "optimizer"), ("_amp_*", "optimizer"),
