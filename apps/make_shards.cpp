@@ -1,5 +1,6 @@
 // apps/make_shards: the command line over data/converters.h. Converts Fashion-MNIST/MNIST idx files,
-// CIFAR-10/100 binaries, a class-per-subfolder image tree, or synthetic data into ringtrain shards
+// CIFAR-10/100 binaries, a class-per-subfolder image tree, a folder of images and segmentation masks, or synthetic
+// data (classification or segmentation) into ringtrain shards
 // (docs/DATA_FORMAT.md), then prints a summary per split. Every split is validated by ShardWriter on
 // finish, so a zero exit status means the dataset re-opened cleanly.
 #include <CLI/CLI.hpp>
@@ -61,8 +62,10 @@ void print_summary(const ConvertResult& result, const std::string& out) {
   for (const SplitInfo& split : result.splits) {
     std::printf("%s: %" PRId64 " records in %zu shard%s, %s %s, %d classes, mean %s std %s\n", split.split.c_str(),
                 split.records, split.shards.size(), split.shards.size() == 1 ? "" : "s", split.shape_text().c_str(),
-                split.encoded ? "encoded" : "pixels", split.num_classes, floats_text(split.mean).c_str(),
-                floats_text(split.std).c_str());
+                split.encoded        ? "encoded"
+                : split.segmentation ? "pixels with masks"
+                                     : "pixels",
+                split.num_classes, floats_text(split.mean).c_str(), floats_text(split.std).c_str());
   }
   std::printf("wrote and validated %s/manifest.json\n", out.c_str());
 }
@@ -133,6 +136,37 @@ int main(int argc, char** argv) try {
   runtime::add_number(*synthetic, "--quality", spec.jpeg_quality, "JPEG quality for --encode jpeg", 1, 100);
   add_common_options(synthetic, common);
 
+  SegmentationFolderOptions segmentation_options;
+  CLI::App* segmentation = app.add_subcommand(
+      "segmentation",
+      "Images and masks: SRC/images/<name>.jpg|png with SRC/masks/<name>.png (one channel of classes, 255 ignored), "
+      "or both under SRC/train, SRC/val, SRC/test");
+  segmentation->add_option("SRC", src, "Source folder")->required()->check(CLI::ExistingDirectory);
+  segmentation->add_option("OUT", out, "Output dataset folder (created if missing)")->required();
+  runtime::add_number(*segmentation, "--size", segmentation_options.size,
+                      "Resize to SIZE x SIZE (shorter side, central crop; masks by the nearest pixel); 0: keep (all "
+                      "one size)",
+                      int64_t{0}, int64_t{1} << 16);
+  runtime::add_number(*segmentation, "--channels", segmentation_options.channels, "1 or 3", int64_t{1}, int64_t{3});
+  runtime::add_number(*segmentation, "--classes", segmentation_options.num_classes,
+                      "Classes of the masks (0: the largest in the train masks + 1)", 0, 255);
+  add_common_options(segmentation, common);
+
+  SyntheticSegmentationSpec segmentation_spec;
+  CLI::App* synthetic_segmentation = app.add_subcommand(
+      "synthetic-segmentation",
+      "Shapes over a background, one class each, with their masks (learnable) -> train, test (count/5)");
+  synthetic_segmentation->add_option("OUT", out, "Output dataset folder (created if missing)")->required();
+  runtime::add_number(*synthetic_segmentation, "--size", segmentation_spec.size, "Image side", int64_t{8},
+                      int64_t{4096});
+  runtime::add_number(*synthetic_segmentation, "--channels", segmentation_spec.channels, "1 or 3", int64_t{1},
+                      int64_t{3});
+  runtime::add_number(*synthetic_segmentation, "--count", segmentation_spec.count, "Train records", int64_t{1},
+                      int64_t{1} << 40);
+  runtime::add_number(*synthetic_segmentation, "--classes", segmentation_spec.num_classes,
+                      "Classes, the background's (0) included", 2, 255);
+  add_common_options(synthetic_segmentation, common);
+
   RT_PARSE_FLAGS(app, argc, argv);
 
   try {
@@ -149,6 +183,8 @@ int main(int argc, char** argv) try {
       image_options.storage = keep_encoded || encode == "jpeg" ? ImageStorage::kJpeg : ImageStorage::kPixels;
       result = convert_imagefolder(src, out, image_options, options);
     }
+    if (*segmentation) result = convert_segmentation_folder(src, out, segmentation_options, options);
+    if (*synthetic_segmentation) result = convert_synthetic_segmentation(out, segmentation_spec, options);
     if (*synthetic) {
       spec.height = shape[0], spec.width = shape[1], spec.channels = shape[2];
       spec.storage = synthetic_encode == "jpeg" ? ImageStorage::kJpeg : ImageStorage::kPixels;

@@ -275,7 +275,7 @@ void png_read_from_memory(png_structp png, png_bytep out, size_t length) {
 
 // Reads into out->pixels with palettes expanded and samples scaled to 8 bits; alpha (2 or 4 channels)
 // is dropped by the caller. `rows` is caller-owned scratch so this frame holds no C++ objects.
-bool decode_png_raw(PngState* state, DecodedImage* out, std::vector<png_bytep>* rows) {
+bool decode_png_raw(PngState* state, DecodedImage* out, std::vector<png_bytep>* rows, bool palette_indices = false) {
   png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, state, png_error_handler, png_warning_handler);
   if (!png) {
     std::snprintf(state->message, kMessageBytes, "png_create_read_struct failed");
@@ -294,7 +294,8 @@ bool decode_png_raw(PngState* state, DecodedImage* out, std::vector<png_bytep>* 
   png_set_read_fn(png, state, png_read_from_memory);
   png_read_info(png, info);
   const int color_type = png_get_color_type(png, info), bit_depth = png_get_bit_depth(png, info);
-  if (color_type == PNG_COLOR_TYPE_PALETTE) png_set_palette_to_rgb(png);
+  if (color_type == PNG_COLOR_TYPE_PALETTE && !palette_indices) png_set_palette_to_rgb(png);
+  if (color_type == PNG_COLOR_TYPE_PALETTE && palette_indices && bit_depth < 8) png_set_packing(png);
   if (color_type == PNG_COLOR_TYPE_GRAY && bit_depth < 8) png_set_expand_gray_1_2_4_to_8(png);
   if (bit_depth == 16) png_set_scale_16(png);
   png_set_interlace_handling(png);
@@ -421,6 +422,21 @@ namespace {
 }
 
 }  // namespace
+
+DecodedImage decode_mask(const uint8_t* bytes, size_t size) {
+  if (detect_image_format(bytes, size) != ImageFormat::kPng)
+    RT_THROW("a segmentation mask must be a PNG (a JPEG's compression would change its classes)");
+  PngState state;
+  state.data = bytes;
+  state.size = size;
+  DecodedImage mask;
+  std::vector<png_bytep> rows;
+  if (!decode_png_raw(&state, &mask, &rows, true)) RT_THROW("corrupt PNG data: ", state.message);
+  if (mask.channels != 1)
+    RT_THROW("a segmentation mask must be one channel of classes (grayscale or palette indices), got ", mask.channels,
+             " channels");
+  return mask;
+}
 
 DecodedImage decode_image(const uint8_t* bytes, size_t size) {
   switch (detect_image_format(bytes, size)) {

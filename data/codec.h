@@ -33,6 +33,10 @@ ImageFormat detect_image_format(const uint8_t* bytes, size_t size);
 // its header gives, or an image over 1 GiB decoded. A JPEG's recoverable damage is in `warnings`.
 DecodedImage decode_image(const uint8_t* bytes, size_t size);
 
+// A segmentation mask: a PNG of one channel whose samples are classes, 8-bit grayscale or a palette (its indices
+// kept, as VOC stores its masks). Returns (height, width, 1). Other formats or channel counts are errors.
+DecodedImage decode_mask(const uint8_t* bytes, size_t size);
+
 // An image's size as its header gives it: channels as decode_image gives them (1 or 3).
 struct ImageHeader {
   ImageFormat format = ImageFormat::kUnknown;

@@ -522,4 +522,222 @@ ConvertResult convert_synthetic(const fs::path& out, const SyntheticSpec& spec, 
   return result;
 }
 
+// ------------------------------------------------------------------------------------------------ segmentation
+
+namespace {
+
+struct MaskedRecord {
+  fs::path image, mask;
+};
+
+// The (image, mask) pairs of one split folder (images/ and masks/ under dir), by name.
+std::vector<MaskedRecord> collect_masked(const fs::path& dir, std::vector<std::string>& notes) {
+  const fs::path images = dir / "images", masks = dir / "masks";
+  for (const fs::path& d : {images, masks})
+    if (!fs::is_directory(d))
+      RT_THROW("segmentation folder '", dir.string(), "' has no '", d.filename().string(),
+               "' folder (expected images/<name>.jpg|png and masks/<name>.png)");
+  std::map<std::string, fs::path> image_of, mask_of;
+  int64_t skipped = 0;
+  for (const auto& [folder, table] : {std::pair{images, &image_of}, std::pair{masks, &mask_of}}) {
+    for (const auto& entry : fs::directory_iterator(folder)) {
+      if (!entry.is_regular_file() || is_hidden(entry.path())) continue;
+      if (!has_image_extension(entry.path())) {
+        ++skipped;
+        continue;
+      }
+      const std::string stem = entry.path().stem().string();
+      if (!table->emplace(stem, entry.path()).second)
+        RT_THROW("'", entry.path().string(), "' and '", (*table)[stem].string(), "' share the name '", stem,
+                 "': which is the record's?");
+    }
+  }
+  std::vector<MaskedRecord> records;
+  for (const auto& [stem, image] : image_of) {
+    auto it = mask_of.find(stem);
+    if (it == mask_of.end())
+      RT_THROW("image '", image.string(), "' has no mask '", (masks / (stem + ".png")).string(), "'");
+    records.push_back({image, it->second});
+  }
+  for (const auto& [stem, mask] : mask_of)
+    if (!image_of.count(stem)) RT_THROW("mask '", mask.string(), "' has no image '", (images / stem).string(), ".*'");
+  if (records.empty()) RT_THROW("segmentation folder '", dir.string(), "' holds no images");
+  if (skipped > 0)
+    notes.push_back(detail::str_cat("'", dir.string(), "': skipped ", skipped, " files that are not .jpg/.jpeg/.png"));
+  return records;
+}
+
+// A mask as imagefolder's resize treats its image (shorter side to size, the central window), by the nearest
+// pixel: each output pixel's centre mapped back onto the source.
+std::vector<uint8_t> resize_mask(const uint8_t* mask, int64_t height, int64_t width, int64_t size) {
+  const double scale = static_cast<double>(size) / static_cast<double>(std::min(height, width));
+  const double off_y = (height * scale - static_cast<double>(size)) / 2,
+               off_x = (width * scale - static_cast<double>(size)) / 2;
+  std::vector<uint8_t> out(static_cast<size_t>(size * size));
+  for (int64_t y = 0; y < size; ++y) {
+    const int64_t sy = std::clamp<int64_t>(static_cast<int64_t>((y + 0.5 + off_y) / scale), 0, height - 1);
+    for (int64_t x = 0; x < size; ++x) {
+      const int64_t sx = std::clamp<int64_t>(static_cast<int64_t>((x + 0.5 + off_x) / scale), 0, width - 1);
+      out[static_cast<size_t>(y * size + x)] = mask[sy * width + sx];
+    }
+  }
+  return out;
+}
+
+struct MaskedImage {
+  std::vector<uint8_t> image, mask;
+  int64_t height = 0, width = 0;
+};
+
+MaskedImage prepare_masked(const MaskedRecord& r, const SegmentationFolderOptions& o) {
+  MaskedImage m;
+  DecodedImage image;
+  try {
+    const std::vector<uint8_t> bytes = read_file(r.image);
+    image = convert_channels(decode_image(bytes.data(), bytes.size()), o.channels);
+  } catch (const std::exception& e) {
+    RT_THROW("image '", r.image.string(), "': ", e.what());
+  }
+  DecodedImage mask;
+  try {
+    const std::vector<uint8_t> bytes = read_file(r.mask);
+    mask = decode_mask(bytes.data(), bytes.size());
+  } catch (const std::exception& e) {
+    RT_THROW("mask '", r.mask.string(), "': ", e.what());
+  }
+  if (mask.height != image.height || mask.width != image.width)
+    RT_THROW("mask '", r.mask.string(), "' is ", mask.height, "x", mask.width, " but its image '", r.image.string(),
+             "' is ", image.height, "x", image.width);
+  if (o.size > 0) {
+    m.image = resize_shorter_side_center_crop(image.pixels.data(), image.height, image.width, o.channels, o.size);
+    m.mask = resize_mask(mask.pixels.data(), mask.height, mask.width, o.size);
+    m.height = m.width = o.size;
+  } else {
+    m.image = std::move(image.pixels);
+    m.mask = std::move(mask.pixels);
+    m.height = image.height;
+    m.width = image.width;
+  }
+  return m;
+}
+
+}  // namespace
+
+ConvertResult convert_segmentation_folder(const fs::path& src, const fs::path& out, const SegmentationFolderOptions& o,
+                                          const ConvertOptions& options) {
+  if (o.channels != 1 && o.channels != 3) RT_THROW("segmentation --channels must be 1 or 3, got ", o.channels);
+  if (o.size < 0 || o.num_classes < 0 || o.num_classes > 255)
+    RT_THROW("segmentation --size must be >= 0 and --classes from 0 (from the masks) to 255");
+  ConvertResult result;
+  std::vector<std::pair<std::string, std::vector<MaskedRecord>>> splits;
+  if (fs::is_directory(src / "train")) {
+    for (const char* name : {"train", "val", "test"})
+      if (fs::is_directory(src / name)) splits.emplace_back(name, collect_masked(src / name, result.notes));
+  } else {
+    splits.emplace_back("train", collect_masked(src, result.notes));
+  }
+  // The records decoded once: the class count and the common size come from them before any shard is written.
+  std::vector<std::vector<MaskedImage>> prepared(splits.size());
+  int max_class = -1;
+  int64_t height = 0, width = 0;
+  for (size_t s = 0; s < splits.size(); ++s) {
+    const auto& records = splits[s].second;
+    prepared[s].resize(records.size());
+    parallel_for(static_cast<int64_t>(records.size()), 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i)
+        prepared[s][static_cast<size_t>(i)] = prepare_masked(records[static_cast<size_t>(i)], o);
+    });
+    for (size_t i = 0; i < records.size(); ++i) {
+      const MaskedImage& m = prepared[s][i];
+      if (height == 0) height = m.height, width = m.width;
+      if (m.height != height || m.width != width)
+        RT_THROW("image '", records[i].image.string(), "' is ", m.height, "x", m.width, " but the first is ", height,
+                 "x", width, ": give --size to resize them to one size");
+      if (s == 0)
+        for (uint8_t v : m.mask)
+          if (v != 255) max_class = std::max(max_class, static_cast<int>(v));
+    }
+  }
+  const int classes = o.num_classes > 0 ? o.num_classes : max_class + 1;
+  if (classes < 1) RT_THROW("the train masks of '", src.string(), "' hold no class (every pixel 255): give --classes");
+  const std::string source = detail::str_cat("segmentation:", src.string(), ",size=", o.size, ",channels=", o.channels);
+  int64_t largest = 0;
+  for (const auto& [name, records] : splits) largest = std::max(largest, static_cast<int64_t>(records.size()));
+  check_shard_count(options, static_cast<int64_t>(splits[0].second.size()), "train");
+  for (size_t s = 0; s < splits.size(); ++s) {
+    const auto& [name, records] = splits[s];
+    WriterOptions w = writer_options(
+        out, name, shards_for_split(options.num_shards, static_cast<int64_t>(records.size()), largest),
+        static_cast<int64_t>(records.size()), height, width, o.channels, classes, {}, source, options.show_progress);
+    w.segmentation = true;
+    ShardWriter writer(std::move(w));
+    const std::vector<int64_t> order = shuffled_order(static_cast<int64_t>(records.size()), options.seed, 40 + s);
+    for (int64_t i : order) {
+      const MaskedImage& m = prepared[s][static_cast<size_t>(i)];
+      try {
+        writer.add(m.image.data(), 0, m.mask.data());
+      } catch (const Error& e) {
+        RT_THROW("mask '", records[static_cast<size_t>(i)].mask.string(), "': ", e.what(),
+                 o.num_classes > 0 ? "" : " (the class count came from the train masks: give --classes)");
+      }
+    }
+    result.splits.push_back(writer.finish());
+  }
+  return result;
+}
+
+ConvertResult convert_synthetic_segmentation(const fs::path& out, const SyntheticSegmentationSpec& spec,
+                                             const ConvertOptions& options) {
+  if (spec.size < 8 || spec.size > 4096 || (spec.channels != 1 && spec.channels != 3))
+    RT_THROW("synthetic segmentation: --size must be from 8 to 4096 and --channels 1 or 3, got ", spec.size, " and ",
+             spec.channels);
+  if (spec.count < 1) RT_THROW("synthetic segmentation: --count must be at least 1, got ", spec.count);
+  if (spec.num_classes < 2 || spec.num_classes > 255)
+    RT_THROW("synthetic segmentation: --classes must be from 2 to 255 (class 0 is the background), got ",
+             spec.num_classes);
+  check_shard_count(options, spec.count, "train");
+  const int64_t n = spec.size, c = spec.channels;
+  // Each class's colour, fixed for the dataset.
+  std::vector<uint8_t> colours(static_cast<size_t>(spec.num_classes * c));
+  philox_bytes(options.seed, kTemplateStream, 0, static_cast<int64_t>(colours.size()), colours.data());
+  const std::string source = detail::str_cat("synthetic-segmentation:", n, "x", n, "x", c, ",count=", spec.count,
+                                             ",classes=", spec.num_classes, ",seed=", options.seed);
+  ConvertResult result;
+  const int64_t counts[2] = {spec.count, std::max<int64_t>(1, spec.count / 5)};
+  const char* names[2] = {"train", "test"};
+  std::vector<uint8_t> image(static_cast<size_t>(n * n * c)), mask(static_cast<size_t>(n * n)), noise(image.size());
+  for (int s = 0; s < 2; ++s) {
+    WriterOptions w = writer_options(out, names[s], shards_for_split(options.num_shards, counts[s], spec.count),
+                                     counts[s], n, n, c, spec.num_classes, {}, source, options.show_progress);
+    w.segmentation = true;
+    ShardWriter writer(std::move(w));
+    for (int64_t r = 0; r < counts[s]; ++r) {
+      std::fill(mask.begin(), mask.end(), uint8_t{0});
+      // Up to four shapes: class, kind (rectangle or disc), centre and half-size, from one Philox block each.
+      for (uint64_t k = 0; k < 4; ++k) {
+        const Philox4 b = philox4x32_10(options.seed, static_cast<uint64_t>(r) * 8 + k, kLabelStream[s]);
+        if (k > 0 && (b.v[0] & 3u) == 0) continue;  // fewer shapes in some images
+        const auto cls = static_cast<uint8_t>(1 + (b.v[0] >> 2) % static_cast<uint32_t>(spec.num_classes - 1));
+        const bool disc = (b.v[0] >> 16) & 1u;
+        const int64_t cy = b.v[1] % static_cast<uint32_t>(n), cx = b.v[2] % static_cast<uint32_t>(n);
+        const int64_t half = n / 10 + b.v[3] % static_cast<uint32_t>(std::max<int64_t>(1, n / 4));
+        for (int64_t y = std::max<int64_t>(0, cy - half); y < std::min(n, cy + half + 1); ++y)
+          for (int64_t x = std::max<int64_t>(0, cx - half); x < std::min(n, cx + half + 1); ++x)
+            if (!disc || (y - cy) * (y - cy) + (x - cx) * (x - cx) <= half * half)
+              mask[static_cast<size_t>(y * n + x)] = cls;
+      }
+      philox_bytes(options.seed, kNoiseStream[s], static_cast<uint64_t>(r * n * n * c), n * n * c, noise.data());
+      for (int64_t p = 0; p < n * n; ++p)
+        for (int64_t k = 0; k < c; ++k) {
+          const size_t i = static_cast<size_t>(p * c + k);
+          image[i] = static_cast<uint8_t>(
+              (3 * colours[static_cast<size_t>(mask[static_cast<size_t>(p)] * c + k)] + noise[i]) / 4);
+        }
+      writer.add(image.data(), 0, mask.data());
+    }
+    result.splits.push_back(writer.finish());
+  }
+  return result;
+}
+
 }  // namespace ringtrain::data

@@ -83,4 +83,33 @@ struct SyntheticSpec {
 ConvertResult convert_synthetic(const std::filesystem::path& out, const SyntheticSpec& spec,
                                 const ConvertOptions& options);
 
+// ------------------------------------------------------------------------------------------------ segmentation
+
+struct SegmentationFolderOptions {
+  // > 0: every image resized as imagefolder does (shorter side to size, central size x size window) and its mask
+  // alike by the nearest pixel; 0: every image and mask already of one size.
+  int64_t size = 0;
+  int64_t channels = 3;  // 1 or 3; images with the other count are converted
+  int num_classes = 0;   // 0: one more than the largest class the train masks hold (255, ignored, aside)
+};
+
+// src/images/<name>.(jpg|jpeg|png) with src/masks/<name>.png, or those two folders under src/train, src/val and
+// src/test (splits named after them). A mask is a one-channel PNG of classes (grayscale or palette indices, as
+// VOC's; 255 = ignored) of its image's size; every image needs its mask and every mask its image. Records are
+// shuffled with options.seed so shards mix images. Errors name the file.
+ConvertResult convert_segmentation_folder(const std::filesystem::path& src, const std::filesystem::path& out,
+                                          const SegmentationFolderOptions& segmentation, const ConvertOptions& options);
+
+struct SyntheticSegmentationSpec {
+  int64_t size = 64, channels = 3;
+  int64_t count = 512;  // train records; "test" gets max(1, count / 5)
+  int num_classes = 4;  // class 0 is the background
+};
+
+// Images of a background and up to four rectangles and discs over it, each shape's class fixing its colour
+// (noise added), the mask holding each pixel's class (the last shape drawn wins): a map a segmentation model can
+// learn. All from philox(options.seed). Splits "train" and "test".
+ConvertResult convert_synthetic_segmentation(const std::filesystem::path& out, const SyntheticSegmentationSpec& spec,
+                                             const ConvertOptions& options);
+
 }  // namespace ringtrain::data

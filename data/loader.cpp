@@ -57,7 +57,13 @@ Crop resized_crop_window(int64_t height, int64_t width, bool train, uint64_t see
 }  // namespace
 
 std::array<int64_t, 3> transformed_shape(const SplitInfo& info, const Transform& t) {
+  RT_CHECK(t.resize == 0 || t.resized_crop == 0, "transform: resize (", t.resize, ") and a random-resized crop (",
+           t.resized_crop, ") exclude each other");
   if (t.resized_crop > 0) return {t.resized_crop, t.resized_crop, info.channels};
+  RT_CHECK(t.resize == 0 || !info.varied_size(), "split '", info.split,
+           "' holds images of varied sizes: resizing them to one size takes a random-resized crop instead ",
+           "(Transform::resized_crop; train_resnet: --image-size)");
+  if (t.resize > 0) return {t.resize, t.resize, info.channels};
   RT_CHECK(!info.varied_size(), "split '", info.split,
            "' holds images of varied sizes: they have one shape only after ",
            "a random-resized crop (Transform::resized_crop; train_resnet: --image-size)");
@@ -214,25 +220,74 @@ void resized_crop_into(const uint8_t* image, int64_t H, int64_t W, int64_t C, co
   }
 }
 
+// Transform::resize: the whole (H, W, C) image bilinear at pixel centres (clamped at the edges) to (OH, OW, C),
+// rounded to bytes.
+std::vector<uint8_t> resize_image(const uint8_t* image, int64_t H, int64_t W, int64_t C, int64_t OH, int64_t OW) {
+  std::vector<uint8_t> out(static_cast<size_t>(OH * OW * C));
+  const double sy = static_cast<double>(H) / static_cast<double>(OH),
+               sx = static_cast<double>(W) / static_cast<double>(OW);
+  for (int64_t oy = 0; oy < OH; ++oy) {
+    const double fy = std::clamp((oy + 0.5) * sy - 0.5, 0.0, static_cast<double>(H - 1));
+    const int64_t y0 = static_cast<int64_t>(fy), y1 = std::min(y0 + 1, H - 1);
+    const double wy = fy - static_cast<double>(y0);
+    for (int64_t ox = 0; ox < OW; ++ox) {
+      const double fx = std::clamp((ox + 0.5) * sx - 0.5, 0.0, static_cast<double>(W - 1));
+      const int64_t x0 = static_cast<int64_t>(fx), x1 = std::min(x0 + 1, W - 1);
+      const double wx = fx - static_cast<double>(x0);
+      for (int64_t c = 0; c < C; ++c) {
+        auto at = [&](int64_t y, int64_t x) { return static_cast<double>(image[(y * W + x) * C + c]); };
+        const double top = at(y0, x0) + (at(y0, x1) - at(y0, x0)) * wx;
+        const double bottom = at(y1, x0) + (at(y1, x1) - at(y1, x0)) * wx;
+        out[static_cast<size_t>((oy * OW + ox) * C + c)] =
+            static_cast<uint8_t>(std::clamp(std::lround(top + (bottom - top) * wy), 0L, 255L));
+      }
+    }
+  }
+  return out;
+}
+
 // The transform's inner loops, for one output element type. scale/shift: per-channel normalisation.
+// Where a sample's pixels go, from its draws: the flip, and the pad-crop's offsets (in [-p, p]; 0 without one).
+// The image (transform_into) and its mask (apply_mask_transform) read the same.
+struct Placement {
+  bool flip = false;
+  int64_t dy = 0, dx = 0;
+};
+Placement placement(const Transform& t, uint64_t seed, int64_t epoch, int64_t sample_index) {
+  const Philox4 r = draws(seed, epoch, sample_index, 0);
+  Placement at;
+  at.flip = flip_of(t, r);
+  const int64_t p = t.train ? t.pad_crop : 0;
+  if (p > 0) {
+    at.dy = static_cast<int64_t>(r.v[1] % static_cast<uint32_t>(2 * p + 1)) - p;
+    at.dx = static_cast<int64_t>(r.v[2] % static_cast<uint32_t>(2 * p + 1)) - p;
+  }
+  return at;
+}
+
 template <typename Out>
 void transform_into(const SplitInfo& info, const Transform& t, const uint8_t* image, uint64_t seed, int64_t epoch,
                     int64_t sample_index, Out* out, const float* scale, const float* shift) {
-  const int64_t H = info.height, W = info.width, C = info.channels;
+  int64_t H = info.height, W = info.width;
+  const int64_t C = info.channels;
+  std::vector<uint8_t> resized;
+  if (t.resize > 0) {
+    resized = resize_image(image, H, W, C, t.resize, t.resize);
+    image = resized.data();
+    H = W = t.resize;
+  }
   const auto [OH, OW, OC] = transformed_shape(info, t);
   (void)OC;
-  const Philox4 r = draws(seed, epoch, sample_index, 0);
-  const bool flip = flip_of(t, r);
+  const Placement at = placement(t, seed, epoch, sample_index);
+  const bool flip = at.flip;
   if (t.resized_crop > 0) {
     const Crop crop = resized_crop_window(H, W, t.train, seed, epoch, sample_index);
     resized_crop_into(image, H, W, C, crop, OH, OW, flip, out, scale, shift);
     return;
   }
-  // Pad-and-crop (offsets in [0, 2p]) or identity; zero pixels outside the image. Row by row: the
-  // in-image part of a row is one tight loop.
-  const int64_t p = t.train ? t.pad_crop : 0;
-  const int64_t dy = p ? static_cast<int64_t>(r.v[1] % static_cast<uint32_t>(2 * p + 1)) - p : 0;
-  const int64_t dx = p ? static_cast<int64_t>(r.v[2] % static_cast<uint32_t>(2 * p + 1)) - p : 0;
+  // Pad-and-crop or identity; zero pixels outside the image. Row by row: the in-image part of a row is one
+  // tight loop.
+  const int64_t dy = at.dy, dx = at.dx;
   std::vector<float> row_scale(static_cast<size_t>(OW * C)), row_shift(static_cast<size_t>(OW * C));
   for (int64_t i = 0; i < OW * C; ++i) {
     row_scale[static_cast<size_t>(i)] = scale[i % C];
@@ -291,6 +346,36 @@ void apply_transform(const SplitInfo& info, const Transform& t, const uint8_t* i
   with_output(t.dtype, out, [&](auto* o) {
     transform_into(info, t, image, seed, epoch, sample_index, o, n.scale.data(), n.shift.data());
   });
+}
+
+void apply_mask_transform(const SplitInfo& info, const Transform& t, const uint8_t* mask, uint64_t seed, int64_t epoch,
+                          int64_t sample_index, int64_t* out) {
+  RT_CHECK(t.resized_crop == 0, "split '", info.split, "': a segmentation mask follows resize, pad-crop and flip, not ",
+           "a random-resized crop (resize the images instead: train_resnet --image-size)");
+  int64_t H = info.height, W = info.width;
+  std::vector<uint8_t> resized;
+  if (t.resize > 0) {  // the nearest source pixel of each output pixel's centre
+    resized.resize(static_cast<size_t>(t.resize * t.resize));
+    for (int64_t oy = 0; oy < t.resize; ++oy) {
+      const int64_t y = std::min(H - 1, static_cast<int64_t>((oy + 0.5) * static_cast<double>(H) / t.resize));
+      for (int64_t ox = 0; ox < t.resize; ++ox) {
+        const int64_t x = std::min(W - 1, static_cast<int64_t>((ox + 0.5) * static_cast<double>(W) / t.resize));
+        resized[static_cast<size_t>(oy * t.resize + ox)] = mask[y * W + x];
+      }
+    }
+    mask = resized.data();
+    H = W = t.resize;
+  }
+  const auto [OH, OW, OC] = transformed_shape(info, t);
+  (void)OC;
+  const Placement at = placement(t, seed, epoch, sample_index);  // the image's draws
+  for (int64_t y = 0; y < OH; ++y) {
+    const int64_t sy = y + at.dy;
+    for (int64_t x = 0; x < OW; ++x) {
+      const int64_t sx = (at.flip ? OW - 1 - x : x) + at.dx;
+      out[y * OW + x] = sy >= 0 && sy < H && sx >= 0 && sx < W ? mask[sy * W + sx] : info.ignore_index;
+    }
+  }
 }
 
 std::string decode_transform(const SplitInfo& info, const Transform& t, const uint8_t* bytes, size_t size,
@@ -439,6 +524,7 @@ Batch Loader::build(int64_t t) {
   Batch batch;
   batch.index = first_batch_ + t;
   batch.valid = static_cast<int64_t>(real.size());
+  if (info.segmentation) return build_segmentation(std::move(batch), real, n);
   if (!options_.images) {  // labels only, from memory
     batch.labels =
         options_.device.is_cuda() ? Tensor::empty_pinned(Shape{n}, DType::I64) : Tensor::empty(Shape{n}, DType::I64);
@@ -498,6 +584,38 @@ Batch Loader::build(int64_t t) {
     std::fill(out + slots * sample_bytes, out + n * sample_bytes, uint8_t{0});
     std::fill(out_labels + slots, out_labels + n, int64_t{0});
   }
+  return batch;
+}
+
+// A segmentation split's batch: each record's mask through its image's geometry into (n, H, W) labels, the
+// padding slots all ignored; the images (unless labels only) as any decoded split's.
+Batch Loader::build_segmentation(Batch batch, const std::vector<int64_t>& real, int64_t n) {
+  const SplitInfo& info = dataset_.info();
+  const Transform& transform = options_.transform;
+  const auto shape = transformed_shape(info, transform);
+  const Shape label_shape{n, shape[0], shape[1]};
+  const bool pinned = options_.device.is_cuda();
+  batch.labels = pinned ? Tensor::empty_pinned(label_shape, DType::I64) : Tensor::empty(label_shape, DType::I64);
+  const int64_t slots = static_cast<int64_t>(real.size()), per = shape[0] * shape[1];
+  int64_t* labels = batch.labels.data<int64_t>();
+  std::vector<uint8_t> masks(static_cast<size_t>(slots * info.mask_bytes()));
+  dataset_.read_masks(real, masks.data());
+  for (int64_t k = 0; k < slots; ++k)
+    apply_mask_transform(info, transform, masks.data() + k * info.mask_bytes(), options_.seed, epoch_,
+                         real[static_cast<size_t>(k)], labels + k * per);
+  std::fill(labels + slots * per, labels + n * per, static_cast<int64_t>(info.ignore_index));
+  if (!options_.images) return batch;
+  const Shape image_shape{n, shape[0], shape[1], shape[2]};
+  batch.images =
+      pinned ? Tensor::empty_pinned(image_shape, transform.dtype) : Tensor::empty(image_shape, transform.dtype);
+  const int64_t sample_bytes = shape[0] * shape[1] * shape[2] * dtype_size(transform.dtype);
+  auto* out = static_cast<uint8_t*>(batch.images.data_ptr());
+  const std::unique_ptr<uint8_t[]> raw(new uint8_t[static_cast<size_t>(slots * info.record_bytes())]);
+  dataset_.read_indices(real, raw.get(), nullptr);
+  for (int64_t k = 0; k < slots; ++k)
+    apply_transform(info, transform, raw.get() + k * info.record_bytes(), options_.seed, epoch_,
+                    real[static_cast<size_t>(k)], out + k * sample_bytes);
+  std::fill(out + slots * sample_bytes, out + n * sample_bytes, uint8_t{0});
   return batch;
 }
 

@@ -27,6 +27,10 @@ struct Transform {
   bool train = true;         // random augmentation; false: deterministic (center) versions
   int64_t pad_crop = 0;      // random crop after zero-padding by this many pixels (CIFAR-style); 0 = off
   int64_t resized_crop = 0;  // random-resized crop to this size (scale [0.08, 1], ratio [3/4, 4/3]); 0 = off
+  // The whole image resized to resize x resize (bilinear at pixel centres; a segmentation mask by its nearest
+  // pixel) before the pad-crop and flip: small images a model needs larger (28x28 to ConvNeXt's 32x32). 0 = off;
+  // not with resized_crop, nor on splits of varied sizes.
+  int64_t resize = 0;
   bool hflip = false;        // random horizontal flip
   bool normalize = true;     // (x/255 - mean) / std with the split's mean/std; else x/255
   DType dtype = DType::F32;  // F32 or BF16
@@ -44,6 +48,12 @@ std::array<int64_t, 3> transformed_shape(const SplitInfo& info, const Transform&
 // t.dtype). `stream` selects the random draws: (seed, epoch, sample index).
 void apply_transform(const SplitInfo& info, const Transform& t, const uint8_t* image, uint64_t seed, int64_t epoch,
                      int64_t sample_index, void* out);
+
+// A segmentation record's mask (H x W classes) through the same geometry as apply_transform gives its image
+// (the same draws: resize by the nearest pixel, pad-crop, flip) into `out` (transformed height x width labels);
+// pixels the crop takes from outside the image get info.ignore_index. No random-resized crop.
+void apply_mask_transform(const SplitInfo& info, const Transform& t, const uint8_t* mask, uint64_t seed, int64_t epoch,
+                          int64_t sample_index, int64_t* out);
 
 // Decodes one encoded record (JPEG or PNG bytes) whose decoded shape must be `expected` and applies the
 // transform to it. With a random-resized crop only the part of the image the crop needs is decoded, at
@@ -82,7 +92,8 @@ struct DecodeWarnings {
 
 struct Batch {
   Tensor images;      // (B, H, W, C) NHWC, f32 or bf16, on LoaderOptions::device
-  Tensor labels;      // (B) i64, on LoaderOptions::device; padding slots hold 0
+  Tensor labels;      // (B) i64, on LoaderOptions::device; padding slots hold 0. Segmentation splits: (B, H, W)
+                      // maps of classes, the split's ignore index for pixels outside the image and padding slots
   int64_t valid = 0;  // real samples; evaluation padding sits at the end and must be masked out
   int64_t index = 0;  // position of the batch in the epoch
 };
@@ -117,6 +128,7 @@ class Loader {
  private:
   void worker();
   Batch build(int64_t t);
+  Batch build_segmentation(Batch batch, const std::vector<int64_t>& real, int64_t n);
   Batch to_device(Batch host);
 
   // A host batch whose copy to the GPU may still be running, with the event that marks its end.

@@ -71,11 +71,16 @@ json split_to_json(const SplitInfo& s) {
   json shards = json::array();
   for (const auto& sh : s.shards)
     shards.push_back({{"file", sh.file}, {"records", sh.records}, {"crc32", hex32(sh.crc32)}});
-  return {{"records", s.records}, {"image_shape", {s.height, s.width, s.channels}},
-          {"encoded", s.encoded}, {"num_classes", s.num_classes},
-          {"classes", s.classes}, {"mean", s.mean},
-          {"std", s.std},         {"source", s.source},
-          {"shards", shards}};
+  json j = {{"records", s.records}, {"image_shape", {s.height, s.width, s.channels}},
+            {"encoded", s.encoded}, {"num_classes", s.num_classes},
+            {"classes", s.classes}, {"mean", s.mean},
+            {"std", s.std},         {"source", s.source},
+            {"shards", shards}};
+  if (s.segmentation) {
+    j["task"] = "segmentation";
+    j["ignore_index"] = s.ignore_index;
+  }
+  return j;
 }
 
 namespace {
@@ -129,6 +134,16 @@ SplitInfo split_from_json(const std::string& name, const json& j, const fs::path
         RT_THROW(e.name(detail::str_cat("std[", c, "]")), " is ", s.std[c],
                  ": a standard deviation must be above 0 (rewrite the ", "dataset with make_shards, or fix the value)");
     s.source = e.text_or("source", "");
+    const std::string task = e.text_or("task", "classification");
+    if (task != "classification" && task != "segmentation")
+      RT_THROW(e.name("task"), " is '", task, "', expected classification or segmentation");
+    s.segmentation = task == "segmentation";
+    if (s.segmentation) {
+      if (s.encoded) RT_THROW(e.name("task"), " is segmentation, whose images are stored decoded (encoded is true)");
+      if (s.num_classes > 255)
+        RT_THROW(e.name("num_classes"), " is ", s.num_classes, ": a segmentation mask holds classes below 255");
+      s.ignore_index = static_cast<int>(e.integer_or("ignore_index", 255, 255, 255));
+    }
     const std::vector<io::JsonIn> shards = e.objects("shards");
     if (shards.empty()) e.wrong("shards", "a non-empty list");
     std::set<std::string> seen;
@@ -193,11 +208,13 @@ void write_manifest_split(const fs::path& dir, const std::string& source, const 
   manifest["format"] = kFormatName;
   manifest["source"] = source;
   manifest["splits"][split.split] = split_to_json(split);
-  // The oldest version that can read every split in it: 3 only if one has images of varied sizes.
+  // The oldest version that can read every split in it: 4 only if one is a segmentation split, 3 if one has
+  // images of varied sizes.
   int version = 2;
   for (auto& [name, entry] : manifest["splits"].items()) {
     const json& shape = entry.value("image_shape", json::array());
-    if (shape.is_array() && !shape.empty() && shape[0] == 0) version = 3;
+    if (shape.is_array() && !shape.empty() && shape[0] == 0) version = std::max(version, 3);
+    if (entry.value("task", std::string()) == "segmentation") version = 4;
   }
   manifest["format_version"] = version;
   const fs::path tmp_manifest = dir / "manifest.json.partial";

@@ -43,6 +43,7 @@ struct ShardLayout {
   DirectLayout direct;
   std::vector<int64_t> offsets;  // v2 encoded: record i is bytes [offsets[i], offsets[i + 1]) of /encoded
   std::vector<int32_t> shapes;   // varied-size splits: H, W, C of each record (from /shapes)
+  DirectLayout masks;            // segmentation splits: where /masks lies (read through HDF5 when unusable)
 };
 
 // A read-only descriptor, closed when the last reader lets go of it.
@@ -140,7 +141,12 @@ struct ShardDataset::Impl {
   void read_direct(int shard, int64_t local, int64_t count, int64_t row_bytes, const SplitInfo& info, uint8_t* out,
                    int64_t record = -1) {
     const ShardLayout& sl = layout[static_cast<size_t>(shard)];
-    const DirectLayout& d = sl.direct;
+    read_direct_from(sl.direct, sl.object, shard, local, count, row_bytes, info, out, record);
+  }
+
+  // The same from any dataset whose layout open resolved (/masks).
+  void read_direct_from(const DirectLayout& d, const char* object, int shard, int64_t local, int64_t count,
+                        int64_t row_bytes, const SplitInfo& info, uint8_t* out, int64_t record = -1) {
     const std::shared_ptr<FileFd> f = fd_of(shard, info);
     while (count > 0) {
       const int64_t k = local / d.rows, r = local % d.rows, n = std::min(count, d.rows - r);
@@ -150,7 +156,7 @@ struct ShardDataset::Impl {
         const ssize_t got = ::pread(f->fd, out, left, static_cast<off_t>(at));
         if (got < 0 && errno == EINTR) continue;
         if (got <= 0)
-          RT_THROW("shard '", (dir / info.shards[static_cast<size_t>(shard)].file).string(), "': '", sl.object,
+          RT_THROW("shard '", (dir / info.shards[static_cast<size_t>(shard)].file).string(), "': '", object,
                    "' record ", record >= 0 ? record : local, ": ",
                    got < 0 ? std::strerror(errno) : "the file ends before the record (truncated)");
         out += got;
@@ -375,6 +381,29 @@ std::vector<int32_t> read_shapes(const fs::path& path, hid_t file, const SplitIn
   return hwc;
 }
 
+// A segmentation split's /masks: (records, H, W) uint8 of the images' size, and the shard's own word that it is one.
+// Returns where its bytes lie.
+DirectLayout check_masks(const fs::path& path, hid_t file, const SplitInfo& info, int version, int64_t records) {
+  const h5::Where at = format::shard_at(path);
+  if (version < 4 || !h5::attribute_exists(file, "task", at) ||
+      h5::read_string_attribute(file, "task", at) != "segmentation")
+    RT_THROW("shard '", path.string(), "': the manifest says split '", info.split,
+             "' is a segmentation split but the shard is not one (no 'task' attribute 'segmentation', format_version ",
+             version, ")");
+  const Dataset masks = open_dataset(path, file, "/masks");
+  if (!masks.is(H5T_INTEGER, 1) || !masks.is_unsigned())
+    RT_THROW("shard '", path.string(), "': dataset '/masks' must be uint8");
+  const auto& d = masks.dims;
+  if (d.size() != 3 || static_cast<int64_t>(d[0]) != records || static_cast<int64_t>(d[1]) != info.height ||
+      static_cast<int64_t>(d[2]) != info.width)
+    RT_THROW("shard '", path.string(), "': dataset '/masks' has rank ", d.size(), " and ",
+             d.empty() ? 0 : static_cast<int64_t>(d[0]), " records of ", d.size() > 1 ? static_cast<int64_t>(d[1]) : 0,
+             "x", d.size() > 2 ? static_cast<int64_t>(d[2]) : 0, ", expected ", records, " masks of ", info.height, "x",
+             info.width, " (one per image, of the images' size)");
+  return resolve_direct(path, file, masks.id, "/masks", records, info.mask_bytes(),
+                        {static_cast<hsize_t>(info.height), static_cast<hsize_t>(info.width)});
+}
+
 // Validates one shard file against the manifest entry; throws naming file and object. Appends the shard's
 // labels to `all_labels`; returns where its image data lies.
 ShardLayout validate_shard(const fs::path& path, const SplitInfo& info, size_t index, bool check_labels,
@@ -405,6 +434,7 @@ ShardLayout validate_shard(const fs::path& path, const SplitInfo& info, size_t i
   const std::vector<int32_t> labels = read_labels(path, file, info, records, check_labels);
   all_labels.insert(all_labels.end(), labels.begin(), labels.end());
   if (info.varied_size()) layout.shapes = read_shapes(path, file, info, layout.version, shard.records);
+  if (info.segmentation) layout.masks = check_masks(path, file, info, layout.version, shard.records);
   if (!info.encoded)
     layout.direct = resolve_direct(
         path, file, images.id, "/images", shard.records, info.record_bytes(),
@@ -634,6 +664,37 @@ void ShardDataset::read_indices(const std::vector<int64_t>& indices, uint8_t* im
       if (labels) labels[at] = impl_->labels[static_cast<size_t>(indices[at])];
     }
     i = j;
+  }
+}
+
+void ShardDataset::read_masks(const std::vector<int64_t>& indices, uint8_t* masks) const {
+  RT_CHECK(info_.segmentation, "read_masks on split '", info_.split, "', which holds a label per image, no masks");
+  const int64_t bytes = info_.mask_bytes();
+  for (size_t k = 0; k < indices.size(); ++k) {
+    auto [shard, local] = locate(indices[k]);
+    uint8_t* out = masks + static_cast<int64_t>(k) * bytes;
+    const ShardLayout& sl = impl_->layout[static_cast<size_t>(shard)];
+    const fs::path path = impl_->dir / info_.shards[static_cast<size_t>(shard)].file;
+    if (impl_->direct_reads && sl.masks.usable) {
+      impl_->read_direct_from(sl.masks, "/masks", shard, local, 1, bytes, info_, out);
+    } else {
+      std::lock_guard<std::recursive_mutex> lock(h5::lock());
+      h5::Id file(check(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), path, "", "cannot open"), H5Fclose);
+      h5::Id ds(check(H5Dopen2(file, "masks", H5P_DEFAULT), path, "/masks", "cannot open dataset"), H5Dclose);
+      hsize_t start[3] = {static_cast<hsize_t>(local), 0, 0};
+      hsize_t counts[3] = {1, static_cast<hsize_t>(info_.height), static_cast<hsize_t>(info_.width)};
+      h5::Id fspace(check(H5Dget_space(ds), path, "/masks", "no dataspace"), H5Sclose);
+      check(H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start, nullptr, counts, nullptr), path, "/masks",
+            "select record");
+      h5::Id mspace(check(H5Screate_simple(3, counts, nullptr), path, "/masks", "create dataspace"), H5Sclose);
+      check(H5Dread(ds, H5T_NATIVE_UINT8, mspace, fspace, H5P_DEFAULT, out), path, "/masks",
+            detail::str_cat("truncated or corrupt data, cannot read record ", local));
+    }
+    for (int64_t i = 0; i < bytes; ++i)
+      if (out[i] >= info_.num_classes && out[i] != info_.ignore_index)
+        RT_THROW("shard '", path.string(), "', '/masks' record ", local, ": class ", int(out[i]), " at pixel (",
+                 i / info_.width, ", ", i % info_.width, ") is outside [0, ", info_.num_classes,
+                 ") and not the ignore index ", info_.ignore_index);
   }
 }
 

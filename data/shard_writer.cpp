@@ -22,11 +22,12 @@ struct ShardWriter::Impl {
   int64_t record_bytes = 0, chunk = 0;
   std::vector<int64_t> shard_begin;  // global index where each shard starts (size num_shards + 1)
   int current = -1;                  // open shard
-  h5::Id file, images, labels_ds, shapes_ds;
-  std::vector<uint8_t> pending;  // records not yet written to the current shard (<= chunk)
-  int64_t pending_first = 0;     // local index of pending's first record
-  std::vector<int32_t> labels;   // current shard's labels
-  std::vector<int32_t> shapes;   // current shard's decoded shapes (encoded splits)
+  h5::Id file, images, labels_ds, shapes_ds, masks;
+  std::vector<uint8_t> pending;        // records not yet written to the current shard (<= chunk)
+  std::vector<uint8_t> pending_masks;  // segmentation: their masks
+  int64_t pending_first = 0;           // local index of pending's first record
+  std::vector<int32_t> labels;         // current shard's labels
+  std::vector<int32_t> shapes;         // current shard's decoded shapes (encoded splits)
   std::vector<int64_t> offsets;  // encoded: where each record of the current shard starts in /encoded, then the end
   int64_t encoded_written = 0;   // encoded: bytes of /encoded already in the file
   std::vector<double> sums, squares;  // per channel, over all records
@@ -59,6 +60,19 @@ struct ShardWriter::Impl {
       images = h5::Id(check(H5Dcreate2(file, "images", H5T_STD_U8LE, space, H5P_DEFAULT, plist, H5P_DEFAULT), path,
                             "/images", "create dataset"),
                       H5Dclose);
+      if (options.segmentation) {
+        // (N, H, W) in chunks of the images' records, unfiltered: a reader preads them as it does the images.
+        hsize_t mdims[3] = {dims[0], dims[1], dims[2]};
+        h5::Id mspace(check(H5Screate_simple(3, mdims, nullptr), path, "/masks", "create dataspace"), H5Sclose);
+        h5::Id mplist(check(H5Pcreate(H5P_DATASET_CREATE), path, "/masks", "create property list"), H5Pclose);
+        if (n > 0) {
+          hsize_t mchunk[3] = {static_cast<hsize_t>(std::min(chunk, n)), dims[1], dims[2]};
+          check(H5Pset_chunk(mplist, 3, mchunk), path, "/masks", "set chunking");
+        }
+        masks = h5::Id(check(H5Dcreate2(file, "masks", H5T_STD_U8LE, mspace, H5P_DEFAULT, mplist, H5P_DEFAULT), path,
+                             "/masks", "create dataset"),
+                       H5Dclose);
+      }
     } else {
       // Every record's bytes back to back (chunks of 1 MiB, unfiltered: byte ranges of the file a reader
       // can pread), with /offsets written at the end.
@@ -72,6 +86,7 @@ struct ShardWriter::Impl {
     }
     current = i;
     pending.clear();
+    pending_masks.clear();
     pending_first = 0;
     labels.clear();
     shapes.clear();
@@ -110,6 +125,15 @@ struct ShardWriter::Impl {
     h5::Id mspace(check(H5Screate_simple(4, counts, nullptr), path, "/images", "create dataspace"), H5Sclose);
     check(H5Dwrite(images, H5T_NATIVE_UINT8, mspace, fspace, H5P_DEFAULT, pending.data()), temp_path(current),
           "/images", "write records");
+    if (options.segmentation) {
+      h5::Id mfspace(check(H5Dget_space(masks), path, "/masks", "no dataspace"), H5Sclose);
+      check(H5Sselect_hyperslab(mfspace, H5S_SELECT_SET, start, nullptr, counts, nullptr), path, "/masks",
+            "select records");
+      h5::Id mmspace(check(H5Screate_simple(3, counts, nullptr), path, "/masks", "create dataspace"), H5Sclose);
+      check(H5Dwrite(masks, H5T_NATIVE_UINT8, mmspace, mfspace, H5P_DEFAULT, pending_masks.data()), path, "/masks",
+            "write masks");
+      pending_masks.clear();
+    }
     pending_first += count;
     pending.clear();
   }
@@ -150,6 +174,7 @@ struct ShardWriter::Impl {
     info.records = static_cast<int64_t>(labels.size());
     shards.push_back(info);
     images = h5::Id();
+    masks = h5::Id();
     file = h5::Id();
     current = -1;
   }
@@ -200,6 +225,9 @@ ShardWriter::ShardWriter(WriterOptions options) : impl_(nullptr) {
   RT_CHECK(o.num_classes >= 1, "ShardWriter: num_classes must be >= 1, got ", o.num_classes);
   RT_CHECK(o.classes.empty() || static_cast<int>(o.classes.size()) == o.num_classes, "ShardWriter: ", o.classes.size(),
            " class names for ", o.num_classes, " classes");
+  RT_CHECK(!o.segmentation || (!o.encoded && o.num_classes <= 255), "ShardWriter: a segmentation split stores ",
+           "decoded images and masks of classes below 255 (", o.encoded ? "encoded images given" : "",
+           o.num_classes > 255 ? detail::str_cat(o.num_classes, " classes") : "", ")");
   std::error_code ec;
   fs::create_directories(o.dir, ec);
   if (ec) RT_THROW("cannot create dataset folder '", o.dir.string(), "': ", ec.message());
@@ -218,6 +246,7 @@ ShardWriter::~ShardWriter() {
     try {
       std::lock_guard<std::recursive_mutex> lock(h5::lock());
       impl_->images = h5::Id();
+      impl_->masks = h5::Id();
       impl_->file = h5::Id();
     } catch (...) {
     }
@@ -226,17 +255,34 @@ ShardWriter::~ShardWriter() {
   delete impl_;
 }
 
-void ShardWriter::add(const uint8_t* image, int32_t label) {
+void ShardWriter::add(const uint8_t* image, int32_t label, const uint8_t* mask) {
   auto& m = *impl_;
   RT_CHECK(!m.options.encoded, "ShardWriter::add on an encoded split (use add_encoded)");
   if (written_ >= m.options.total_records)
     RT_THROW("ShardWriter: more than the announced ", m.options.total_records, " records for split '", m.options.split,
              "'");
+  RT_CHECK(
+      (mask != nullptr) == m.options.segmentation, "ShardWriter::add: split '", m.options.split, "' ",
+      m.options.segmentation ? "is a segmentation split: give each record's mask" : "holds a label per image: no mask");
+  if (mask) {
+    const int64_t pixels = m.options.height * m.options.width;
+    std::vector<int64_t> counts(static_cast<size_t>(m.options.num_classes), 0);
+    for (int64_t i = 0; i < pixels; ++i) {
+      if (mask[i] == 255) continue;
+      if (mask[i] >= m.options.num_classes)
+        RT_THROW("ShardWriter: record ", written_, " of split '", m.options.split, "' has class ", int(mask[i]),
+                 " at pixel (", i / m.options.width, ", ", i % m.options.width, "), outside [0, ",
+                 m.options.num_classes, ") and not 255 (ignored)");
+      ++counts[mask[i]];
+    }
+    label = static_cast<int32_t>(std::max_element(counts.begin(), counts.end()) - counts.begin());
+  }
   if (label < 0 || label >= m.options.num_classes)
     RT_THROW("ShardWriter: record ", written_, " of split '", m.options.split, "' has label ", label, " outside [0, ",
              m.options.num_classes, ")");
-  m.start_record(written_);
+  m.start_record(written_);  // may close a shard and open the next: what is pending goes with the shard it is for
   m.pending.insert(m.pending.end(), image, image + m.record_bytes);
+  if (mask) m.pending_masks.insert(m.pending_masks.end(), mask, mask + m.options.height * m.options.width);
   m.labels.push_back(label);
   format::add_channel_sums(image, m.record_bytes, m.options.channels, m.sums, m.squares);
   m.pixels += static_cast<double>(m.options.height * m.options.width);
@@ -304,6 +350,7 @@ SplitInfo ShardWriter::finish() {
   info.num_classes = o.num_classes;
   info.classes = o.classes;
   info.source = o.source;
+  info.segmentation = o.segmentation;
   const double pixels = std::max(1.0, m.pixels);
   for (int64_t c = 0; c < o.channels; ++c) {
     const double mean = m.sums[static_cast<size_t>(c)] / pixels;
@@ -330,6 +377,10 @@ SplitInfo ShardWriter::finish() {
       h5::write_string_attribute(file, "source", o.source, at);
       h5::write_int_attribute(file, "shard_index", {s}, at);
       h5::write_int_attribute(file, "num_shards", {o.num_shards}, at);
+      if (o.segmentation) {
+        h5::write_string_attribute(file, "task", "segmentation", at);
+        h5::write_int_attribute(file, "ignore_index", {info.ignore_index}, at);
+      }
       check(H5Fflush(file, H5F_SCOPE_GLOBAL), tmp, "", "flush");
     }
     m.shards[static_cast<size_t>(s)].crc32 = file_crc32(tmp);

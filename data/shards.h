@@ -20,8 +20,10 @@ inline constexpr const char* kFormatName = "ringtrain-shards";
 // stored them as a variable-length /jpeg, which is still read (through HDF5, under its lock). Decoded
 // (/images) shards are the same in both. Version 3 is version 2 plus splits whose encoded images keep
 // their own sizes (image_shape [0, 0, C]; each record's shape in /shapes): only such splits are written
-// as version 3, so every other dataset stays readable by a version 2 reader.
-inline constexpr int kFormatVersion = 3;
+// as version 3, so every other dataset stays readable by a version 2 reader. Version 4 adds segmentation splits:
+// decoded images with a (H, W) uint8 mask of classes per record in /masks (ignore_index, 255, for pixels that
+// count for nothing); again only such splits are written as version 4.
+inline constexpr int kFormatVersion = 4;
 inline constexpr int kOldestReadableFormatVersion = 1;
 
 // The lock every HDF5 call in ringtrain takes (the same one as ringtrain::h5::lock()).
@@ -46,14 +48,20 @@ struct SplitInfo {
   std::vector<float> mean, std;      // per channel, of pixel / 255
   std::string source;
   std::vector<ShardInfo> shards;
+  // Segmentation: each record's labels are a (height, width) mask of classes in /masks, pixels equal to
+  // ignore_index belonging to no class (its /labels entry is the mask's most frequent class, for samplers).
+  bool segmentation = false;
+  int ignore_index = 255;
   int64_t record_bytes() const { return height * width * channels; }
+  int64_t mask_bytes() const { return height * width; }
   // Encoded records of their own sizes (make_shards imagefolder --size 0): they have one shape only after
   // a random-resized crop. Each record's decoded shape is ShardDataset::record_shape().
   bool varied_size() const { return height == 0; }
   // "224x224x3", or "varied x 3" for varied_size()
   std::string shape_text() const;
-  // The format version this split's shards and manifest are written as (3 if varied_size(), else 2).
-  int format_version() const { return varied_size() ? 3 : 2; }
+  // The format version this split's shards and manifest are written as (4 if segmentation, 3 if
+  // varied_size(), else 2).
+  int format_version() const { return segmentation ? 4 : varied_size() ? 3 : 2; }
 };
 
 struct WriterOptions {
@@ -67,6 +75,7 @@ struct WriterOptions {
   std::vector<std::string> classes;
   std::string source;
   bool show_progress = false;  // a progress line on stderr
+  bool segmentation = false;   // add() takes each record's (height, width) mask (decoded images only)
 };
 
 // Writes one split. Call add() (or add_encoded()) exactly total_records times, then finish(), which
@@ -79,8 +88,10 @@ class ShardWriter {
   ShardWriter(const ShardWriter&) = delete;
   ShardWriter& operator=(const ShardWriter&) = delete;
 
-  // image: height*width*channels bytes, HWC.
-  void add(const uint8_t* image, int32_t label);
+  // image: height*width*channels bytes, HWC. A segmentation split's records also take their mask:
+  // height*width bytes, each a class below num_classes or 255 (ignored); the label is then the mask's most
+  // frequent class (0 when every pixel is ignored) and `label` is not read.
+  void add(const uint8_t* image, int32_t label, const uint8_t* mask = nullptr);
   // bytes: an encoded JPEG/PNG; decoded_hwc: its decoded shape (must equal the split's shape, or have its
   // channels for a split of varied sizes);
   // channel_sums: sum and sum of squares of pixel/255 per channel of the decoded image, for mean/std.
@@ -124,6 +135,9 @@ class ShardDataset {
   void read_range(int64_t begin, int64_t count, uint8_t* images, int32_t* labels) const;
   // Arbitrary records; sorted contiguous runs are read together.
   void read_indices(const std::vector<int64_t>& indices, uint8_t* images, int32_t* labels) const;
+  // A segmentation split's masks of these records (height*width bytes each, in the order given), read like the
+  // images (pread, no lock); a value that is neither a class nor the ignore index is an error naming the record.
+  void read_masks(const std::vector<int64_t>& indices, uint8_t* masks) const;
   // For encoded splits: the raw bytes of one record (decoding happens outside the HDF5 lock).
   std::vector<uint8_t> read_encoded(int64_t index, int32_t* label) const;
   // A record's label alone (held in memory since open: no read).

@@ -1015,5 +1015,219 @@ TEST_F(ConverterFashionMnist, RealFilesConvertAndReadBack) {
   }
 }
 
+// -------------------------------------------------------------------------------------------- segmentation
+
+std::vector<uint8_t> read_masks(const ShardDataset& dataset) {
+  std::vector<int64_t> all(static_cast<size_t>(dataset.size()));
+  std::iota(all.begin(), all.end(), 0);
+  std::vector<uint8_t> masks(static_cast<size_t>(dataset.size() * dataset.info().mask_bytes()));
+  dataset.read_masks(all, masks.data());
+  return masks;
+}
+
+TEST_F(ConverterCodec, MasksKeepTheirClassesFromGrayAndPalettePngs) {
+  // Grayscale: the samples are the classes.
+  const std::vector<uint8_t> gray = {0, 1, 2, 255, 7, 0};
+  DecodedImage m = decode_mask(encode_png(gray.data(), 2, 3, 1).data(), encode_png(gray.data(), 2, 3, 1).size());
+  EXPECT_EQ(m.channels, 1);
+  EXPECT_EQ(m.height, 2);
+  EXPECT_EQ(m.width, 3);
+  EXPECT_EQ(m.pixels, gray);
+  // Palette (VOC's masks): the indices, not the colours; at 4 bits a pixel too.
+  const std::vector<uint8_t> palette = {0, 0, 0, 128, 0, 0, 0, 128, 0};
+  const std::vector<uint8_t> eight = handmade_png(3, 1, 8, 3, {{2, 0, 1}}, palette);
+  EXPECT_EQ(decode_mask(eight.data(), eight.size()).pixels, (std::vector<uint8_t>{2, 0, 1}));
+  const std::vector<uint8_t> four = handmade_png(3, 2, 4, 3, {{0x12, 0x00}, {0x01, 0x20}}, palette);
+  EXPECT_EQ(decode_mask(four.data(), four.size()).pixels, (std::vector<uint8_t>{1, 2, 0, 0, 1, 2}));
+  // Colours are no classes; a JPEG's compression would change them.
+  const std::vector<uint8_t> rgb = solid(2, 2, {1, 2, 3});
+  const std::vector<uint8_t> rgb_png = encode_png(rgb.data(), 2, 2, 3);
+  expect_error([&] { decode_mask(rgb_png.data(), rgb_png.size()); }, {"one channel of classes", "got 3 channels"});
+  const std::vector<uint8_t> jpeg = encode_jpeg(gray.data(), 2, 3, 1, 95);
+  expect_error([&] { decode_mask(jpeg.data(), jpeg.size()); }, {"must be a PNG"});
+}
+
+class ConverterSegmentation : public ConverterTest {
+ protected:
+  // An image whose every pixel says its record (channel 0 = tag), and a mask of classes: column x holds
+  // (x + tag) % classes, row 0 ignored (255).
+  static void write_pair(const fs::path& root, const std::string& name, int tag, int64_t h, int64_t w, int classes,
+                         bool palette_mask = false) {
+    std::vector<uint8_t> image = solid(h, w, {static_cast<uint8_t>(tag), 50, 100});
+    write_bytes(root / "images" / (name + ".png"), encode_png(image.data(), h, w, 3));
+    std::vector<std::vector<uint8_t>> rows;
+    std::vector<uint8_t> mask;
+    for (int64_t y = 0; y < h; ++y) {
+      rows.emplace_back();
+      for (int64_t x = 0; x < w; ++x) {
+        const uint8_t v = y == 0 ? 255 : static_cast<uint8_t>((x + tag) % classes);
+        rows.back().push_back(v);
+        mask.push_back(v);
+      }
+    }
+    if (palette_mask) {
+      std::vector<uint8_t> colours(256 * 3);
+      for (size_t i = 0; i < colours.size(); ++i) colours[i] = static_cast<uint8_t>(i * 37);
+      write_bytes(root / "masks" / (name + ".png"),
+                  handmade_png(static_cast<uint32_t>(w), static_cast<uint32_t>(h), 8, 3, rows, colours));
+    } else {
+      write_bytes(root / "masks" / (name + ".png"), encode_png(mask.data(), h, w, 1));
+    }
+  }
+  // Every record's mask is the pattern of the tag its image carries.
+  static void expect_pairs_kept(const ShardDataset& dataset, int classes, int64_t size) {
+    const ReadBack r = read_all(dataset);
+    const std::vector<uint8_t> masks = read_masks(dataset);
+    for (int64_t i = 0; i < dataset.size(); ++i) {
+      const int tag = r.images[static_cast<size_t>(i * size * size * 3)];
+      for (int64_t y = 0; y < size; ++y)
+        for (int64_t x = 0; x < size; ++x)
+          ASSERT_EQ(masks[static_cast<size_t>((i * size + y) * size + x)],
+                    y == 0 ? 255 : static_cast<uint8_t>((x + tag) % classes))
+              << "record " << i << " (tag " << tag << ") pixel " << y << "," << x;
+    }
+  }
+};
+
+TEST_F(ConverterSegmentation, FolderOfImagesAndMasksInSplits) {
+  const std::vector<std::string> names = {"t0", "t1", "t2", "t3", "t4", "t5"};
+  for (int k = 0; k < 6; ++k) write_pair(dir_ / "src" / "train", names[static_cast<size_t>(k)], k, 5, 5, 4, k % 2);
+  write_pair(dir_ / "src" / "val", "v0", 10, 5, 5, 4);
+  write_pair(dir_ / "src" / "val", "v1", 11, 5, 5, 4);
+  write_bytes(dir_ / "src" / "train" / "images" / "README.txt", {'x'});
+  ConvertOptions options;
+  options.num_shards = 2;
+  ConvertResult result = convert_segmentation_folder(dir_ / "src", dir_ / "out", {}, options);
+  ASSERT_EQ(result.splits.size(), 2u);
+  EXPECT_EQ(result.splits[1].split, "val");
+  ASSERT_EQ(result.notes.size(), 1u);
+  EXPECT_NE(result.notes[0].find("skipped 1 files"), std::string::npos) << result.notes[0];
+  ShardDataset train = ShardDataset::open(dir_ / "out", "train");
+  EXPECT_TRUE(train.info().segmentation);
+  EXPECT_EQ(train.info().num_classes, 4) << "one more than the largest class of the train masks";
+  EXPECT_EQ(train.size(), 6);
+  EXPECT_EQ(train.info().shards.size(), 2u);
+  expect_pairs_kept(train, 4, 5);
+  expect_pairs_kept(ShardDataset::open(dir_ / "out", "val"), 4, 5);
+  // Shuffled, deterministically.
+  const std::vector<uint8_t> first = read_all(train).images;
+  std::set<int> tags;
+  for (int64_t i = 0; i < 6; ++i) tags.insert(first[static_cast<size_t>(i * 75)]);
+  EXPECT_EQ(tags.size(), 6u);
+  convert_segmentation_folder(dir_ / "src", dir_ / "again", {}, options);
+  EXPECT_EQ(read_all(ShardDataset::open(dir_ / "again", "train")).images, first);
+}
+
+TEST_F(ConverterSegmentation, SizeResizesMasksByTheNearestPixelWithTheirImages) {
+  // 8 x 4 images: the shorter side is already 4, so --size 4 keeps the central rows 2..5 (no scaling): each mask
+  // row y of the output is the source's row y + 2, the pattern by column unchanged.
+  for (const int k : {0, 1, 2}) write_pair(dir_ / "src", std::string(1, static_cast<char>('a' + k)), k, 8, 4, 3);
+  SegmentationFolderOptions segmentation;
+  segmentation.size = 4;
+  segmentation.num_classes = 5;
+  convert_segmentation_folder(dir_ / "src", dir_ / "out", segmentation, {});
+  ShardDataset train = ShardDataset::open(dir_ / "out", "train");
+  EXPECT_EQ(train.info().height, 4);
+  EXPECT_EQ(train.info().num_classes, 5) << "--classes wins over the masks' count";
+  const ReadBack r = read_all(train);
+  const std::vector<uint8_t> masks = read_masks(train);
+  for (int64_t i = 0; i < 3; ++i) {
+    const int tag = r.images[static_cast<size_t>(i * 48)];
+    for (int64_t y = 0; y < 4; ++y)
+      for (int64_t x = 0; x < 4; ++x)
+        EXPECT_EQ(masks[static_cast<size_t>(i * 16 + y * 4 + x)], (x + tag) % 3) << i << ": " << y << "," << x;
+  }
+  // Upscaled 2x: each source pixel becomes a 2x2 block.
+  fs::remove_all(dir_ / "src");
+  write_pair(dir_ / "src", "up", 1, 3, 3, 3);
+  segmentation.size = 6;
+  convert_segmentation_folder(dir_ / "src", dir_ / "up", segmentation, {});
+  const std::vector<uint8_t> up = read_masks(ShardDataset::open(dir_ / "up", "train"));
+  for (int64_t y = 0; y < 6; ++y)
+    for (int64_t x = 0; x < 6; ++x)
+      EXPECT_EQ(up[static_cast<size_t>(y * 6 + x)], y / 2 == 0 ? 255 : (x / 2 + 1) % 3) << y << "," << x;
+}
+
+TEST_F(ConverterSegmentation, ErrorsNameTheFile) {
+  const fs::path src = dir_ / "src";
+  write_pair(src, "a", 0, 4, 4, 3);
+  write_pair(src, "b", 1, 4, 4, 3);
+  fs::remove(src / "masks" / "b.png");
+  expect_error([&] { convert_segmentation_folder(src, dir_ / "o1", {}, {}); },
+               {"images/b.png", "has no mask", "b.png"});
+  write_pair(src, "b", 1, 4, 4, 3);
+  fs::remove(src / "images" / "a.png");
+  expect_error([&] { convert_segmentation_folder(src, dir_ / "o2", {}, {}); }, {"masks/a.png", "has no image"});
+  write_pair(src, "a", 0, 4, 4, 3);
+  // A mask of another size than its image.
+  const std::vector<uint8_t> small(6, 1);
+  write_bytes(src / "masks" / "a.png", encode_png(small.data(), 2, 3, 1));
+  expect_error([&] { convert_segmentation_folder(src, dir_ / "o3", {}, {}); },
+               {"masks/a.png", "is 2x3 but its image", "4x4"});
+  // An RGB mask.
+  const std::vector<uint8_t> colour = solid(4, 4, {1, 2, 3});
+  write_bytes(src / "masks" / "a.png", encode_png(colour.data(), 4, 4, 3));
+  expect_error([&] { convert_segmentation_folder(src, dir_ / "o4", {}, {}); }, {"masks/a.png", "one channel"});
+  write_pair(src, "a", 0, 4, 4, 3);
+  // A class beyond --classes names the mask and the way out.
+  SegmentationFolderOptions two;
+  two.num_classes = 2;
+  expect_error([&] { convert_segmentation_folder(src, dir_ / "o5", two, {}); },
+               {"masks/", "class 2", "outside [0, 2)"});
+  // Images of several sizes without --size.
+  write_pair(src, "c", 2, 5, 4, 3);
+  expect_error([&] { convert_segmentation_folder(src, dir_ / "o6", {}, {}); },
+               {"is 5x4 but the first is 4x4", "--size"});
+  // No images/ folder.
+  expect_error([&] { convert_segmentation_folder(dir_ / "empty", dir_ / "o7", {}, {}); }, {"has no 'images' folder"});
+}
+
+TEST_F(ConverterSegmentation, SyntheticMasksAreLearnableAndDeterministic) {
+  SyntheticSegmentationSpec spec;
+  spec.size = 16;
+  spec.count = 40;
+  spec.num_classes = 4;
+  ConvertOptions options;
+  options.seed = 5;
+  options.num_shards = 2;
+  convert_synthetic_segmentation(dir_ / "a", spec, options);
+  ShardDataset train = ShardDataset::open(dir_ / "a", "train"), test = ShardDataset::open(dir_ / "a", "test");
+  EXPECT_EQ(train.size(), 40);
+  EXPECT_EQ(test.size(), 8);
+  EXPECT_TRUE(test.info().segmentation);
+  const ReadBack r = read_all(train);
+  const std::vector<uint8_t> masks = read_masks(train);
+  // Every class is present; a pixel's colour says its class: the nearest class mean colour is right almost always.
+  std::vector<double> sums(12, 0.0), counts(4, 0.0);
+  for (size_t p = 0; p < masks.size(); ++p) {
+    ASSERT_LT(masks[p], 4);
+    counts[masks[p]] += 1;
+    for (size_t c = 0; c < 3; ++c) sums[masks[p] * 3 + c] += r.images[p * 3 + c];
+  }
+  for (int k = 0; k < 4; ++k) ASSERT_GT(counts[static_cast<size_t>(k)], 0) << "class " << k << " never drawn";
+  int64_t right = 0;
+  for (size_t p = 0; p < masks.size(); ++p) {
+    size_t best = 0;
+    double best_distance = 1e300;
+    for (size_t k = 0; k < 4; ++k) {
+      double distance = 0;
+      for (size_t c = 0; c < 3; ++c) {
+        const double d = r.images[p * 3 + c] - sums[k * 3 + c] / counts[k];
+        distance += d * d;
+      }
+      if (distance < best_distance) best_distance = distance, best = k;
+    }
+    right += best == masks[p];
+  }
+  EXPECT_GT(static_cast<double>(right) / static_cast<double>(masks.size()), 0.9);
+  convert_synthetic_segmentation(dir_ / "b", spec, options);
+  EXPECT_EQ(read_masks(ShardDataset::open(dir_ / "b", "train")), masks);
+  options.seed = 6;
+  convert_synthetic_segmentation(dir_ / "c", spec, options);
+  EXPECT_NE(read_masks(ShardDataset::open(dir_ / "c", "train")), masks);
+  spec.num_classes = 1;
+  expect_error([&] { convert_synthetic_segmentation(dir_ / "d", spec, options); }, {"--classes must be from 2"});
+}
+
 }  // namespace
 }  // namespace ringtrain::data

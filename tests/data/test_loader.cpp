@@ -638,5 +638,158 @@ TEST_F(LoaderTest, GpuBatchesEqualCpuBatches) {
   EXPECT_EQ(cpu, gpu);
 }
 
+// ------------------------------------------------------------------------------------------------ segmentation
+
+// 16 records of 8x6x3 whose channel 0 and mask both hold each pixel's position + 1 (1..48; 50 classes): wherever
+// the image's pixel lands after the transform, its label must be that same number.
+class SegmentationLoaderTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fs::path(::testing::TempDir()) / ("rt_loader_seg_" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    WriterOptions o;
+    o.dir = dir_;
+    o.split = "train";
+    o.num_shards = 2;
+    o.total_records = 16;
+    o.height = 8;
+    o.width = 6;
+    o.channels = 3;
+    o.num_classes = 50;
+    o.segmentation = true;
+    ShardWriter w(o);
+    std::vector<uint8_t> image(8 * 6 * 3), mask(8 * 6);
+    for (int r = 0; r < 16; ++r) {
+      for (int p = 0; p < 48; ++p) {
+        image[static_cast<size_t>(p * 3)] = static_cast<uint8_t>(p + 1);
+        image[static_cast<size_t>(p * 3 + 1)] = static_cast<uint8_t>(r);
+        image[static_cast<size_t>(p * 3 + 2)] = 200;
+        mask[static_cast<size_t>(p)] = static_cast<uint8_t>(p + 1);
+      }
+      w.add(image.data(), 0, mask.data());
+    }
+    w.finish();
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir_); }
+  static SamplerOptions sampler() {
+    SamplerOptions so;
+    so.dataset_size = 16;
+    so.global_batch = 4;
+    so.seed = 3;
+    return so;
+  }
+  static fs::path dir_;
+};
+fs::path SegmentationLoaderTest::dir_;
+
+TEST_F(SegmentationLoaderTest, EachMaskFollowsItsImageThroughPadCropAndFlip) {
+  ShardDataset ds = ShardDataset::open(dir_, "train");
+  LoaderOptions lo;
+  lo.threads = 2;
+  lo.seed = 4;
+  lo.transform.pad_crop = 3;
+  lo.transform.hflip = true;
+  lo.transform.normalize = false;
+  Loader loader(ds, lo);
+  DistributedSampler s(sampler());
+  loader.start_epoch(s, 1);
+  int64_t outside = 0, flipped = 0, batches = 0;
+  while (auto b = loader.next()) {
+    ++batches;
+    ASSERT_EQ(b->labels.shape(), (Shape{4, 8, 6}));
+    ASSERT_EQ(b->labels.dtype(), DType::I64);
+    const std::vector<double> images = b->images.to_vector(), labels = b->labels.to_vector();
+    for (int64_t k = 0; k < 4; ++k)
+      for (int64_t p = 0; p < 48; ++p) {
+        const double pixel = std::round(images[static_cast<size_t>((k * 48 + p) * 3)] * 255);
+        const double label = labels[static_cast<size_t>(k * 48 + p)];
+        if (pixel == 0) {  // the crop's padding: ignored
+          ASSERT_EQ(label, 255) << "batch " << b->index << " sample " << k << " pixel " << p;
+          ++outside;
+        } else {
+          ASSERT_EQ(label, pixel) << "batch " << b->index << " sample " << k << " pixel " << p;
+        }
+      }
+    // A flipped sample's first column comes from the image's last one (or the padding).
+    for (int64_t k = 0; k < 4; ++k) {
+      const double first = labels[static_cast<size_t>(k * 48)], second = labels[static_cast<size_t>(k * 48 + 1)];
+      flipped += first != 255 && second != 255 && first > second;
+    }
+  }
+  EXPECT_EQ(batches, 4);
+  EXPECT_GT(outside, 0) << "no crop reached the padding: the test saw no ignored pixel";
+  EXPECT_GT(flipped, 0) << "no sample flipped";
+}
+
+TEST_F(SegmentationLoaderTest, LabelsOnlyAndPaddingSlots) {
+  ShardDataset ds = ShardDataset::open(dir_, "train");
+  LoaderOptions lo;
+  lo.transform.pad_crop = 2;
+  lo.transform.hflip = true;
+  std::vector<std::vector<double>> with_images, labels_only;
+  for (bool images : {true, false}) {
+    Loader loader(ds, lo);
+    loader.set_images(images);
+    DistributedSampler s(sampler());
+    loader.start_epoch(s, 0);
+    while (auto b = loader.next()) {
+      EXPECT_EQ(b->images.defined(), images);
+      (images ? with_images : labels_only).push_back(b->labels.to_vector());
+    }
+  }
+  EXPECT_EQ(with_images, labels_only) << "a pipeline's last stage must see the masks the first stage's images had";
+  // Evaluation padding: every pixel of a padding slot is ignored.
+  Loader loader(ds, LoaderOptions{});
+  loader.start({{5, -1}}, 0);
+  auto b = loader.next();
+  ASSERT_TRUE(b);
+  EXPECT_EQ(b->valid, 1);
+  const std::vector<double> labels = b->labels.to_vector();
+  for (int64_t p = 0; p < 48; ++p) {
+    EXPECT_EQ(labels[static_cast<size_t>(p)], p + 1);
+    EXPECT_EQ(labels[static_cast<size_t>(48 + p)], 255);
+  }
+}
+
+TEST_F(SegmentationLoaderTest, ResizeTakesTheNearestMaskPixelAndTheBilinearImage) {
+  ShardDataset ds = ShardDataset::open(dir_, "train");
+  const SplitInfo& info = ds.info();
+  Transform t;
+  t.train = false;
+  t.normalize = false;
+  t.resize = 12;
+  EXPECT_EQ(transformed_shape(info, t), (std::array<int64_t, 3>{12, 12, 3}));
+  std::vector<uint8_t> mask(48), image(8 * 6 * 3);
+  for (int p = 0; p < 48; ++p) {
+    mask[static_cast<size_t>(p)] = static_cast<uint8_t>(p + 1);
+    image[static_cast<size_t>(p * 3)] = static_cast<uint8_t>(p + 1);
+    image[static_cast<size_t>(p * 3 + 1)] = image[static_cast<size_t>(p * 3 + 2)] = 90;
+  }
+  std::vector<int64_t> labels(144);
+  apply_mask_transform(info, t, mask.data(), 1, 0, 0, labels.data());
+  std::vector<float> out(144 * 3);
+  apply_transform(info, t, image.data(), 1, 0, 0, out.data());
+  for (int64_t y = 0; y < 12; ++y)
+    for (int64_t x = 0; x < 12; ++x) {
+      // Rows 8 -> 12 (scale 2/3), columns 6 -> 12 (scale 1/2), centres mapped back.
+      const int64_t sy = static_cast<int64_t>((y + 0.5) * 8 / 12), sx = static_cast<int64_t>((x + 0.5) * 6 / 12);
+      EXPECT_EQ(labels[static_cast<size_t>(y * 12 + x)], sy * 6 + sx + 1) << y << "," << x;
+      // Bilinear: channel 0 within half a row (6) and half a column (1) of the nearest pixel's value, plus rounding.
+      EXPECT_NEAR(out[static_cast<size_t>((y * 12 + x) * 3)] * 255, static_cast<double>(sy * 6 + sx + 1), 4.01);
+      EXPECT_NEAR(out[static_cast<size_t>((y * 12 + x) * 3 + 1)] * 255, 90, 1e-3);
+    }
+  // A random-resized crop has no mask to follow.
+  t.resize = 0;
+  t.resized_crop = 4;
+  try {
+    apply_mask_transform(info, t, mask.data(), 1, 0, 0, labels.data());
+    ADD_FAILURE() << "a mask through a random-resized crop";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not a random-resized crop"), std::string::npos) << e.what();
+  }
+  t.resize = 12;
+  EXPECT_THROW(transformed_shape(info, t), Error);
+}
+
 }  // namespace
 }  // namespace ringtrain::data

@@ -695,5 +695,166 @@ TEST_F(Shards, RewritingWithFewerShardsRemovesStaleFiles) {
   EXPECT_EQ(ShardDataset::open(dir_, "train").size(), 10);
 }
 
+// ------------------------------------------------------------------------------------------------ segmentation
+
+// 10 records of 4x3x2 (as write()) with masks of 3 classes: pixel i of record r holds (r + i) % 4, class 3 read
+// as 255 (ignored), so each record has its own most frequent class.
+SplitInfo write_segmentation(const fs::path& dir, int shards = 3) {
+  WriterOptions o = split_options(dir, shards, 10, 4, 3, 2, 3);
+  o.segmentation = true;
+  ShardWriter w(o);
+  std::vector<uint8_t> image(24), mask(12);
+  for (int64_t r = 0; r < 10; ++r) {
+    for (int64_t i = 0; i < 24; ++i) image[static_cast<size_t>(i)] = static_cast<uint8_t>((r * 7 + i) % 256);
+    for (int64_t i = 0; i < 12; ++i) {
+      const int v = static_cast<int>((r + i) % 4);
+      mask[static_cast<size_t>(i)] = static_cast<uint8_t>(v == 3 ? 255 : v);
+    }
+    w.add(image.data(), 99, mask.data());  // the label is the mask's
+  }
+  return w.finish();
+}
+
+uint8_t mask_value(int64_t r, int64_t i) {
+  const int v = static_cast<int>((r + i) % 4);
+  return static_cast<uint8_t>(v == 3 ? 255 : v);
+}
+
+TEST_F(Shards, SegmentationMasksRoundTripAsVersion4) {
+  SplitInfo written = write_segmentation(dir_);
+  EXPECT_TRUE(written.segmentation);
+  ShardDataset ds = ShardDataset::open(dir_, "train");
+  EXPECT_TRUE(ds.info().segmentation);
+  EXPECT_EQ(ds.info().ignore_index, 255);
+  EXPECT_EQ(ds.info().mask_bytes(), 12);
+  const std::vector<int64_t> picks{9, 0, 4, 3, 5};  // across every shard boundary, out of order
+  std::vector<uint8_t> masks(picks.size() * 12);
+  ds.read_masks(picks, masks.data());
+  for (size_t k = 0; k < picks.size(); ++k)
+    for (int64_t i = 0; i < 12; ++i)
+      ASSERT_EQ(masks[k * 12 + static_cast<size_t>(i)], mask_value(picks[k], i)) << "record " << picks[k];
+  // The label of a record is its mask's most frequent class (ties: the lowest), not what add() was given.
+  for (int64_t r = 0; r < 10; ++r) {
+    std::array<int, 3> counts{};
+    for (int64_t i = 0; i < 12; ++i)
+      if (mask_value(r, i) != 255) ++counts[mask_value(r, i)];
+    EXPECT_EQ(ds.label(r), std::max_element(counts.begin(), counts.end()) - counts.begin()) << r;
+  }
+  // Images read as any split's.
+  std::vector<uint8_t> images(24);
+  std::vector<int32_t> labels(1);
+  ds.read_range(7, 1, images.data(), labels.data());
+  EXPECT_EQ(images[5], (7 * 7 + 5) % 256);
+  const nlohmann::json m = nlohmann::json::parse(std::ifstream(dir_ / "manifest.json"));
+  EXPECT_EQ(m["format_version"], 4);
+  EXPECT_EQ(m["splits"]["train"]["task"], "segmentation");
+  EXPECT_EQ(m["splits"]["train"]["ignore_index"], 255);
+  // A classification split beside it keeps its own version's entries; the dataset is version 4.
+  write("test", 1, 4);
+  const nlohmann::json both = nlohmann::json::parse(std::ifstream(dir_ / "manifest.json"));
+  EXPECT_EQ(both["format_version"], 4);
+  EXPECT_FALSE(both["splits"]["test"].contains("task"));
+  ShardDataset test = ShardDataset::open(dir_, "test");
+  EXPECT_FALSE(test.info().segmentation);
+  std::vector<uint8_t> none(12);
+  try {
+    test.read_masks({0}, none.data());
+    ADD_FAILURE() << "read_masks on a classification split";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no masks"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(Shards, TheWriterRefusesMasksItCannotKeep) {
+  WriterOptions o = split_options(dir_, 1, 2, 2, 2, 1, 3);
+  o.segmentation = true;
+  {
+    ShardWriter w(o);
+    const std::vector<uint8_t> image(4, 7), bad{0, 1, 255, 3};
+    try {
+      w.add(image.data(), 0, bad.data());
+      ADD_FAILURE() << "class 3 of 3 accepted";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("record 0"), std::string::npos) << what;
+      EXPECT_NE(what.find("class 3 at pixel (1, 1)"), std::string::npos) << what;
+      EXPECT_NE(what.find("outside [0, 3)"), std::string::npos) << what;
+    }
+    try {
+      w.add(image.data(), 0);
+      ADD_FAILURE() << "a segmentation record without its mask";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("give each record's mask"), std::string::npos) << e.what();
+    }
+  }
+  o.segmentation = false;
+  {
+    ShardWriter w(o);
+    const std::vector<uint8_t> image(4, 7), mask(4, 0);
+    EXPECT_THROW(w.add(image.data(), 0, mask.data()), Error);
+  }
+  o.segmentation = true;
+  o.num_classes = 300;
+  EXPECT_THROW(ShardWriter{o}, Error);
+  o.num_classes = 3;
+  o.encoded = true;
+  EXPECT_THROW(ShardWriter{o}, Error);
+}
+
+TEST_F(Shards, DamagedMasksAreRefusedNamingFileAndRecord) {
+  // A class outside the split's range, written behind the writer's back: read_masks names shard, record, pixel.
+  write_segmentation(dir_);
+  tamper("train-00001-of-00003.h5", [](hid_t f) {
+    hid_t ds = H5Dopen2(f, "masks", H5P_DEFAULT);
+    std::vector<uint8_t> v(3 * 12);
+    H5Dread(ds, H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data());
+    v[12 + 4] = 7;  // record 1 of the shard, pixel (1, 1)
+    H5Dwrite(ds, H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data());
+    H5Dclose(ds);
+  });
+  {
+    ShardDataset ds = ShardDataset::open(dir_, "train");
+    std::vector<uint8_t> masks(12);
+    const int64_t record = ds.info().shards[0].records + 1;
+    try {
+      ds.read_masks({record}, masks.data());
+      ADD_FAILURE() << "class 7 of 3 read";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("train-00001-of-00003.h5"), std::string::npos) << what;
+      EXPECT_NE(what.find("'/masks' record 1: class 7 at pixel (1, 1)"), std::string::npos) << what;
+    }
+  }
+  // No /masks.
+  write_segmentation(dir_);
+  tamper("train-00002-of-00003.h5", [](hid_t f) { H5Ldelete(f, "masks", H5P_DEFAULT); });
+  std::string e = open_error();
+  EXPECT_NE(e.find("missing dataset '/masks'"), std::string::npos) << e;
+  EXPECT_NE(e.find("train-00002-of-00003.h5"), std::string::npos) << e;
+  // Masks of another size than the images.
+  write_segmentation(dir_);
+  tamper("train-00000-of-00003.h5", [](hid_t f) {
+    H5Ldelete(f, "masks", H5P_DEFAULT);
+    hsize_t dims[3] = {4, 3, 4};
+    hid_t space = H5Screate_simple(3, dims, nullptr);
+    H5Dclose(H5Dcreate2(f, "masks", H5T_STD_U8LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+    H5Sclose(space);
+  });
+  e = open_error();
+  EXPECT_NE(e.find("masks of 4x3 (one per image, of the images' size)"), std::string::npos) << e;
+  // A shard that is not a segmentation shard under a manifest that says the split is one.
+  write_segmentation(dir_);
+  tamper("train-00000-of-00003.h5", [](hid_t f) { H5Adelete(f, "task"); });
+  e = open_error();
+  EXPECT_NE(e.find("is a segmentation split but the shard is not one"), std::string::npos) << e;
+  // A manifest task that is neither.
+  write_segmentation(dir_);
+  nlohmann::json m = nlohmann::json::parse(std::ifstream(dir_ / "manifest.json"));
+  m["splits"]["train"]["task"] = "detection";
+  std::ofstream(dir_ / "manifest.json") << m.dump(2);
+  e = open_error();
+  EXPECT_NE(e.find("is 'detection', expected classification or segmentation"), std::string::npos) << e;
+}
+
 }  // namespace
 }  // namespace ringtrain::data
