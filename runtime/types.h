@@ -19,7 +19,11 @@ using StepFn = std::function<Tensor(Module& model, const data::Batch& batch)>;
 
 struct EvalResult {
   double top1 = 0, top5 = 0, loss = 0;
-  int64_t count = 0;  // images scored, over all ranks
+  int64_t count = 0;  // images scored, over all ranks (segmentation: pixels, the ignored ones not counted)
+  // Segmentation: top1 is the pixel accuracy (top5 the pixels whose class is among their five best), miou the mean
+  // over the classes present (in the labels or the predictions) of intersection over union.
+  bool segmentation = false;
+  double miou = 0;
 };
 
 struct TrainResult {

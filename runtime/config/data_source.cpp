@@ -7,8 +7,10 @@
 #include <set>
 #include <vector>
 
+#include "core/autograd.h"
 #include "core/check.h"
 #include "core/hash.h"
+#include "core/ops.h"
 #include "core/tensor.h"
 
 namespace ringtrain::runtime {
@@ -66,7 +68,9 @@ class ShardSource final : public DataSource {
              test_ ? test_->size() : 0,
              train_->chunk_records(),
              detail::str_cat(split.records, " records of ", split.shape_text(), ", ", split.num_classes,
-                             " classes, content ", hex)};
+                             split.segmentation ? " classes per pixel" : " classes", ", content ", hex),
+             split.segmentation,
+             split.ignore_index};
     if (const std::string stray = unlisted_shard_files(dir); !stray.empty())
       warnings_.push_back(detail::str_cat("--data '", dir, "': ", stray));
     data::LoaderOptions lo;
@@ -131,6 +135,9 @@ class ShardSource final : public DataSource {
                               data::Transform transform) {
     RT_CHECK(test.num_classes == train.num_classes, "--data '", dir, "': the test split has ", test.num_classes,
              " classes but the train split (and so the model) has ", train.num_classes);
+    RT_CHECK(test.segmentation == train.segmentation && test.ignore_index == train.ignore_index, "--data '", dir,
+             "': the test split holds ", test.segmentation ? "per-pixel masks" : "a label per image",
+             " but the train split ", train.segmentation ? "per-pixel masks" : "a label per image");
     const auto a = data::transformed_shape(train, transform);
     transform.train = false;
     const auto b = data::transformed_shape(test, transform);
@@ -153,8 +160,10 @@ class SyntheticSource final : public DataSource {
              o.size,
              0,
              64,
-             detail::str_cat("synthetic: ", o.size, " records of ", o.height, "x", o.width, "x", o.channels, ", ",
-                             o.classes, " classes")};
+             detail::str_cat("synthetic", o.segmentation ? " segmentation" : "", ": ", o.size, " records of ", o.height,
+                             "x", o.width, "x", o.channels, ", ", o.classes, " classes"),
+             o.segmentation,
+             255};
   }
   const DataInfo& info() const override { return info_; }
   void set_images(bool images) override { images_ = images; }
@@ -181,10 +190,11 @@ class SyntheticSource final : public DataSource {
     const uint64_t seed = options_.seed * 1000003u + static_cast<uint64_t>(epoch_) * 7919u +
                           static_cast<uint64_t>(next_) * 131u + static_cast<uint64_t>(rank_);
     data::Batch b;
-    if (images_)
+    if (images_ || options_.segmentation)  // segmentation labels come from the images
       b.images = Tensor::normal(Shape{batch, info_.height, info_.width, info_.channels}, 0, 1, seed, DType::F32,
                                 options_.device);
-    b.labels = labels_;
+    b.labels = options_.segmentation ? pixel_classes(b.images) : labels_;
+    if (!images_) b.images = Tensor();
     b.valid = batch;
     b.index = next_++;
     return b;
@@ -192,6 +202,14 @@ class SyntheticSource final : public DataSource {
   data::SamplerState position() const override { return {epoch_, next_}; }
 
  private:
+  // (N, H, W) classes: band floor((x[..., 0] + 2) * classes / 4), clamped to the classes.
+  Tensor pixel_classes(const Tensor& images) const {
+    NoGradGuard no_grad;
+    const int64_t n = images.size(0), h = images.size(1), w = images.size(2);
+    const Tensor first = narrow(images, 3, 0, 1).reshape(Shape{n, h, w});
+    const auto k = static_cast<double>(options_.classes);
+    return clamp(mul(add(first, 2.0), k / 4.0), 0.0, k - 1.0).to(DType::I64);
+  }
   SyntheticOptions options_;
   DataInfo info_;
   Tensor labels_;
@@ -209,6 +227,16 @@ std::unique_ptr<DataSource> open_shards(const std::string& dir, const ShardSourc
 
 std::unique_ptr<DataSource> synthetic_data(const SyntheticOptions& options) {
   return std::make_unique<SyntheticSource>(options);
+}
+
+Tensor probe_labels(const DataInfo& info, int64_t n, Device device) {
+  return info.segmentation ? Tensor::zeros(Shape{n, info.height, info.width}, DType::I64, device)
+                           : Tensor::zeros(Shape{n}, DType::I64, device);
+}
+
+TrainerOptions with_data(TrainerOptions o, const DataInfo& info) {
+  if (info.segmentation && !o.ignore_index) o.ignore_index = info.ignore_index;
+  return o;
 }
 
 }  // namespace ringtrain::runtime

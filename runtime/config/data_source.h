@@ -16,6 +16,7 @@
 #include "data/loader.h"
 #include "data/sampler.h"
 #include "data/shards.h"
+#include "runtime/config/options.h"
 
 namespace ringtrain::runtime {
 
@@ -27,7 +28,18 @@ struct DataInfo {
   // What the training data is, for checkpoints: a resume on other data is refused ("60000 records of
   // 28x28x1, 10 classes, content 1a2b3c4d5e6f7a8b").
   std::string signature;
+  // Segmentation: each image's labels are a (height, width) map of classes, pixels labelled ignore_index
+  // counting for nothing (the loss's ignore index, evaluation's pixel accuracy and mean IoU skip them).
+  bool segmentation = false;
+  int64_t ignore_index = 255;
 };
+
+// The labels of a batch of n images from this data, all of class 0: (n), or (n, height, width) for segmentation.
+// What probes train on (the memory plan's, the layout's).
+Tensor probe_labels(const DataInfo& info, int64_t n, Device device);
+
+// The options as a run on this data takes them: segmentation data sets the loss's ignore index (when unset).
+TrainerOptions with_data(TrainerOptions o, const DataInfo& info);
 
 class DataSource {
  public:
@@ -79,9 +91,13 @@ struct SyntheticOptions {
   int classes = 10;
   uint64_t seed = 0;
   Device device = Device::cpu();
+  // Per-pixel labels (N, H, W): each pixel's class from its first channel's value, in `classes` bands of
+  // [-2, 2) (the tails join the outer bands) -- a map a segmentation model can learn.
+  bool segmentation = false;
 };
-// Normal(0, 1) images drawn on the device (no host fill or copy inside a timed step) and fixed labels, both
-// of the sampler's rank (a replica's: a pipeline's stages share its data), as the layout decided at fit().
+// Normal(0, 1) images drawn on the device (no host fill or copy inside a timed step) and fixed labels (or, for
+// segmentation, labels from the images), both of the sampler's rank (a replica's: a pipeline's stages share its
+// data), as the layout decided at fit().
 std::unique_ptr<DataSource> synthetic_data(const SyntheticOptions& options);
 
 }  // namespace ringtrain::runtime

@@ -100,6 +100,10 @@ DeviceChoice parse_device_choice(const std::string& t, const std::string& flag) 
 const char* on_off(bool v) { return name_in(kOnOff, v); }
 bool parse_on_off(const std::string& t, const std::string& flag) { return parse_in(kOnOff, t, flag); }
 
+CrossEntropyOptions loss_options(const TrainerOptions& o) {
+  return {.label_smoothing = o.label_smoothing, .ignore_index = o.ignore_index, .weight = Tensor()};
+}
+
 const char* compression_name(comm::Compression c) {
   switch (c) {
     case comm::Compression::None:

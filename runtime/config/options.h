@@ -11,6 +11,7 @@
 #include "comm/communicator.h"
 #include "comm/grad_sync.h"
 #include "core/dtype.h"
+#include "core/ops.h"
 #include "optim/optimizer.h"
 
 namespace ringtrain::runtime {
@@ -72,7 +73,10 @@ struct TrainerOptions {
   double lr_gamma = 0.1;
   LrScaling lr_scaling = LrScaling::None;
   double label_smoothing = 0;  // of the default loss
-  double clip_grad_norm = 0;   // > 0: gradients scaled to this global L2 norm when above it
+  // The default loss's ignore index: labels equal to it count for nothing. fit() sets it from segmentation data
+  // (DataInfo::ignore_index) when it is not set.
+  std::optional<int64_t> ignore_index = std::nullopt;
+  double clip_grad_norm = 0;  // > 0: gradients scaled to this global L2 norm when above it
   // ---- device and precision
   DeviceChoice device = DeviceChoice::Auto;  // Auto: cuda when a GPU is usable
   Precision precision = Precision::FP32;     // BF16/FP16 autocast convolutions and GEMMs; FP16 adds loss scaling
@@ -154,6 +158,9 @@ void check_outputs(const TrainerOptions& o);
 // What every rank must agree on: the flags the checkpoints record, and whatever decides which collectives
 // a rank takes part in (cadences, and whether checkpoints, the log and the trace are on).
 nlohmann::json rank_agreement(const TrainerOptions& o);
+
+// The default loss (cross-entropy over the model's logits) of a run with these options.
+CrossEntropyOptions loss_options(const TrainerOptions& o);
 
 // "none" | "bf16" | "fp16", as --compression spells it.
 const char* compression_name(comm::Compression c);

@@ -68,7 +68,7 @@ ComputeProfile measure_compute(const TrainerOptions& o, Device device, Module& m
       if (t.requires_grad()) p.blocks[0].param_bytes += t.nbytes();
   // The probe trains: BatchNorm statistics, the generator's stream and the gradients go back after it.
   std::optional<ModelStateGuard> untouched(std::in_place, model);
-  const CrossEntropyLoss loss_fn(o.label_smoothing);
+  const CrossEntropyLoss loss_fn(loss_options(o));
   const std::optional<DType> half = autocast_type(o.precision);
   // Per block, every block's forward and then its backward at once: the proportions of the blocks. A whole
   // step (every forward, the loss, every backward in reverse) is slower than their sum, its backwards finding
@@ -85,7 +85,7 @@ ComputeProfile measure_compute(const TrainerOptions& o, Device device, Module& m
     // on the same cores is of that order or more).
     const auto t0 = Clock::now();
     Tensor x = Tensor::normal(Shape{b, info.height, info.width, info.channels}, 0, 1, 17 + round, DType::F32, device);
-    const Tensor labels = Tensor::zeros(Shape{b}, DType::I64, device);
+    const Tensor labels = probe_labels(info, b, device);
     if (round != 1) {
       Tensor y = x;
       {

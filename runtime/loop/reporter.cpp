@@ -180,8 +180,12 @@ void Reporter::end_epoch() const {
 void Reporter::evaluated(int64_t epoch, int64_t step, const EvalResult& e) {
   last_eval_ = e;
   if (!world_.is_root()) return;
-  std::printf("epoch %lld: test top-1 %.2f%%  top-5 %.2f%%  loss %.4f  (%lld images)\n",
-              static_cast<long long>(epoch + 1), 100 * e.top1, 100 * e.top5, e.loss, static_cast<long long>(e.count));
+  if (e.segmentation)
+    std::printf("epoch %lld: test pixel accuracy %.2f%%  mean IoU %.2f%%  loss %.4f  (%lld pixels)\n",
+                static_cast<long long>(epoch + 1), 100 * e.top1, 100 * e.miou, e.loss, static_cast<long long>(e.count));
+  else
+    std::printf("epoch %lld: test top-1 %.2f%%  top-5 %.2f%%  loss %.4f  (%lld images)\n",
+                static_cast<long long>(epoch + 1), 100 * e.top1, 100 * e.top5, e.loss, static_cast<long long>(e.count));
   std::fflush(stdout);
   log_.write(eval_record(step, epoch, e));
 }
@@ -249,7 +253,10 @@ TrainResult Reporter::summarize(const Finish& f) {
   log_.write(summary_record(s));
   std::printf("done: %lld steps in %s, %.0f img/s, final train loss %.4f", static_cast<long long>(f.at.step),
               format_duration(r.elapsed_s).c_str(), r.img_per_s, last_loss);
-  if (last_eval_) std::printf(", test top-1 %.2f%% top-5 %.2f%%", 100 * last_eval_->top1, 100 * last_eval_->top5);
+  if (last_eval_ && last_eval_->segmentation)
+    std::printf(", test pixel accuracy %.2f%% mean IoU %.2f%%", 100 * last_eval_->top1, 100 * last_eval_->miou);
+  else if (last_eval_)
+    std::printf(", test top-1 %.2f%% top-5 %.2f%%", 100 * last_eval_->top1, 100 * last_eval_->top5);
   std::printf("\n");
   std::fflush(stdout);
   return r;

@@ -730,6 +730,8 @@ void Run::evaluate_now(int64_t epoch, int64_t step) {
   EvalOptions eo;
   eo.batch = o_.batch;
   eo.label_smoothing = o_.label_smoothing;
+  eo.ignore_index = o_.ignore_index;
+  if (data_.info().segmentation) eo.classes = data_.info().classes;
   eo.on_batch = [&] { dog_.phase("evaluation", step); };
   eo.on_wait = [&] { dog_.phase("evaluation all-reduce (waiting for other ranks)", step); };
   reporter_->evaluated(epoch, step,
@@ -796,7 +798,8 @@ json Trainer::plan_layout(Module& model, DataSource& data, const LayoutWhatIf& w
   RunLog log(options_.log_jsonl, world_.is_root());  // an unwritable path fails before the probes
   model.to(device_);
   model.train();
-  json plan = plan_layout_what_if(world_, options_, device_, *watchdog_, model, data, step_fn, what_if);
+  json plan =
+      plan_layout_what_if(world_, with_data(options_, data.info()), device_, *watchdog_, model, data, step_fn, what_if);
   if (log.on()) log.write({{"type", "layout_plan"}, {"program", options_.program}, {"layout", plan}});
   return plan;
 }
@@ -815,7 +818,7 @@ TrainResult Trainer::fit(Module& model, DataSource& data, const StepFn& step_fn)
   model.train();
   // The options as this run resolves them: --layout auto chooses the layout, -b auto and --global-batch
   // become a batch and an accumulation.
-  TrainerOptions o = options_;
+  TrainerOptions o = with_data(options_, data.info());
   json layout;
   if (o.layout_auto) {
     layout = choose_layout(world_, o, device_, *watchdog_, model, data, step_fn);

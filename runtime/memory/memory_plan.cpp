@@ -107,7 +107,7 @@ ActivationCurve probe_activations(const TrainerOptions& o, Device device, Module
   // Gradients exist before the first step (GradSync's buckets): they are state, not the micro-batch's.
   for (auto& [name, p] : model.named_parameters())
     if (p.requires_grad()) p.set_grad(Tensor::zeros(p.shape(), p.dtype(), device));
-  const CrossEntropyLoss loss_fn(o.label_smoothing);
+  const CrossEntropyLoss loss_fn(loss_options(o));
   const std::optional<DType> autocast = autocast_type(o.precision);
   // Batches of one and two images per compute thread on the CPU (at least two: batch norm needs two values
   // per channel): kernels split work by image, and the run's steps give every thread some. On CUDA 8 and
@@ -121,7 +121,7 @@ ActivationCurve probe_activations(const TrainerOptions& o, Device device, Module
     auto batch = std::make_shared<data::Batch>();
     batch->images =
         Tensor::normal(Shape{b, info.height, info.width, info.channels}, 0.0, 1.0, /*seed=*/0x5eed, DType::F32, device);
-    batch->labels = Tensor::zeros(Shape{b}, DType::I64, device);
+    batch->labels = probe_labels(info, b, device);
     batch->valid = b;
     synchronize(device);
     return [&, batch] {

@@ -504,8 +504,8 @@ EvalResult Pipeline::evaluate(data::Loader* loader, int64_t test_size, const Eva
   const auto batches = eval_share(test_size, layout_.replica, layout_.replicas, options);
   if (reads_data()) loader->start(batches, options.epoch);
   EvalScope scope(model_);
-  EvalSums sums;
-  CrossEntropyLoss loss_fn(options.label_smoothing);
+  EvalSums sums = options.classes > 0 ? EvalSums(options.classes) : EvalSums();
+  CrossEntropyLoss loss_fn({.label_smoothing = options.label_smoothing, .ignore_index = options.ignore_index});
   // Evaluation runs without autocast, as it does without stages: every boundary is f32.
   const Boundary* in = layout_.first() ? nullptr : &outputs_[static_cast<size_t>(split_[static_cast<size_t>(s)] - 1)];
   std::vector<comm::WorkPtr> sends;

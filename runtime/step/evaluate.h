@@ -1,7 +1,8 @@
-// runtime/step/evaluate.h: exact evaluation of any classification model on a test split across ranks. Every
-// test image is scored exactly once over all ranks (data::eval_batches; the padding of the last rank's
-// block is masked by Batch::valid), and the sums (top-1, top-5, loss, count) are all-reduced, so the
-// result equals one process scoring the whole split. A non-finite score counts as wrong.
+// runtime/step/evaluate.h: exact evaluation of any classification or segmentation model on a test split across
+// ranks. Every test image is scored exactly once over all ranks (data::eval_batches; the padding of the last
+// rank's block is masked by Batch::valid), and the sums (top-1, top-5, loss, count; for segmentation also each
+// class's intersection and union) are all-reduced, so the result equals one process scoring the whole split. A
+// non-finite score counts as wrong.
 #pragma once
 
 #include <cstdint>
@@ -18,9 +19,11 @@
 namespace ringtrain::runtime {
 
 struct EvalOptions {
-  int64_t batch = 128;         // images per rank per forward
-  double label_smoothing = 0;  // of the reported loss
-  int64_t epoch = 0;           // passed to the loader (deterministic transforms ignore it)
+  int64_t batch = 128;                                 // images per rank per forward
+  double label_smoothing = 0;                          // of the reported loss
+  std::optional<int64_t> ignore_index = std::nullopt;  // of the reported loss and (segmentation) the pixels scored
+  int64_t classes = 0;  // segmentation: the classes of the mean IoU (every rank the same)
+  int64_t epoch = 0;    // passed to the loader (deterministic transforms ignore it)
   // The logits (N, C) of a batch of images; default: model(images).
   std::function<Tensor(Module& model, const Tensor& images)> logits = {};
   // Called before each batch, and before the closing all-reduce (the Trainer names its watchdog phases).
@@ -32,7 +35,13 @@ struct EvalOptions {
 // loss, the images. total() all-reduces them over `comm` (collective) into the result.
 struct EvalSums {
   double top1 = 0, top5 = 0, loss = 0, count = 0;
-  // logits (N, C) against labels (N).
+  // Segmentation (classes > 0): per class, the pixels both predicted and labelled it, and those either did.
+  std::vector<double> intersection, union_;
+  EvalSums() = default;
+  explicit EvalSums(int64_t segmentation_classes)
+      : intersection(static_cast<size_t>(segmentation_classes)), union_(static_cast<size_t>(segmentation_classes)) {}
+  // logits (N, C) against labels (N); segmentation: (N, H, W, C) against (N, H, W), pixels labelled the loss's
+  // ignore index skipped.
   void score(const Tensor& logits, const Tensor& labels, const CrossEntropyLoss& loss_fn);
   EvalResult total(MPI_Comm comm) const;
 };

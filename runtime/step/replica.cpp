@@ -55,7 +55,7 @@ Replica::Replica(comm::World& world, const TrainerOptions& o, Device device, Mod
       model_(model),
       step_fn_(std::move(step_fn)),
       autocast_(autocast_type(o.precision)),
-      loss_fn_(o.label_smoothing),
+      loss_fn_(loss_options(o)),
       backend_(o.backend.value_or(comm::auto_backend(world, device))) {
   // --tf32: process-wide, like PyTorch's torch.backends.cudnn.allow_tf32; every forward, backward and
   // evaluation of the run from here computes under it (set again by each run, so no run inherits another's).

@@ -51,8 +51,13 @@ json train_record(const TrainRecord& t) {
 }
 
 json eval_record(int64_t step, int64_t epoch, const EvalResult& e) {
-  return {{"type", "eval"},      {"step", step},        {"epoch", epoch},   {"test_top1", e.top1},
-          {"test_top5", e.top5}, {"test_loss", e.loss}, {"images", e.count}};
+  json r = {{"type", "eval"},      {"step", step},        {"epoch", epoch},   {"test_top1", e.top1},
+            {"test_top5", e.top5}, {"test_loss", e.loss}, {"images", e.count}};
+  if (e.segmentation) {  // count is pixels: images stays the key older readers know
+    r["test_pixel_accuracy"] = e.top1;
+    r["test_miou"] = e.miou;
+  }
+  return r;
 }
 
 json cuda_graph_record(int64_t step, const std::string& reason) {
@@ -95,6 +100,10 @@ json summary_record(const SummaryRecord& s) {
   if (s.eval) {
     summary["test_top1"] = s.eval->top1;
     summary["test_top5"] = s.eval->top5;
+    if (s.eval->segmentation) {
+      summary["test_pixel_accuracy"] = s.eval->top1;
+      summary["test_miou"] = s.eval->miou;
+    }
   }
   return summary;
 }

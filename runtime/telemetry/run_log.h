@@ -10,14 +10,16 @@
 //            activations_per_image, batch_auto} (runtime/memory/memory_plan.h)
 //   train    step, epoch, lr, loss, img_per_s, time {data_wait, forward, backward, exposed_comm, optimizer},
 //            grad_norm (with --clip-grad-norm)
-//   eval     step, epoch, test_top1, test_top5, test_loss, images
+//   eval     step, epoch, test_top1, test_top5, test_loss, images (segmentation: pixels scored, and
+//            test_pixel_accuracy (= test_top1) and test_miou)
 //   gpu      step, samples [{rank, util_pct, mem_used_bytes, mem_total_bytes, temperature_c, power_w}]
 //   cuda_graph  step, state ("captured", or "off" with reason): --cuda-graph's capture, once a run
 //   summary  train_loss, img_per_s, median_step_s, peak_mem_bytes (the largest rank's),
 //            peak_mem_bytes_by_rank, peak_tensor_bytes, predicted_peak_mem_bytes (the memory plan's, when
 //            it ran), world_size, steps, elapsed_s,
 //            breakdown_s, breakdown_by_rank_s, buckets [{bytes, ready_s, allreduce_s}], breakdown_steps,
-//            precision, device, and when they apply test_top1/test_top5, loss_scale/skipped_steps,
+//            precision, device, and when they apply test_top1/test_top5 (test_pixel_accuracy/test_miou),
+//            loss_scale/skipped_steps,
 //            peak_gpu_mem_bytes/cudnn_conv_algorithms
 // The builders below make each record from typed values, so the schema is written down once.
 #pragma once

@@ -82,6 +82,78 @@ TEST(Evaluate, CountsEveryTestImageOnceAcrossRanks) {
   if (world().is_root()) fs::remove_all(dir);
 }
 
+// One image of (label, predicted class) pixels as logits (N=1, H, W, C): the predicted class scores 4, the others 0.
+Tensor one_hot_logits(const std::vector<int64_t>& predicted, int64_t h, int64_t w, int64_t classes) {
+  std::vector<double> v(static_cast<size_t>(h * w * classes), 0.0);
+  for (size_t p = 0; p < predicted.size(); ++p) v[p * static_cast<size_t>(classes) + predicted[p]] = 4;
+  return Tensor::from_vector(v, {1, h, w, classes});
+}
+
+// Per-pixel scoring: the ignored pixels count for nothing, the mean IoU is over the classes labelled or predicted,
+// and N ranks' sums give what one process scoring every rank's pixels would.
+TEST(Evaluate, SegmentationScoresPixelsAndTheMeanIoUAcrossRanks) {
+  const CrossEntropyLoss loss_fn({.ignore_index = 255});
+  {
+    // Every rank the same image: labels [[0 0 1] [2 255 1]], predictions [[0 1 1] [2 0 0]]. Per class
+    // (intersection / union): 0: 1/3, 1: 1/3, 2: 1/1; class 3 neither labelled nor predicted.
+    EvalSums sums(4);
+    sums.score(one_hot_logits({0, 1, 1, 2, 0, 0}, 2, 3, 4),
+               Tensor::from_vector({0, 0, 1, 2, 255, 1}, {1, 2, 3}, DType::I64), loss_fn);
+    const EvalResult r = sums.total(world().comm());
+    EXPECT_TRUE(r.segmentation);
+    EXPECT_EQ(r.count, 5 * world().size()) << "the ignored pixel is not counted";
+    EXPECT_DOUBLE_EQ(r.top1, 3.0 / 5);
+    EXPECT_NEAR(r.miou, 5.0 / 9, 1e-12);
+    EXPECT_GT(r.loss, 0);
+  }
+  // Each rank its own image; the reference counts every rank's pixels here.
+  const int64_t classes = 3, pixels = 12;
+  auto image_of = [&](int rank, std::vector<int64_t>* labels, std::vector<int64_t>* predicted) {
+    for (int64_t p = 0; p < pixels; ++p) {
+      labels->push_back((p * (rank + 1) + rank) % 4 == 3 ? 255 : (p * (rank + 1) + rank) % 4);
+      predicted->push_back((p + 2 * rank) % classes);
+    }
+  };
+  std::vector<double> intersection(classes, 0), union_(classes, 0);
+  double right = 0, counted = 0;
+  for (int rank = 0; rank < world().size(); ++rank) {
+    std::vector<int64_t> labels, predicted;
+    image_of(rank, &labels, &predicted);
+    for (size_t p = 0; p < labels.size(); ++p) {
+      if (labels[p] == 255) continue;
+      counted += 1;
+      right += labels[p] == predicted[p];
+      intersection[static_cast<size_t>(labels[p])] += labels[p] == predicted[p];
+      union_[static_cast<size_t>(labels[p])] += 1;
+      if (labels[p] != predicted[p]) union_[static_cast<size_t>(predicted[p])] += 1;
+    }
+  }
+  double miou = 0;
+  for (int64_t c = 0; c < classes; ++c) miou += intersection[static_cast<size_t>(c)] / union_[static_cast<size_t>(c)];
+  miou /= classes;
+  std::vector<int64_t> labels, predicted;
+  image_of(world().rank(), &labels, &predicted);
+  EvalSums sums(classes);
+  sums.score(one_hot_logits(predicted, 3, 4, classes),
+             Tensor::from_vector(std::vector<double>(labels.begin(), labels.end()), {1, 3, 4}, DType::I64), loss_fn);
+  const EvalResult r = sums.total(world().comm());
+  EXPECT_EQ(r.count, static_cast<int64_t>(counted));
+  EXPECT_DOUBLE_EQ(r.top1, right / counted);
+  EXPECT_NEAR(r.miou, miou, 1e-12);
+  // Labels beyond the logits' classes, and per-pixel labels without the mean IoU's classes, are refused.
+  EvalSums plain;
+  EXPECT_NE(testing::error_of([&] {
+              plain.score(one_hot_logits(predicted, 3, 4, classes),
+                          Tensor::from_vector(std::vector<double>(12, 0.0), {1, 3, 4}, DType::I64), loss_fn);
+            }).find("need the classes of the mean IoU"),
+            std::string::npos);
+  EXPECT_NE(testing::error_of([&] {
+              sums.score(one_hot_logits(predicted, 3, 4, classes),
+                         Tensor::from_vector(std::vector<double>(12, 3.0), {1, 3, 4}, DType::I64), loss_fn);
+            }).find("label 3 is outside [0, 3)"),
+            std::string::npos);
+}
+
 TEST(CheckIn, ARankOutOfStepIsNamedOnEveryRank) {
   if (world().size() < 2) GTEST_SKIP() << "needs 2 or more ranks";
   EXPECT_NO_THROW(check_in_step(world(), 5, 1234));
