@@ -1,5 +1,6 @@
-// apps/bench_step: synthetic data: median training-step time, img/s and peak memory of a ResNet
-// (forward, softmax cross-entropy, backward, SGD with momentum and weight decay).
+// apps/bench_step: synthetic data: median training-step time, img/s and peak memory of any model of the zoo
+// (layers/models/zoo.h: the ResNets, mobilenet_v2, efficientnet_b*, convnext_*, unet; forward, softmax
+// cross-entropy, per pixel for the UNet, backward, SGD with momentum and weight decay).
 //   bench_step -a resnet20 -b 128 --threads 1 [--hw 32] [--in-ch 3] [--steps 10] [--warmup 2]
 //              [--device cpu] [--precision fp32|bf16|fp16] [--tf32 on|off] [--backend ring] [--bucket-mb 25]
 //              [--cpu-conv auto]
@@ -41,7 +42,7 @@
 #include "core/parallel.h"
 #include "layers/checkpoint.h"
 #include "layers/loss.h"
-#include "layers/models/resnet.h"
+#include "layers/models/zoo.h"
 #include "optim/grad_scaler.h"
 #include "optim/optimizer.h"
 #include "runtime/config/cli.h"
@@ -50,7 +51,7 @@
 using namespace ringtrain;
 
 int main(int argc, char** argv) try {
-  CLI::App app{"Times ResNet training steps on synthetic data"};
+  CLI::App app{"Times training steps of a model of the zoo on synthetic data"};
   std::string arch = "resnet20", device_text = "cpu", precision = "fp32", tf32 = "on", backend = "ring",
               cpu_conv = "auto", recompute = "off";
   int64_t batch = 128, hw = 32, in_ch = 3, classes = 10;
@@ -58,7 +59,9 @@ int main(int argc, char** argv) try {
   bool profile = false, profile_layers = false, cuda_graph = false;
   std::string profile_jsonl;
   double bucket_mb = 25;
-  app.add_option("-a,--arch", arch, "architecture")->capture_default_str();
+  app.add_option("-a,--arch", arch,
+                 "architecture: a ResNet, mobilenet_v2, efficientnet_b0..b7, convnext_tiny..large, unet")
+      ->capture_default_str();
   runtime::add_number(app, "-b,--batch-size", batch, "images per step", 1, int64_t{1} << 16);
   runtime::add_number(app, "--threads", threads, "CPU threads (0: cores / local ranks)", 0, 1024);
   runtime::add_number(app, "--hw", hw, "image height and width", 1, 4096);
@@ -116,7 +119,12 @@ int main(int argc, char** argv) try {
   return comm::run_main(argc, argv, [&](comm::World& world) {
     const Device device = world.bind(parse_device(device_text), threads).device;
     manual_seed(0);
-    ResNet model(arch, {.in_channels = in_ch, .num_classes = classes});
+    const ModelInfo& info = model_info(arch);
+    RT_CHECK(hw >= info.min_side && (!info.multiple_of_min || hw % info.min_side == 0), "--hw ", hw, ": ", arch,
+             " takes images of at least ", info.min_side, info.multiple_of_min ? " (and a multiple of it)" : "",
+             " pixels");
+    const std::shared_ptr<Module> net = make_model(arch, {.in_channels = in_ch, .num_classes = classes});
+    Module& model = *net;
     model.to(device);
     Sgd opt(as_named(model.named_parameters()), SgdOptions{.momentum = 0.9, .weight_decay = 5e-4});
     std::unique_ptr<comm::GradSync> sync;
@@ -137,9 +145,11 @@ int main(int argc, char** argv) try {
       for (const auto& [name, p] : model.named_parameters()) trained.push_back(p);
     }
     Tensor x = Tensor::normal(Shape{batch, hw, hw, in_ch}, 0, 1, 1, DType::F32, device);
-    std::vector<double> ys(static_cast<size_t>(batch));
-    for (int64_t i = 0; i < batch; ++i) ys[static_cast<size_t>(i)] = static_cast<double>(i % classes);
-    Tensor y = Tensor::from_vector(ys, Shape{batch}, DType::I64, device);
+    // A class per image, or (UNet) per pixel.
+    const Shape label_shape = info.segmentation ? Shape{batch, hw, hw} : Shape{batch};
+    std::vector<double> ys(static_cast<size_t>(label_shape.numel()));
+    for (size_t i = 0; i < ys.size(); ++i) ys[i] = static_cast<double>(static_cast<int64_t>(i) % classes);
+    Tensor y = Tensor::from_vector(ys, label_shape, DType::I64, device);
     std::vector<double> times, waits, base_times, ratios;
     if (!cpu_conv_given)
       cpu_convolution();  // a bad RINGTRAIN_CPU_CONV fails here, named

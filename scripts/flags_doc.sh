@@ -23,7 +23,7 @@ section custom_model ./custom_model
 section ringtrain_run ./ringtrain_run
 section ringtrain_env ./ringtrain_env
 section make_shards ./make_shards
-for sub in fashion-mnist mnist cifar10 cifar100 imagefolder synthetic; do section "make_shards $sub" ./make_shards "$sub"; done
+for sub in fashion-mnist mnist cifar10 cifar100 imagefolder synthetic segmentation synthetic-segmentation; do section "make_shards $sub" ./make_shards "$sub"; done
 section bench_step ./bench_step
 section bench_loader ./bench_loader
 section allreduce_bench ./allreduce_bench

@@ -1,6 +1,8 @@
-"""Peer for scripts/bench_vs_pytorch.sh and bench_loader.sh: PyTorch's CPU (or GPU) training-step time of the
-ResNet that ringtrain's bench_step times (scripts/peers/models.py: same layers, same shapes), SGD lr 0.1
-momentum 0.9 weight decay 5e-4 on one fixed random batch. Runs on Debian's PyTorch 1.13 (/usr/bin/python3)
+"""Peer for scripts/bench_vs_pytorch.sh, bench_families.sh and bench_loader.sh: PyTorch's CPU (or GPU)
+training-step time of the model that ringtrain's bench_step times, SGD lr 0.1 momentum 0.9 weight decay 5e-4 on
+one fixed random batch. The ResNets are scripts/peers/models.py's (same layers, same shapes); mobilenet_v2,
+efficientnet_b0..b7 and convnext_* are torchvision's (needs torchvision beside the peer's torch); unet and unet_gn
+are scripts/make_goldens.py's PyTorch UNet, ringtrain's layers/models/unet.h (per-pixel cross-entropy). Runs on Debian's PyTorch 1.13 (/usr/bin/python3)
 and on PyTorch 2.x from PyPI (a venv outside the repository: python3 -m venv /opt/torch2 &&
 /opt/torch2/bin/pip install torch==2.15.0 numpy).
   python3 scripts/peers/torch_resnet_step.py -a resnet20 -b 128 --threads 1 [--steps 5] [--hw 32] [--channels 3]
@@ -17,6 +19,25 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from models import resnet  # noqa: E402
+
+
+def build(arch, channels, classes):
+    """The model and whether it predicts a class per pixel."""
+    if arch.startswith("resnet"):
+        return resnet(arch, channels, classes), False
+    if arch in ("unet", "unet_gn"):
+        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        from make_goldens import UNet
+        torch.set_default_dtype(torch.float32)  # make_goldens switches the default to float64 on import
+        return UNet(channels, classes, groups=8 if arch == "unet_gn" else 0), True
+    import torchvision
+    if not hasattr(torchvision.models, arch):
+        sys.exit(f"torch_resnet_step: unknown architecture '{arch}'")
+    m = getattr(torchvision.models, arch)(num_classes=classes)
+    if channels != 3:
+        sys.exit("torch_resnet_step: torchvision's models take 3 channels")
+    return m, False
+
 
 p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
 p.add_argument("-a", "--arch", default="resnet20")
@@ -35,9 +56,10 @@ if a.batch_size < 1 or a.steps < 1 or a.threads < 1:
 if a.mode == "compile" and not hasattr(torch, "compile"):
     sys.exit(f"torch_resnet_step: --mode compile needs PyTorch 2 (this is {torch.__version__})")
 torch.set_num_threads(a.threads); torch.manual_seed(0)
-m = resnet(a.arch, a.channels, a.classes)
-hw = a.hw or (32 if m.fc.in_features == 64 else 224)
-x = torch.randn(a.batch_size, a.channels, hw, hw); y = torch.randint(0, m.fc.out_features, (a.batch_size,))
+m, per_pixel = build(a.arch, a.channels, a.classes)
+hw = a.hw or (32 if a.arch.startswith("resnet") and m.fc.in_features == 64 else 224)
+x = torch.randn(a.batch_size, a.channels, hw, hw)
+y = torch.randint(0, a.classes, (a.batch_size, hw, hw) if per_pixel else (a.batch_size,))
 if a.format == "cl":
     m = m.to(memory_format=torch.channels_last); x = x.contiguous(memory_format=torch.channels_last)
 opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)

@@ -1,8 +1,9 @@
-// compare_checkpoints A.h5 B.h5 [--rtol X]: exits 0 and prints "identical: N tensors" when both checkpoints
-// hold the same /model and /optimizer entries with bitwise equal values; otherwise names the first
-// difference and exits 1. Used by the exact-resume test. With --rtol, values may differ by X of the
-// tensor's scale (max |a - b| <= X * max |a|, for sums taken in another order): prints "close: N tensors,
-// worst R at NAME".
+// compare_checkpoints A.h5 B.h5 [--rtol X] [--without-bn-statistics]: exits 0 and prints "identical: N tensors" when
+// both checkpoints hold the same /model and /optimizer entries with bitwise equal values; otherwise names the first
+// difference and exits 1. Used by the exact-resume test. With --rtol, values may differ by X of the tensor's scale
+// (max |a - b| <= X * max |a|, for sums taken in another order): prints "close: N tensors, worst R at NAME". With
+// --without-bn-statistics the batch norms' running statistics and counts are left out: a data-parallel rank moves
+// them with its own micro-batches only, one process with all of them.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -14,15 +15,29 @@
 
 using namespace ringtrain;
 
+bool is_bn_statistic(const std::string& name) {
+  for (const char* tail : {"running_mean", "running_var", "num_batches_tracked"})
+    if (name.size() >= std::strlen(tail) && name.compare(name.size() - std::strlen(tail), std::string::npos, tail) == 0)
+      return true;
+  return false;
+}
+
 int main(int argc, char** argv) {
   double rtol = -1;
-  if (argc == 5 && std::strcmp(argv[3], "--rtol") == 0) {
-    char* end = nullptr;
-    rtol = std::strtod(argv[4], &end);
-    if (*end != '\0' || !(rtol >= 0)) rtol = -2;
+  bool without_bn = false, bad = argc < 3;
+  for (int i = 3; i < argc && !bad; ++i) {
+    if (std::strcmp(argv[i], "--without-bn-statistics") == 0) {
+      without_bn = true;
+    } else if (std::strcmp(argv[i], "--rtol") == 0 && i + 1 < argc) {
+      char* end = nullptr;
+      rtol = std::strtod(argv[++i], &end);
+      bad = *end != '\0' || !(rtol >= 0);
+    } else {
+      bad = true;
+    }
   }
-  if ((argc != 3 && argc != 5) || rtol == -2 || (argc == 5 && rtol < 0)) {
-    std::fprintf(stderr, "usage: compare_checkpoints A.h5 B.h5 [--rtol X]\n");
+  if (bad) {
+    std::fprintf(stderr, "usage: compare_checkpoints A.h5 B.h5 [--rtol X] [--without-bn-statistics]\n");
     return 2;
   }
   try {
@@ -45,6 +60,7 @@ int main(int argc, char** argv) {
           std::printf("different: %s (name, shape or dtype)\n", name.c_str());
           return 1;
         }
+        if (without_bn && is_bn_statistic(x[i].first)) continue;
         if (rtol < 0) {
           if (std::memcmp(s.data_ptr(), t.data_ptr(), static_cast<size_t>(s.nbytes())) != 0) {
             std::printf("different: %s\n", name.c_str());

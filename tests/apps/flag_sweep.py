@@ -36,6 +36,8 @@ PROGRAMS = [
     ("ringtrain_env", []),
     ("ringtrain_run", ["--np", "1"], ["--", "true"]),
     ("make_shards synthetic", [os.path.join(work, "out")]),
+    ("make_shards synthetic-segmentation", [os.path.join(work, "out")]),
+    ("make_shards segmentation", [src, os.path.join(work, "out")]),
     ("make_shards imagefolder", [src, os.path.join(work, "out"), "--size", "8"]),
     ("make_shards fashion-mnist", [src, os.path.join(work, "out")]),
 ]
