@@ -20,6 +20,7 @@ section() {
 section train_resnet ./train_resnet
 section ringtrain_plan ./ringtrain_plan
 section custom_model ./custom_model
+section small_unet ./small_unet
 section ringtrain_run ./ringtrain_run
 section ringtrain_env ./ringtrain_env
 section make_shards ./make_shards

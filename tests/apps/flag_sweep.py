@@ -30,6 +30,7 @@ PROGRAMS = [
     ("train_resnet", ["--synthetic"]),
     ("ringtrain_plan", ["--synthetic"]),
     ("custom_model", []),
+    ("small_unet", []),
     ("bench_step", []),
     ("bench_loader", ["--data", work]),
     ("allreduce_bench", []),
