@@ -95,8 +95,9 @@ CpuConvolution cpu_convolution();
 // (0 forward, 1 backward data, 2 backward weights), e.g. "brgconv:avx512_core_bf16": what the bf16 path
 // (core/cpu_features.h) and the Winograd choice really gave.
 std::string cpu_convolution_kernel(const ConvGeometry& g, DType dtype, bool bias, int pass);
-// The CPU GEMM a (m, k) x (k, n) product of dtype runs: "openblas", "openblas (through f32)" (f16, and bf16
-// on the f32 path), or "onednn " and oneDNN's kernel name (bf16 on the bf16 kernels).
+// The CPU GEMM a (m, k) x (k, n) product of dtype runs: "onednn " and oneDNN's kernel name (f32, and bf16 on
+// the bf16 kernels), the same plus " (through f32)" (f16, and bf16 on the f32 path), or "openblas" (f64, and
+// shapes oneDNN has only reference loops for).
 std::string cpu_gemm_kernel(DType dtype, int64_t m, int64_t n, int64_t k);
 
 // ---- normalisation and pooling (NHWC)

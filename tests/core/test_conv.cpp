@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "core/check.h"
+#include "core/kernels.h"
 #include "core/ops.h"
 #include "core/parallel.h"
 #include "test_util.h"
@@ -118,6 +119,31 @@ TEST(Conv, AutoRunsWinogradWhereOneDnnHasIt) {
   for (size_t i = 0; i < 2; ++i) {
     EXPECT_FALSE(all_close(g_auto[i], g_direct[i], 0, 0)) << i;
     EXPECT_TRUE(all_close(g_auto[i], g_direct[i], 1e-4, 1e-3)) << i;
+  }
+}
+
+// Today's CNNs' depthwise (MobileNet's 3x3, EfficientNet's 5x5, ConvNeXt's 7x7, strided too) and grouped
+// convolutions get oneDNN's JIT kernels in every pass, never its reference loops (about 800x slower).
+TEST(Conv, DepthwiseAndGroupedConvolutionsNeverRunOneDnnsReferenceLoops) {
+  struct Case {
+    const char* name;
+    int64_t c, k, r, stride, groups;
+  };
+  const Case cases[] = {{"depthwise 3x3", 32, 32, 3, 1, 32},
+                        {"depthwise 3x3 stride 2", 96, 96, 3, 2, 96},
+                        {"depthwise 5x5 stride 2", 144, 144, 5, 2, 144},
+                        {"depthwise 7x7", 96, 96, 7, 1, 96},
+                        {"depthwise 3x3, 24 channels", 24, 24, 3, 1, 24},
+                        {"grouped 3x3, 4 groups", 64, 64, 3, 1, 4}};
+  for (const Case& c : cases) {
+    ConvGeometry g;
+    g.n = 8, g.h = 16, g.w = 16, g.c = c.c, g.k = c.k, g.r = g.s = c.r;
+    g.stride_h = g.stride_w = c.stride, g.pad_h = g.pad_w = c.r / 2, g.groups = c.groups;
+    g.p = (g.h + 2 * g.pad_h - g.r) / c.stride + 1, g.q = (g.w + 2 * g.pad_w - g.s) / c.stride + 1;
+    for (int pass = 0; pass < 3; ++pass) {
+      const std::string kernel = cpu_convolution_kernel(g, DType::F32, false, pass);
+      EXPECT_NE(kernel.rfind("ref", 0), 0u) << c.name << ", pass " << pass << ": " << kernel;
+    }
   }
 }
 
