@@ -196,8 +196,12 @@ int main(int argc, char** argv) try {
         why = "it needs at least one warm-up step first (--warmup)";
       else if (scaler)
         why = "fp16's loss scaler reads its inf check on the host every step";
-      else
+      else {
+        // The op-by-op steps' cached blocks back to the device first (as the Trainer does): the graph keeps a
+        // pool of its own, and an out-of-memory retry inside the capture would otherwise have to free them.
+        empty_cache(device);
         why = graph.capture(device, [&] { train_step(-1); });
+      }
       graph_state = why.empty() ? "on" : "failed";
       if (!why.empty() && world.is_root())
         std::fprintf(stderr, "bench_step: --cuda-graph: not captured, the steps run op by op: %s\n", why.c_str());

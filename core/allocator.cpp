@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <string_view>
 #include <vector>
 
@@ -240,11 +241,16 @@ void CachingAllocator::release_cached_locked() {
       ++it;
       continue;
     }
-    for (auto& [size, ptr] : it->second) {
-      backend_->raw_free(ptr);
-      stats_.reserved_bytes -= size;
+    auto& blocks = it->second;
+    for (auto block = blocks.begin(); block != blocks.end();) {
+      if (!backend_->raw_free(block->second)) {  // still the device's: kept, cached, counted
+        ++block;
+        continue;
+      }
+      stats_.reserved_bytes -= block->first;
+      block = blocks.erase(block);
     }
-    it = free_by_stream_.erase(it);
+    it = blocks.empty() ? free_by_stream_.erase(it) : std::next(it);
   }
 }
 

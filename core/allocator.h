@@ -35,7 +35,9 @@ class RawBackend {
   virtual ~RawBackend() = default;
   // Returns nullptr when the device is out of memory (any other failure throws).
   virtual void* raw_allocate(int64_t nbytes) = 0;
-  virtual void raw_free(void* ptr) noexcept = 0;
+  // false: the device did not take the memory back (the error is printed); the block stays the allocator's,
+  // cached and counted as reserved, as it still is.
+  virtual bool raw_free(void* ptr) noexcept = 0;
   virtual int64_t device_total_bytes() const = 0;  // 0 if unknown
   virtual std::string device_name() const = 0;     // "cuda:0"
 };

@@ -47,14 +47,18 @@ void run_check(const detail::DeferredCheck& c) {
   c.check(c.evidence);
 }
 
-bool sync_every_op() {
+}  // namespace
+
+bool detail::cuda_sync_every_op() {
   static const bool on = [] {
     const char* v = std::getenv("RINGTRAIN_CUDA_SYNC");
-    return v && *v && std::string(v) != "0";
+    const std::string value = v ? v : "";
+    RT_CHECK(value.empty() || value == "0" || value == "1", "RINGTRAIN_CUDA_SYNC='", value,
+             "': expected 1 (synchronize after every CUDA op) or 0");
+    return value == "1";
   }();
   return on;
 }
-}  // namespace
 
 int64_t cuda_host_syncs() { return g_host_syncs.load(std::memory_order_relaxed); }
 
@@ -74,7 +78,7 @@ void defer_device_check(std::vector<Tensor> evidence, DeviceCheck check) {
     t_capture_sink->push_back(std::move(c));
     return;
   }
-  if (sync_every_op()) {
+  if (detail::cuda_sync_every_op()) {
     run_check(c);
     return;
   }

@@ -121,6 +121,10 @@ class CudaGraph {
   // is queued there next. Throws if nothing was captured.
   void replay();
   bool ready() const;
+  // The captured graph's memory nodes (allocations and frees inside the graph): 0 for a step whose memory
+  // comes from the caching allocator and whose libraries (cuBLAS: its own workspace) allocate nothing lazily.
+  // 0 when nothing is captured or the graph is emulated.
+  int64_t memory_nodes() const;
 
  private:
   struct Impl;
@@ -162,6 +166,10 @@ size_t deferred_checks_pending();
 
 namespace detail {
 void count_host_sync();
+// RINGTRAIN_CUDA_SYNC=1: every CUDA op synchronizes its stream and checks for errors, so a fault is reported
+// against the op that caused it (ops recorded by a CUDA graph's capture cannot wait: each replay of the graph
+// synchronizes instead). Unset, empty or 0: off; any other value is an error naming the variable.
+bool cuda_sync_every_op();
 // A check deferred, with what it reads and the stream its reads go on.
 struct DeferredCheck {
   std::vector<Tensor> evidence;

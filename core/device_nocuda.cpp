@@ -59,6 +59,7 @@ struct CudaGraph::Impl {};
 CudaGraph::CudaGraph() : impl_(std::make_unique<Impl>()) {}
 CudaGraph::~CudaGraph() = default;
 bool CudaGraph::ready() const { return static_cast<bool>(emulated_); }
+int64_t CudaGraph::memory_nodes() const { return 0; }
 std::string CudaGraph::capture(Device device, const std::function<void()>& work) {
   RT_CHECK(!ready(), "CudaGraph::capture: this graph holds a capture already");
   if (device.is_cpu() && cuda_graph_emulated()) {

@@ -270,6 +270,21 @@ CudaGraph::~CudaGraph() = default;
 
 bool CudaGraph::ready() const { return impl_->exec != nullptr || emulated_; }
 
+int64_t CudaGraph::memory_nodes() const {
+  if (!impl_->graph) return 0;
+  size_t count = 0;
+  CUDA_CHECK(cudaGraphGetNodes(impl_->graph, nullptr, &count));
+  std::vector<cudaGraphNode_t> nodes(count);
+  CUDA_CHECK(cudaGraphGetNodes(impl_->graph, nodes.data(), &count));
+  int64_t memory = 0;
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type = cudaGraphNodeTypeEmpty;
+    CUDA_CHECK(cudaGraphNodeGetType(node, &type));
+    memory += type == cudaGraphNodeTypeMemAlloc || type == cudaGraphNodeTypeMemFree ? 1 : 0;
+  }
+  return memory;
+}
+
 std::string CudaGraph::capture(Device device, const std::function<void()>& work) {
   RT_CHECK(!ready(), "CudaGraph::capture: this graph holds a capture already");
   if (device.is_cpu() && cuda_graph_emulated()) {
@@ -348,6 +363,14 @@ void CudaGraph::replay() {
   CUDA_CHECK(cudaGraphLaunch(g.exec, as_stream(g.stream.handle())));
   g.after.record(g.stream);
   g.after.wait_on(caller);
+  if (detail::cuda_sync_every_op()) {  // the replay's ops did not wait when they were captured: the replay does
+    detail::count_host_sync();
+    cudaError_t status = cudaStreamSynchronize(as_stream(g.stream.handle()));
+    if (status == cudaSuccess) status = cudaGetLastError();
+    if (status != cudaSuccess)
+      RT_THROW("CUDA error in a CUDA graph's replay: ", cudaGetErrorString(status), " (", cudaGetErrorName(status),
+               ", found by synchronizing after the replay because RINGTRAIN_CUDA_SYNC=1)");
+  }
   // The capture's checks, on copies of what this replay left (the next replay overwrites the originals),
   // made on the caller's stream after the replay and read there.
   for (const detail::DeferredCheck& c : g.checks) {
@@ -398,9 +421,16 @@ class CudaBackend final : public RawBackend {
     return ptr;
   }
 
-  void raw_free(void* ptr) noexcept override {
-    // cudaFree finds the owning device from the pointer (unified addressing); no device switch needed.
-    CUDA_CHECK_NOTHROW(ignore_unloading(cudaFree(ptr)));
+  bool raw_free(void* ptr) noexcept override {
+    // cudaFree finds the owning device from the pointer (unified addressing); no device switch needed. Under a
+    // CudaGraph's capture (an out-of-memory retry gives the cache back) relaxed mode allows it, as cudaMalloc:
+    // in the capture's own mode the call would end the capture.
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    if (cudaThreadExchangeStreamCaptureMode(&mode) != cudaSuccess) return false;
+    const cudaError_t status = ignore_unloading(cudaFree(ptr));
+    (void)cudaThreadExchangeStreamCaptureMode(&mode);
+    CUDA_CHECK_NOTHROW(status);
+    return status == cudaSuccess;
   }
 
   int64_t device_total_bytes() const override {

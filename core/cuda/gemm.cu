@@ -21,33 +21,66 @@ namespace {
 // Launch helpers, dtype dispatch and device math: core/cuda/common.cuh.
 using namespace cuda_common;
 
+// cuBLAS's workspace for one handle: NVIDIA's recommended size, 32 MiB from Hopper on, 4 MiB before.
+size_t workspace_bytes(int device) {
+  int major = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  return (major >= 9 ? size_t{32} : size_t{4}) << 20;
+}
+
 // One handle per device per thread: cuBLAS handles are not meant to be shared by threads that set
-// different streams. Destroyed when the thread exits.
+// different streams. Destroyed when the thread exits. Each handle has a workspace of its own, allocated with
+// the handle and given again after every cublasSetStream (which puts a handle back on cuBLAS's default
+// workspace, one cuBLAS may allocate lazily: inside a CUDA graph's capture a cudaMalloc the capture refuses, or
+// an allocation node in the graph). One workspace serves every stream the thread runs GEMMs on: those are
+// ordered (a graph's replay waits for the caller's stream, and the caller's for the replay).
 class CublasHandles {
  public:
+  struct Handle {
+    cublasHandle_t handle = nullptr;
+    void* workspace = nullptr;
+    size_t bytes = 0;
+  };
   CublasHandles() = default;
   CublasHandles(const CublasHandles&) = delete;
   CublasHandles& operator=(const CublasHandles&) = delete;
   ~CublasHandles() {
-    for (cublasHandle_t handle : handles_) {
-      if (handle) CUBLAS_CHECK_NOTHROW(cublasDestroy(handle));
+    for (const Handle& h : handles_) {
+      if (h.handle) CUBLAS_CHECK_NOTHROW(cublasDestroy(h.handle));
+      if (h.workspace) CUDA_CHECK_NOTHROW(cudaFree(h.workspace));
     }
   }
   // The caller has made `device` current (cublasCreate binds the handle to the current device).
-  cublasHandle_t get(int device) {
-    if (device >= static_cast<int>(handles_.size())) handles_.resize(static_cast<size_t>(device) + 1, nullptr);
-    cublasHandle_t& handle = handles_[static_cast<size_t>(device)];
-    if (!handle) CUBLAS_CHECK(cublasCreate(&handle));
-    return handle;
+  const Handle& get(int device) {
+    if (device >= static_cast<int>(handles_.size())) handles_.resize(static_cast<size_t>(device) + 1);
+    Handle& h = handles_[static_cast<size_t>(device)];
+    if (!h.handle) {
+      // Made outside any capture (the first GEMM of a thread on a device is op by op) or, in relaxed mode, as
+      // the caching allocator's own cudaMalloc: allocating is not capture's work.
+      cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+      CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+      const size_t bytes = workspace_bytes(device);
+      const cudaError_t allocated = cudaMalloc(&h.workspace, bytes);
+      const cublasStatus_t created = allocated == cudaSuccess ? cublasCreate(&h.handle) : CUBLAS_STATUS_SUCCESS;
+      CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+      CUDA_CHECK(allocated);
+      CUBLAS_CHECK(created);
+      h.bytes = bytes;
+    }
+    return h;
   }
 
  private:
-  std::vector<cublasHandle_t> handles_;
+  std::vector<Handle> handles_;
 };
 
-cublasHandle_t cublas_handle(int device) {
+// The thread's handle for `device`, on `stream` with its own workspace.
+cublasHandle_t cublas_handle(int device, cudaStream_t stream) {
   thread_local CublasHandles handles;
-  return handles.get(device);
+  const CublasHandles::Handle& h = handles.get(device);
+  CUBLAS_CHECK(cublasSetStream(h.handle, stream));
+  CUBLAS_CHECK(cublasSetWorkspace(h.handle, h.workspace, h.bytes));
+  return h.handle;
 }
 
 void gemm(const GemmArgs& g, const Tensor& a, const Tensor& b, Tensor& c, int64_t batch, int64_t stride_a,
@@ -86,8 +119,7 @@ void gemm(const GemmArgs& g, const Tensor& a, const Tensor& b, Tensor& c, int64_
       raise_unsupported("matmul", a.dtype());
   }
   DeviceScope scope(c);
-  cublasHandle_t handle = cublas_handle(c.device().index);
-  CUBLAS_CHECK(cublasSetStream(handle, stream_now()));
+  cublasHandle_t handle = cublas_handle(c.device().index, stream_now());
   // alpha / beta have the compute type's scalar type: f64 for COMPUTE_64F, f32 otherwise.
   const double alpha_f64 = g.alpha, beta_f64 = g.beta;
   const float alpha_f32 = static_cast<float>(g.alpha), beta_f32 = static_cast<float>(g.beta);

@@ -22,14 +22,6 @@ namespace {
 // ---------------------------------------------------------------------------------------------------
 // after_op
 
-bool sync_after_every_op() {
-  static const bool sync = [] {
-    const char* value = std::getenv("RINGTRAIN_CUDA_SYNC");
-    return value != nullptr && std::string_view(value) == "1";
-  }();
-  return sync;
-}
-
 [[noreturn]] void raise_op_error(const char* op, cudaError_t status, bool synchronized) {
   const int device = cuda_detail::current_device_or_none();
   RT_THROW("CUDA error in op '", op, "': ", cudaGetErrorString(status), " (", cudaGetErrorName(status), ", code ",
@@ -43,9 +35,13 @@ bool sync_after_every_op() {
 void after_op(const char* op) {
   cudaError_t status = cudaGetLastError();
   if (status != cudaSuccess) raise_op_error(op, status, false);
-  if (sync_after_every_op()) {
+  if (detail::cuda_sync_every_op()) {
+    const auto stream = static_cast<cudaStream_t>(current_stream().handle());
+    // A capture records the op instead of running it, and cannot wait: the graph's replay synchronizes.
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream, &capture) == cudaSuccess && capture != cudaStreamCaptureStatusNone) return;
     detail::count_host_sync();
-    status = cudaStreamSynchronize(static_cast<cudaStream_t>(current_stream().handle()));
+    status = cudaStreamSynchronize(stream);
     if (status == cudaSuccess) status = cudaGetLastError();
     if (status != cudaSuccess) raise_op_error(op, status, true);
   }

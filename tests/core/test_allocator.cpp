@@ -24,12 +24,15 @@ class FakeBackend : public RawBackend {
     sizes_[p] = nbytes;
     return p;
   }
-  void raw_free(void* ptr) noexcept override {
+  bool raw_free(void* ptr) noexcept override {
+    if (refuse_frees) return false;  // as cudaFree failing (e.g. called where a capture forbids it)
     used_ -= sizes_[ptr];
     sizes_.erase(ptr);
     std::free(ptr);
     ++*raw_frees_;
+    return true;
   }
+  bool refuse_frees = false;
   int64_t device_total_bytes() const override { return capacity_; }
   std::string device_name() const override { return "cuda:7"; }
 
@@ -115,6 +118,39 @@ TEST(CachingAllocator, OutOfMemoryReleasesCacheThenExplains) {
     EXPECT_NE(w.find("bf16"), std::string::npos) << w;
   }
   alloc.free(b);
+}
+
+// A block the device does not take back stays the allocator's: cached (and reused), counted as reserved, and
+// given back by a later empty_cache. It never leaves the books while its memory is still allocated.
+TEST(CachingAllocator, ABlockTheDeviceDidNotTakeBackStaysCachedAndCounted) {
+  int raw_frees = 0;
+  auto backend = std::make_unique<FakeBackend>(3 << 20, &raw_frees);
+  FakeBackend* device = backend.get();
+  CachingAllocator alloc(std::move(backend));
+  void* a = alloc.allocate(1 << 20, nullptr);
+  void* b = alloc.allocate(1 << 20, nullptr);
+  alloc.free(a);
+  alloc.free(b);
+  device->refuse_frees = true;
+  alloc.empty_cache();
+  EXPECT_EQ(raw_frees, 0);
+  EXPECT_EQ(alloc.stats().reserved_bytes, 2 << 20) << "the memory is still the device's";
+  // An out-of-memory retry that cannot free either: out of memory, naming what is reserved.
+  try {
+    alloc.allocate(2 << 20, nullptr);
+    ADD_FAILURE() << "3 MiB of device for 2 MiB reserved and 2 MiB more";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("2.00 MiB reserved"), std::string::npos) << e.what();
+  }
+  // Still cached: served again without a new device allocation.
+  void* again = alloc.allocate(1 << 20, nullptr);
+  EXPECT_TRUE(again == a || again == b);
+  EXPECT_EQ(alloc.stats().num_raw_allocations, 2);
+  alloc.free(again);
+  device->refuse_frees = false;
+  alloc.empty_cache();
+  EXPECT_EQ(raw_frees, 2);
+  EXPECT_EQ(alloc.stats().reserved_bytes, 0);
 }
 
 // A CUDA graph's stream is held while the graph lives: its replays write into the blocks its capture freed

@@ -7,6 +7,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/allocator.h"
@@ -327,11 +328,44 @@ TEST(CudaGraphTest, ReplayedStepsTrainLikeStepsRunOpByOp) {
   const std::string why = graph.capture(kGpu, [&] { step(graphed); });
   ASSERT_EQ(why, "") << "the step was not captured";
   ASSERT_TRUE(graph.ready());
+  EXPECT_EQ(graph.memory_nodes(), 0) << "memory allocated inside the graph (cuBLAS's default workspace?)";
   for (int i = 0; i < 3; ++i) graph.replay();
   synchronize(kGpu);
   const auto want = state(eager), got = state(graphed);
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "state tensor " << i;
+}
+
+// A thread whose first GEMM is inside a capture: its cuBLAS handle and workspace are made there (relaxed mode,
+// as the caching allocator's own cudaMalloc), nothing is allocated inside the graph, and each replay gives the
+// op-by-op product. Under RINGTRAIN_CUDA_SYNC=1 (gpu_check runs these tests so too) the capture's ops do not
+// synchronize and the replay does.
+TEST(CudaGraphTest, AThreadsFirstGemmCanBeCaptured) {
+  RT_REQUIRE_CUDA();
+  const Tensor a = Tensor::normal(Shape{96, 64}, 0, 1, 81, DType::F32, kGpu),
+               b = Tensor::normal(Shape{64, 80}, 0, 1, 82, DType::F32, kGpu);
+  const std::vector<double> want = matmul(a, b).to_vector();
+  std::string why, error;
+  int64_t memory_nodes = -1;
+  std::vector<double> got;
+  std::thread([&] {
+    try {
+      Tensor out = Tensor::empty(Shape{96, 80}, DType::F32, kGpu);
+      CudaGraph graph;
+      why = graph.capture(kGpu, [&] { out.copy_(matmul(a, b)); });
+      if (!why.empty()) return;
+      memory_nodes = graph.memory_nodes();
+      out.zero_();
+      graph.replay();
+      got = out.to_vector();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }).join();
+  ASSERT_EQ(error, "");
+  ASSERT_EQ(why, "") << (detail::cuda_sync_every_op() ? "under RINGTRAIN_CUDA_SYNC=1" : "");
+  EXPECT_EQ(memory_nodes, 0);
+  EXPECT_EQ(got, want);
 }
 
 // The label check of a captured cross-entropy belongs to the graph: each replay is checked with the flag

@@ -238,7 +238,7 @@ class AddressBackend final : public RawBackend {
     next_ += static_cast<uintptr_t>(nbytes) + 4096;
     return p;
   }
-  void raw_free(void*) noexcept override {}
+  bool raw_free(void*) noexcept override { return true; }
   int64_t device_total_bytes() const override { return 0; }
   std::string device_name() const override { return "cuda:9"; }
 
