@@ -90,6 +90,9 @@ class Event {
   void record(const Stream& s);
   void wait_on(const Stream& s) const;  // s waits until this event completes
   void synchronize() const;
+  // True once the work queued before the last record() has finished (cudaEventQuery): never waits, and
+  // is not one of cuda_host_syncs(). True for an event never recorded.
+  bool query() const;
   float elapsed_ms_since(const Event& start) const;
   void* handle() const { return handle_ ? *handle_ : nullptr; }
 
@@ -147,7 +150,8 @@ void synchronize(Device d);
 // The host's waits for the GPU in this process so far: stream, event and device synchronisations, and the
 // copies that end in one (the host reading device data, or a copy between devices). A device-to-device
 // copy on one GPU is ordered on the stream and waits for nothing. Always 0 without CUDA. The profiler
-// (runtime/telemetry/profiler.h) reports it per step; a steady training step makes none between log points.
+// (runtime/telemetry/profiler.h) reports it per step; a steady training step's ops make none between log
+// points (the Trainer's one wait a step, for the step before it, is on an event already done under --profile).
 int64_t cuda_host_syncs();
 
 // Checks whose evidence lives on the device (cross_entropy's label check): recorded without a host wait,

@@ -53,6 +53,8 @@ void Event::wait_on(const Stream& /*s*/) const { raise_no_cuda("Event::wait_on")
 
 void Event::synchronize() const { raise_no_cuda("Event::synchronize"); }
 
+bool Event::query() const { raise_no_cuda("Event::query"); }
+
 float Event::elapsed_ms_since(const Event& /*start*/) const { raise_no_cuda("Event::elapsed_ms_since"); }
 
 struct CudaGraph::Impl {};

@@ -228,6 +228,14 @@ void Event::synchronize() const {
   CUDA_CHECK(cudaEventSynchronize(as_event(handle())));
 }
 
+bool Event::query() const {
+  RT_CHECK(handle() != nullptr, "Event::query on an event that was not made by Event::create");
+  const cudaError_t status = cudaEventQuery(as_event(handle()));
+  if (status == cudaErrorNotReady) return false;
+  CUDA_CHECK(status);
+  return true;
+}
+
 float Event::elapsed_ms_since(const Event& start) const {
   RT_CHECK(handle() != nullptr && start.handle() != nullptr,
            "Event::elapsed_ms_since needs two events made by Event::create(device, /*timing=*/true)");

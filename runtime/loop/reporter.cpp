@@ -241,6 +241,7 @@ TrainResult Reporter::summarize(const Finish& f) {
     s.buckets.push_back({buckets[i].bytes, timer_.bucket_ready_s(i), timer_.bucket_allreduce_s(i)});
   s.precision = name_of(o_.precision);
   s.device = device_.str();
+  if (device_.is_cuda()) s.step_clock = "host, paced by the GPU";
   s.eval = last_eval_;
   if (const auto& scaler = f.replica->scaler()) {
     s.loss_scale = scaler->scale();

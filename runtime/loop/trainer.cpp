@@ -297,6 +297,16 @@ class Run {
     int64_t step = 0;                          // the step it runs for (an emulated replay runs work again)
   };
   std::unique_ptr<GraphStep> graph_;
+  // On CUDA every step ends on a device event, and the host waits for the previous step's before it ends
+  // the current one: never more than one step ahead of the GPU, so the steps' host times keep the GPU's
+  // pace. Op by op the launch queue held the host back already; a replayed graph is one launch a step and
+  // would otherwise never wait, its median step then the host's launch time (issue 68). Returns the wait.
+  struct StepFence {
+    Event ends[2];
+    int64_t recorded = 0;
+  };
+  std::unique_ptr<StepFence> fence_;
+  double pace_to_device(int64_t step);
 };
 
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
@@ -381,6 +391,8 @@ Cursor Run::start() {
   }
   replica_ = std::make_unique<Replica>(world_, o_, device_, model_, step_fn_, from, scope);
   if (o_.cuda_graph && !pipeline_) graph_ = std::make_unique<GraphStep>();
+  if (device_.is_cuda())
+    fence_ = std::make_unique<StepFence>(StepFence{{Event::create(device_), Event::create(device_)}});
   reporter_ = std::make_unique<Reporter>(world_, o_, device_, plan_, replica_->sync().buckets().size(),
                                          pipeline_ ? pipeline_->plan() : json(), memory_, layout_plan_);
   tidy_folder(others, resumed);
@@ -692,6 +704,10 @@ Run::StepEnd Run::train_step(int64_t epoch, int64_t step, int64_t& micro, const 
   if (!outcome.took) reporter_->step_skipped();
   if (outcome.took && o_.clip_grad_norm > 0) reporter_->add_grad_norm(outcome.grad_norm);
   const auto t5 = Clock::now();
+  // The GPU's lag behind the host: its compute (a replayed graph's whole step), counted as backward.
+  const double device_wait = pace_to_device(step);
+  time.backward += device_wait;
+  const auto tw = Clock::now();
   const int64_t done = step + 1;
   if (inject_.fires(world_.rank(), done)) dog_.phase("injected fault (RINGTRAIN_INJECT)", done);
   const int64_t reported = inject_.after_step(world_.rank(), done);
@@ -708,9 +724,10 @@ Run::StepEnd Run::train_step(int64_t epoch, int64_t step, int64_t& micro, const 
   trace_.span("exposed_comm", backward_end, t4, step);
   for (const auto& b : buckets) trace_.span(detail::str_cat("allreduce bucket ", b.bucket), b.begin, b.end, step, 1);
   trace_.span("optimizer", t4, t5, step);
-  trace_.span("step check-in", t5, t6, step);
+  if (device_wait > 0) trace_.span("waiting for the GPU", t5, tw, step);
+  trace_.span("step check-in", tw, t6, step);
   // The check-in waits for the slowest rank: exposed communication, not optimizer time.
-  time.exposed_comm += seconds(t4 - backward_end) + seconds(t6 - t5);
+  time.exposed_comm += seconds(t4 - backward_end) + seconds(t6 - tw);
   if (pipeline_) pipeline_->end_step(seconds(t6 - begin));
   time.optimizer = seconds(t5 - t4);
   reporter_->timer().end_step(seconds(t6 - begin), counts_in_breakdown(done, first_step_, plan_.total_steps),
@@ -721,6 +738,22 @@ Run::StepEnd Run::train_step(int64_t epoch, int64_t step, int64_t& micro, const 
     reporter_->write_record(profile_record(table));
   }
   return {.ran = true, .checkpoint_asked = checkpoint_requested};
+}
+
+double Run::pace_to_device(int64_t step) {
+  if (!fence_) return 0;
+  const auto t = Clock::now();
+  StepFence& f = *fence_;
+  f.ends[f.recorded % 2].record(current_stream());
+  if (f.recorded > 0) {
+    const Event& previous = f.ends[(f.recorded - 1) % 2];
+    if (!previous.query()) {
+      dog_.phase("waiting for the GPU to finish the step before", step);
+      previous.synchronize();
+    }
+  }
+  ++f.recorded;
+  return seconds(Clock::now() - t);
 }
 
 void Run::evaluate_now(int64_t epoch, int64_t step) {

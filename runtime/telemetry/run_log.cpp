@@ -89,6 +89,7 @@ json summary_record(const SummaryRecord& s) {
   summary["breakdown_steps"] = s.breakdown_steps;
   summary["precision"] = s.precision;
   summary["device"] = s.device;
+  summary["step_clock"] = s.step_clock;
   if (s.peak_gpu_mem_bytes) {
     summary["peak_gpu_mem_bytes"] = *s.peak_gpu_mem_bytes;
     summary["cudnn_conv_algorithms"] = s.cudnn_conv_algorithms;

@@ -18,7 +18,8 @@
 //            peak_mem_bytes_by_rank, peak_tensor_bytes, predicted_peak_mem_bytes (the memory plan's, when
 //            it ran), world_size, steps, elapsed_s,
 //            breakdown_s, breakdown_by_rank_s, buckets [{bytes, ready_s, allreduce_s}], breakdown_steps,
-//            precision, device, and when they apply test_top1/test_top5 (test_pixel_accuracy/test_miou),
+//            precision, device, step_clock (what median_step_s measured: "host", or on CUDA "host, paced
+//            by the GPU"), and when they apply test_top1/test_top5 (test_pixel_accuracy/test_miou),
 //            loss_scale/skipped_steps,
 //            peak_gpu_mem_bytes/cudnn_conv_algorithms
 // The builders below make each record from typed values, so the schema is written down once.
@@ -90,6 +91,9 @@ struct SummaryRecord {
   };
   std::vector<Bucket> buckets;
   std::string precision, device;
+  // What median_step_s and the breakdown measured: "host" on the CPU; on CUDA "host, paced by the GPU"
+  // (runtime/loop/trainer.cpp: each step waits for the one before it to end on the device).
+  std::string step_clock = "host";
   std::optional<EvalResult> eval;    // test_top1, test_top5
   std::optional<double> loss_scale;  // with skipped_steps (f16 loss scaling)
   int64_t skipped_steps = 0;

@@ -487,6 +487,11 @@ TEST(Trainer, CudaGraphStepsTrainLikeStepsRunOpByOp) {
         EXPECT_EQ(r["step"], 2) << line;
         captured = true;
       }
+      // On a GPU a replayed step is one launch: the step's time must be the device's (the host waits for
+      // the step before it), and the summary says which clock it read.
+      if (r["type"] == "summary") {
+        EXPECT_EQ(r["step_clock"], cuda_available() ? "host, paced by the GPU" : "host") << line;
+      }
     }
     EXPECT_TRUE(captured) << "no cuda_graph record in " << tag << "-graph.jsonl";
   }

@@ -94,8 +94,9 @@ TEST(RunLog, RecordsHaveTheDocumentedFields) {
   const json summary = summary_record(s);
   for (const char* key : {"train_loss", "img_per_s", "median_step_s", "peak_mem_bytes", "peak_mem_bytes_by_rank",
                           "world_size", "steps", "elapsed_s", "breakdown_s", "breakdown_by_rank_s", "buckets",
-                          "breakdown_steps", "precision", "device", "test_top1", "test_top5"})
+                          "breakdown_steps", "precision", "device", "step_clock", "test_top1", "test_top5"})
     EXPECT_TRUE(summary.contains(key)) << key;
+  EXPECT_EQ(summary["step_clock"], "host") << "the CPU's steps end on the host";
   EXPECT_FALSE(summary.contains("loss_scale")) << "only with f16 loss scaling";
   EXPECT_FALSE(summary.contains("peak_gpu_mem_bytes")) << "only on a GPU";
   EXPECT_EQ(summary["breakdown_by_rank_s"].size(), 2u);
