@@ -19,26 +19,30 @@
 #                 when nothing is missing; always: the bundle's libraries win (these two test the bundle
 #                 on a machine that has everything); never
 #   --build-dir   default build-gpu (configured for this GPU's architecture only)
-#   --steps N     optimizer steps per training run, ringtrain and PyTorch alike (default 60)
+#   --steps N     optimizer steps per training run, ringtrain and PyTorch alike (default 30)
 #   --jobs N      build parallelism (default: all cores)
-#   --budget S    the whole check's time (default 540): every program gets a deadline within it, and
-#                 what no longer fits is skipped and named, so the results are written in time
+#   --budget S    the whole check's time (default 360, the 6 minutes of a GPU lease it may take): every
+#                 program gets a deadline within it, and what no longer fits is skipped and named, so the
+#                 results are written in time; a dry run prints the plan's estimated time beside it
 # Environment: PYTHON (the interpreter with PyTorch; default python3), CUDA_HOME, RINGTRAIN_COMMIT (the
 # commit to record when the tree travelled without .git).
 #
-# The steps: 1. versions (nvidia-smi, GPU, driver, CUDA, cuDNN, NCCL, MPI, HDF5, PyTorch); 2. build with
-# RINGTRAIN_CUDA=ON for the local architecture; 3. the GPU tests (CUDA vs CPU per op and layer, cuDNN
-# convolution, norms and pooling, mixed precision, allocator, pinned loader, NCCL and the host-staged ring
-# with 1 rank, GradSync on the GPU with 1 rank and with 2 ranks sharing the GPU); 4. train_resnet
-# --synthetic on ResNet-50 and ResNet-18 (bf16, batch 256); 5. the PyTorch peer on the same work
-# (scripts/peers/torch_gpu_peer.py); 6. RESULTS_DIR/gpu_check.json with every figure and the ratios, beside
-# gpu_check.log (everything printed), tests.log, and the runs' JSONL logs. Exit status: 0 when every step
-# passed, 1 when one failed (the others still run and are recorded), 2 for a usage error.
+# The steps, most important first: 1. versions (nvidia-smi, GPU, driver, CUDA, cuDNN, NCCL, MPI, HDF5,
+# PyTorch); 2. build with RINGTRAIN_CUDA=ON for the local architecture; 3. the GPU tests (CUDA vs CPU per op
+# and layer, cuDNN convolution, norms and pooling, mixed precision, allocator, CUDA graphs, pinned loader,
+# NCCL and the host-staged ring with 1 rank, GradSync on the GPU with 1 and 2 ranks sharing the GPU, the
+# Trainer's graph); 4. ResNet-50 bf16 b256: train_resnet --synthetic --profile, the PyTorch peer on the same
+# work (scripts/peers/torch_gpu_peer.py, with its profile by the same families), bench_step op by op and
+# --cuda-graph, train_resnet --cuda-graph; 5. fp16 and fp32 (TF32) beside the peer's, ResNet-18 the same
+# way; 6. the memory plan, --layout auto, JPEG shards, Fashion-MNIST on the GPU and the CPU; 7.
+# RESULTS_DIR/gpu_check.json with every figure and the ratios, beside gpu_check.log (everything printed),
+# tests.log, and the runs' JSONL logs. Exit status: 0 when every step passed, 1 when one failed (the others
+# still run and are recorded), 2 for a usage error.
 set -euo pipefail
 
 usage() { echo "gpu_check: $*" >&2; echo "usage: bash scripts/gpu_check.sh RESULTS_DIR [--dry-run|--build-only] [--bundle DIR] [--use-bundle auto|always|prefer-system|never] [--build-dir DIR] [--steps N] [--jobs N] [--budget S]" >&2; exit 2; }
 
-results="" mode=full bundle=.gpu_bundle use_bundle=auto build_dir=build-gpu steps=60 jobs=$(nproc) budget=540
+results="" mode=full bundle=.gpu_bundle use_bundle=auto build_dir=build-gpu steps=30 jobs=$(nproc) budget=360
 while (($#)); do
   case $1 in
     --dry-run) mode=dry; shift ;;
@@ -54,7 +58,7 @@ while (($#)); do
         --budget) [[ $2 =~ ^[1-9][0-9]*$ ]] || usage "--budget must be a positive whole number of seconds, got '$2'"; budget=$2 ;;
       esac
       shift 2 ;;
-    -h|--help) sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,40p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) usage "unknown option '$1'" ;;
     *) [[ -z $results ]] || usage "one results folder only (got '$results' and '$1')"; results=$1; shift ;;
   esac
@@ -86,8 +90,9 @@ fact() { printf '%s\t%s\n' "$1" "$2" >> "$facts"; }           # fact KEY JSON
 reported=0
 write_report() {
   reported=1
-  section "6. results"
+  section "7. results"
   fact total_seconds "$(($(date +%s) - start))"
+  fact planned_seconds "$planned"
   for i in "${!failed[@]}"; do fact_s "failed.$i" "${failed[$i]}"; done
   "$python" "$repo/scripts/gpu_check_report.py" "$facts" "$work" "$results" "$mode" ${gtest_runs[@]+"${gtest_runs[@]}"} ||
     fail "results (see the lines above)"
@@ -109,6 +114,13 @@ section() { echo; echo "=== [$(($(date +%s) - start)) s] $*"; }
 fail() { echo "gpu_check: FAILED: $*"; failed+=("$*"); }
 # Prints a command before running it; in a dry run only prints it.
 run() { echo "+ $(printf '%q ' "$@")"; [[ $mode = dry ]] || "$@"; }
+# The plan's estimated time on an H200 (expect SECONDS before each step: the 3221ff7 run's times where it
+# ran the step, else an estimate from the step's work): a dry run prints the running total and the whole.
+planned=0
+expect() {
+  planned=$((planned + $1))
+  [[ $mode != dry ]] || echo "  (about $1 s; $planned s planned so far, --budget $budget)"
+}
 fact_s date "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 fact_s mode "$mode"
 if [[ -n ${RINGTRAIN_COMMIT:-} ]]; then
@@ -119,6 +131,7 @@ fi
 
 # ------------------------------------------------------------------------------------------------------
 section "1. machine, GPU and library versions"
+expect 24
 fact_s host.name "$(uname -n)"
 fact_s host.cpu "$(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -1)"
 fact host.cores "$(nproc)"
@@ -293,6 +306,7 @@ cmake_args=(-S "$repo" -B "$build_dir" -DCMAKE_BUILD_TYPE=Release -DRINGTRAIN_CU
 [[ $(cmake --version | sed -n 's/^cmake version \([0-9]*\).*/\1/p') -ge 4 ]] && cmake_args+=(-DCMAKE_POLICY_VERSION_MINIMUM=3.5)
 command -v ninja >/dev/null && [[ ! -f $build_dir/Makefile ]] && cmake_args+=(-G Ninja)
 t0=$(date +%s)
+expect 75
 built=1
 # Only what the check runs (the CPU-only tests and tools are CI's).
 targets=(ringtrain_env train_resnet bench_step make_shards test_cuda_vs_cpu test_cuda_conv test_cuda_norm_pool test_mixed_precision
@@ -335,6 +349,7 @@ fi
 if [[ $mode != build ]]; then
   if [[ $built = 1 ]]; then
   section "3. GPU tests"
+  expect 55
   run limit 120 "$build_dir/ringtrain_env" || fail "ringtrain_env"
   # One test program: its gtest JSON report goes to $work, its output to tests.log (and here, briefly).
   gtest() {  # gtest LABEL RANKS PROGRAM [ARGS...]
@@ -362,6 +377,9 @@ if [[ $mode != build ]]; then
     test_loader test_gpu_monitor test_tensor; do
     gtest "$program" 0 "$program"
   done
+  # RINGTRAIN_CUDA_SYNC=1 synchronizes after every op: a capture must neither wait nor fail under it.
+  RINGTRAIN_CUDA_SYNC=1 gtest cuda_sync 0 test_cuda_vs_cpu \
+    --gtest_filter='CudaGraphTest.ReplayedSteps*:CudaGraphTest.AThreadsFirstGemm*:CudaGraphTest.AHostWait*'
   gtest runtime_gpu 0 test_runtime --gtest_filter='LossLog.*:StepProfiler.*:ProfileReport.*:ProfileLayers.*:MemoryPlan.*'
   gtest comm_np1 1 test_comm --gtest_filter='GpuCollectives.*'
   gtest comm_np2 2 test_comm --gtest_filter='GpuCollectives.*'
@@ -373,27 +391,142 @@ if [[ $mode != build ]]; then
   export RINGTRAIN_CUDNN_DETERMINISTIC=1
   gtest trainer_graph_np1 1 test_runtime_mpi --gtest_filter='Trainer.CudaGraphStepsTrainLikeStepsRunOpByOp'
   unset RINGTRAIN_CUDNN_DETERMINISTIC
+  fi
 
-  section "4. train_resnet --synthetic (bf16, batch 256, $steps steps)"
-  # --profile: the per-family table of 5 steady steps (after 3 warm-up steps), in the JSONL log too.
-  for arch in resnet50 resnet18; do
-    rm -f "$results/train_$arch.jsonl"
-    if ! run limit 300 "$build_dir/train_resnet" --synthetic -a "$arch" -b 256 --precision bf16 --device cuda --steps "$steps" \
-      --profile --log-jsonl "$results/train_$arch.jsonl"; then
-      fail "train_resnet $arch"
+  # Most important first (issue 68): a run that meets the end of --budget skips what is left and names it.
+  # The steps' functions: ringtrain's bf16 run (with --profile), the peer's, bench_step op by op and replayed.
+  train_bf16() {  # train_bf16 ARCH: --profile's per-family table of 5 steady steps (after 3 warm-up steps)
+    rm -f "$results/train_$1.jsonl"
+    run limit 300 "$build_dir/train_resnet" --synthetic -a "$1" -b 256 --precision bf16 --device cuda --steps "$steps" \
+      --profile --log-jsonl "$results/train_$1.jsonl" || fail "train_resnet $1"
+  }
+  # ResNet-50 bf16 also profiles 5 steps after its timed ones (torch.profiler): its kernels' GPU time by
+  # ringtrain's families (scripts/peers/kernel_families.py), beside train_resnet's --profile table.
+  peer_bf16() {  # peer_bf16 ARCH
+    if [[ -z $torch_version ]]; then
+      echo "(PyTorch peer $1 skipped: no PyTorch)"
+      return 0
     fi
-  done
-  # The memory plan against the tensors' peak: ResNet-50 and ResNet-18 bf16 b256 above, and ResNet-50 fp32
-  # b128 here (10 steps). Each must be within 10% (docs/MEMORY.md).
-  rm -f "$results/train_resnet50_fp32_b128.jsonl"
-  run limit 100 "$build_dir/train_resnet" --synthetic -a resnet50 -b 128 --precision fp32 --device cuda --steps 10 \
-    --log-jsonl "$results/train_resnet50_fp32_b128.jsonl" || fail "train_resnet resnet50 fp32 b128"
+    local peer_profile=()
+    if [[ $1 = resnet50 ]]; then peer_profile=(--profile-steps 5 --profile-json "$results/peer_profile_resnet50_bf16.json"); fi
+    rm -f "$results/peer_$1.json" "$results/peer_profile_$1_bf16.json"
+    run limit 300 env "${original_env[@]}" "$python" "$repo/scripts/peers/torch_gpu_peer.py" -a "$1" -b 256 --steps "$steps" \
+      --precision bf16 --device cuda --json "$results/peer_$1.json" ${peer_profile[@]+"${peer_profile[@]}"} ||
+      fail "PyTorch peer $1"
+  }
+  # CUDA graphs: bf16 steps run op by op, then captured once and replayed (bench_step --cuda-graph), back
+  # to back; ResNet-18's short step shows the launch overhead most.
+  bench_graph() {  # bench_graph ARCH
+    local graph graph_flag
+    for graph in off on; do
+      graph_flag=()
+      if [[ $graph = on ]]; then graph_flag=(--cuda-graph); fi
+      run limit 120 "$build_dir/bench_step" -a "$1" -b 256 --hw 224 --classes 1000 --device cuda --precision bf16 \
+        --steps 10 --warmup 3 ${graph_flag[@]+"${graph_flag[@]}"} 2>&1 | tee "$work/bench_$1_bf16_graph_$graph.txt" ||
+        fail "bench_step $1 bf16 --cuda-graph $graph"
+    done
+  }
   # record_field JSONL TYPE KEY: KEY of the log's last record of TYPE (nothing when there is none).
   record_field() {
     "$python" -c 'import json, sys
 r = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 print([x for x in r if x.get("type") == sys.argv[2]][-1][sys.argv[3]])' "$@" 2>/dev/null || true
   }
+
+  section "4. ResNet-50 bf16 b256 against PyTorch, op by op and as a CUDA graph ($steps steps)"
+  if [[ $built = 1 ]]; then expect 20; train_bf16 resnet50; fi
+  expect 25; peer_bf16 resnet50
+  if [[ $built = 1 ]]; then
+  expect 25; bench_graph resnet50
+  # The Trainer's step as a graph (train_resnet --cuda-graph): ResNet-50 bf16 b256 replayed for 30 steps,
+  # beside the op-by-op run above (train_resnet50.jsonl, the same seed). The graph run must say it captured; the median steps and both final
+  # losses go into the facts. The losses are reported, not judged: two processes may time cuDNN's algorithms
+  # differently (the bits are Trainer.CudaGraphStepsTrainLikeStepsRunOpByOp's, in one process).
+  rm -f "$results/train_resnet50_graph_on.jsonl"
+  expect 15
+  run limit 120 "$build_dir/train_resnet" --synthetic -a resnet50 -b 256 --precision bf16 --device cuda --steps 30 \
+    --cuda-graph --log-jsonl "$results/train_resnet50_graph_on.jsonl" || fail "train_resnet resnet50 bf16 --cuda-graph"
+  if [[ $mode != dry ]]; then
+    "$python" - "$results/train_resnet50.jsonl" "$results/train_resnet50_graph_on.jsonl" "$facts" \
+      "$work/bench_resnet50_bf16_graph_on.txt" <<'PY' || fail "train_resnet --cuda-graph: not captured, no summary, or a step time that is not the GPU's"
+import json, sys
+def records(path):
+    return [json.loads(l) for l in open(path) if l.strip()]
+off, on = records(sys.argv[1]), records(sys.argv[2])
+s_off = [r for r in off if r.get("type") == "summary"][-1]
+s_on = [r for r in on if r.get("type") == "summary"][-1]
+graph = [r for r in on if r.get("type") == "cuda_graph"]
+state = graph[-1]["state"] if graph else "no record"
+facts = {"train_cuda_graph.state": state, "train_cuda_graph.op_by_op_median_step_s": s_off["median_step_s"],
+         "train_cuda_graph.graph_median_step_s": s_on["median_step_s"],
+         "train_cuda_graph.speedup": s_off["median_step_s"] / s_on["median_step_s"],
+         "train_cuda_graph.op_by_op_loss": s_off["train_loss"], "train_cuda_graph.graph_loss": s_on["train_loss"]}
+with open(sys.argv[3], "a") as f:
+    for k, v in facts.items():
+        f.write(f"{k}\t{json.dumps(v)}\n")
+print(f"train_resnet --cuda-graph: {state}{' (' + graph[-1].get('reason', '') + ')' if graph and state != 'captured' else ''}; "
+      f"median step {1e3 * s_off['median_step_s']:.1f} ms op by op, {1e3 * s_on['median_step_s']:.1f} ms replayed "
+      f"({s_off['median_step_s'] / s_on['median_step_s']:.2f}x); loss {s_off['train_loss']} vs {s_on['train_loss']}")
+# The replayed step's time must be the GPU's (issue 68): the summary says so, the median steps fit in the
+# elapsed time, and the median lies within 20% of bench_step's, which synchronizes after every replay.
+ok = state == "captured"
+for name, s in (("op by op", s_off), ("replayed", s_on)):
+    if s.get("step_clock") != "host, paced by the GPU":
+        print(f"train_resnet --cuda-graph ({name}): step_clock is {s.get('step_clock')!r}, not the GPU's pace")
+        ok = False
+    if s["median_step_s"] * s["steps"] > s["elapsed_s"]:
+        print(f"train_resnet --cuda-graph ({name}): median step {s['median_step_s']} s x {s['steps']} steps is more "
+              f"than the run's {s['elapsed_s']} s")
+        ok = False
+import re
+bench = re.search(r"median_step_s=([0-9.]+)", open(sys.argv[4]).read()) if len(sys.argv) > 4 else None
+if bench:
+    b = float(bench.group(1))
+    with open(sys.argv[3], "a") as f:
+        f.write(f"train_cuda_graph.over_bench_step_graph\t{json.dumps(s_on['median_step_s'] / b)}\n")
+    print(f"train_resnet --cuda-graph: the replayed median is {s_on['median_step_s'] / b:.2f}x bench_step's "
+          f"synchronized graph median ({1e3 * b:.1f} ms)")
+    if not 0.8 <= s_on["median_step_s"] / b <= 1.2:
+        print("train_resnet --cuda-graph: its median step is not within 20% of bench_step's: not the GPU's time")
+        ok = False
+else:
+    print("train_resnet --cuda-graph: no bench_step --cuda-graph median to compare with")
+sys.exit(0 if ok else 1)
+PY
+  fi
+  fi
+
+  section "5. fp16 and fp32 (TF32 on) beside PyTorch; ResNet-18 bf16"
+  # fp16 and fp32 (TF32 on) beside bf16: bench_step's median step and its profile table.
+  for precision in fp16 fp32; do
+    [[ $built = 1 ]] || continue
+    expect 15
+    rm -f "$results/bench_resnet50_$precision.jsonl"
+    run limit 200 "$build_dir/bench_step" -a resnet50 -b 256 --hw 224 --classes 1000 --device cuda --precision "$precision" \
+      --steps 5 --warmup 2 --profile --profile-jsonl "$results/bench_resnet50_$precision.jsonl" |
+      tee "$work/bench_resnet50_$precision.txt" || fail "bench_step resnet50 $precision"
+  done
+  # fp16 (GradScaler) and fp32 (TF32 on, as bench_step's) beside bench_step's runs above: 20 steps each.
+  for precision in fp16 fp32; do
+    [[ -n $torch_version ]] || continue
+    expect 15
+    rm -f "$results/peer_resnet50_$precision.json"
+    run limit 150 env "${original_env[@]}" "$python" "$repo/scripts/peers/torch_gpu_peer.py" -a resnet50 -b 256 --steps 20 \
+      --precision "$precision" --tf32 on --device cuda --json "$results/peer_resnet50_$precision.json" ||
+      fail "PyTorch peer resnet50 $precision"
+  done
+  if [[ $built = 1 ]]; then expect 12; train_bf16 resnet18; fi
+  expect 15; peer_bf16 resnet18
+  if [[ $built = 1 ]]; then expect 16; bench_graph resnet18; fi
+
+  if [[ $built = 1 ]]; then
+  section "6. the memory plan, --layout auto, the input side, real data"
+  expect 10
+  # The memory plan against the tensors' peak: ResNet-50 and ResNet-18 bf16 b256 above, and ResNet-50 fp32
+  # b128 here (10 steps). Each must be within 10% (docs/MEMORY.md).
+  rm -f "$results/train_resnet50_fp32_b128.jsonl"
+  run limit 100 "$build_dir/train_resnet" --synthetic -a resnet50 -b 128 --precision fp32 --device cuda --steps 10 \
+    --log-jsonl "$results/train_resnet50_fp32_b128.jsonl" || fail "train_resnet resnet50 fp32 b128"
   if [[ $mode != dry ]]; then
     # A steady bf16 step makes no host wait (losses and the label check are read at log points only).
     for arch in resnet50 resnet18; do
@@ -416,12 +549,13 @@ print([x for x in r if x.get("type") == sys.argv[2]][-1][sys.argv[3]])' "$@" 2>/
         fail "memory plan $run_name: $error off the tensor peak (more than 10%)"
     done
   fi
+  expect 30
   # --layout auto on one GPU (docs/LAYOUT.md): the planner's prediction for its choice (step, tensor peak)
   # against the run's median step and tensor peak. Recorded with the errors and printed, not judged: its
   # GPU model (one device a rank, NCCL as the hierarchical ring) has not been measured yet.
   rm -f "$results/layout_auto.jsonl"
   run limit 150 "$build_dir/train_resnet" --synthetic -a resnet50 --global-batch 256 --precision bf16 --device cuda \
-    --steps 20 --layout auto --log-jsonl "$results/layout_auto.jsonl" || fail "train_resnet --layout auto"
+    --steps 10 --layout auto --log-jsonl "$results/layout_auto.jsonl" || fail "train_resnet --layout auto"
   if [[ $mode != dry ]]; then
     "$python" - "$results/layout_auto.jsonl" "$facts" <<'PY' || fail "--layout auto: no plan record with a layout or no summary"
 import json, sys
@@ -443,14 +577,15 @@ print(f"--layout auto: chose {plan['chosen']['flags']} of {len(plan['considered'
       f"peak predicted {peak / 2**30:.2f} GiB, tensors {got_peak / 2**30:.2f} GiB ({100 * (peak / got_peak - 1):+.1f}%)")
 PY
   fi
-  # The input side (issue 47): ResNet-50 bf16 b256 from JPEG shards, 3,072 synthetic 350x400 images (noise over
+  expect 30
+  # The input side (issue 47): ResNet-50 bf16 b256 from JPEG shards, 1,536 synthetic 350x400 images (noise over
   # class templates: more entropy, so a slower decode, than photographs), decoded, random-resized-cropped to
   # 224 and flipped on the loader threads (automatic: the machine's cores), against --synthetic's step above.
   rm -f "$results/train_resnet50_jpeg.jsonl"
-  run limit 90 "$build_dir/make_shards" synthetic "$work/jpeg" --shape 350x400x3 --count 3072 --classes 1000 \
+  run limit 90 "$build_dir/make_shards" synthetic "$work/jpeg" --shape 350x400x3 --count 1536 --classes 1000 \
     --encode jpeg --shards 8 --quiet || fail "make_shards synthetic jpeg"
   run limit 150 "$build_dir/train_resnet" --data "$work/jpeg" -a resnet50 -b 256 --image-size 224 --precision bf16 \
-    --device cuda --steps 30 --log-jsonl "$results/train_resnet50_jpeg.jsonl" || fail "train_resnet resnet50 from JPEG shards"
+    --device cuda --steps 15 --log-jsonl "$results/train_resnet50_jpeg.jsonl" || fail "train_resnet resnet50 from JPEG shards"
   if [[ $mode != dry ]]; then
     "$python" - "$results/train_resnet50_jpeg.jsonl" "$results/train_resnet50.jsonl" "$facts" <<'PY' || fail "input side: no summary from the JPEG or the synthetic run"
 import json, sys
@@ -473,6 +608,7 @@ PY
   # test accuracies must agree within 1 point (they differ only by rounding, which training amplifies).
   fmnist=$repo/.gpu_data/fashion-mnist
   if [[ -f $fmnist/train-images-idx3-ubyte.gz ]]; then
+    expect 50
     run limit 60 "$build_dir/make_shards" fashion-mnist "$fmnist" "$work/fmnist" --shards 4 || fail "make_shards fashion-mnist"
     for device in cuda cpu; do
       rm -f "$results/fmnist_$device.jsonl"
@@ -496,84 +632,7 @@ PY
     echo "(real-data run skipped: no .gpu_data/fashion-mnist; make it with scripts/gpu_data.sh)"
     fact_s real_data.skipped "no .gpu_data/fashion-mnist (scripts/gpu_data.sh)"
   fi
-  # fp16 and fp32 (TF32 on) beside bf16: bench_step's median step and its profile table.
-  for precision in fp16 fp32; do
-    rm -f "$results/bench_resnet50_$precision.jsonl"
-    run limit 200 "$build_dir/bench_step" -a resnet50 -b 256 --hw 224 --classes 1000 --device cuda --precision "$precision" \
-      --steps 5 --warmup 2 --profile --profile-jsonl "$results/bench_resnet50_$precision.jsonl" |
-      tee "$work/bench_resnet50_$precision.txt" || fail "bench_step resnet50 $precision"
-  done
-  # CUDA graphs: bf16 steps run op by op, then captured once and replayed (bench_step --cuda-graph), back
-  # to back; ResNet-18's short step shows the launch overhead most.
-  for arch in resnet50 resnet18; do
-    for graph in off on; do
-      graph_flag=()
-      if [[ $graph = on ]]; then graph_flag=(--cuda-graph); fi
-      run limit 120 "$build_dir/bench_step" -a "$arch" -b 256 --hw 224 --classes 1000 --device cuda --precision bf16 \
-        --steps 10 --warmup 3 ${graph_flag[@]+"${graph_flag[@]}"} 2>&1 | tee "$work/bench_${arch}_bf16_graph_$graph.txt" ||
-        fail "bench_step $arch bf16 --cuda-graph $graph"
-    done
-  done
-  # The Trainer's step as a graph (train_resnet --cuda-graph): ResNet-50 bf16 b256 op by op and replayed, 30
-  # steps each with the same seed. The graph run must say it captured; the median steps and both final
-  # losses go into the facts. The losses are reported, not judged: two processes may time cuDNN's algorithms
-  # differently (the bits are Trainer.CudaGraphStepsTrainLikeStepsRunOpByOp's, in one process).
-  for graph in off on; do
-    graph_flag=()
-    if [[ $graph = on ]]; then graph_flag=(--cuda-graph); fi
-    rm -f "$results/train_resnet50_graph_$graph.jsonl"
-    run limit 120 "$build_dir/train_resnet" --synthetic -a resnet50 -b 256 --precision bf16 --device cuda --steps 30 \
-      ${graph_flag[@]+"${graph_flag[@]}"} --log-jsonl "$results/train_resnet50_graph_$graph.jsonl" ||
-      fail "train_resnet resnet50 bf16 --cuda-graph $graph"
-  done
-  if [[ $mode != dry ]]; then
-    "$python" - "$results/train_resnet50_graph_off.jsonl" "$results/train_resnet50_graph_on.jsonl" "$facts" <<'PY' || fail "train_resnet --cuda-graph: not captured, or no summary"
-import json, sys
-def records(path):
-    return [json.loads(l) for l in open(path) if l.strip()]
-off, on = records(sys.argv[1]), records(sys.argv[2])
-s_off = [r for r in off if r.get("type") == "summary"][-1]
-s_on = [r for r in on if r.get("type") == "summary"][-1]
-graph = [r for r in on if r.get("type") == "cuda_graph"]
-state = graph[-1]["state"] if graph else "no record"
-facts = {"train_cuda_graph.state": state, "train_cuda_graph.op_by_op_median_step_s": s_off["median_step_s"],
-         "train_cuda_graph.graph_median_step_s": s_on["median_step_s"],
-         "train_cuda_graph.speedup": s_off["median_step_s"] / s_on["median_step_s"],
-         "train_cuda_graph.op_by_op_loss": s_off["train_loss"], "train_cuda_graph.graph_loss": s_on["train_loss"]}
-with open(sys.argv[3], "a") as f:
-    for k, v in facts.items():
-        f.write(f"{k}\t{json.dumps(v)}\n")
-print(f"train_resnet --cuda-graph: {state}{' (' + graph[-1].get('reason', '') + ')' if graph and state != 'captured' else ''}; "
-      f"median step {1e3 * s_off['median_step_s']:.1f} ms op by op, {1e3 * s_on['median_step_s']:.1f} ms replayed "
-      f"({s_off['median_step_s'] / s_on['median_step_s']:.2f}x); loss {s_off['train_loss']} vs {s_on['train_loss']}")
-sys.exit(0 if state == "captured" else 1)
-PY
   fi
-  fi
-
-  section "5. PyTorch peer (torchvision, channels_last, bf16 autocast, SGD; same batch and steps; fp16, fp32 beside)"
-  # ResNet-50 bf16 also profiles 5 steps after its timed ones (torch.profiler): its kernels' GPU time by
-  # ringtrain's families (scripts/peers/kernel_families.py), beside train_resnet's --profile table.
-  for arch in resnet50 resnet18; do
-    if [[ -z $torch_version ]]; then
-      echo "(skipped: no PyTorch)"
-      continue
-    fi
-    peer_profile=()
-    if [[ $arch = resnet50 ]]; then peer_profile=(--profile-steps 5 --profile-json "$results/peer_profile_resnet50_bf16.json"); fi
-    rm -f "$results/peer_$arch.json" "$results/peer_profile_${arch}_bf16.json"
-    run limit 300 env "${original_env[@]}" "$python" "$repo/scripts/peers/torch_gpu_peer.py" -a "$arch" -b 256 --steps "$steps" \
-      --precision bf16 --device cuda --json "$results/peer_$arch.json" ${peer_profile[@]+"${peer_profile[@]}"} ||
-      fail "PyTorch peer $arch"
-  done
-  # fp16 (GradScaler) and fp32 (TF32 on, as bench_step's) beside bench_step's runs of step 4: 20 steps each.
-  for precision in fp16 fp32; do
-    [[ -n $torch_version ]] || continue
-    rm -f "$results/peer_resnet50_$precision.json"
-    run limit 150 env "${original_env[@]}" "$python" "$repo/scripts/peers/torch_gpu_peer.py" -a resnet50 -b 256 --steps 20 \
-      --precision "$precision" --tf32 on --device cuda --json "$results/peer_resnet50_$precision.json" ||
-      fail "PyTorch peer resnet50 $precision"
-  done
 fi
 
 # ------------------------------------------------------------------------------------------------------
@@ -585,7 +644,8 @@ if ((${#failed[@]})); then
   exit 1
 fi
 case $mode in
-  dry) echo "gpu_check: dry run: found what the check needs; nothing was built or run" ;;
+  dry) echo "gpu_check: dry run: found what the check needs; nothing was built or run"
+       echo "gpu_check: the plan's estimated time on an H200: about $planned s (--budget $budget s; what does not fit is skipped and named)" ;;
   build) echo "gpu_check: build-only: built in $(($(date +%s) - start)) s; every binary finds its libraries" ;;
   *) echo "gpu_check: all steps passed in $(($(date +%s) - start)) s" ;;
 esac

@@ -35,24 +35,41 @@ else
   expect 0 "dry run: found what the check needs" -- bash "$check" "$work/r" --dry-run --build-dir "$work/b"
   for step in "DRINGTRAIN_CUDA=ON" "DCMAKE_CUDA_ARCHITECTURES=" "tests/test_cuda_vs_cpu " "tests/test_cuda_conv " \
     "-np 2 .*tests/test_grad_sync .*GradSyncGpu" "-np 1 .*tests/test_comm .*GpuCollectives" \
-    "train_resnet --synthetic -a resnet50 -b 256 --precision bf16 --device cuda --steps 60" \
-    "train_resnet --synthetic -a resnet18" "torch_gpu_peer.py -a resnet50 -b 256 --steps 60 --precision bf16" \
+    "train_resnet --synthetic -a resnet50 -b 256 --precision bf16 --device cuda --steps 30" \
+    "train_resnet --synthetic -a resnet18" "torch_gpu_peer.py -a resnet50 -b 256 --steps 30 --precision bf16" \
     "torch_gpu_peer.py -a resnet50 .*--precision bf16 .*--profile-steps 5 --profile-json .*/peer_profile_resnet50_bf16.json" \
     "torch_gpu_peer.py -a resnet50 -b 256 --steps 20 --precision fp16 --tf32 on" \
     "torch_gpu_peer.py -a resnet50 -b 256 --steps 20 --precision fp32 --tf32 on" \
     "bench_step -a resnet18 .*--precision bf16 --steps 10 --warmup 3 --cuda-graph" \
     "-np 1 .*tests/test_runtime_mpi .*Trainer.CudaGraphStepsTrainLikeStepsRunOpByOp" \
     "train_resnet --synthetic -a resnet50 -b 256 --precision bf16 --device cuda --steps 30 --cuda-graph" \
-    "make_shards synthetic .*--shape 350x400x3 --count 3072 .*--encode jpeg" \
+    "make_shards synthetic .*--shape 350x400x3 --count 1536 .*--encode jpeg" \
     "train_resnet --data .*/jpeg -a resnet50 -b 256 --image-size 224 --precision bf16"; do
     grep -Eq -- "^\+ .*$step" "$work/r/gpu_check.log" || { echo "FAIL: the dry run's plan lacks /$step/"; fails=$((fails + 1)); }
   done
+  # Most important first (a run that meets the end of --budget skips the tail): the tests, then ResNet-50
+  # bf16 against the peer and as a graph, then fp16/fp32, then ResNet-18, then the memory plan and the input.
+  order=("tests/test_cuda_vs_cpu " "train_resnet --synthetic -a resnet50 -b 256 --precision bf16 .*--profile"
+    "torch_gpu_peer.py -a resnet50 -b 256 --steps 30 --precision bf16" "--precision bf16 --device cuda --steps 30 --cuda-graph"
+    "bench_step -a resnet50 .*--precision fp16" "torch_gpu_peer.py -a resnet50 -b 256 --steps 20 --precision fp32"
+    "train_resnet --synthetic -a resnet18" "-a resnet50 -b 128 --precision fp32" "--layout auto" "--encode jpeg")
+  last=0
+  for step in "${order[@]}"; do
+    at=$(grep -nE -- "^\+ .*$step" "$work/r/gpu_check.log" | head -1 | cut -d: -f1)
+    if [[ -z $at || $at -le $last ]]; then
+      echo "FAIL: /$step/ is not where the order wants it (line ${at:-none}, after line $last)"; fails=$((fails + 1))
+    fi
+    last=${at:-$last}
+  done
+  expect 0 "the plan's estimated time on an H200: about [0-9]+ s \(--budget 360 s" -- \
+    bash "$check" "$work/r" --dry-run --build-dir "$work/b"
   "$PYTHON" - "$work/r/gpu_check.json" <<'PY' || fails=$((fails + 1))
 import json, sys
 r = json.load(open(sys.argv[1]))
 assert r["mode"] == "dry" and r["failed"] == [] and len(r["commands"]) >= 15, r
 assert r["cudnn"]["version"].startswith("9.") and r["nccl"]["version"].count(".") == 2, r
 assert "tests" not in r and "training" not in r, r
+assert 300 <= r["planned_seconds"] <= 600, r["planned_seconds"]
 PY
   # A bundle is checked against its MANIFEST before anything is unpacked.
   mkdir -p "$work/bundle"
