@@ -26,6 +26,7 @@
 #include "core/check.h"
 #include "core/cpu_features.h"
 #include "core/device.h"
+#include "core/env.h"
 #include "core/parallel.h"
 #include "runtime/cluster/gpu_choice.h"
 #include "runtime/cluster/preflight.h"
@@ -75,10 +76,13 @@ std::string memory_report(const comm::World& world) {
 // throttling, and a warning for one a training rank would not take (runtime/cluster/gpu_choice.h).
 std::string gpu_report(const comm::World& world, const std::set<unsigned>& own) {
   const runtime::GpuInventory inv = runtime::read_gpu_inventory();
-  if (!inv.error.empty())
-    return cuda_device_count() > 0
-               ? detail::str_cat("gpus on ", world.host(), ": occupancy unknown (", inv.error, ")\n")
-               : std::string();
+  if (!inv.error.empty()) {
+    // Without a GPU, NVML's absence is expected, unless a library was named (RINGTRAIN_NVML_LIBRARY).
+    const bool named = env_text("RINGTRAIN_NVML_LIBRARY").has_value();
+    if (cuda_device_count() == 0 && !named) return std::string();
+    return detail::str_cat(named ? "warning: " : "", "gpus on ", world.host(), ": occupancy unknown (", inv.error,
+                           named ? ", the library RINGTRAIN_NVML_LIBRARY names" : "", ")\n");
+  }
   std::string text;
   for (const runtime::GpuInfo& g : inv.gpus) {
     std::string procs;

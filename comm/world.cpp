@@ -19,6 +19,7 @@
 #include "comm/host_collectives.h"
 #include "comm/mpi_check.h"
 #include "core/check.h"
+#include "core/env.h"
 #include "core/parallel.h"
 
 namespace ringtrain::comm {
@@ -108,16 +109,20 @@ std::string World::describe() const {
 DeviceBinding World::bind(Device want, int threads, bool allow_shared_gpu, int chosen) const {
   DeviceBinding b;
   const int cores = available_cores(), share = std::max(1, cores / g_sharing);
+  // No --threads: RINGTRAIN_THREADS where it is set (README), checked as --threads is.
+  const char* source = "--threads";
+  if (threads <= 0)
+    if (const std::optional<int> n = threads_from_env()) threads = *n, source = "RINGTRAIN_THREADS";
   // Far more threads than cores only thrash (4096 on 2 cores ran no step in minutes): refused, naming why.
-  RT_CHECK(threads <= kMaxThreadsPerCore * cores, "--threads ", threads, ": rank ", rank_, " on ", host(), " has ",
+  RT_CHECK(threads <= kMaxThreadsPerCore * cores, source, " ", threads, ": rank ", rank_, " on ", host(), " has ",
            cores, " core(s) available; more than ", kMaxThreadsPerCore,
            " threads per core only slows a step down (0 gives each of the ", g_sharing, " rank(s) sharing them ", share,
            ")");
   if (threads > share && local_rank_ == 0)
     std::fprintf(stderr,
-                 "warning: --threads %d is more than the %d core(s) available to each of the %d rank(s) on %s: "
+                 "warning: %s %d is more than the %d core(s) available to each of the %d rank(s) on %s: "
                  "threads will wait for cores (0 chooses %d)\n",
-                 threads, share, g_sharing, host().c_str(), share);
+                 source, threads, share, g_sharing, host().c_str(), share);
   if (threads <= 0) threads = share;
   b.threads = threads;
   set_num_threads(threads);
@@ -145,8 +150,8 @@ DeviceBinding World::bind(Device want, int threads, bool allow_shared_gpu, int c
 }
 
 bool supervised() {
-  const char* v = std::getenv("RINGTRAIN_SUPERVISOR");
-  return v && *v && std::strcmp(v, "0") != 0;
+  const std::optional<std::string> v = env_text("RINGTRAIN_SUPERVISOR");  // ringtrain_run's identity, or 0
+  return v && *v != "0";
 }
 
 std::string json_quote(const std::string& text) {

@@ -15,6 +15,7 @@
 
 #include "core/check.h"
 #include "core/cpu/cpu_kernels.h"
+#include "core/env.h"
 
 namespace ringtrain {
 
@@ -59,8 +60,7 @@ bool tune_malloc() {
 #if defined(__SANITIZE_ADDRESS__)
   return false;  // ASan's allocator serves every block; mallopt does not reach it
 #else
-  const char* keep = std::getenv("RINGTRAIN_MALLOC_DEFAULTS");
-  if (keep && std::string_view(keep) == "1") return false;
+  if (env_switch("RINGTRAIN_MALLOC_DEFAULTS", false, "leave glibc's malloc thresholds as they are")) return false;
   // glibc before 2.35 caps the mmap threshold at 32 MiB: fall back to that.
   const bool mmap_ok = mallopt(M_MMAP_THRESHOLD, 256 << 20) == 1 || mallopt(M_MMAP_THRESHOLD, 32 << 20) == 1;
   const bool trim_ok = mallopt(M_TRIM_THRESHOLD, 1 << 30) == 1;

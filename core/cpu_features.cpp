@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "core/check.h"
+#include "core/env.h"
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -101,8 +102,7 @@ Bf16Kernels parse_bf16_path(std::string_view name, const char* source) {
 
 std::atomic<int>& bf16_choice() {
   static std::atomic<int> choice = [] {
-    const char* env = std::getenv("RINGTRAIN_CPU_BF16");
-    return static_cast<int>(parse_bf16_path(env ? env : "", "RINGTRAIN_CPU_BF16="));
+    return static_cast<int>(parse_bf16_path(env_text("RINGTRAIN_CPU_BF16").value_or(""), "RINGTRAIN_CPU_BF16="));
   }();
   return choice;
 }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "core/env.h"
 #include "core/tensor.h"
 
 namespace ringtrain {
@@ -50,21 +51,15 @@ void run_check(const detail::DeferredCheck& c) {
 }  // namespace
 
 bool detail::cuda_sync_every_op() {
-  static const bool on = [] {
-    const char* v = std::getenv("RINGTRAIN_CUDA_SYNC");
-    const std::string value = v ? v : "";
-    RT_CHECK(value.empty() || value == "0" || value == "1", "RINGTRAIN_CUDA_SYNC='", value,
-             "': expected 1 (synchronize after every CUDA op) or 0");
-    return value == "1";
-  }();
+  static const bool on = env_switch("RINGTRAIN_CUDA_SYNC", false, "synchronize after every CUDA op");
   return on;
 }
 
 int64_t cuda_host_syncs() { return g_host_syncs.load(std::memory_order_relaxed); }
 
 bool cuda_graph_emulated() {
-  const char* v = std::getenv("RINGTRAIN_CUDA_GRAPH_EMULATE");  // read each time: tests set it
-  return v && *v && std::string(v) != "0";
+  // Read each time: tests set it.
+  return env_switch("RINGTRAIN_CUDA_GRAPH_EMULATE", false, "emulate CUDA graphs on the CPU, for tests");
 }
 
 namespace detail {

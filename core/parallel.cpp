@@ -3,6 +3,7 @@
 // every convolution while ours need the same cores (with 2 threads on 2 cores a ResNet-20 step was about
 // 12% slower that way; docs/PERFORMANCE.md).
 #include "core/parallel.h"
+#include "core/env.h"
 
 #include <cblas.h>
 #include <omp.h>
@@ -21,10 +22,7 @@ namespace ringtrain {
 namespace {
 
 int default_threads() {
-  if (const char* env = std::getenv("RINGTRAIN_THREADS")) {
-    int n = std::atoi(env);
-    if (n > 0) return n;
-  }
+  if (const std::optional<int> n = threads_from_env()) return *n;
   return std::max(1, available_cores() / std::max(1, local_ranks_from_env()));
 }
 
@@ -51,15 +49,21 @@ int available_cores() {
 int local_ranks_from_env() {
   for (const char* name :
        {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "MV2_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"}) {
+    // Set by the launcher, not by a person: a value that is not a positive count is passed over.
     if (const char* value = std::getenv(name)) {
-      int n = std::atoi(value);
-      if (n > 0) return n;
+      const std::optional<int> n = to_number<int>(value);
+      if (n && *n > 0) return *n;
     }
   }
   return 1;
 }
 
 int num_threads() { return thread_count().load(); }
+
+std::optional<int> threads_from_env() {
+  const std::optional<int> n = env_number<int>("RINGTRAIN_THREADS", {0, kMaxThreads});
+  return n && *n > 0 ? n : std::nullopt;  // 0: automatic, as --threads 0
+}
 
 void set_num_threads(int n) {
   n = std::max(1, n);

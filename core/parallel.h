@@ -7,11 +7,16 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 
 namespace ringtrain {
 
 int num_threads();
 void set_num_threads(int n);
+// RINGTRAIN_THREADS: the thread count when no --threads is given (0 to kMaxThreads, refused naming the
+// variable otherwise); nullopt when unset, empty or 0 (automatic, as --threads 0).
+constexpr int kMaxThreads = 1024;
+std::optional<int> threads_from_env();
 // Cores usable by this process (sched_getaffinity) and ranks on this node (OMPI/MPICH/Slurm env; 1).
 int available_cores();
 int local_ranks_from_env();

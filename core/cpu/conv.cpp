@@ -20,6 +20,7 @@
 #include "core/check.h"
 #include "core/cpu/cpu_kernels.h"
 #include "core/cpu_features.h"
+#include "core/env.h"
 #include "core/ops.h"
 #include "core/parallel.h"
 
@@ -141,8 +142,7 @@ struct PassPlan {
 
 std::atomic<int>& convolution_choice() {
   static std::atomic<int> choice = [] {
-    const char* env = std::getenv("RINGTRAIN_CPU_CONV");
-    const std::string_view v = env ? env : "";
+    const std::string v = env_text("RINGTRAIN_CPU_CONV").value_or("");
     if (v.empty() || v == "auto") return static_cast<int>(CpuConvolution::Auto);
     if (v == "direct") return static_cast<int>(CpuConvolution::Direct);
     RT_THROW("RINGTRAIN_CPU_CONV='", v,

@@ -38,6 +38,7 @@
 #include "core/cuda/cuda_kernels.h"
 #include "core/cuda/device_guard.h"
 #include "core/device.h"
+#include "core/env.h"
 #include "core/ops.h"
 #include "core/tensor.h"
 
@@ -138,20 +139,9 @@ struct Descriptors {
   static constexpr double kOneD = 1.0, kZeroD = 0.0;
 };
 
-bool env_flag(const char* name, bool fallback) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return fallback;
-  return std::string(v) != "0";
-}
-
 size_t workspace_limit() {
   static const size_t limit = [] {
-    const char* v = std::getenv("RINGTRAIN_CUDNN_WORKSPACE_MB");
-    if (!v || !*v) return size_t{1024} << 20;
-    char* end = nullptr;
-    const long long mb = std::strtoll(v, &end, 10);
-    RT_CHECK(end && *end == '\0' && mb >= 0, "RINGTRAIN_CUDNN_WORKSPACE_MB must be a number of MiB >= 0, got '", v,
-             "'");
+    const int64_t mb = env_number<int64_t>("RINGTRAIN_CUDNN_WORKSPACE_MB", {0, int64_t{1} << 24}).value_or(1024);
     return static_cast<size_t>(mb) << 20;
   }();
   return limit;
@@ -194,7 +184,8 @@ const char* pass_name(Pass p) {
 template <typename Perf>
 Choice pick(const std::vector<Perf>& results, int count, Pass pass, const ConvGeometry& g, DType dtype) {
   // Read once, like the workspace bound: the cache does not key on them.
-  static const bool deterministic = env_flag("RINGTRAIN_CUDNN_DETERMINISTIC", false);
+  static const bool deterministic =
+      env_switch("RINGTRAIN_CUDNN_DETERMINISTIC", false, "deterministic cuDNN algorithms only");
   for (int i = 0; i < count; ++i) {  // cuDNN returns them sorted by time
     const Perf& r = results[static_cast<size_t>(i)];
     if (r.status != CUDNN_STATUS_SUCCESS || r.memory > workspace_limit()) continue;
@@ -234,7 +225,8 @@ Choice choose(const Key& key, FindFn find, HeuristicFn heuristic) {
     std::lock_guard<std::mutex> lock(g_cache_mutex);
     if (auto it = g_cache.find(key); it != g_cache.end()) return it->second;
   }
-  static const bool benchmark = env_flag("RINGTRAIN_CUDNN_BENCHMARK", true);  // read once (not in the key)
+  static const bool benchmark = env_switch(
+      "RINGTRAIN_CUDNN_BENCHMARK", true, "time cuDNN's algorithms and keep the fastest");  // read once (not in the key)
   const Choice c = benchmark ? find() : heuristic();
   std::lock_guard<std::mutex> lock(g_cache_mutex);
   g_cache.emplace(key, c);

@@ -1,5 +1,6 @@
 // runtime/checkpoint/folder_lock.cpp: the checkpoint folder's lock file, its staleness and its refresh.
 #include "runtime/checkpoint/folder_lock.h"
+#include "core/env.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -26,10 +27,7 @@ using json = nlohmann::json;
 
 namespace {
 
-std::string env_or_empty(const char* name) {
-  const char* v = std::getenv(name);
-  return v ? v : "";
-}
+std::string env_or_empty(const char* name) { return env_text(name).value_or(""); }
 
 json content(const std::string& run_id) {
   return json{{"host", this_host()},
@@ -109,8 +107,7 @@ std::string gone_because(const Holder& holder, const fs::path& path) {
   const std::string& host = holder.host;
   const int64_t pid = holder.pid;
   const std::string mine = env_or_empty("RINGTRAIN_SUPERVISOR");
-  const char* restart = std::getenv("RINGTRAIN_RESTART");
-  if (!mine.empty() && holder.supervisor == mine && restart && std::atoi(restart) > 0)
+  if (!mine.empty() && holder.supervisor == mine && restart_count() > 0)
     return "an earlier launch of this supervised run (its mpirun has exited)";
   if (host == this_host()) {
     if (pid == ::getpid()) return "this process";

@@ -1,5 +1,6 @@
 // runtime/cluster/fault_injection.cpp: RINGTRAIN_INJECT parsing and the faults themselves.
 #include "runtime/cluster/fault_injection.h"
+#include "core/env.h"
 
 #include <chrono>
 #include <cstdio>
@@ -56,15 +57,14 @@ FaultInjection FaultInjection::parse(const std::string& s, int64_t this_attempt)
 }
 
 FaultInjection FaultInjection::from_env() {
-  int64_t attempt = 0;
-  if (const char* restart = std::getenv("RINGTRAIN_RESTART")) {
-    const std::string text = restart;
-    RT_CHECK(!text.empty() && text.size() <= 9 && text.find_first_not_of("0123456789") == std::string::npos,
-             "RINGTRAIN_RESTART must be a restart count (0, 1, ...), got '", text, "'");
-    attempt = std::stoll(text);
-  }
-  const char* text = std::getenv("RINGTRAIN_INJECT");
-  return text && *text ? parse(text, attempt) : FaultInjection{};  // set but empty: off
+  const int64_t attempt = restart_count();
+  const std::optional<std::string> text = env_text("RINGTRAIN_INJECT");
+  return text ? parse(*text, attempt) : FaultInjection{};  // set but empty: off
+}
+
+void FaultInjection::check_steps(int64_t total_steps) const {
+  RT_CHECK(kind == Kind::None || step <= total_steps, "RINGTRAIN_INJECT: step ", step, " is past this run's last step ",
+           total_steps, ", so the fault would never fire");
 }
 
 void FaultInjection::check_world(int world_size) const {

@@ -28,6 +28,8 @@ struct FaultInjection {
   static FaultInjection from_env();
   // A fault for a rank the job does not have would never fire: an error naming the variable and the ranks.
   void check_world(int world_size) const;
+  // Nor would a fault after a step past the run's last: an error naming the variable and the run's steps.
+  void check_steps(int64_t total_steps) const;
 
   // Whether the fault fires on this rank after this step (the Trainer names the watchdog phase first, so
   // an injected hang is reported as one, with its step).

@@ -1,6 +1,7 @@
 // runtime/cluster/gpu_choice.cpp: NVML's inventory (runtime/cluster/nvml.h),
 // CUDA_VISIBLE_DEVICES, the lock files and the choice.
 #include "runtime/cluster/gpu_choice.h"
+#include "core/env.h"
 
 #include <fcntl.h>
 #include <pwd.h>
@@ -89,8 +90,7 @@ GpuInfo read_device(const Nvml& nvml, unsigned index) {
 
 std::string lock_dir_of(const std::string& dir) {
   if (!dir.empty()) return dir;
-  const char* env = std::getenv("RINGTRAIN_GPU_LOCK_DIR");
-  return env && *env ? env : "/tmp/ringtrain-gpu-locks";
+  return env_text("RINGTRAIN_GPU_LOCK_DIR").value_or("/tmp/ringtrain-gpu-locks");
 }
 
 std::string host_name() {

@@ -1,5 +1,6 @@
 // runtime/cluster/nvml.cpp: the loader: every entry point resolved, the use's required ones checked.
 #include "runtime/cluster/nvml.h"
+#include "core/env.h"
 
 #include <dlfcn.h>
 
@@ -10,8 +11,7 @@ namespace ringtrain::runtime {
 
 Nvml::Nvml(Use use, std::string library) {
   if (library.empty()) {
-    const char* env = std::getenv("RINGTRAIN_NVML_LIBRARY");
-    library = env && *env ? env : "libnvidia-ml.so.1";
+    library = env_text("RINGTRAIN_NVML_LIBRARY").value_or("libnvidia-ml.so.1");
   }
   handle_ = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!handle_) {

@@ -1,5 +1,6 @@
 // runtime/cluster/preflight.cpp: build identity, machine facts and the collective checks.
 #include "runtime/cluster/preflight.h"
+#include "core/env.h"
 
 #include <unistd.h>
 
@@ -62,7 +63,7 @@ std::string build_identity() {
                       cuda.cublas_version, ", NCCL ", cuda.nccl_version, "; ", mpi_text, "; HDF5 ", h5_major, ".",
                       h5_minor, ".", h5_release, "; ", blas, "; oneDNN ", dnnl->major, ".", dnnl->minor, ".",
                       dnnl->patch, ", built ", __DATE__, " ", __TIME__);
-  if (const char* fake = std::getenv("RINGTRAIN_FAKE_BUILD")) text += detail::str_cat(" [", fake, "]");
+  if (const auto fake = env_text("RINGTRAIN_FAKE_BUILD")) text += detail::str_cat(" [", *fake, "]");  // tests
   return text;
 }
 

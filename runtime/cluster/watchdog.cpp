@@ -1,5 +1,6 @@
 // runtime/cluster/watchdog.cpp: the watchdog thread.
 #include "runtime/cluster/watchdog.h"
+#include "core/env.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -34,7 +35,7 @@ Watchdog::Watchdog(const comm::World& world, double timeout_s, StuckHandler on_s
     : world_(world),
       timeout_s_(timeout_s),
       on_stuck_(std::move(on_stuck)),
-      debug_phases_(std::getenv("RT_DEBUG_PHASES") != nullptr) {
+      debug_phases_(env_switch("RINGTRAIN_DEBUG_PHASES", false, "print every phase the watchdog is told")) {
   if (!on_stuck_) on_stuck_ = [this](const std::string& message) { world_.abort(message); };
   if (timeout_s_ <= 0) return;
   if (world_.size() > 1 && world_.thread_level() == MPI_THREAD_MULTIPLE) {

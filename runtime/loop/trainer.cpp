@@ -195,7 +195,9 @@ class Run {
         sampler_(sampler_options(o, data.info(), layout.replica, layout.replicas)),
         trace_(o.trace, o.trace_steps),
         memory_(std::move(memory)),
-        layout_plan_(std::move(layout_plan)) {}
+        layout_plan_(std::move(layout_plan)) {
+    permanent_errors([&] { inject_.check_steps(plan_.total_steps); });
+  }
 
   TrainResult run();
 

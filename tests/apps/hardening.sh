@@ -26,12 +26,14 @@
 #                --max-memory with --pipeline-stages, GPU flags with --device cpu, --start-over with
 #                --resume FILE, ringtrain_env --once without --watch, --threads beyond the cores;
 #                --max-memory's bad values are usage errors, never an abort
+#   environment  RINGTRAIN_* variables (docs/ENVIRONMENT.md): a switch spelled other than 1 or 0, a thread
+#                count that is not a number in range, refused naming the variable; RINGTRAIN_THREADS applies
 set -euo pipefail
 build=$(cd "$1" && pwd)
 work=$2
 shift 2
 cases=("$@")
-((${#cases[@]})) || cases=(folder writers changes content data early outputs modes)
+((${#cases[@]})) || cases=(folder writers changes content data early outputs modes environment)
 rm -rf "$work"
 mkdir -p "$work"
 cd "$work"
@@ -322,6 +324,46 @@ PY
       "${train[@]}" --steps 1 --threads $((cores + 1)) > thw.log 2>&1 || { cat thw.log; fail "modes: --threads cores+1"; }
       expect thw.log "warning: --threads $((cores + 1)) is more than the $cores core\(s\) available" modes
       echo "modes: each option applies where given or is refused naming the mode"
+      ;;
+    environment)
+      # Every RINGTRAIN_* variable read one way (core/env.h, docs/ENVIRONMENT.md): a switch is 1 or 0, a number
+      # follows the one number rule; the refusal names the variable and its value, before any step.
+      train0=(timeout -k 5 120 "$build/train_resnet" --data data -a resnet20 -b 8 --lr 0.05 --log-every 100 --steps 1)
+      env_refused() {  # env_refused ASSIGNMENT PATTERN ARGS...: the run with ASSIGNMENT fails naming PATTERN
+        local assignment=$1 pattern=$2
+        shift 2
+        if env "$assignment" "${train0[@]}" "$@" > env.log 2>&1; then cat env.log; fail "environment: $assignment ran"; fi
+        expect env.log "$pattern" "environment: $assignment"
+        ! grep -q "terminate called" env.log || fail "environment: $assignment aborted"
+      }
+      for value in false no 00 " 0" true; do
+        env_refused "RINGTRAIN_CUDA_GRAPH_EMULATE=$value" \
+          "RINGTRAIN_CUDA_GRAPH_EMULATE='$value': expected 1 \(emulate CUDA graphs on the CPU, for tests\) or 0" \
+          --cuda-graph --threads 1
+      done
+      env_refused "RINGTRAIN_MALLOC_DEFAULTS=yes" "RINGTRAIN_MALLOC_DEFAULTS='yes': expected 1" --threads 1
+      for value in abc 1e9 99999999999 2000; do
+        env_refused "RINGTRAIN_THREADS=$value" "RINGTRAIN_THREADS: expected an integer in \[0, 1024\], got '$value'"
+      done
+      env_refused "RINGTRAIN_THREADS=$((17 * $(nproc)))" \
+        "RINGTRAIN_THREADS $((17 * $(nproc))): rank 0 on .* more than 16 threads per core"
+      env_refused "RINGTRAIN_CPU_CONV=Direct" "RINGTRAIN_CPU_CONV='Direct' is not a CPU convolution choice" --threads 1
+      env_refused "RINGTRAIN_RESTART=1x" "RINGTRAIN_RESTART: expected an integer in \[0, 1000000000\], got '1x'" --threads 1
+      env_refused "RINGTRAIN_INJECT=throw:0:50" "RINGTRAIN_INJECT: step 50 is past this run's last step 1, so the fault would never fire" \
+        --threads 1
+      # A NVML library named but not loadable is said by the doctor, GPU or not (it was silent without one).
+      RINGTRAIN_NVML_LIBRARY=/etc/hostname timeout -k 5 60 "$build/ringtrain_env" > nvml.log 2>&1 || true
+      expect nvml.log "warning: gpus on .*: occupancy unknown \(NVML library '/etc/hostname' not loaded: .*RINGTRAIN_NVML_LIBRARY" \
+        environment
+      # README: RINGTRAIN_THREADS sets the thread count where --threads does not (it was ignored).
+      more=$(($(nproc) + 1))
+      RINGTRAIN_THREADS=$more "${train0[@]}" --log-jsonl env1.jsonl > env1.log 2>&1 ||
+        { cat env1.log; fail "environment: RINGTRAIN_THREADS=$more"; }
+      expect env1.log "warning: RINGTRAIN_THREADS $more is more than the $(nproc) core\(s\) available" environment
+      /usr/bin/python3 -c "import json, sys; r = [json.loads(l) for l in open('env1.jsonl')]; \
+t = [x['threads'] for x in r if 'threads' in x]; sys.exit(0 if t and t[0] == $more else 1)" ||
+        fail "environment: RINGTRAIN_THREADS=$more did not set the thread count"
+      echo "environment: switches are 1 or 0, numbers follow the rule, RINGTRAIN_THREADS takes effect"
       ;;
     *) fail "unknown case '$case'" ;;
   esac

@@ -48,6 +48,16 @@ TEST(FaultInjection, FiresOnItsRankAndStepOnly) {
 
 // ATTEMPT: the fault of a supervised run fires on that attempt (RINGTRAIN_RESTART) only, so a restart
 // gets past it; without ATTEMPT it fires on every attempt.
+// A fault after a step the run never reaches would never fire: refused naming the step and the run's last.
+TEST(FaultInjection, AStepPastTheRunsEndIsRefused) {
+  EXPECT_NO_THROW(FaultInjection::parse("throw:0:10").check_steps(10));
+  EXPECT_NO_THROW(FaultInjection{}.check_steps(1));
+  EXPECT_NE(testing::error_of([] {
+              FaultInjection::parse("hang:0:11").check_steps(10);
+            }).find("RINGTRAIN_INJECT: step 11 is past this run's last step 10, so the fault would never fire"),
+            std::string::npos);
+}
+
 TEST(FaultInjection, AttemptLimitsTheFaultToOneLaunch) {
   EXPECT_TRUE(FaultInjection::parse("throw:1:2:0", 0).fires(1, 2));
   EXPECT_FALSE(FaultInjection::parse("throw:1:2:0", 1).fires(1, 2));
@@ -58,7 +68,10 @@ TEST(FaultInjection, AttemptLimitsTheFaultToOneLaunch) {
   ::setenv("RINGTRAIN_INJECT", "throw:0:1:2", 1);
   EXPECT_TRUE(FaultInjection::from_env().fires(0, 1));
   ::setenv("RINGTRAIN_RESTART", "two", 1);
-  EXPECT_NE(testing::error_of([] { FaultInjection::from_env(); }).find("RINGTRAIN_RESTART must be"), std::string::npos);
+  EXPECT_NE(testing::error_of([] {
+              FaultInjection::from_env();
+            }).find("RINGTRAIN_RESTART: expected an integer in [0, 1000000000], got 'two'"),
+            std::string::npos);
   ::unsetenv("RINGTRAIN_RESTART");
   ::unsetenv("RINGTRAIN_INJECT");
 }

@@ -1,0 +1,31 @@
+// core/env.h: the environment variables ringtrain reads, one way (docs/ENVIRONMENT.md lists each with its
+// meaning). Every RINGTRAIN_* variable is read here and nowhere else (tests/apps/env_rule.sh keeps it so).
+// - a switch is 1 (on) or 0 (off); unset or empty is its default; anything else ("true", "no", "00",
+//   " 0") is refused naming the variable, the value and what 1 would do;
+// - a number follows core/parse.h's one rule in the range the caller states, refused naming the variable;
+// - text (a path, a name, a spec that its own parser checks) is taken as written; empty counts as unset.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "core/parse.h"
+
+namespace ringtrain {
+
+// The variable's text; nullopt when it is unset or empty.
+std::optional<std::string> env_text(const char* name);
+
+// A switch: `fallback` when unset or empty, else 1 or 0. `meaning` says what on does, for the error:
+// "RINGTRAIN_CUDA_SYNC='yes': expected 1 (synchronize after every CUDA op) or 0".
+bool env_switch(const char* name, bool fallback, const char* meaning);
+
+// A number in `range`; nullopt when unset or empty.
+template <typename T>
+std::optional<T> env_number(const char* name, const NumberRange<T>& range);
+
+// RINGTRAIN_RESTART: which launch of a supervised run this is (ringtrain_run sets it: 0, 1, ...); 0 unset.
+int64_t restart_count();
+
+}  // namespace ringtrain
