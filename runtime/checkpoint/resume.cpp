@@ -247,6 +247,16 @@ std::string first_non_finite(const NamedTensors& tensors) {
   return "";
 }
 
+// The name of the first tensor of `tensors` whose name ends in `suffix` holding a negative value, or "".
+std::string first_negative(const NamedTensors& tensors, const std::string& suffix) {
+  for (const auto& [name, t] : tensors) {
+    if (!is_floating(t.dtype()) || !name.ends_with(suffix)) continue;
+    for (double v : t.to_vector())
+      if (v < 0) return name;
+  }
+  return "";
+}
+
 }  // namespace
 
 void check_content(const Resumed& r, const std::vector<std::string>& params, const TrainerOptions& o) {
@@ -259,6 +269,15 @@ void check_content(const Resumed& r, const std::vector<std::string>& params, con
   if (const std::string bad = first_non_finite(c.optimizer); !bad.empty())
     RT_THROW_PERMANENT("--resume ", r.path, ": /optimizer/", bad, " holds NaN or infinite values", what,
                        "; resume an earlier checkpoint");
+  // Variances are never negative: a BatchNorm's running variance (its square root normalizes every
+  // evaluation), AdamW's second moment (its square root divides every update).
+  if (const std::string bad = first_negative(c.model, "running_var"); !bad.empty())
+    RT_THROW_PERMANENT("--resume ", r.path, ": /model/", bad, " holds negative values", what,
+                       ": a variance is never negative, so the file is damaged or edited; resume another checkpoint");
+  if (const std::string bad = first_negative(c.optimizer, "exp_avg_sq"); !bad.empty())
+    RT_THROW_PERMANENT(
+        "--resume ", r.path, ": /optimizer/", bad, " holds negative values", what,
+        ": a second moment is never negative, so the file is damaged or edited; resume another checkpoint");
   std::map<std::string, const Tensor*> state;
   for (const auto& [name, t] : c.optimizer) state[name] = &t;
   const auto step = state.find("step");

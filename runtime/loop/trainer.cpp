@@ -769,9 +769,18 @@ void Run::evaluate_now(int64_t epoch, int64_t step) {
   if (data_.info().segmentation) eo.classes = data_.info().classes;
   eo.on_batch = [&] { dog_.phase("evaluation", step); };
   eo.on_wait = [&] { dog_.phase("evaluation all-reduce (waiting for other ranks)", step); };
-  reporter_->evaluated(epoch, step,
-                       pipeline_ ? pipeline_->evaluate(loader, data_.info().test_size, eo, step)
-                                 : evaluate(model_, *loader, data_.info().test_size, world_, eo));
+  const EvalResult e = pipeline_ ? pipeline_->evaluate(loader, data_.info().test_size, eo, step)
+                                 : evaluate(model_, *loader, data_.info().test_size, world_, eo);
+  // A test loss that is not a number is a failure, never an accuracy (a NaN output is no class's maximum).
+  // Every rank holds the same all-reduced figures, so every rank stops here.
+  if (!std::isfinite(e.loss))
+    throw PermanentError(detail::str_cat(
+        "the evaluation after step ", step, " gave a test loss of ",
+        std::isnan(e.loss) ? "NaN" : (e.loss > 0 ? "+inf" : "-inf"), " over ", e.count,
+        e.segmentation ? " pixels" : " images",
+        ": the model's outputs are not finite (weights that diverged, or BatchNorm running statistics that cannot "
+        "be, such as a negative running_var), so there is no accuracy to report"));
+  reporter_->evaluated(epoch, step, e);
 }
 
 Run::Saved Run::save(const Cursor& at) {

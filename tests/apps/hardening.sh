@@ -8,7 +8,8 @@
 #   writers      a second run on a folder another live run writes is refused naming its pid; once that run
 #                is killed its lock is taken over, saying so
 #   changes      a resume with another --seed, --nesterov or an app's augmentation flag says so, old and new
-#   content      checkpoints without a checksum checked as strictly: NaN weights, a missing momentum, a step
+#   content      checkpoints without a checksum checked as strictly: NaN weights, a negative running
+#                variance, a missing momentum, a step
 #                past the run's end, a step its sampler position contradicts
 #   data         damaged or stray input is not taken quietly: a PNG whose data overruns its header, a JPEG
 #                with corrupt entropy data (counted per split when converting and training, refused with
@@ -27,7 +28,8 @@
 #                --resume FILE, ringtrain_env --once without --watch, --threads beyond the cores;
 #                --max-memory's bad values are usage errors, never an abort
 #   environment  RINGTRAIN_* variables (docs/ENVIRONMENT.md): a switch spelled other than 1 or 0, a thread
-#                count that is not a number in range, refused naming the variable; RINGTRAIN_THREADS applies
+#                count that is not a number in range, a fault past the run's end, refused naming the variable;
+#                a named NVML library that does not load is said; RINGTRAIN_THREADS applies
 set -euo pipefail
 build=$(cd "$1" && pwd)
 work=$2
@@ -142,7 +144,10 @@ for case in "${cases[@]}"; do
       resume_error farepoch \
         'm = json.loads(f["meta/json"][()]); m["sampler"]["epoch"] = 3; m["epoch"] = 3; s = json.dumps(m); del f["meta/json"]; f["meta/json"] = numpy.bytes_(s)' \
         "--resume farepoch.h5: /meta/json says step 2 but its sampler position \(epoch 3, batch 2\) is step [0-9]+ of this run"
-      echo "content: NaN weights, a missing momentum, a far step and a contradicted step are refused"
+      resume_error negvar \
+        'k = [n for n in f["model"].keys() if n.endswith("running_var")][0]; d = f["model/" + k]; v = d[()]; v[0] = -1; d[...] = v' \
+        "--resume negvar.h5: /model/.*running_var holds negative values \(a file without a checksum, checked as strictly\): a variance is never negative"
+      echo "content: NaN weights, a negative running variance, a missing momentum, a far step and a contradicted step are refused"
       ;;
     data)
       mkdir -p imgs/a imgs/b

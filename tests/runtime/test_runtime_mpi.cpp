@@ -240,6 +240,34 @@ std::vector<std::pair<std::string, std::vector<uint8_t>>> bytes_of(const fs::pat
   return out;
 }
 
+// An evaluation whose loss is not finite is a failure naming the step, never an accuracy (it was reported as
+// "test top-1 0.00% ... loss -nan", exit 0): a BatchNorm whose running variance is negative normalizes by the
+// square root of a negative number in eval mode. Every rank stops (the figures are all-reduced).
+TEST(Trainer, ANonFiniteEvaluationFailsInsteadOfReportingAnAccuracy) {
+  const fs::path dir = make_dataset("nan_eval", 96, 10);
+  TrainerOptions o = small_run(dir / "run");
+  o.steps = 2;
+  Trainer trainer(world(), o);
+  auto data = open_shards(dir, {.device = trainer.device()});
+  // No ReLU after the BatchNorm: ringtrain's ReLU maps NaN to 0 (PyTorch's keeps it), which would hide it.
+  auto net = std::make_shared<Sequential>();
+  net->add(std::make_shared<Conv2d>(data->info().channels, 8, Conv2dOptions{.padding = 1}))
+      .add(std::make_shared<BatchNorm2d>(8))
+      .add(std::make_shared<GlobalAvgPool>())
+      .add(std::make_shared<Linear>(8, data->info().classes));
+  int negated = 0;
+  for (auto& [name, t] : net->named_buffers())
+    if (name.ends_with("running_var")) t.fill_(-1e6), ++negated;  // two steps of momentum 0.1 keep it negative
+  ASSERT_EQ(negated, 1);
+  const std::string e = testing::error_of([&] { trainer.fit(*net, *data); });
+  EXPECT_NE(e.find("the evaluation after step 2 gave a test loss of NaN over 10 images: the model's outputs are not "
+                   "finite"),
+            std::string::npos)
+      << e;
+  comm::barrier(world().comm());
+  if (world().is_root()) fs::remove_all(dir);
+}
+
 TEST(Trainer, ResumesACustomModelBitwiseExactly) {
   const fs::path dir = make_dataset("trainer", 96, 10);
   const fs::path a = dir / "a", b = dir / "b";
