@@ -221,7 +221,12 @@ void add_trainer_flags(CLI::App& app, TrainerOptions& options, std::string& data
   add_output_flags(app, options);
   // Every flag of the app (its own too, added after this call) is recorded once parsing is done, so a
   // checkpoint knows the run's whole command line and a resume that changes any of it is said.
-  app.parse_complete_callback([&app, &options] { options.flags = flag_values(app); });
+  app.parse_complete_callback([&app, &options] {
+    options.flags = flag_values(app);
+    options.given.clear();
+    for (const CLI::Option* opt : app.get_options())
+      if (opt->count() > 0 && !opt->get_lnames().empty()) options.given.insert("--" + opt->get_lnames()[0]);
+  });
 }
 
 CLI::Option* add_bytes(CLI::App& app, const std::string& names, int64_t& target, const std::string& help, int64_t min) {

@@ -244,6 +244,20 @@ void validate_options(const TrainerOptions& o) {
            "a new one with --start-over");
   RT_CHECK(o.lr_milestones.empty() || o.lr_schedule == LrShape::MultiStep, "--lr-milestones ", o.lr_milestones,
            " applies to --lr-schedule multistep only, but the schedule is ", name_of(o.lr_schedule));
+  // A flag without effect in the chosen mode is refused naming the mode, as --lr-milestones is (a flag whose
+  // default is a value, such as --momentum 0.9, only where it was given).
+  RT_CHECK(!o.given.contains("--lr-gamma") || o.lr_schedule != LrShape::Cosine, "--lr-gamma ", o.lr_gamma,
+           " applies to --lr-schedule step or multistep, but the schedule is cosine");
+  RT_CHECK(!o.given.contains("--lr-step-epochs") || o.lr_schedule == LrShape::Step, "--lr-step-epochs ",
+           o.lr_step_epochs, " applies to --lr-schedule step only, but the schedule is ", name_of(o.lr_schedule));
+  if (o.optimizer == OptimizerKind::AdamW) {
+    RT_CHECK(!o.given.contains("--momentum"), "--momentum ", o.momentum,
+             " applies to --optimizer sgd only, but the optimizer is adamw (its moments have fixed betas 0.9 and "
+             "0.999)");
+    RT_CHECK(!o.nesterov, "--nesterov applies to --optimizer sgd only, but the optimizer is adamw");
+  }
+  RT_CHECK(!o.nesterov || o.momentum > 0, "--nesterov needs a --momentum above 0, got ", o.momentum,
+           " (as PyTorch's SGD: Nesterov momentum requires a momentum)");
   RT_CHECK(o.pipeline_stages >= 1, "--pipeline-stages must be at least 1, got ", o.pipeline_stages);
   RT_CHECK(o.pipeline_split.empty() || o.pipeline_stages > 1, "--pipeline-split ", o.pipeline_split,
            " needs --pipeline-stages 2 or more");

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <string>
 
 #include "comm/communicator.h"
@@ -142,6 +143,9 @@ struct TrainerOptions {
   // Every flag of the command line as parsed (runtime/config/cli.h flag_values; empty for a run configured in code):
   // the checkpoints' "config" keeps it under "flags", and a resume compares it flag by flag.
   nlohmann::json flags = nlohmann::json::object();
+  // The flags given on the command line, by their long names ("--momentum"): a flag whose value is also its
+  // default is refused where the run's mode gives it no effect only when it was given (empty in code).
+  std::set<std::string> given;
 
   // The flags as the checkpoints' "config" records them (app_config merged in).
   nlohmann::json to_json() const;

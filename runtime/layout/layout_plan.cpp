@@ -7,10 +7,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "core/allocator.h"
 #include "core/check.h"
+#include "core/parse.h"
 
 namespace ringtrain::runtime {
 
@@ -18,13 +20,22 @@ using json = nlohmann::json;
 
 namespace {
 
-double positive(const json& j, const char* key, const std::string& where) {
+// A link figure from a file, in (0, hi] or [lo, hi]: a tiny rate or a huge latency made every prediction
+// infinite. A measured file's figures come from a fit (fit_ring), which may give a latency below a
+// nanosecond or a rate above any real link's: only what would overflow the model is refused.
+double link_figure(const json& j, const char* key, const std::string& where, double lo, double hi) {
   RT_CHECK(j.is_object() && j.contains(key) && j[key].is_number(), where, ": key '", key,
            "' is missing or not a number");
   const double v = j[key].get<double>();
-  RT_CHECK(std::isfinite(v) && v > 0, where, ": key '", key, "' must be a positive number, got ", v);
+  RT_CHECK(std::isfinite(v) && v > 0 && v >= lo && v <= hi, where, ": key '", key, "' must be a positive number ",
+           lo > 0 ? "from " : "above ", lo, " to ", hi, ", got ", v);
   return v;
 }
+// What --link and --link-latency take: 1 Mbit/s to 100 Tbit/s (bytes per second), 1 ns to 1 s.
+constexpr double kMinRate = 1e6 / 8, kMaxRate = 100e12 / 8;
+constexpr double kMinLatency = 1e-9, kMaxLatency = 1;
+// What a link file may hold: a fit's rate up to 1e15 bytes per second, any positive latency up to 1 s.
+constexpr double kMaxFittedRate = 1e15;
 
 double ms(double s) { return 1e3 * s; }
 
@@ -67,10 +78,10 @@ LinkModel LinkModel::copies_only() const {
 
 LinkModel LinkModel::from_json(const json& j, const std::string& where) {
   LinkModel l;
-  l.alpha_intra = positive(j, "alpha_intra_s", where);
-  l.bw_intra = positive(j, "bw_intra_bytes_per_s", where);
-  l.alpha_inter = positive(j, "alpha_inter_s", where);
-  l.bw_inter = positive(j, "bw_inter_bytes_per_s", where);
+  l.alpha_intra = link_figure(j, "alpha_intra_s", where, 0, kMaxLatency);
+  l.bw_intra = link_figure(j, "bw_intra_bytes_per_s", where, kMinRate, kMaxFittedRate);
+  l.alpha_inter = link_figure(j, "alpha_inter_s", where, 0, kMaxLatency);
+  l.bw_inter = link_figure(j, "bw_inter_bytes_per_s", where, kMinRate, kMaxFittedRate);
   if (j.contains("inter_cpu_per_wire")) {  // optional: files written before it have none
     const double v = j["inter_cpu_per_wire"].is_number() ? j["inter_cpu_per_wire"].get<double>() : -1;
     RT_CHECK(v >= 0 && v <= kMaxInterCpu, where, ": key 'inter_cpu_per_wire' must be a number from 0 to ", kMaxInterCpu,
@@ -82,39 +93,63 @@ LinkModel LinkModel::from_json(const json& j, const std::string& where) {
 }
 
 namespace {
-// `text` as a positive number followed by one of `units` (lower case, longest first); the unit's factor.
-double with_unit(const std::string& text, const std::string& flag,
-                 const std::vector<std::pair<std::string, double>>& units, const char* takes) {
-  std::string lower;
-  for (char ch : text) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-  for (const auto& [unit, factor] : units) {
-    if (lower.size() <= unit.size() || lower.compare(lower.size() - unit.size(), unit.size(), unit) != 0) continue;
-    const std::string number = lower.substr(0, lower.size() - unit.size());
-    char* end = nullptr;
-    const double v = std::strtod(number.c_str(), &end);
-    if (end == number.c_str() + number.size() && std::isfinite(v) && v > 0) return v * factor;
-    break;
-  }
-  RT_THROW(flag, ": expected ", takes, ", got '", text, "'");
+// `text` split into a number (the one number rule: decimal, finite, nothing around it) and the rest.
+std::pair<std::optional<double>, std::string> number_and_unit(const std::string& text) {
+  size_t k = 0;
+  while (k < text.size() && (std::isdigit(static_cast<unsigned char>(text[k])) || text[k] == '.' || text[k] == '-' ||
+                             ((text[k] == 'e' || text[k] == 'E') && k + 1 < text.size() &&
+                              (std::isdigit(static_cast<unsigned char>(text[k + 1])) || text[k + 1] == '-'))))
+    ++k;
+  return {to_number<double>(std::string_view(text).substr(0, k)), text.substr(k)};
+}
+
+std::string lower(std::string s) {
+  for (char& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return s;
 }
 }  // namespace
 
 double parse_link_rate(const std::string& text, const std::string& flag) {
-  static const std::vector<std::pair<std::string, double>> units = [] {
-    std::vector<std::pair<std::string, double>> u;
-    const std::pair<const char*, double> prefixes[] = {{"t", 1e12}, {"g", 1e9}, {"m", 1e6}, {"k", 1e3}, {"", 1}};
-    for (const char* tail : {"bit/s", "bits/s", "bps", "bits", "bit"})
-      for (const auto& [p, f] : prefixes) u.push_back({std::string(p) + tail, f / 8});
-    for (const auto& [p, f] : prefixes) u.push_back({std::string(p) + "b/s", f});
-    std::stable_sort(u.begin(), u.end(), [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
-    return u;
-  }();
-  return with_unit(text, flag, units, "a link rate such as 100Gbit, 25Gbps or 10GB/s");
+  const char* takes =
+      "a link rate from 1Mbit to 100Tbit: a number, a prefix k, M, G or T, then b, bit or bits for bits or B, "
+      "byte or bytes for bytes, and /s or ps if you like (100Gbit, 25Gb/s, 25Gbps, 10GB/s, 10GBps)";
+  const auto [number, unit] = number_and_unit(text);
+  double factor = 0;  // bytes per second for one of the unit
+  if (number && !unit.empty()) {
+    size_t k = 0;
+    double prefix = 1;
+    if (const char p = static_cast<char>(std::tolower(static_cast<unsigned char>(unit[0])));
+        p == 'k' || p == 'm' || p == 'g' || p == 't')
+      prefix = p == 'k' ? 1e3 : p == 'm' ? 1e6 : p == 'g' ? 1e9 : 1e12, k = 1;
+    std::string rest = unit.substr(k);
+    for (const char* per : {"/s", "ps"})  // "/s" or "ps", any case
+      if (rest.size() > 2 && lower(rest.substr(rest.size() - 2)) == per) {
+        rest.resize(rest.size() - 2);
+        break;
+      }
+    // b is a bit and B a byte (IEC 80000-13); spelled out, either case.
+    if (rest == "b" || lower(rest) == "bit" || lower(rest) == "bits")
+      factor = prefix / 8;
+    else if (rest == "B" || lower(rest) == "byte" || lower(rest) == "bytes")
+      factor = prefix;
+  }
+  RT_CHECK(factor > 0, flag, ": expected ", takes, ", got '", text, "'");
+  const double rate = *number * factor;
+  RT_CHECK(rate >= kMinRate && rate <= kMaxRate, flag, " '", text, "' is ", rate * 8 / 1e9,
+           " Gbit/s: expected a link rate from 1Mbit to 100Tbit (", takes, ")");
+  return rate;
 }
 
 double parse_latency(const std::string& text, const std::string& flag) {
-  return with_unit(text, flag, {{"ns", 1e-9}, {"us", 1e-6}, {"ms", 1e-3}, {"s", 1}},
-                   "a latency such as 20us, 0.1ms or 5e-6s");
+  const char* takes = "a latency from 1ns to 1s: a number and ns, us, ms or s (20us, 0.1ms, 5e-6s)";
+  const auto [number, unit] = number_and_unit(text);
+  const std::string u = lower(unit);
+  const double factor = u == "ns" ? 1e-9 : u == "us" ? 1e-6 : u == "ms" ? 1e-3 : u == "s" ? 1 : 0;
+  RT_CHECK(number && factor > 0, flag, ": expected ", takes, ", got '", text, "'");
+  const double seconds = *number * factor;
+  RT_CHECK(seconds >= kMinLatency && seconds <= kMaxLatency, flag, " '", text, "' is ", seconds, " s: expected ",
+           takes);
+  return seconds;
 }
 
 namespace {
@@ -174,7 +209,8 @@ std::pair<double, double> fit_ring(const std::vector<std::pair<int64_t, double>>
     alpha = std::max(alpha, 1e-7);
     inv_bw = std::max(1e-15, (t / (2.0 * (n - 1)) - alpha) * n / static_cast<double>(b));
   }
-  return {alpha, 1.0 / inv_bw};
+  // What a link file may hold (LinkModel::from_json): at most 1e15 bytes per second and 1 s.
+  return {std::min(alpha, 1.0), 1.0 / std::max(inv_bw, 1e-15)};
 }
 
 // ---------------------------------------------------------------------------------------------------

@@ -74,11 +74,12 @@ struct WorldShape {
   int size() const { return hosts * ranks_per_host; }
 };
 
-// A link's rate as people write it: a number and a unit, any case: bit, Kbit, Mbit, Gbit, Tbit (powers of
-// 1000 bits, "/s" or "ps" after them optional: 100Gbit, 25Gbps, 10Gbit/s) or B/s, KB/s, MB/s, GB/s (bytes).
-// Bytes per second; errors name `flag` and what it takes.
+// A link's rate as people write it: a number (core/parse.h's rule), a prefix k, M, G or T (powers of 1000,
+// either case), then b, bit or bits for bits, or B, byte or bytes for bytes (b is a bit and B a byte: "10Gb/s"
+// is 1.25 GB/s, "10GBps" 10 GB/s), "/s" or "ps" after them optional; from 1 Mbit/s to 100 Tbit/s. Bytes per
+// second; errors name `flag` and what it takes.
 double parse_link_rate(const std::string& text, const std::string& flag);
-// A latency: a number and s, ms, us or ns ("20us", "0.1ms"); seconds, errors name `flag`.
+// A latency: a number and s, ms, us or ns ("20us", "0.1ms"), from 1 ns to 1 s; seconds, errors name `flag`.
 double parse_latency(const std::string& text, const std::string& flag);
 
 // Seconds of collectives over a group of `n` consecutive ranks, `per_host` of them on each host they

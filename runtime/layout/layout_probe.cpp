@@ -703,6 +703,11 @@ json plan_layout_what_if(comm::World& world, const TrainerOptions& o, Device dev
   Timings took;
   WorldShape target{w.hosts > 0 ? w.hosts : world.num_nodes(),
                     w.ranks_per_host > 0 ? w.ranks_per_host : world.local_size(), device.is_cuda()};
+  // The world's rank count is an int everywhere (MPI's too): a product past it wrapped to a wrong world.
+  constexpr int64_t kMaxWorld = int64_t{1} << 24;
+  const int64_t ranks = int64_t{target.hosts} * target.ranks_per_host;
+  RT_CHECK(ranks <= kMaxWorld, "--hosts ", target.hosts, " x --ranks-per-host ", target.ranks_per_host, " is ", ranks,
+           " ranks: ringtrain_plan plans worlds of up to ", kMaxWorld, " ranks");
   RT_CHECK(w.save_link.empty() || world.size() > 1, "--save-link ", w.save_link,
            ": the link is measured between ranks; run ringtrain_plan under mpirun with 2 ranks or more (on 2 hosts ",
            "or more for the link between hosts)");

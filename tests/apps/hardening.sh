@@ -328,6 +328,18 @@ PY
       expect thr.log "--threads $((17 * cores)): rank 0 on .* has $cores core\(s\) available; more than 16 threads per core" modes
       "${train[@]}" --steps 1 --threads $((cores + 1)) > thw.log 2>&1 || { cat thw.log; fail "modes: --threads cores+1"; }
       expect thw.log "warning: --threads $((cores + 1)) is more than the $cores core\(s\) available" modes
+      # Training flags that do nothing in the chosen mode are refused naming it (they ran the baseline before).
+      for args in "--optimizer adamw --momentum 0.5|--momentum 0.5 applies to --optimizer sgd only, but the optimizer is adamw" \
+        "--optimizer adamw --nesterov|--nesterov applies to --optimizer sgd only, but the optimizer is adamw" \
+        "--lr-gamma 0.5|--lr-gamma 0.5 applies to --lr-schedule step or multistep, but the schedule is cosine" \
+        "--lr-schedule multistep --lr-step-epochs 3|--lr-step-epochs 3 applies to --lr-schedule step only, but the schedule is multistep" \
+        "--nesterov --momentum 0|--nesterov needs a --momentum above 0, got 0"; do
+        # shellcheck disable=SC2086
+        if "${train[@]}" --steps 1 ${args%%|*} > noeffect.log 2>&1; then cat noeffect.log; fail "modes: ${args%%|*} ran"; fi
+        expect noeffect.log "${args#*|}" modes
+      done
+      "${train[@]}" --steps 1 --lr-schedule step --lr-gamma 0.5 --lr-step-epochs 3 --nesterov > step.log 2>&1 ||
+        { cat step.log; fail "modes: --lr-gamma and --lr-step-epochs with --lr-schedule step"; }
       echo "modes: each option applies where given or is refused naming the mode"
       ;;
     environment)

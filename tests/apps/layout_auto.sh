@@ -148,7 +148,18 @@ assert rows[-1]['comm_share'] > rows[0]['comm_share'], rows
 print(' '.join('%.0f' % r['images_per_s'] for r in rows))
 ") || { cat plan16.log; fail "ringtrain_plan --scaling: $scaling"; }
 "$build/ringtrain_plan" --synthetic --link fast > bad.log 2>&1 && fail "--link fast was taken"
-grep -q -- "--link: expected a link rate such as 100Gbit" bad.log || { cat bad.log; fail "--link fast: no reason"; }
+grep -q -- "--link: expected a link rate from 1Mbit to 100Tbit" bad.log || { cat bad.log; fail "--link fast: no reason"; }
+# Figures no link or world has are refused, naming them (they overflowed the model into inf and wrapped).
+python3 -c "import json; l = json.load(open('link.json')); l['link']['bw_inter_bytes_per_s'] = 1e-300; \
+json.dump(l, open('tiny.json', 'w'))"
+refused tiny "key 'bw_inter_bytes_per_s' must be a positive number from 125000 to 1e+15, got 1e-300" \
+  --global-batch 128 --layout auto --link-calibration tiny.json
+"$build/ringtrain_plan" --synthetic --hosts 65537 --ranks-per-host 65536 > bad.log 2>&1 && fail "2^32 ranks were planned"
+grep -q -- "--hosts 65537 x --ranks-per-host 65536 is 4295032832 ranks: ringtrain_plan plans worlds of up to" bad.log ||
+  { cat bad.log; fail "a world past 2^24 ranks: no reason"; }
+"$build/ringtrain_plan" --synthetic --link 1e-300Gbit > bad.log 2>&1 && fail "--link 1e-300Gbit was taken"
+grep -q -- "--link '1e-300Gbit' is .* Gbit/s: expected a link rate from 1Mbit to 100Tbit" bad.log ||
+  { cat bad.log; fail "--link 1e-300Gbit: no reason"; }
 "$build/ringtrain_plan" --synthetic --save-link x.json > bad.log 2>&1 && fail "--save-link on one rank was taken"
 grep -q -- "--save-link x.json: the link is measured between ranks" bad.log || { cat bad.log; fail "--save-link, 1 rank"; }
 echo "ringtrain_plan --scaling, 1 to 16 hosts over 10 Gbit/s: $scaling img/s (never superlinear)"

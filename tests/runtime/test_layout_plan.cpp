@@ -110,6 +110,43 @@ TEST(LayoutLink, TheFitRecoversAlphaAndBandwidthFromARing) {
   EXPECT_NE(error_of([] { fit_ring({{1 << 20, 1e-3}, {2 << 20, 2e-3}}, 1); }).find("no hops"), std::string::npos);
 }
 
+// b is a bit and B a byte (10Gb/s was read as 10 GB/s and 10GBps as 1.25 GB/s); the number follows the one
+// number rule; a rate or a latency no link has is refused, naming the flag and the range.
+TEST(LayoutLink, RatesReadBitsAndBytesByTheirLetterAndStayInRange) {
+  EXPECT_DOUBLE_EQ(parse_link_rate("10Gb/s", "--link"), 1.25e9);
+  EXPECT_DOUBLE_EQ(parse_link_rate("10Gbps", "--link"), 1.25e9);
+  EXPECT_DOUBLE_EQ(parse_link_rate("100Gbit", "--link"), 12.5e9);
+  EXPECT_DOUBLE_EQ(parse_link_rate("25gbit/s", "--link"), 3.125e9);
+  EXPECT_DOUBLE_EQ(parse_link_rate("100mbit", "--link"), 12.5e6);
+  EXPECT_DOUBLE_EQ(parse_link_rate("10GB/s", "--link"), 10e9);
+  EXPECT_DOUBLE_EQ(parse_link_rate("10GBps", "--link"), 10e9);
+  EXPECT_DOUBLE_EQ(parse_link_rate("1.5TB", "--link"), 1.5e12);
+  EXPECT_DOUBLE_EQ(parse_link_rate("2e3Mbits", "--link"), 250e6);
+  EXPECT_DOUBLE_EQ(parse_link_rate("400Gbytes/s", "--link"), 400e9);
+  for (const char* bad : {"0x10Gbit", " 10Gbit", "10Gbit ", "10 Gbit", "10G", "10", "fast", "+10Gbit", "10Gbs", "10Gps",
+                          "nanGbit", "infGbit", "10Xbit"})
+    EXPECT_NE(error_of([&] { parse_link_rate(bad, "--link"); }).find("--link: expected a link rate from 1Mbit"),
+              std::string::npos)
+        << bad;
+  for (const char* out : {"1e-300Gbit", "0.5Mbit", "0Gbit", "-10Gbit", "101Tbit", "1e300GB/s"})
+    EXPECT_NE(
+        error_of([&] { parse_link_rate(out, "--intra-link"); }).find("--intra-link '" + std::string(out) + "' is "),
+        std::string::npos)
+        << out;
+  EXPECT_DOUBLE_EQ(parse_latency("20us", "--link-latency"), 20e-6);
+  EXPECT_DOUBLE_EQ(parse_latency("0.1ms", "--link-latency"), 1e-4);
+  EXPECT_DOUBLE_EQ(parse_latency("5e-6s", "--link-latency"), 5e-6);
+  for (const char* bad : {"0x10us", " 5us", "5", "5 us", "5min"})
+    EXPECT_NE(error_of([&] { parse_latency(bad, "--link-latency"); }).find("--link-latency: expected a latency"),
+              std::string::npos)
+        << bad;
+  for (const char* out : {"1e300s", "2s", "0ns", "1e-12s"})
+    EXPECT_NE(
+        error_of([&] { parse_latency(out, "--link-latency"); }).find("--link-latency '" + std::string(out) + "' is"),
+        std::string::npos)
+        << out;
+}
+
 TEST(LayoutLink, AFileNamesTheKeyThatIsWrong) {
   LinkModel l;
   l.alpha_intra = 3e-6, l.bw_intra = 5e9, l.alpha_inter = 2e-5, l.bw_inter = 1.2e9;
@@ -128,6 +165,17 @@ TEST(LayoutLink, AFileNamesTheKeyThatIsWrong) {
   EXPECT_NE(
       error_of([&] { LinkModel::from_json(j, "l2.json"); }).find("l2.json: key 'alpha_intra_s' must be a positive"),
       std::string::npos);
+  // Figures no link has (they made every prediction infinite): refused naming the key and the range.
+  for (const auto& [key, value] : {std::pair{"bw_inter_bytes_per_s", 1e-300}, std::pair{"alpha_inter_s", 1e300},
+                                   std::pair{"bw_intra_bytes_per_s", 1e300}}) {
+    j = l.to_json();
+    j[key] = value;
+    EXPECT_NE(error_of([&] {
+                LinkModel::from_json(j, "l4.json");
+              }).find(std::string("l4.json: key '") + key + "' must be a positive number "),
+              std::string::npos)
+        << key;
+  }
   // The transport's CPU between hosts: kept, optional (a file written before it has none: 0), and bounded.
   l.inter_cpu_per_wire = 0.75;
   EXPECT_EQ(LinkModel::from_json(l.to_json(), "link.json").inter_cpu_per_wire, 0.75);
