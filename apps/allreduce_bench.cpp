@@ -63,6 +63,10 @@ int64_t count_wrong(const Tensor& result, int n) {
 
 }  // namespace
 
+// What allreduce_bench's flags can do when an allocation fails (runtime::main_error).
+constexpr const char* kMemoryHint =
+    "a smaller -e/--max-bytes (and -b/--min-bytes): every rank holds buffers of each size it measures";
+
 int main(int argc, char** argv) try {
   CLI::App app{"All-reduce bandwidth sweep (nccl-tests style)"};
   std::string backends_text = "ring", dtype_text = "f32", json_path, device_text = "cpu", op_text = "sum";
@@ -90,7 +94,7 @@ int main(int argc, char** argv) try {
   app.add_option("--json", json_path, "write {\"results\": [...]} here (rank 0)");
   RT_PARSE_FLAGS(app, argc, argv);
 
-  return run_main(argc, argv, [&](World& world) {
+  return run_main(argc, argv, kMemoryHint, [&](World& world) {
     RT_CHECK(min_bytes > 0 && min_bytes <= max_bytes, "--min-bytes (", min_bytes,
              ") must be positive and at most --max-bytes (", max_bytes, ")");
     RT_CHECK(std::isfinite(step_factor) && step_factor > 1,
@@ -178,5 +182,5 @@ int main(int argc, char** argv) try {
     return total_wrong == 0 ? 0 : 2;
   });
 } catch (...) {
-  return runtime::main_error("allreduce_bench");  // no exception escapes main
+  return runtime::main_error("allreduce_bench", kMemoryHint);  // no exception escapes main
 }

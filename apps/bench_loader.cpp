@@ -18,6 +18,9 @@
 using namespace ringtrain;
 using namespace ringtrain::data;
 
+// What bench_loader's flags can do when an allocation fails (runtime::main_error).
+constexpr const char* kMemoryHint = "a smaller --batch-size, fewer --threads or a smaller --resized-crop";
+
 int main(int argc, char** argv) try {
   CLI::App app{"Measures the loader's images/s on a shard split"};
   std::string data_dir, split = "train", threads_text = "1,2";
@@ -116,14 +119,10 @@ int main(int argc, char** argv) try {
       if (d > 0) std::printf(" %.2fx vs decode=%s", ratio(c, t), decodes[0].c_str());
       std::printf("\n");
     }
-  } catch (const std::bad_alloc&) {
-    std::fprintf(stderr, "bench_loader: error: out of memory (lower --batch-size or --threads)\n");
-    return 1;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_loader: error: %s\n", e.what());
-    return 1;
+  } catch (...) {
+    return runtime::main_error("bench_loader", kMemoryHint);
   }
   return 0;
 } catch (...) {
-  return runtime::main_error("bench_loader");  // no exception escapes main
+  return runtime::main_error("bench_loader", kMemoryHint);  // no exception escapes main
 }

@@ -50,6 +50,9 @@
 
 using namespace ringtrain;
 
+// What bench_step's flags can do when an allocation fails (runtime::main_error).
+constexpr const char* kMemoryHint = "a smaller -b or --hw, or --precision bf16";
+
 int main(int argc, char** argv) try {
   CLI::App app{"Times training steps of a model of the zoo on synthetic data"};
   std::string arch = "resnet20", device_text = "cpu", precision = "fp32", tf32 = "on", backend = "ring",
@@ -116,7 +119,7 @@ int main(int argc, char** argv) try {
   const bool compare = cpu_conv == "compare" || compare_recompute;
   const bool cpu_conv_given = app.count("--cpu-conv") > 0;  // else RINGTRAIN_CPU_CONV's choice (default auto)
   set_allow_tf32(tf32 == "on");
-  return comm::run_main(argc, argv, [&](comm::World& world) {
+  return comm::run_main(argc, argv, kMemoryHint, [&](comm::World& world) {
     const Device device = world.bind(parse_device(device_text), threads).device;
     manual_seed(0);
     const ModelInfo& info = model_info(arch);
@@ -283,5 +286,5 @@ int main(int argc, char** argv) try {
     return 0;
   });
 } catch (...) {
-  return runtime::main_error("bench_step");  // no exception escapes main
+  return runtime::main_error("bench_step", kMemoryHint);  // no exception escapes main
 }

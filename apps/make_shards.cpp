@@ -11,6 +11,7 @@
 #include <exception>
 #include <string>
 
+#include "core/allocator.h"
 #include "data/converters.h"
 #include "io/files.h"
 #include "runtime/config/cli.h"
@@ -71,6 +72,12 @@ void print_summary(const ConvertResult& result, const std::string& out) {
 }
 
 }  // namespace
+
+// What make_shards' flags can do when an allocation fails: synthetic data keeps one template image per class
+// (--classes x --shape bytes); a converter writes a chunk of records at a time, so its largest image decides.
+constexpr const char* kMemoryHint =
+    "synthetic data keeps one template image per class: fewer --classes or a smaller --shape; converting a "
+    "folder, its largest image must fit (--size resizes the records, not the decode)";
 
 int main(int argc, char** argv) try {
   CLI::App app{"make_shards: converts a dataset into ringtrain HDF5 shards plus manifest.json (docs/DATA_FORMAT.md)"};
@@ -193,12 +200,14 @@ int main(int argc, char** argv) try {
     print_summary(result, out);
     return 0;
   } catch (const std::bad_alloc&) {
-    std::fprintf(stderr, "make_shards: error: out of memory (the images are too large for this machine?)\n");
+    std::fprintf(stderr, "make_shards: error: out of host memory (an allocation failed)\n");
+    std::fprintf(stderr, "make_shards: to use less memory: %s\n", kMemoryHint);
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "make_shards: error: %s\n", io::explain_write_failure(out, e.what()).c_str());
+    if (out_of_memory_message(e.what())) std::fprintf(stderr, "make_shards: to use less memory: %s\n", kMemoryHint);
     return 1;
   }
 } catch (...) {
-  return runtime::main_error("make_shards");  // no exception escapes main
+  return runtime::main_error("make_shards", kMemoryHint);  // no exception escapes main
 }

@@ -128,6 +128,9 @@ int watch_job(const std::string& path, double interval, bool once) {
 
 }  // namespace
 
+// What the doctor's flags can do when an allocation fails (runtime::main_error).
+constexpr const char* kMemoryHint = "a smaller --bytes for the timed all-reduce";
+
 int main(int argc, char** argv) try {
   CLI::App app{"ringtrain's preflight doctor: machine, libraries, rank map and checks (alone or under mpirun)"};
   std::string data_dir;
@@ -157,7 +160,7 @@ int main(int argc, char** argv) try {
   app.add_flag("--once", once, "--watch: draw once and exit")->needs(watch_option);
   RT_PARSE_FLAGS(app, argc, argv);
   if (!watch.empty()) return watch_job(watch, interval, once);
-  return comm::run_main(argc, argv, [&](comm::World& world) {
+  return comm::run_main(argc, argv, kMemoryHint, [&](comm::World& world) {
     // The thread count a training rank would get.
     const comm::DeviceBinding cpu = world.bind(Device::cpu());
     const CudaStatus& cuda = cuda_status();
@@ -216,5 +219,5 @@ int main(int argc, char** argv) try {
     return all_ok ? 0 : 1;
   });
 } catch (...) {
-  return runtime::main_error("ringtrain_env");  // no exception escapes main
+  return runtime::main_error("ringtrain_env", kMemoryHint);  // no exception escapes main
 }

@@ -201,7 +201,8 @@ int main(int argc, char** argv) try {
 #else
   RT_PARSE_FLAGS(app, argc, argv);
 #endif
-  return comm::run_main(argc, argv, [&](comm::World& world) { return train(world, options, data_dir, f); });
+  return comm::run_main(argc, argv, runtime::kTrainerMemoryHint,
+                        [&](comm::World& world) { return train(world, options, data_dir, f); });
 } catch (...) {
-  return runtime::main_error(program);  // no exception escapes main
+  return runtime::main_error(program, runtime::kTrainerMemoryHint);  // no exception escapes main
 }

@@ -18,6 +18,7 @@
 #include "comm/communicator.h"
 #include "comm/host_collectives.h"
 #include "comm/mpi_check.h"
+#include "core/allocator.h"
 #include "core/check.h"
 #include "core/env.h"
 #include "core/parallel.h"
@@ -203,8 +204,14 @@ void World::abort(const std::string& message, int code, bool permanent) const {
   std::_Exit(code);
 }
 
-int run_main(int argc, char** argv, const std::function<int(World&)>& fn) {
+int run_main(int argc, char** argv, const std::function<int(World&)>& fn) { return run_main(argc, argv, nullptr, fn); }
+
+int run_main(int argc, char** argv, const char* memory_hint, const std::function<int(World&)>& fn) {
   World* world = nullptr;
+  auto with_hint = [memory_hint](std::string message) {
+    if (memory_hint && out_of_memory_message(message)) message += std::string("; to use less memory: ") + memory_hint;
+    return message;
+  };
   auto permanent = [](const std::exception& e) {
     const auto* error = dynamic_cast<const Error*>(&e);
     return error && error->permanent();
@@ -219,15 +226,14 @@ int run_main(int argc, char** argv, const std::function<int(World&)>& fn) {
     std::fprintf(stderr, "ringtrain: %s\n", e.what());
     return e.permanent() ? kExitPermanent : 1;
   } catch (const std::bad_alloc&) {
-    const char* text =
-        "out of host memory (an allocation failed): lower --batch-size, the image size or the number "
-        "of loader threads, or run fewer ranks per node";
+    const std::string text = with_hint("out of host memory (an allocation failed)");
     if (world) world->abort(text);
-    std::fprintf(stderr, "ringtrain: %s\n", text);
+    std::fprintf(stderr, "ringtrain: %s\n", text.c_str());
     return 1;
   } catch (const std::exception& e) {
-    if (world) world->abort(e.what(), 1, permanent(e));
-    std::fprintf(stderr, "ringtrain: %s\n", e.what());
+    const std::string text = with_hint(e.what());
+    if (world) world->abort(text, 1, permanent(e));
+    std::fprintf(stderr, "ringtrain: %s\n", text.c_str());
     return permanent(e) ? kExitPermanent : 1;
   } catch (...) {
     if (world) world->abort("an unknown exception (not derived from std::exception) escaped");

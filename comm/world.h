@@ -90,5 +90,8 @@ std::string json_quote(const std::string& text);
 // ringtrain::Error from any rank) prints once, naming rank and host, and aborts the job with status 1
 // (kExitPermanent for a permanent Error).
 int run_main(int argc, char** argv, const std::function<int(World&)>& fn);
+// The same, where an allocation that fails is followed by `memory_hint`: what the program's own flags can do
+// about it ("a smaller -b ..."), as "; to use less memory: ...".
+int run_main(int argc, char** argv, const char* memory_hint, const std::function<int(World&)>& fn);
 
 }  // namespace ringtrain::comm

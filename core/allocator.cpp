@@ -19,6 +19,11 @@
 
 namespace ringtrain {
 
+bool out_of_memory_message(std::string_view message) {
+  return message.find("out of memory") != std::string_view::npos ||
+         message.find("out of host memory") != std::string_view::npos;  // a std::bad_alloc, as main_error says it
+}
+
 std::string format_bytes(int64_t nbytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   double value = static_cast<double>(nbytes);
@@ -112,10 +117,9 @@ void* cpu_allocate(int64_t nbytes) {
   int64_t rounded = round_up(nbytes > 0 ? nbytes : 1, kCpuAlignment);
   void* ptr = aligned_malloc(static_cast<size_t>(rounded));
   if (!ptr) {
+    // The facts only: what the program's flags can do about it is its own (runtime::main_error's hint).
     RT_THROW("CPU out of memory while allocating ", format_bytes(nbytes), " (", nbytes, " bytes); ",
-             format_bytes(g_cpu_allocated.load()),
-             " held by tensors. Try a smaller batch size or fewer loader "
-             "workers.");
+             format_bytes(g_cpu_allocated.load()), " held by tensors");
   }
   int64_t now = g_cpu_allocated.fetch_add(rounded) + rounded;
   int64_t peak = g_cpu_peak.load();
@@ -210,9 +214,7 @@ void* CachingAllocator::allocate(int64_t nbytes, void* stream) {
       RT_THROW("out of memory on ", backend_->device_name(), " while allocating ", format_bytes(nbytes), " (", nbytes,
                " bytes requested): ", format_bytes(stats_.allocated_bytes), " allocated by tensors, ",
                format_bytes(stats_.reserved_bytes), " reserved, peak ", format_bytes(stats_.peak_allocated_bytes),
-               total > 0 ? ", device total " + format_bytes(total) : std::string(),
-               ". Try a smaller batch size (-b), gradient accumulation (--accum-steps) to keep the global batch, "
-               "or --precision bf16 to halve activation memory.");
+               total > 0 ? ", device total " + format_bytes(total) : std::string());
     }
     ++stats_.num_raw_allocations;
     stats_.reserved_bytes += size;

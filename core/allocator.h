@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 
 #include "core/device.h"
@@ -135,6 +136,10 @@ void copy_bytes_async(void* dst, Device dst_device, const void* src, Device src_
 
 // Human-readable byte counts: "512 B", "1.50 MiB".
 std::string format_bytes(int64_t nbytes);
+// Whether an error message is an allocation that failed: the CPU and device allocators' "... out of memory
+// ..." or a std::bad_alloc's "out of host memory" (they state the facts only; what a program's flags can do
+// about it is the program's to add).
+bool out_of_memory_message(std::string_view message);
 // The high-water mark of this process's resident memory (getrusage), in bytes.
 double peak_rss_bytes();
 

@@ -43,7 +43,7 @@ int main(int argc, char** argv) try {
   runtime::add_trainer_flags(app, options, data_dir);
   runtime::add_number(app, "--dropout", dropout, "dropout before the classifier (0: none)", 0.0, 0.95);
   RT_PARSE_FLAGS(app, argc, argv);
-  return comm::run_main(argc, argv, [&](comm::World& world) {
+  return comm::run_main(argc, argv, runtime::kTrainerMemoryHint, [&](comm::World& world) {
     RT_CHECK(!data_dir.empty(), "usage: custom_model --data DATA_DIR [flags] (--help lists them)");
     runtime::Trainer trainer(world, options);  // binds this rank, seeds the init, starts the watchdog
     auto data = runtime::open_shards(data_dir, {.train_transform = {.pad_crop = 2, .hflip = true},
@@ -55,5 +55,5 @@ int main(int argc, char** argv) try {
     return 0;
   });
 } catch (...) {
-  return runtime::main_error("custom_model");  // no exception escapes main
+  return runtime::main_error("custom_model", runtime::kTrainerMemoryHint);  // no exception escapes main
 }

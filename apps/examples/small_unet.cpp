@@ -78,7 +78,7 @@ int main(int argc, char** argv) try {
   runtime::add_trainer_flags(app, options, data_dir);
   runtime::add_number(app, "--width", width, "the first level's channels (a multiple of 4)", int64_t{4}, int64_t{1024});
   RT_PARSE_FLAGS(app, argc, argv);
-  return comm::run_main(argc, argv, [&](comm::World& world) {
+  return comm::run_main(argc, argv, runtime::kTrainerMemoryHint, [&](comm::World& world) {
     RT_CHECK(!data_dir.empty(), "usage: small_unet --data DATA_DIR [flags] (--help lists them)");
     RT_CHECK(width % 4 == 0, "--width ", width, ": GroupNorm's 4 groups must divide it");
     runtime::Trainer trainer(world, options);
@@ -98,5 +98,5 @@ int main(int argc, char** argv) try {
     return 0;
   });
 } catch (...) {
-  return runtime::main_error("small_unet");
+  return runtime::main_error("small_unet", runtime::kTrainerMemoryHint);
 }

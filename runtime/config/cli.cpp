@@ -257,13 +257,22 @@ std::optional<int> parse_flags(CLI::App& app, int argc, const char* const* argv)
   }
 }
 
-int main_error(const char* program) noexcept {
+const char* const kTrainerMemoryHint =
+    "a smaller -b (with --accum-steps to keep the global batch), --precision bf16, --recompute, --zero 1, or fewer "
+    "--loader-threads; --max-memory refuses a run the memory plan says will not fit before its first step";
+
+int main_error(const char* program, const char* memory_hint) noexcept {
+  auto hint = [&](bool oom) {
+    if (oom && memory_hint) std::fprintf(stderr, "%s: to use less memory: %s\n", program, memory_hint);
+  };
   try {
     throw;
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr, "%s: error: out of host memory (an allocation failed)\n", program);
+    hint(true);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: error: %s\n", program, e.what());
+    hint(out_of_memory_message(e.what()));
   } catch (...) {
     std::fprintf(stderr, "%s: error: an unknown exception (not derived from std::exception)\n", program);
   }

@@ -87,9 +87,13 @@ std::optional<int> parse_flags(CLI::App& app, int argc, const char* const* argv)
 
 // Every program's main is a function-try-block ending in this, so no exception escapes main:
 //   int main(int argc, char** argv) try { ... } catch (...) { return runtime::main_error("train_resnet"); }
-// It prints "<program>: error: <message>" (bad_alloc as "out of host memory") and returns 1.
+// It prints "<program>: error: <message>" (bad_alloc as "out of host memory") and returns 1. An error that
+// ran out of memory (the allocators' messages state the facts only) is followed by `memory_hint`, what this
+// program's own flags can do about it ("<program>: to use less memory: <hint>"); nullptr: nothing.
 // tests/apps/flag_sweep.sh checks that every program's main has it.
-int main_error(const char* program) noexcept;
+int main_error(const char* program, const char* memory_hint = nullptr) noexcept;
+// What the Trainer's flags can do about memory, for every Trainer app's main_error.
+extern const char* const kTrainerMemoryHint;
 
 }  // namespace ringtrain::runtime
 

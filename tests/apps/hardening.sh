@@ -26,16 +26,18 @@
 #   modes        every option takes effect in the mode it is given in or is refused naming the mode:
 #                --max-memory with --pipeline-stages, GPU flags with --device cpu, --start-over with
 #                --resume FILE, ringtrain_env --once without --watch, --threads beyond the cores;
-#                --max-memory's bad values are usage errors, never an abort
+#                --max-memory's bad values are usage errors, never an abort; --momentum/--nesterov with
+#                AdamW, --lr-gamma with cosine, --lr-step-epochs outside step, --nesterov without momentum
 #   environment  RINGTRAIN_* variables (docs/ENVIRONMENT.md): a switch spelled other than 1 or 0, a thread
 #                count that is not a number in range, a fault past the run's end, refused naming the variable;
 #                a named NVML library that does not load is said; RINGTRAIN_THREADS applies
+#   memory       out of memory, each program names its own flags (not a batch size it lacks)
 set -euo pipefail
 build=$(cd "$1" && pwd)
 work=$2
 shift 2
 cases=("$@")
-((${#cases[@]})) || cases=(folder writers changes content data early outputs modes environment)
+((${#cases[@]})) || cases=(folder writers changes content data early outputs modes environment memory)
 rm -rf "$work"
 mkdir -p "$work"
 cd "$work"
@@ -381,6 +383,19 @@ PY
 t = [x['threads'] for x in r if 'threads' in x]; sys.exit(0 if t and t[0] == $more else 1)" ||
         fail "environment: RINGTRAIN_THREADS=$more did not set the thread count"
       echo "environment: switches are 1 or 0, numbers follow the rule, RINGTRAIN_THREADS takes effect"
+      ;;
+    memory)
+      # An allocation that fails is said with what the program's own flags can do (the allocators state the
+      # facts only): allreduce_bench has no batch size or loader, make_shards no images for synthetic data.
+      if timeout -k 5 60 "$build/allreduce_bench" -b 1T -e 1T > oom.log 2>&1; then cat oom.log; fail "memory: a 1 TiB all-reduce ran"; fi
+      expect oom.log "out of (host )?memory.*to use less memory: a smaller -e/--max-bytes" memory
+      ! grep -Eq -- "batch|loader" oom.log || { cat oom.log; fail "memory: allreduce_bench was told of flags it lacks"; }
+      if timeout -k 5 60 "$build/make_shards" synthetic oom --classes 1048576 --shape 2048x2048x3 > oom2.log 2>&1; then
+        fail "memory: 12 TiB of class templates were made"
+      fi
+      expect oom2.log "make_shards: to use less memory: synthetic data keeps one template image per class: fewer --classes" memory
+      ! grep -q "the images are too large" oom2.log || fail "memory: make_shards blamed the images"
+      echo "memory: each program names its own flags when memory runs out"
       ;;
     *) fail "unknown case '$case'" ;;
   esac

@@ -113,9 +113,9 @@ TEST(CachingAllocator, OutOfMemoryReleasesCacheThenExplains) {
     EXPECT_NE(w.find("1.50 GiB"), std::string::npos) << w;
     EXPECT_NE(w.find("allocated by tensors"), std::string::npos) << w;
     EXPECT_NE(w.find("peak"), std::string::npos) << w;
-    EXPECT_NE(w.find("smaller batch"), std::string::npos) << w;
-    EXPECT_NE(w.find("accumulation"), std::string::npos) << w;
-    EXPECT_NE(w.find("bf16"), std::string::npos) << w;
+    // The facts only: which flags help is the program's to say (runtime::main_error's hint), not the core's
+    // (an all-reduce benchmark has no batch size).
+    EXPECT_EQ(w.find("batch"), std::string::npos) << w;
   }
   alloc.free(b);
 }
