@@ -276,8 +276,9 @@ void validate_options(const TrainerOptions& o) {
   // --layout auto decides these; given by hand too, one of the two would be ignored.
   if (o.layout_auto)
     for (const auto& [given, flag] :
-         {std::pair{o.pipeline_stages != 1, "--pipeline-stages"},
-          std::pair{!o.pipeline_split.empty(), "--pipeline-split"}, std::pair{o.zero != 0, "--zero"},
+         {std::pair{o.pipeline_stages != 1 || o.given.contains("--pipeline-stages"), "--pipeline-stages"},
+          std::pair{!o.pipeline_split.empty(), "--pipeline-split"},
+          std::pair{o.zero != 0 || o.given.contains("--zero"), "--zero"},  // --zero 0 too: it ran ZeRO-1
           std::pair{o.recompute, "--recompute"}, std::pair{o.pipeline_recompute, "--pipeline-recompute"}})
       RT_CHECK(!given, "--layout auto chooses ", flag, " itself: drop ", flag, ", or give the whole layout by hand ",
                "without --layout auto");

@@ -545,7 +545,12 @@ PlanInput gather_plan_input(comm::World& world, const TrainerOptions& o, Device 
   in.options = o;
   in.backends = backends_for(in.world);
   in.max_stages = step_fn ? 1 : 8;
+  // Flags given by hand constrain the choice (never silently replaced): the backend and the bucket size.
   if (o.backend) in.backends = {*o.backend};
+  if (o.given.contains("--bucket-mb")) in.bucket_mbs = {o.bucket_mb};
+  RT_CHECK(!o.backend || *o.backend != comm::Backend::Nccl || target.cuda,
+           "--backend nccl needs a GPU a rank, and these ranks train on the CPU: every layout planned with it would "
+           "fail to start; give --backend ring, hierarchical or mpi, or leave --backend out");
   std::string error;
   // A calibration file is read first: a bad one fails before any probe.
   if (!o.link_calibration.empty()) {

@@ -118,6 +118,7 @@ echo "under --max-memory $budget (plain does not fit) it chose '$tight', bitwise
 refused odd "the global batch 7 cannot be split over the world of 2 ranks" --global-batch 7 --layout auto
 refused small "no layout of the .* considered fits the budget" --global-batch 128 --layout auto --max-memory 10M
 refused zero "--layout auto chooses --zero itself" --global-batch 128 --layout auto --zero 1
+refused zero0 "--layout auto chooses --zero itself" --global-batch 128 --layout auto --zero 0  # it ran ZeRO-1
 refused link "--link-calibration .nope.json. does not exist" --global-batch 128 --layout auto \
   --link-calibration nope.json
 echo "refusals name the batch, the budget and the flags"
@@ -154,6 +155,13 @@ python3 -c "import json; l = json.load(open('link.json')); l['link']['bw_inter_b
 json.dump(l, open('tiny.json', 'w'))"
 refused tiny "key 'bw_inter_bytes_per_s' must be a positive number from 125000 to 1e+15, got 1e-300" \
   --global-batch 128 --layout auto --link-calibration tiny.json
+# Flags given by hand constrain the plan: --bucket-mb 0.5 is the chosen layout's (25 MB buckets ran before);
+# --backend nccl on CPU ranks could not start, so it is refused.
+timeout -k 5 300 mpirun -np 2 --oversubscribe "$build/ringtrain_plan" "${base[@]}" --global-batch 128 --bucket-mb 0.5 \
+  > bucket.log 2>&1 || { cat bucket.log; fail "ringtrain_plan --bucket-mb 0.5"; }
+grep -q "layout auto: chose .*--bucket-mb 0.5)" bucket.log || { cat bucket.log; fail "--bucket-mb 0.5 was not kept"; }
+"$build/ringtrain_plan" --synthetic --backend nccl > bad.log 2>&1 && fail "--backend nccl was planned on CPU ranks"
+grep -q -- "--backend nccl needs a GPU a rank, and these ranks train on the CPU" bad.log || { cat bad.log; fail "nccl: no reason"; }
 "$build/ringtrain_plan" --synthetic --hosts 65537 --ranks-per-host 65536 > bad.log 2>&1 && fail "2^32 ranks were planned"
 grep -q -- "--hosts 65537 x --ranks-per-host 65536 is 4295032832 ranks: ringtrain_plan plans worlds of up to" bad.log ||
   { cat bad.log; fail "a world past 2^24 ranks: no reason"; }
