@@ -8,9 +8,11 @@
 // alternates them per size (same conditions) and prints busbw ratios of the first against the others.
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -23,6 +25,7 @@
 #include "core/check.h"
 #include "core/device.h"
 #include "core/dtype.h"
+#include "io/files.h"
 #include "runtime/config/cli.h"
 
 using namespace ringtrain;
@@ -172,10 +175,7 @@ int main(int argc, char** argv) try {
         j["wrong"] = r.wrong >= 0 ? nlohmann::json(r.wrong) : nlohmann::json(nullptr);
         results.push_back(j);
       }
-      std::ofstream out(json_path);
-      RT_CHECK(out.good(), "--json: cannot write '", json_path, "'");
-      out << nlohmann::json{{"ranks", n}, {"results", results}}.dump(2) << "\n";
-      RT_CHECK(out.good(), "--json: writing '", json_path, "' failed");
+      io::write_text(json_path, nlohmann::json{{"ranks", n}, {"results", results}}.dump(2) + "\n", "--json");
     }
     if (world.is_root() && check) std::printf("# wrong elements in total: %lld\n", static_cast<long long>(total_wrong));
     comms.clear();

@@ -40,6 +40,7 @@
 #include "core/device.h"
 #include "core/ops.h"
 #include "core/parallel.h"
+#include "io/files.h"
 #include "layers/checkpoint.h"
 #include "layers/loss.h"
 #include "layers/models/zoo.h"
@@ -278,9 +279,7 @@ int main(int argc, char** argv) try {
     if (table) {
       std::printf("%s", runtime::format_profile(*table).c_str());
       if (!profile_jsonl.empty()) {
-        std::ofstream out(profile_jsonl, std::ios::app);
-        if (!(out << runtime::profile_record(*table).dump() << "\n"))
-          RT_THROW("--profile-jsonl: cannot append to '", profile_jsonl, "'");
+        io::write_text(profile_jsonl, runtime::profile_record(*table).dump() + "\n", "--profile-jsonl", true);
       }
     }
     return 0;

@@ -235,7 +235,7 @@ struct TempDir {
 // anything is launched, not a warning at the end of the run.
 class Log {
  public:
-  Log(const std::string& path, const std::string& flag) : path_(path) {
+  Log(const std::string& path, const std::string& flag) : path_(path), flag_(flag) {
     if (path_.empty()) return;
     io::require_regular_if_exists(path_, flag);
     std::ofstream out(path_, std::ios::app);
@@ -245,16 +245,24 @@ class Log {
                    ? ""
                    : " (its folder does not exist)");
   }
+  // A record that cannot be written (a full disk) is said at once, and the run's exit status says it too
+  // (lost()): it was a warning only when the open failed, and nothing when the write did.
   void write(json record) {
     if (path_.empty()) return;
     record["time"] = unix_now();
-    std::ofstream out(path_, std::ios::app);
-    out << record.dump() << "\n";
-    if (!out.good()) std::fprintf(stderr, "ringtrain_run: warning: cannot append to '%s'\n", path_.c_str());
+    try {
+      io::write_text(path_, record.dump() + "\n", flag_, true);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "ringtrain_run: error: %s: its '%s' record is lost\n", e.what(),
+                   record.value("type", "").c_str());
+      lost_ = true;
+    }
   }
+  bool lost() const { return lost_; }
 
  private:
-  std::string path_;
+  std::string path_, flag_;
+  bool lost_ = false;
 };
 
 // One launch: runs mpirun, echoes the job's lines (not the event lines), and gathers what failed.
@@ -644,6 +652,10 @@ int Supervisor::finished() {
       restarts_ ? detail::str_cat("; time lost ", tenths(lost_.total_s()), " s (recovery ", tenths(lost_.recovery_s),
                                   " s, lost work ", tenths(lost_.lost_work_s), " s)")
                 : std::string()));
+  if (log_.lost()) {
+    std::fprintf(stderr, "ringtrain_run: the job finished, but records of its log were lost (above): exit 1\n");
+    return 1;
+  }
   return 0;
 }
 

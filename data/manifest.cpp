@@ -218,10 +218,13 @@ void write_manifest_split(const fs::path& dir, const std::string& source, const 
   }
   manifest["format_version"] = version;
   const fs::path tmp_manifest = dir / "manifest.json.partial";
-  {
-    std::ofstream out(tmp_manifest);
-    out << manifest.dump(2) << "\n";
-    if (!out) RT_THROW("cannot write '", tmp_manifest.string(), "'");
+  // Closed and checked before the rename: a short file (a full disk) never becomes the manifest.
+  try {
+    io::write_text(tmp_manifest, manifest.dump(2) + "\n", "the manifest");
+  } catch (...) {
+    std::error_code ec;
+    fs::remove(tmp_manifest, ec);
+    throw;
   }
   fs::rename(tmp_manifest, dir / "manifest.json");
 }

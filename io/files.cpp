@@ -3,6 +3,10 @@
 
 #include <sys/statvfs.h>
 
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+
 #include "core/check.h"
 
 namespace ringtrain::io {
@@ -66,5 +70,18 @@ std::string explain_write_failure(const fs::path& dir, const std::string& messag
                          "): free space or write elsewhere (", message, ")");
 }
 void require_regular_if_exists(const fs::path& path, const std::string& what) { check_kind(path, what, true); }
+
+void write_text(const fs::path& path, const std::string& text, const std::string& what, bool append) {
+  const fs::path dir = path.parent_path().empty() ? fs::path(".") : path.parent_path();
+  std::ofstream out(path, append ? std::ios::app : std::ios::trunc);
+  if (!out)
+    RT_THROW(explain_write_failure(dir, detail::str_cat(what, append ? ": cannot append to '" : ": cannot write '",
+                                                        path.string(), "': ", std::strerror(errno))));
+  out << text;
+  out.close();
+  if (out.fail())
+    RT_THROW(explain_write_failure(
+        dir, detail::str_cat(what, ": writing '", path.string(), "' failed: ", std::strerror(errno)), text.size()));
+}
 
 }  // namespace ringtrain::io

@@ -22,5 +22,10 @@ std::string explain_write_failure(const std::filesystem::path& dir, const std::s
                                   uint64_t bytes_needed = 0);
 // "a folder", "a FIFO (named pipe)", "a socket", "a character device", "a block device", "a regular file", ...
 std::string kind_of(const std::filesystem::file_status& status);
+// Writes `text` to `path` (replacing it, or appending with `append`), closed before it returns: a write that
+// fails (a full disk) is an error naming `what`, the file and the cause (explain_write_failure), never a file
+// left short or empty in silence (an ofstream says nothing of a failure at its destructor's flush).
+void write_text(const std::filesystem::path& path, const std::string& text, const std::string& what,
+                bool append = false);
 
 }  // namespace ringtrain::io

@@ -735,10 +735,7 @@ json plan_layout_what_if(comm::World& world, const TrainerOptions& o, Device dev
     try {
       if (!w.save_link.empty()) {
         io::require_regular_if_exists(w.save_link, "--save-link");
-        std::ofstream out(w.save_link);
-        out << json{{"link", measured.to_json()}}.dump(1) << "\n";
-        out.close();
-        RT_CHECK(out.good(), "--save-link: cannot write '", w.save_link, "'");
+        io::write_text(w.save_link, json{{"link", measured.to_json()}}.dump(1) + "\n", "--save-link");
         std::printf("ringtrain_plan: the link measured here is in %s (--link-calibration %s)\n", w.save_link.c_str(),
                     w.save_link.c_str());
       }

@@ -5,6 +5,7 @@
 
 #include "comm/host_collectives.h"
 #include "core/check.h"
+#include "io/files.h"
 
 namespace ringtrain::runtime {
 
@@ -36,10 +37,7 @@ void Trace::write(const comm::World& world) const {
                       {"args", {{"name", detail::str_cat("rank ", r, " (", world.hosts()[r], ")")}}}});
     for (auto& e : json::parse(all[r])) merged.push_back(e);
   }
-  std::ofstream out(path_);
-  RT_CHECK(out.good(), "--trace: cannot write '", path_, "'");
-  out << json{{"traceEvents", merged}, {"displayTimeUnit", "ms"}}.dump() << "\n";
-  RT_CHECK(out.good(), "--trace: writing '", path_, "' failed (disk full?)");
+  io::write_text(path_, json{{"traceEvents", merged}, {"displayTimeUnit", "ms"}}.dump() + "\n", "--trace");
 }
 
 }  // namespace ringtrain::runtime

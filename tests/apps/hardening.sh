@@ -32,12 +32,13 @@
 #                count that is not a number in range, a fault past the run's end, refused naming the variable;
 #                a named NVML library that does not load is said; RINGTRAIN_THREADS applies
 #   memory       out of memory, each program names its own flags (not a batch size it lacks)
+#   fulldisk     every writer (allreduce_bench --json, --trace, ringtrain_run --log-jsonl) fails on a full disk
 set -euo pipefail
 build=$(cd "$1" && pwd)
 work=$2
 shift 2
 cases=("$@")
-((${#cases[@]})) || cases=(folder writers changes content data early outputs modes environment memory)
+((${#cases[@]})) || cases=(folder writers changes content data early outputs modes environment memory fulldisk)
 rm -rf "$work"
 mkdir -p "$work"
 cd "$work"
@@ -396,6 +397,31 @@ t = [x['threads'] for x in r if 'threads' in x]; sys.exit(0 if t and t[0] == $mo
       expect oom2.log "make_shards: to use less memory: synthetic data keeps one template image per class: fewer --classes" memory
       ! grep -q "the images are too large" oom2.log || fail "memory: make_shards blamed the images"
       echo "memory: each program names its own flags when memory runs out"
+      ;;
+    fulldisk)
+      # Every writer says a full disk and fails, naming its file: nothing left empty or short with exit 0
+      # (root: a 64 KiB tmpfs, filled). allreduce_bench --json and ringtrain_run's --log-jsonl said nothing.
+      if [[ $(id -u) -ne 0 ]] || ! { mkdir -p disk && mount -t tmpfs -o size=64K tmpfs disk 2> /dev/null; }; then
+        echo "fulldisk: no tmpfs to fill here (needs root): skipped"
+      else
+        trap 'umount "$work/disk" 2> /dev/null || true' EXIT
+        head -c 1M /dev/zero > disk/filler 2> /dev/null || true
+        full_fails() {  # full_fails NAME PATTERN COMMAND...: COMMAND fails, naming PATTERN
+          local name=$1 pattern=$2
+          shift 2
+          if "$@" > "$name.log" 2>&1; then cat "$name.log"; umount disk; fail "fulldisk: $name exited 0"; fi
+          expect "$name.log" "$pattern" "fulldisk: $name"
+        }
+        full_fails json "--json: (cannot write|writing) 'disk/r.json'.*|no space left on the device of 'disk'" \
+          timeout -k 5 60 "$build/allreduce_bench" -b 8 -e 64 --json disk/r.json
+        full_fails trace "no space left on the device of 'disk' .*--trace" "${train[@]}" --steps 1 --trace disk/t.json
+        full_fails run "ringtrain_run: error: .*--log-jsonl: writing 'disk/run.jsonl' failed.*record is lost" \
+          timeout -k 5 120 "$build/ringtrain_run" --np 1 --max-restarts 0 --log-jsonl disk/run.jsonl -- "${train[@]:4}" --steps 1
+        expect run.log "the job finished, but records of its log were lost" fulldisk
+        umount disk
+        trap - EXIT
+        echo "fulldisk: allreduce_bench --json, --trace and ringtrain_run --log-jsonl fail naming a full disk"
+      fi
       ;;
     *) fail "unknown case '$case'" ;;
   esac
