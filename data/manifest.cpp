@@ -125,9 +125,14 @@ SplitInfo split_from_json(const std::string& name, const json& j, const fs::path
       RT_THROW(e.name("classes"), " has ", s.classes.size(), " names for num_classes ", s.num_classes);
     s.mean = e.floats_or("mean");
     s.std = e.floats_or("std");
+    // One entry per channel, each: a missing or empty list trained unnormalised without a word (make_shards
+    // has always written both).
     for (const auto* v : {&s.mean, &s.std})
-      if (!v->empty() && static_cast<int64_t>(v->size()) != s.channels)
-        RT_THROW(e.name(v == &s.mean ? "mean" : "std"), " has ", v->size(), " entries for ", s.channels, " channels");
+      if (static_cast<int64_t>(v->size()) != s.channels)
+        RT_THROW(e.name(v == &s.mean ? "mean" : "std"), v->empty() ? " is missing or empty" : " has ",
+                 v->empty() ? std::string() : std::to_string(v->size()) + " entries", " for ", s.channels,
+                 " channels: the images are normalised per channel by mean and std (rewrite the dataset with "
+                 "make_shards, or give one value per channel)");
     // Inputs are divided by std: 0 or below would not normalise as the data says (it was once replaced by 1).
     for (size_t c = 0; c < s.std.size(); ++c)
       if (!(s.std[c] > 0))

@@ -620,6 +620,11 @@ TEST_F(Shards, ManifestEntriesAreCheckedNamingTheKey) {
          }),
          "key 'splits.train.std[1]' is 0: a standard deviation must be above 0");
   expect(edited([](auto& s) { s["std"] = {0.5, -1.0}; }), "key 'splits.train.std[1]' is -1");
+  // Normalisation is per channel: none at all trained unnormalised without a word (two for one was refused).
+  expect(edited([](auto& s) { s["std"] = nlohmann::json::array(); }),
+         "key 'splits.train.std' is missing or empty for 2 channels: the images are normalised per channel");
+  expect(edited([](auto& s) { s.erase("mean"); }), "key 'splits.train.mean' is missing or empty for 2 channels");
+  expect(edited([](auto& s) { s["mean"] = {0.5, 0.5, 0.5}; }), "key 'splits.train.mean' has 3 entries for 2 channels");
   expect(edited([](auto& s) { s["classes"] = 5; }), "key 'splits.train.classes' must be a list of strings, got 5");
   expect(edited([](auto& s) { s["mean"] = {"a", 1}; }), "key 'splits.train.mean' must be a list of finite numbers");
   expect(edited([](auto& s) { s["encoded"] = "no"; }), "key 'splits.train.encoded' must be true or false");
