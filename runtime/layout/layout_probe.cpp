@@ -713,6 +713,10 @@ json plan_layout_what_if(comm::World& world, const TrainerOptions& o, Device dev
   const int64_t ranks = int64_t{target.hosts} * target.ranks_per_host;
   RT_CHECK(ranks <= kMaxWorld, "--hosts ", target.hosts, " x --ranks-per-host ", target.ranks_per_host, " is ", ranks,
            " ranks: ringtrain_plan plans worlds of up to ", kMaxWorld, " ranks");
+  // With a calibration file nothing is measured: --save-link would write the file's figures back as measured.
+  RT_CHECK(w.save_link.empty() || o.link_calibration.empty(), "--save-link ", w.save_link,
+           " writes the link measured between these ranks, and --link-calibration ", o.link_calibration,
+           " replaces that measurement with the file's figures: give one of the two");
   RT_CHECK(w.save_link.empty() || world.size() > 1, "--save-link ", w.save_link,
            ": the link is measured between ranks; run ringtrain_plan under mpirun with 2 ranks or more (on 2 hosts ",
            "or more for the link between hosts)");

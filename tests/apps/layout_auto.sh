@@ -168,6 +168,11 @@ grep -q -- "--hosts 65537 x --ranks-per-host 65536 is 4295032832 ranks: ringtrai
 "$build/ringtrain_plan" --synthetic --link 1e-300Gbit > bad.log 2>&1 && fail "--link 1e-300Gbit was taken"
 grep -q -- "--link '1e-300Gbit' is .* Gbit/s: expected a link rate from 1Mbit to 100Tbit" bad.log ||
   { cat bad.log; fail "--link 1e-300Gbit: no reason"; }
+"$build/ringtrain_plan" --synthetic --save-link y.json --link-calibration link.json > bad.log 2>&1 &&
+  fail "--save-link with --link-calibration was taken (it wrote the file's figures back as measured)"
+grep -q -- "--save-link y.json writes the link measured between these ranks, and --link-calibration link.json" bad.log ||
+  { cat bad.log; fail "--save-link with --link-calibration: no reason"; }
+[[ ! -e y.json ]] || fail "--save-link with --link-calibration wrote y.json"
 "$build/ringtrain_plan" --synthetic --save-link x.json > bad.log 2>&1 && fail "--save-link on one rank was taken"
 grep -q -- "--save-link x.json: the link is measured between ranks" bad.log || { cat bad.log; fail "--save-link, 1 rank"; }
 echo "ringtrain_plan --scaling, 1 to 16 hosts over 10 Gbit/s: $scaling img/s (never superlinear)"
