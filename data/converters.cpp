@@ -9,6 +9,7 @@
 #include <iterator>
 #include <map>
 
+#include "core/allocator.h"
 #include "core/check.h"
 #include "core/parallel.h"
 #include "core/philox.h"
@@ -473,6 +474,24 @@ ConvertResult convert_imagefolder(const fs::path& src, const fs::path& out, cons
   return result;
 }
 
+namespace {
+// A synthetic set's raw records (train, and a fifth as many for test) must fit the free space of the device
+// `out` is on: said before the first byte, not when the disk refuses hours later (--count 4294967297).
+void check_room(const fs::path& out, int64_t count, int64_t record_bytes, const char* what) {
+  const double records = static_cast<double>(count) + static_cast<double>(std::max<int64_t>(1, count / 5));
+  const double need = records * static_cast<double>(record_bytes);
+  fs::path at = fs::absolute(out);
+  while (!at.empty() && at != at.parent_path() && !fs::exists(at)) at = at.parent_path();
+  std::error_code ec;
+  const fs::space_info room = fs::space(at, ec);
+  if (ec || need <= static_cast<double>(room.available)) return;
+  RT_THROW(what, ": ", static_cast<int64_t>(records), " records of ", format_bytes(record_bytes), " need about ",
+           need >= 9e18 ? std::string("8 EiB or more") : format_bytes(static_cast<int64_t>(need)), ", but '",
+           at.string(), "' has ", format_bytes(static_cast<int64_t>(room.available)),
+           " free: lower --count or the image size, or write elsewhere");
+}
+}  // namespace
+
 ConvertResult convert_synthetic(const fs::path& out, const SyntheticSpec& spec, const ConvertOptions& options) {
   if (spec.height < 1 || spec.width < 1 || spec.channels < 1)
     RT_THROW("synthetic image shape must be positive, got ", spec.height, "x", spec.width, "x", spec.channels);
@@ -485,6 +504,7 @@ ConvertResult convert_synthetic(const fs::path& out, const SyntheticSpec& spec, 
     RT_THROW("synthetic JPEG quality must be from 1 to 100, got ", spec.jpeg_quality);
   check_shard_count(options, spec.count, "train");
   const int64_t record_bytes = spec.height * spec.width * spec.channels;
+  if (!jpeg) check_room(out, spec.count, record_bytes, "synthetic");  // JPEG's size is not known ahead
   std::vector<uint8_t> templates(static_cast<size_t>(spec.num_classes * record_bytes));
   philox_bytes(options.seed, kTemplateStream, 0, static_cast<int64_t>(templates.size()), templates.data());
   const std::string source =
@@ -697,6 +717,7 @@ ConvertResult convert_synthetic_segmentation(const fs::path& out, const Syntheti
              spec.num_classes);
   check_shard_count(options, spec.count, "train");
   const int64_t n = spec.size, c = spec.channels;
+  check_room(out, spec.count, n * n * (c + 1), "synthetic-segmentation");  // image and mask
   // Each class's colour, fixed for the dataset.
   std::vector<uint8_t> colours(static_cast<size_t>(spec.num_classes * c));
   philox_bytes(options.seed, kTemplateStream, 0, static_cast<int64_t>(colours.size()), colours.data());

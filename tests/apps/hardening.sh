@@ -31,7 +31,8 @@
 #   environment  RINGTRAIN_* variables (docs/ENVIRONMENT.md): a switch spelled other than 1 or 0, a thread
 #                count that is not a number in range, a fault past the run's end, refused naming the variable;
 #                a named NVML library that does not load is said; RINGTRAIN_THREADS applies
-#   memory       out of memory, each program names its own flags (not a batch size it lacks)
+#   memory       out of memory, each program names its own flags (not a batch size it lacks); a synthetic
+#                set larger than the free disk is refused before its first byte
 #   fulldisk     every writer (allreduce_bench --json, --trace, ringtrain_run --log-jsonl) fails on a full disk
 set -euo pipefail
 build=$(cd "$1" && pwd)
@@ -396,7 +397,13 @@ t = [x['threads'] for x in r if 'threads' in x]; sys.exit(0 if t and t[0] == $mo
       fi
       expect oom2.log "make_shards: to use less memory: synthetic data keeps one template image per class: fewer --classes" memory
       ! grep -q "the images are too large" oom2.log || fail "memory: make_shards blamed the images"
-      echo "memory: each program names its own flags when memory runs out"
+      # A synthetic set the disk cannot hold is refused before the first byte (it ran until the disk refused).
+      if timeout -k 5 60 "$build/make_shards" synthetic huge --count 4294967297 > huge.log 2>&1; then
+        fail "memory: 13 TB of synthetic records were started"
+      fi
+      expect huge.log "make_shards: error: synthetic: 5153960756 records of 3.00 KiB need about .* free: lower --count" memory
+      [[ ! -e huge ]] || fail "memory: the refused synthetic set left 'huge' behind"
+      echo "memory: each program names its own flags when memory runs out; a set the disk cannot hold is refused"
       ;;
     fulldisk)
       # Every writer says a full disk and fails, naming its file: nothing left empty or short with exit 0
