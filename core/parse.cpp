@@ -117,19 +117,24 @@ RINGTRAIN_NUMBER(double)
 RINGTRAIN_NUMBER(float)
 #undef RINGTRAIN_NUMBER
 
+std::pair<std::string, std::string> split_number_unit(std::string_view text) {
+  const size_t digits = std::min(text.find_first_not_of("0123456789.eE+-"), text.size());
+  std::string number(text.substr(0, digits)), unit(text.substr(digits));
+  // "1e3" is a number, but "1E" or "2e" would swallow the unit's letter: give a trailing e back.
+  while (!number.empty() && (number.back() == 'e' || number.back() == 'E')) {
+    unit.insert(unit.begin(), number.back());
+    number.pop_back();
+  }
+  return {number, unit};
+}
+
 std::string bytes_problem(const std::string& text, int64_t& bytes) {
   const auto bad = [&](const std::string& why) {
     return detail::str_cat(why, ", got '", text,
                            "' (a size like 512M, 8G or 300MB: K/M/G/T and KiB/MiB/GiB/TiB are powers of 1024, "
                            "KB/MB/GB/TB powers of 1000)");
   };
-  const size_t digits = text.find_first_not_of("0123456789.eE+-");
-  std::string number = text.substr(0, digits), suffix = digits == std::string::npos ? "" : text.substr(digits);
-  // "1e3" is a number, but "1E" or "2e" would swallow the suffix's letter: give a trailing e back.
-  while (!number.empty() && (number.back() == 'e' || number.back() == 'E')) {
-    suffix.insert(suffix.begin(), number.back());
-    number.pop_back();
-  }
+  const auto [number, suffix] = split_number_unit(text);
   const std::optional<double> value = to_number<double>(number);
   if (!value) return bad("expected a size");
   std::string unit = suffix;

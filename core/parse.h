@@ -11,6 +11,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace ringtrain {
@@ -56,6 +57,10 @@ std::string number_list_problem(std::string_view text, const NumberRange<T>& ran
 // them); KB, MB, GB, TB (powers of 1000, as SI defines them). The result is a whole number of bytes in
 // [0, 2^63); a fraction of a byte ("0.5"), a negative, NaN or a value beyond 64 bits is refused naming `what`.
 int64_t parse_bytes(const std::string& what, const std::string& text);
+// `text` split where its leading number ends and a unit begins, for every "number and unit" the project reads
+// (sizes, link rates, latencies): "10Gbit" -> {"10", "Gbit"}, "5e-6s" -> {"5e-6", "s"}. An 'e' or 'E' the
+// number would end on belongs to the unit ("2E" -> {"2", "E"}). The number part must still pass to_number.
+std::pair<std::string, std::string> split_number_unit(std::string_view text);
 // parse_bytes without the throw: empty when `text` is a byte count (put in `bytes`), else why not.
 std::string bytes_problem(const std::string& text, int64_t& bytes);
 

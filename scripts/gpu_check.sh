@@ -393,7 +393,7 @@ if [[ $mode != build ]]; then
   unset RINGTRAIN_CUDNN_DETERMINISTIC
   fi
 
-  # Most important first (issue 68): a run that meets the end of --budget skips what is left and names it.
+  # Most important first: a run that meets the end of --budget skips what is left and names it.
   # The steps' functions: ringtrain's bf16 run (with --profile), the peer's, bench_step op by op and replayed.
   train_bf16() {  # train_bf16 ARCH: --profile's per-family table of 5 steady steps (after 3 warm-up steps)
     rm -f "$results/train_$1.jsonl"
@@ -467,7 +467,7 @@ with open(sys.argv[3], "a") as f:
 print(f"train_resnet --cuda-graph: {state}{' (' + graph[-1].get('reason', '') + ')' if graph and state != 'captured' else ''}; "
       f"median step {1e3 * s_off['median_step_s']:.1f} ms op by op, {1e3 * s_on['median_step_s']:.1f} ms replayed "
       f"({s_off['median_step_s'] / s_on['median_step_s']:.2f}x); loss {s_off['train_loss']} vs {s_on['train_loss']}")
-# The replayed step's time must be the GPU's (issue 68): the summary says so, the median steps fit in the
+# The replayed step's time must be the GPU's: the summary says so, the median steps fit in the
 # elapsed time, and the median lies within 20% of bench_step's, which synchronizes after every replay.
 ok = state == "captured"
 for name, s in (("op by op", s_off), ("replayed", s_on)):
@@ -578,7 +578,7 @@ print(f"--layout auto: chose {plan['chosen']['flags']} of {len(plan['considered'
 PY
   fi
   expect 30
-  # The input side (issue 47): ResNet-50 bf16 b256 from JPEG shards, 1,536 synthetic 350x400 images (noise over
+  # The input side: ResNet-50 bf16 b256 from JPEG shards, 1,536 synthetic 350x400 images (noise over
   # class templates: more entropy, so a slower decode, than photographs), decoded, random-resized-cropped to
   # 224 and flipped on the loader threads (automatic: the machine's cores), against --synthetic's step above.
   rm -f "$results/train_resnet50_jpeg.jsonl"

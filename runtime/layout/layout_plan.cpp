@@ -93,14 +93,10 @@ LinkModel LinkModel::from_json(const json& j, const std::string& where) {
 }
 
 namespace {
-// `text` split into a number (the one number rule: decimal, finite, nothing around it) and the rest.
+// `text` as a number (core/parse.h's rule: decimal, finite, nothing around it) and the unit after it.
 std::pair<std::optional<double>, std::string> number_and_unit(const std::string& text) {
-  size_t k = 0;
-  while (k < text.size() && (std::isdigit(static_cast<unsigned char>(text[k])) || text[k] == '.' || text[k] == '-' ||
-                             ((text[k] == 'e' || text[k] == 'E') && k + 1 < text.size() &&
-                              (std::isdigit(static_cast<unsigned char>(text[k + 1])) || text[k + 1] == '-'))))
-    ++k;
-  return {to_number<double>(std::string_view(text).substr(0, k)), text.substr(k)};
+  auto [number, unit] = split_number_unit(text);
+  return {to_number<double>(number), std::move(unit)};
 }
 
 std::string lower(std::string s) {

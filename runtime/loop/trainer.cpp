@@ -302,7 +302,7 @@ class Run {
   // On CUDA every step ends on a device event, and the host waits for the previous step's before it ends
   // the current one: never more than one step ahead of the GPU, so the steps' host times keep the GPU's
   // pace. Op by op the launch queue held the host back already; a replayed graph is one launch a step and
-  // would otherwise never wait, its median step then the host's launch time (issue 68). Returns the wait.
+  // would otherwise never wait, its median step then the host's launch time. Returns the wait.
   struct StepFence {
     Event ends[2];
     int64_t recorded = 0;
