@@ -102,6 +102,7 @@ int main(int argc, char** argv) try {
              ") must be positive and at most --max-bytes (", max_bytes, ")");
     RT_CHECK(std::isfinite(step_factor) && step_factor > 1,
              "--step-factor must be a finite number greater than 1, got ", step_factor);
+    if (const std::string p = io::clobber_problem("--json", json_path, false); !p.empty()) RT_THROW(p);
     const DType dt = parse_dtype(dtype_text);
     const ReduceOp op = op_text == "avg" ? ReduceOp::Average : ReduceOp::Sum;
     RT_CHECK(!(check && op == ReduceOp::Average), "--check verifies sums; drop --op avg or --check");

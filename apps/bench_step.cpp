@@ -121,6 +121,7 @@ int main(int argc, char** argv) try {
   const bool cpu_conv_given = app.count("--cpu-conv") > 0;  // else RINGTRAIN_CPU_CONV's choice (default auto)
   set_allow_tf32(tf32 == "on");
   return comm::run_main(argc, argv, kMemoryHint, [&](comm::World& world) {
+    if (const std::string p = io::clobber_problem("--profile-jsonl", profile_jsonl, true); !p.empty()) RT_THROW(p);
     const Device device = world.bind(parse_device(device_text), threads).device;
     manual_seed(0);
     const ModelInfo& info = model_info(arch);

@@ -177,6 +177,9 @@ int main(int argc, char** argv) try {
   RT_PARSE_FLAGS(app, argc, argv);
 
   try {
+    // The shards and manifest go beside the source's files, never among them (a source folder is read whole:
+    // an imagefolder's classes, the idx files).
+    io::RunFiles().reads_folder("SRC", src).writes_folder("OUT", out).check();
     ConvertOptions options;
     options.num_shards = common.shards;
     options.seed = common.seed;

@@ -169,6 +169,35 @@ struct Options {
   std::vector<std::string> command;
 };
 
+// The training command's flags, once its files and ringtrain_run's are checked: no output of the run (the
+// restart log, the job's log, trace, checkpoint folder, --save-link) lands on anything it reads (--data's
+// folder, --resume's checkpoint, --link-calibration, the hostfile) or on another output; the restart log may
+// be the job's own --log-jsonl only (its default), and must be a JSON-lines log if it exists.
+JobFlags checked_job_flags(const Options& o, const MpirunArgs& m) {
+  JobFlags f = read_job_flags(o.command);
+  const std::string job = "the training command's ";
+  io::RunFiles files;
+  files.reads("--hostfile", !o.hostfile.empty() ? o.hostfile : m.hostfile);
+  for (const auto& [flag, path] : f.files) {
+    if (flag == "--data")
+      files.reads_folder(job + flag, path);
+    else if (flag == "--link-calibration")
+      files.reads(job + flag, path);
+    else
+      files.writes(job + flag, path);
+  }
+  files.reads(job + "--resume", f.resume == "auto" ? "" : f.resume);
+  files.writes_folder(job + "--checkpoint-dir", f.checkpoint_dir);
+  files.writes(job + "--log-jsonl", f.log_jsonl);
+  files.writes("--log-jsonl", o.log_jsonl).may_share("--log-jsonl", job + "--log-jsonl");
+  files.check();
+  const std::string log = !o.log_jsonl.empty() ? o.log_jsonl : f.log_jsonl;
+  if (const std::string p = io::clobber_problem(!o.log_jsonl.empty() ? "--log-jsonl" : job + "--log-jsonl", log, true);
+      !p.empty())
+    RT_THROW(p);
+  return f;
+}
+
 // The hosts: --hostfile, else the hostfile inside --mpirun-args, else the Slurm allocation, else this host.
 std::vector<Host> initial_hosts(const Options& o, const MpirunArgs& m, std::string& source) {
   const std::string file = !o.hostfile.empty() ? o.hostfile : m.hostfile;
@@ -441,7 +470,7 @@ class Supervisor {
 Supervisor::Supervisor(Options o)
     : o_(std::move(o)),
       m_(parse_mpirun_args(split_words(o_.mpirun_args))),
-      flags_(read_job_flags(o_.command)),
+      flags_(checked_job_flags(o_, m_)),
       agent_(probe_agent(m_)),
       log_(!o_.log_jsonl.empty() ? o_.log_jsonl : flags_.log_jsonl,
            !o_.log_jsonl.empty() ? "--log-jsonl" : "the training command's --log-jsonl") {

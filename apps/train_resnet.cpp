@@ -198,6 +198,7 @@ int main(int argc, char** argv) try {
   RT_CHECK(app.count("--layout") == 0 || options.layout_auto, "ringtrain_plan plans the layout: --layout given does ",
            "not apply to it");
   options.layout_auto = true;
+  if (!f.what_if.save_link.empty()) options.written_files.emplace_back("--save-link", f.what_if.save_link);
 #else
   RT_PARSE_FLAGS(app, argc, argv);
 #endif

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -37,11 +38,22 @@ constexpr const char* kSuffix = ".h5";
 // The steps a checkpoint's name may carry: --steps is at most 2^40.
 constexpr NumberRange<int64_t> kStepRange{0, int64_t{1} << 62};
 
-// "ckpt-step<anything>.h5": what a checkpoint of this folder is named like.
+// "ckpt-step<anything>.h5" in any case, "<anything>" empty too ("ckpt-step.h5"): what a checkpoint of this
+// folder is named like. A file named so is a checkpoint of this folder or is said, never passed over.
 bool named_like_checkpoint(const std::string& name) {
   const std::string prefix = kPrefix, suffix = kSuffix;
-  return name.size() > prefix.size() + suffix.size() && name.rfind(prefix, 0) == 0 &&
-         name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  if (name.size() < prefix.size() + suffix.size()) return false;
+  const auto same = [](const std::string& a, const std::string& b) {
+    return std::equal(a.begin(), a.end(), b.begin(), b.end(),
+                      [](char x, char y) { return std::tolower(static_cast<unsigned char>(x)) == y; });
+  };
+  return same(name.substr(0, prefix.size()), prefix) && same(name.substr(name.size() - suffix.size()), suffix);
+}
+
+// Spelled as ringtrain spells its checkpoints' names (the case of "ckpt-step" and ".h5").
+bool spelled_as_ours(const std::string& name) {
+  return name.rfind(kPrefix, 0) == 0 &&
+         name.compare(name.size() - std::strlen(kSuffix), std::string::npos, kSuffix) == 0;
 }
 
 // What stands between "ckpt-step" and ".h5" in a name named_like_checkpoint.
@@ -52,7 +64,7 @@ std::string step_text(const std::string& name) {
 // The step of "ckpt-step<digits>.h5", or -1 for a name that is not like that or whose digits are not a
 // step (list() names those: a file named like a checkpoint is never passed over in silence).
 int64_t step_of(const std::string& name) {
-  if (!named_like_checkpoint(name)) return -1;
+  if (!named_like_checkpoint(name) || !spelled_as_ours(name)) return -1;
   const std::optional<int64_t> step = to_number<int64_t>(step_text(name));
   return step && kStepRange.holds(*step) ? *step : -1;
 }
@@ -152,11 +164,14 @@ std::vector<std::pair<int64_t, fs::path>> CheckpointDir::list(
     const std::string name = entry.path().filename().string();
     const int64_t step = step_of(name);
     if (step < 0 && named_like_checkpoint(name))
-      throw PermanentError(detail::str_cat("'", entry.path().string(), "' is named like a checkpoint, but '",
-                                           step_text(name), "' is not a step (", kStepRange.text(),
-                                           "): ringtrain never writes such a name, so it is another "
-                                           "program's file or a damaged name; move it out of '",
-                                           dir_.string(), "' (or rename it to its step)"));
+      throw PermanentError(detail::str_cat(
+          "'", entry.path().string(), "' is named like a checkpoint, but ",
+          !spelled_as_ours(name) ? std::string("not spelled as ringtrain spells them (ckpt-step<step>.h5)")
+          : step_text(name).empty()
+              ? std::string("carries no step")
+              : detail::str_cat("'", step_text(name), "' is not a step (", kStepRange.text(), ")"),
+          ": ringtrain never writes such a name, so it is another program's file (another run's checkpoint?) or a ",
+          "damaged name; move it out of '", dir_.string(), "' (or rename it to its step)"));
     if (step < 0) continue;
     (entry.is_regular_file(ec) ? out : odd_ones).emplace_back(step, entry.path());
   }

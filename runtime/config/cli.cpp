@@ -221,8 +221,10 @@ void add_trainer_flags(CLI::App& app, TrainerOptions& options, std::string& data
   add_output_flags(app, options);
   // Every flag of the app (its own too, added after this call) is recorded once parsing is done, so a
   // checkpoint knows the run's whole command line and a resume that changes any of it is said.
-  app.parse_complete_callback([&app, &options] {
+  app.parse_complete_callback([&app, &options, &data_dir] {
     options.flags = flag_values(app);
+    options.read_folders.clear();  // what no output may lie in (check_outputs)
+    if (!data_dir.empty()) options.read_folders.emplace_back("--data", data_dir);
     options.given.clear();
     for (const CLI::Option* opt : app.get_options())
       if (opt->count() > 0 && !opt->get_lnames().empty()) options.given.insert("--" + opt->get_lnames()[0]);

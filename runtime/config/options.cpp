@@ -4,20 +4,15 @@
 
 #include "runtime/cluster/gpu_choice.h"
 
-#include <sys/stat.h>
-
 #include <cmath>
-#include <filesystem>
-#include <system_error>
 #include <utility>
 #include <vector>
 
 #include "core/allocator.h"
 #include "core/check.h"
+#include "io/files.h"
 
 namespace ringtrain::runtime {
-
-namespace fs = std::filesystem;
 
 using json = nlohmann::json;
 
@@ -164,34 +159,14 @@ json TrainerOptions::to_json() const {
   return j;
 }
 
-namespace {
-
-// What identifies a path's file: (device, inode) when it exists, else its normalised absolute path.
-std::string file_identity(const std::string& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) == 0) return detail::str_cat("inode ", st.st_dev, ":", st.st_ino);
-  std::error_code ec;
-  const fs::path p = fs::weakly_canonical(fs::absolute(path, ec), ec);
-  return "path " + (ec ? fs::absolute(path).lexically_normal().string() : p.string());
-}
-
-}  // namespace
-
 void check_outputs(const TrainerOptions& o) {
-  // The files a run writes, by flag. Two that are one file (the same path, a link to the other, a hard
-  // link) would interleave and destroy each other.
-  std::vector<std::pair<std::string, std::string>> outputs;  // flag, path
-  if (!o.log_jsonl.empty()) outputs.emplace_back("--log-jsonl", o.log_jsonl);
-  if (!o.trace.empty()) outputs.emplace_back("--trace", o.trace);
-  for (size_t i = 0; i < outputs.size(); ++i)
-    for (size_t j = i + 1; j < outputs.size(); ++j)
-      RT_CHECK(file_identity(outputs[i].second) != file_identity(outputs[j].second), outputs[i].first, " '",
-               outputs[i].second, "' and ", outputs[j].first, " '", outputs[j].second,
-               "' are the same file: each output needs a file of its own");
-  // Nor the checkpoint resumed from (the checkpoint folder's own names: CheckpointDir::output_problem).
-  for (const auto& [flag, path] : outputs)
-    if (!o.resume.empty() && o.resume != "auto")
-      RT_CHECK(file_identity(path) != file_identity(o.resume), flag, " '", path, "' is the checkpoint --resume reads");
+  io::RunFiles files;
+  files.reads("--resume", o.resume == "auto" ? "" : o.resume).reads("--link-calibration", o.link_calibration);
+  for (const auto& [flag, path] : o.read_folders) files.reads_folder(flag, path);
+  files.writes("--log-jsonl", o.log_jsonl).writes("--trace", o.trace);
+  for (const auto& [flag, path] : o.written_files) files.writes(flag, path);
+  files.writes_folder("--checkpoint-dir", o.checkpoint_dir);
+  files.check();
 }
 
 void validate_options(const TrainerOptions& o) {

@@ -8,6 +8,8 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "comm/communicator.h"
 #include "comm/grad_sync.h"
@@ -124,12 +126,14 @@ struct TrainerOptions {
   int64_t keep_last = 0;            // checkpoints kept (0: all)
   std::string resume;               // "auto" (newest valid in checkpoint_dir, if any) or a checkpoint path
   bool allow_batch_change = false;  // resume a checkpoint of another global batch (another training, said)
-  bool start_over = false;
-  bool strict = false;  // data: a record that decodes only with libjpeg's warnings is an error, not counted          //
-                        // a new run in a folder of another run's checkpoints: they are moved aside first
-  int64_t eval_every = 1;  // epochs between evaluations of the test split
-  int64_t log_every = 50;  // steps between progress lines / train records
+  bool start_over = false;          // a new run in a folder of another run's checkpoints: they are moved aside first
+  bool strict = false;              // data: a record that decodes only with libjpeg's warnings is an error, not counted
+  int64_t eval_every = 1;           // epochs between evaluations of the test split
+  int64_t log_every = 50;           // steps between progress lines / train records
   std::string log_jsonl, trace;
+  // What else the run reads and writes, by flag, for check_outputs: the folders of its data (--data) and the
+  // app's own outputs (ringtrain_plan's --save-link).
+  std::vector<std::pair<std::string, std::string>> read_folders, written_files;
   int64_t trace_steps = 100;
   bool profile_layers = false;  // --profile-layers: the table per (layer, family) too
   int64_t profile_steps = 0;  // > 0: --profile's steady steps (runtime/telemetry/profiler.h), after kProfileWarmupSteps
@@ -154,9 +158,11 @@ struct TrainerOptions {
 // The option errors a run refuses before any work (ringtrain::Error naming the flag): out-of-range
 // numbers, and flags that need another (--resume auto without --checkpoint-dir, ...).
 void validate_options(const TrainerOptions& o);
-// Part of validate_options: no two outputs (--log-jsonl, --trace) are one file, through a link or not,
-// and none is the checkpoint resumed from (the run checks the checkpoint folder's own names at start-up:
-// CheckpointDir::output_problem).
+// Part of validate_options: no output (--log-jsonl, --trace, written_files, --checkpoint-dir) lands on
+// anything the run reads (--resume's checkpoint, --link-calibration, the read_folders) or on another output,
+// through a link or not (io::RunFiles); the run checks the checkpoint folder's own names at start-up
+// (CheckpointDir::output_problem) and that no output is a checkpoint, a shard or a foreign file it would
+// corrupt (io::clobber_problem).
 void check_outputs(const TrainerOptions& o);
 
 // What every rank must agree on: the flags the checkpoints record, and whatever decides which collectives

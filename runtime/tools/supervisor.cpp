@@ -150,14 +150,19 @@ JobFlags read_job_flags(const std::vector<std::string>& command) {
       has_value = true;
     }
     if (flag == "--global-batch") f.global_batch = true;
-    if (flag != "--checkpoint-dir" && flag != "--log-jsonl" && flag != "--accum-steps" && flag != "--resume" &&
+    const bool file = flag == "--data" || flag == "--trace" || flag == "--link-calibration" || flag == "--save-link" ||
+                      flag == "--profile-jsonl";
+    if (!file && flag != "--checkpoint-dir" && flag != "--log-jsonl" && flag != "--accum-steps" && flag != "--resume" &&
         flag != "--pipeline-stages" && flag != "--pipeline-split")
       continue;
     if (!has_value) {
       RT_CHECK(i + 1 < command.size(), "the training command's ", flag, " has no value");
       value = command[++i];
     }
-    if (flag == "--checkpoint-dir")
+    if (file) {
+      std::erase_if(f.files, [&](const auto& e) { return e.first == flag; });  // the last one given counts
+      f.files.emplace_back(flag, value);
+    } else if (flag == "--checkpoint-dir")
       f.checkpoint_dir = value;
     else if (flag == "--log-jsonl")
       f.log_jsonl = value;

@@ -56,6 +56,8 @@ struct JobFlags {
   int stages = 1;             // --pipeline-stages
   bool split_given = false;   // --pipeline-split (which fits its stage count only)
   bool global_batch = false;  // --global-batch: the trainer keeps the global batch itself (no --accum-steps added)
+  // The other files it reads or writes, by flag: --data, --trace, --link-calibration, --save-link, --profile-jsonl.
+  std::vector<std::pair<std::string, std::string>> files;
 };
 JobFlags read_job_flags(const std::vector<std::string>& command);
 

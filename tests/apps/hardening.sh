@@ -21,11 +21,17 @@
 #                during --restart-delay
 #   outputs      two outputs that are one file (the same path, a symbolic or a hard link), an output that is
 #                the checkpoint folder or one of its files, a file named like a checkpoint whose step is not
-#                a number (refused by --resume auto and by a new run, not skipped); a full disk at the lock
+#                a number, is missing or is spelled in another case (refused by --resume auto and by a new
+#                run, not skipped); a full disk at the lock
 #                says so and leaves no temporary file
+#   inputs       no output lands on what the run reads or writes, whoever named it: --data's shards and
+#                manifest, --link-calibration, another run's checkpoint, a file a dangling link leads to,
+#                ringtrain_run's log against the job's files, ringtrain_plan's --save-link, make_shards' OUT
+#                inside its SRC
 #   modes        every option takes effect in the mode it is given in or is refused naming the mode:
 #                --max-memory with --pipeline-stages, GPU flags with --device cpu, --start-over with
-#                --resume FILE, ringtrain_env --once without --watch, --threads beyond the cores;
+#                --resume FILE, ringtrain_env --once without --watch, --threads and --loader-threads (and
+#                bench_loader --threads) beyond the cores;
 #                --max-memory's bad values are usage errors, never an abort; --momentum/--nesterov with
 #                AdamW, --lr-gamma with cosine, --lr-step-epochs outside step, --nesterov without momentum
 #   environment  RINGTRAIN_* variables (docs/ENVIRONMENT.md): a switch spelled other than 1 or 0, a thread
@@ -39,7 +45,7 @@ build=$(cd "$1" && pwd)
 work=$2
 shift 2
 cases=("$@")
-((${#cases[@]})) || cases=(folder writers changes content data early outputs modes environment memory fulldisk)
+((${#cases[@]})) || cases=(folder writers changes content data early outputs inputs modes environment memory fulldisk)
 rm -rf "$work"
 mkdir -p "$work"
 cd "$work"
@@ -292,6 +298,18 @@ PY
         fi
         expect big.log "'big/ckpt-step99999999999999999999.h5' is named like a checkpoint, but '99999999999999999999' is not a step" outputs
       done
+      # Another run's checkpoint under a name without a step, or in another case, is said too.
+      for name in ckpt-step.h5 CKPT-STEP00000002.H5; do
+        mkdir -p stray && cp big/ckpt-step00000002.h5 "stray/$name"
+        for extra in "--resume auto" ""; do
+          if "${train[@]}" --steps 2 --checkpoint-dir stray $extra > stray.log 2>&1; then
+            fail "outputs: '$extra' passed over stray/$name"
+          fi
+          expect stray.log "'stray/$name' is named like a checkpoint, but (carries no step|not spelled as ringtrain)" outputs
+        done
+        [[ $(ls stray) == "$name" ]] || fail "outputs: a run wrote beside stray/$name: $(ls stray)"
+        rm -rf stray
+      done
       # A full disk when the lock is written: the reason, and no temporary file left behind.
       if [[ $(id -u) -eq 0 ]] && mkdir -p tiny && mount -t tmpfs -o size=64K tmpfs tiny 2> /dev/null; then
         trap 'umount "$work/tiny" 2> /dev/null || true' EXIT
@@ -305,6 +323,61 @@ PY
         [[ -z $leftovers ]] || fail "outputs: a full disk left '$leftovers' in the folder"
       fi
       echo "outputs: aliases refused, the folder's own names kept, an unreadable checkpoint name said, a full disk said"
+      ;;
+    inputs)
+      # No program writes onto what its run reads or writes, whoever named it: a shard or the manifest of
+      # --data, the --link-calibration file, another run's checkpoint, a file a link leads to (even one not
+      # there yet), ringtrain_run's log against the job's files, ringtrain_plan's --save-link, make_shards'
+      # output in its source. Each refused before anything is written, every file left as it was.
+      "${train[@]}" --steps 1 --checkpoint-dir other > other.log 2>&1 || { cat other.log; fail "inputs: base run"; }
+      echo '{"link": {}}' > cal.json
+      mkdir -p o && ln -s b.json o/a.json
+      sums() { cat data/* cal.json other/* | md5sum; }
+      before=$(sums)
+      refused() {  # refused REGEX COMMAND...: the command fails, saying REGEX, and changes nothing
+        local want=$1
+        shift
+        if "$@" > in.log 2>&1; then fail "inputs: accepted: $*"; fi
+        expect in.log "$want" inputs
+        [[ $(sums) == "$before" ]] || fail "inputs: a refused run changed a file: $*"
+        [[ ! -e o/b.json ]] || fail "inputs: a refused run wrote through the link: $*"
+      }
+      refused "--trace 'data/train-00000-of-00002.h5' lies in --data 'data', a folder the run reads" \
+        "${train[@]}" --steps 1 --trace data/train-00000-of-00002.h5
+      refused "--log-jsonl 'data/manifest.json' lies in --data 'data'" "${train[@]}" --steps 1 --log-jsonl data/manifest.json
+      refused "--checkpoint-dir 'data/ck' lies in --data 'data'" "${train[@]}" --steps 1 --checkpoint-dir data/ck
+      refused "--trace 'cal.json' is the file that --link-calibration 'cal.json' names, which the run reads" \
+        "${train[@]}" --steps 1 --layout auto --link-calibration cal.json --trace cal.json
+      refused "--trace 'other/ckpt-step00000001.h5' is an HDF5 file \(a checkpoint or a data shard\)" \
+        "${train[@]}" --steps 1 --trace other/ckpt-step00000001.h5
+      refused "--log-jsonl 'cal.json' exists and is not a JSON-lines log" "${train[@]}" --steps 1 --log-jsonl cal.json
+      refused "--log-jsonl 'o/a.json' and --trace 'o/b.json' are the same file" \
+        "${train[@]}" --steps 1 --log-jsonl o/a.json --trace o/b.json
+      refused "the training command's --trace 'o/a.json' and --log-jsonl 'o/b.json' are the same file" \
+        timeout 60 "$build/ringtrain_run" --np 1 --max-restarts 0 --log-jsonl o/b.json -- "${train[@]:4}" --steps 1 \
+        --trace o/a.json
+      refused "the training command's --trace 'data/x.json' lies in the training command's --data 'data'" \
+        timeout 60 "$build/ringtrain_run" --np 1 --max-restarts 0 -- "${train[@]:4}" --steps 1 --trace data/x.json
+      refused "--log-jsonl 'cal.json' is the file that the training command's --link-calibration 'cal.json' names" \
+        timeout 60 "$build/ringtrain_run" --np 1 --max-restarts 0 --log-jsonl cal.json -- "${train[@]:4}" --steps 1 \
+        --layout auto --link-calibration cal.json
+      refused "--log-jsonl 'o/a.json' and --save-link 'o/b.json' are the same file" \
+        timeout 60 "$build/ringtrain_plan" --data data -a resnet20 -b 8 --threads 1 --save-link o/b.json \
+        --log-jsonl o/a.json
+      refused "--profile-jsonl 'other/ckpt-step00000001.h5' is an HDF5 file" \
+        timeout 60 "$build/bench_step" -a resnet20 -b 2 --hw 8 --steps 1 --warmup 0 --profile \
+        --profile-jsonl other/ckpt-step00000001.h5
+      refused "--json 'data/manifest.json' is an HDF5|--json 'data/test-00000-of-00001.h5' is an HDF5 file" \
+        timeout 60 "$build/allreduce_bench" --max-bytes 64 --json data/test-00000-of-00001.h5
+      refused "OUT 'data/shards' lies in SRC 'data', a folder the run reads" \
+        "$build/make_shards" imagefolder data data/shards --size 8
+      # What is allowed stays allowed: a log appended to by a second run, outputs beside the data, the restart
+      # log that is the job's own.
+      "${train[@]}" --steps 1 --log-jsonl run.jsonl --trace run.trace > ok1.log 2>&1 || { cat ok1.log; fail "inputs: a plain run"; }
+      "${train[@]}" --steps 1 --log-jsonl run.jsonl > ok2.log 2>&1 || { cat ok2.log; fail "inputs: a second run on the log"; }
+      timeout 60 "$build/ringtrain_run" --np 1 --max-restarts 0 --log-jsonl job.jsonl -- "${train[@]:4}" --steps 1 \
+        --log-jsonl job.jsonl > ok3.log 2>&1 || { cat ok3.log; fail "inputs: ringtrain_run on the job's own log"; }
+      echo "inputs: outputs onto the data, the calibration, a checkpoint, through links, across programs refused"
       ;;
     modes)
       if "${train[@]}" --steps 1 --max-memory 1M --pipeline-stages 2 > mm.log 2>&1; then fail "modes: --max-memory with stages"; fi
@@ -332,6 +405,18 @@ PY
       expect thr.log "--threads $((17 * cores)): rank 0 on .* has $cores core\(s\) available; more than 16 threads per core" modes
       "${train[@]}" --steps 1 --threads $((cores + 1)) > thw.log 2>&1 || { cat thw.log; fail "modes: --threads cores+1"; }
       expect thw.log "warning: --threads $((cores + 1)) is more than the $cores core\(s\) available" modes
+      # Loader threads follow the same rule: refused beyond 16 a core, said beyond the cores.
+      lt=$((17 * cores))
+      if ((lt <= 1024)); then
+        if "${train[@]}" --steps 1 --loader-threads $lt > lth.log 2>&1; then fail "modes: --loader-threads $lt"; fi
+        expect lth.log "--loader-threads $lt: this process has $cores core\(s\) available; more than 16 loader threads per core" modes
+        if timeout 60 "$build/bench_loader" --data data --threads 1,$lt --batches 1 --repeats 1 > blt.log 2>&1; then
+          fail "modes: bench_loader --threads 1,$lt"
+        fi
+        expect blt.log "--threads $lt: this process has $cores core\(s\) available" modes
+      fi
+      "${train[@]}" --steps 1 --loader-threads $((cores + 1)) > ltw.log 2>&1 || { cat ltw.log; fail "modes: --loader-threads cores+1"; }
+      expect ltw.log "--loader-threads $((cores + 1)) is more than the $cores core\(s\) available to this rank" modes
       # Training flags that do nothing in the chosen mode are refused naming it (they ran the baseline before).
       for args in "--optimizer adamw --momentum 0.5|--momentum 0.5 applies to --optimizer sgd only, but the optimizer is adamw" \
         "--optimizer adamw --nesterov|--nesterov applies to --optimizer sgd only, but the optimizer is adamw" \
