@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <initializer_list>
 
 #include "core/allocator.h"
 #include "core/check.h"
@@ -19,6 +20,18 @@ using json = nlohmann::json;
 
 namespace {
 
+// Each of `keys` that is there is a number, or null: the log's spelling of a figure that was not finite (a
+// NaN loss), which the view shows as nan.
+void numbers(const io::JsonIn& r, std::initializer_list<const char*> keys) {
+  for (const char* key : keys)
+    if (r.has(key) && !r.raw()[key].is_null() && !r.raw()[key].is_number()) r.wrong(key, "a number (or null)");
+}
+// Each of `keys` that is there is a count: a whole number, 0 or more.
+void counts(const io::JsonIn& r, std::initializer_list<const char*> keys) {
+  for (const char* key : keys)
+    if (r.has(key)) r.integer(key, 0, int64_t{1} << 62);
+}
+
 // The fields the view reads, with their types checked: a wrong one is an error naming the log, the
 // line and the key (io::JsonIn), never a crash or a made-up number.
 void check_record(const json& record, const std::string& where) {
@@ -30,6 +43,16 @@ void check_record(const json& record, const std::string& where) {
       r.integer_or(key, 0, 0, int64_t{1} << 50);
     if (r.has("predicted_peak_mem_bytes")) r.number("predicted_peak_mem_bytes");
     if (r.has("memory")) r.at("memory").floats_or("budget_bytes_by_rank");
+  } else if (type == "train") {
+    numbers(r, {"loss", "lr", "img_per_s"});
+    counts(r, {"step", "epoch"});
+    if (r.has("time")) numbers(r.at("time"), {"data_wait", "forward", "backward", "exposed_comm", "optimizer"});
+  } else if (type == "eval") {
+    numbers(r, {"test_top1", "test_top5", "test_loss"});
+    counts(r, {"step"});
+  } else if (type == "summary") {
+    numbers(r, {"elapsed_s", "img_per_s", "peak_mem_bytes", "predicted_peak_mem_bytes"});
+    counts(r, {"steps"});
   } else if (type == "gpu" && r.has("samples")) {
     for (const io::JsonIn& sample : r.objects("samples")) sample.integer_or("rank", -1, -1, 1 << 30);
   }
@@ -42,12 +65,15 @@ bool LogTail::poll() {
   if (::stat(path_.c_str(), &st) != 0) return false;
   // A folder would read as gigabytes of nothing, a FIFO would block: only a regular file is a log.
   io::require_regular_file(path_, "--watch");
-  if (st.st_ino != inode_ || st.st_dev != device_ || st.st_size < offset_) {  // a new log replaced it
+  // Another file there, a shorter one, or one whose beginning changed (rewritten in place: `cat new > log`):
+  // a new log, read from its start.
+  if (st.st_ino != inode_ || st.st_dev != device_ || st.st_size < offset_ || head_changed()) {
     inode_ = st.st_ino;
     device_ = st.st_dev;
     offset_ = 0;
     line_ = 0;
     partial_.clear();
+    head_.clear();
     last_.clear();
   }
   std::ifstream in(path_, std::ios::binary);
@@ -58,6 +84,7 @@ bool LogTail::poll() {
   in.seekg(offset_);
   std::string chunk(static_cast<size_t>(size - offset_), '\0');
   in.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
+  if (head_.size() < kHead) head_ += chunk.substr(0, kHead - head_.size());
   offset_ = size;
   partial_ += chunk;
   size_t start = 0;
@@ -73,6 +100,14 @@ bool LogTail::poll() {
   }
   partial_.erase(0, start);
   return true;
+}
+
+bool LogTail::head_changed() const {
+  if (head_.empty()) return false;
+  std::ifstream in(path_, std::ios::binary);
+  std::string now(head_.size(), '\0');
+  in.read(now.data(), static_cast<std::streamsize>(now.size()));
+  return in.gcount() != static_cast<std::streamsize>(now.size()) || now != head_;
 }
 
 double LogTail::seconds_since_change() const {

@@ -21,7 +21,8 @@ class LogTail {
   // Reads the complete lines appended since the last poll. False when the file does not exist (yet).
   // A line that is not JSON is skipped (a writer mid-line: it is read whole next time). A record whose
   // fields have the wrong types, or a path that is not a regular file (a folder, a FIFO), is an Error
-  // naming it. A replaced log (another inode, or shorter) or a new plan record starts the view over.
+  // naming it. A replaced log (another inode, shorter, or its first bytes rewritten in place) or a new plan
+  // record starts the view over.
   bool poll();
   const std::map<std::string, nlohmann::json>& last() const { return last_; }
   double seconds_since_change() const;  // since the file last grew (by its modification time)
@@ -30,7 +31,9 @@ class LogTail {
   std::string path_;
   uint64_t inode_ = 0, device_ = 0;
   int64_t offset_ = 0, line_ = 0;
-  std::string partial_;
+  bool head_changed() const;
+  static constexpr size_t kHead = 4096;  // the log's first bytes as read, to tell a log rewritten in place
+  std::string partial_, head_;
   std::map<std::string, nlohmann::json> last_;
 };
 

@@ -107,6 +107,37 @@ TEST(JobView, ALongerLogReplacingTheWatchedOneStartsTheViewOver) {
   fs::remove_all(dir);
 }
 
+// A longer log written over the watched one in place (`cat new > log`: the same inode, never shorter when
+// read) is a new log too: run 1's plan is never drawn with run 2's steps.
+TEST(JobView, ALogRewrittenInPlaceStartsTheViewOver) {
+  const fs::path path = fs::path(::testing::TempDir()) / ("rt_jobview_i" + std::to_string(::getpid()) + ".jsonl");
+  std::ofstream(path) << R"({"type":"plan","arch":"resnet20","total_steps":6})"
+                      << "\n"
+                      << R"({"type":"train","step":3,"epoch":0,"loss":2.5,"lr":0.1,"img_per_s":100})"
+                      << "\n";
+  struct stat before {};
+  ASSERT_EQ(::stat(path.c_str(), &before), 0);
+  LogTail tail(path.string());
+  ASSERT_TRUE(tail.poll());
+  EXPECT_EQ(has(render_job_view(tail.last(), 0), "step 3/6 (50%)"), "");
+  {
+    std::ofstream out(path, std::ios::trunc);  // the same file, truncated and written longer
+    out << R"({"type":"plan","arch":"resnet56","total_steps":10})"
+        << "\n";
+    for (int step = 1; step <= 8; ++step)
+      out << R"({"type":"train","step":)" << step << R"(,"epoch":0,"loss":2.0,"lr":0.1,"img_per_s":100})"
+          << "\n";
+  }
+  struct stat after {};
+  ASSERT_EQ(::stat(path.c_str(), &after), 0);
+  ASSERT_EQ(after.st_ino, before.st_ino);
+  ASSERT_TRUE(tail.poll());
+  const std::string s = render_job_view(tail.last(), 0);
+  EXPECT_EQ(has(s, "resnet56"), "");
+  EXPECT_EQ(has(s, "step 8/10 (80%)"), "");
+  fs::remove(path);
+}
+
 // What is not a log, or a record with a field of the wrong type, is an error naming the path, the line
 // and the key; never a crash (bad_alloc on a folder, a type_error) or a hang (a FIFO).
 TEST(JobView, AFolderAFifoOrAWrongTypeIsNamed) {
@@ -124,7 +155,14 @@ TEST(JobView, AFolderAFifoOrAWrongTypeIsNamed) {
         std::pair{R"({"type":"gpu","samples":[{"rank":"0"}]})", "key 'samples[0].rank' must be an integer"},
         std::pair{R"({"type":"plan","world_size":18446744073709551616})", "key 'world_size' must be an integer"},
         std::pair{R"({"type":"plan","batch_size":-3})", "key 'batch_size' must be an integer from 0"},
-        std::pair{R"({"type":7})", "key 'type' must be a string"}}) {
+        std::pair{R"({"type":7})", "key 'type' must be a string"},
+        std::pair{R"({"type":"train","step":"8"})", "key 'step' must be an integer"},
+        std::pair{R"({"type":"train","step":1,"loss":"low"})", "key 'loss' must be a number (or null)"},
+        std::pair{R"({"type":"train","step":1,"time":{"forward":[1]}})", "key 'time.forward' must be a number"},
+        std::pair{R"({"type":"train","step":1,"time":3})", "key 'time' must be an object"},
+        std::pair{R"({"type":"eval","step":1,"test_top1":true})", "key 'test_top1' must be a number"},
+        std::pair{R"({"type":"summary","steps":"10","elapsed_s":12})", "key 'steps' must be an integer"},
+        std::pair{R"({"type":"summary","steps":10,"elapsed_s":"12 s"})", "key 'elapsed_s' must be a number"}}) {
     const fs::path log = dir / "log.jsonl";
     std::ofstream(log) << R"({"type":"plan","arch":"resnet20"})"
                        << "\n"
@@ -132,6 +170,14 @@ TEST(JobView, AFolderAFifoOrAWrongTypeIsNamed) {
     const std::string e = testing::error_of([&] { LogTail(log.string()).poll(); });
     EXPECT_NE(e.find(log.string() + ":2': " + key), std::string::npos) << e;
   }
+  // A figure that was not finite is written as null (a NaN loss): drawn as nan, not refused.
+  std::ofstream(dir / "nan.jsonl") << R"({"type":"plan","arch":"resnet20","total_steps":4})"
+                                   << "\n"
+                                   << R"({"type":"train","step":2,"epoch":0,"loss":null,"lr":0.1,"img_per_s":10})"
+                                   << "\n";
+  LogTail nan_tail((dir / "nan.jsonl").string());
+  ASSERT_TRUE(nan_tail.poll());
+  EXPECT_EQ(has(render_job_view(nan_tail.last(), 0), "loss nan"), "");
   fs::remove_all(dir);
 }
 
