@@ -83,6 +83,7 @@ int main(int argc, char** argv) try {
         const std::string& decode = decodes[c / thread_counts.size()];
         LoaderOptions lo;
         lo.threads = thread_counts[c % thread_counts.size()];
+        lo.threads_flag = "--threads";
         lo.transform.pad_crop = pad_crop;
         lo.transform.resized_crop = resized_crop;
         lo.transform.hflip = hflip;

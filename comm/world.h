@@ -16,11 +16,12 @@
 #include <vector>
 
 #include "core/device.h"
+#include "core/parallel.h"
 
 namespace ringtrain::comm {
 
 // World::bind refuses more CPU threads than this many per core available to the process.
-constexpr int kMaxThreadsPerCore = 16;
+using ringtrain::kMaxThreadsPerCore;
 
 struct DeviceBinding {
   Device device = Device::cpu();

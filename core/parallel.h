@@ -16,6 +16,9 @@ void set_num_threads(int n);
 // RINGTRAIN_THREADS: the thread count when no --threads is given (0 to kMaxThreads, refused naming the
 // variable otherwise); nullopt when unset, empty or 0 (automatic, as --threads 0).
 constexpr int kMaxThreads = 1024;
+// More threads than this many per core available only thrash: compute threads (World::bind) and loader
+// threads (data::Loader) beyond it are refused, naming the flag.
+constexpr int kMaxThreadsPerCore = 16;
 std::optional<int> threads_from_env();
 // Cores usable by this process (sched_getaffinity) and ranks on this node (OMPI/MPICH/Slurm env; 1).
 int available_cores();

@@ -456,6 +456,10 @@ Loader::Loader(const ShardDataset& dataset, LoaderOptions options) : dataset_(da
   RT_CHECK(options_.nice >= 0 && options_.nice <= 19, "loader: nice (--loader-nice) must be from 0 to 19, got ",
            options_.nice);
   threads_ = options_.threads > 0 ? options_.threads : std::max(1, num_threads() - 1);
+  const int cores = available_cores();
+  RT_CHECK(threads_ <= kMaxThreadsPerCore * cores, options_.threads_flag, " ", threads_, ": this process has ", cores,
+           " core(s) available; more than ", kMaxThreadsPerCore,
+           " loader threads per core only slow the loading down (0 chooses ", std::max(1, num_threads() - 1), ")");
   errno = 0;
   const int nice_now = ::getpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()));
   caller_nice_ = errno == 0 ? nice_now : 0;

@@ -64,7 +64,9 @@ std::string decode_transform(const SplitInfo& info, const Transform& t, const ui
                              void* out);
 
 struct LoaderOptions {
-  int threads = 0;   // 0: this rank's cores minus one, at least one
+  int threads = 0;  // 0: this rank's cores minus one, at least one
+  // The flag `threads` came from, for errors ("--loader-threads"; bench_loader's "--threads").
+  std::string threads_flag = "--loader-threads";
   int prefetch = 4;  // batches ready ahead of the consumer
   // Worker threads run at this much lower priority (Linux: their own nice value raised, 0..19) than the
   // thread that made the loader: when a CPU training step keeps every core busy, its compute threads win

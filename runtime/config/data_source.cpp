@@ -11,6 +11,7 @@
 #include "core/check.h"
 #include "core/hash.h"
 #include "core/ops.h"
+#include "core/parallel.h"
 #include "core/tensor.h"
 
 namespace ringtrain::runtime {
@@ -76,6 +77,10 @@ class ShardSource final : public DataSource {
     data::LoaderOptions lo;
     lo.strict = o.strict;
     lo.threads = o.loader_threads;
+    if (const int cores = available_cores(); o.loader_threads > cores)
+      warnings_.push_back(
+          detail::str_cat("--loader-threads ", o.loader_threads, " is more than the ", cores,
+                          " core(s) available to this rank: threads will wait for cores (0 chooses for you)"));
     lo.nice = o.loader_nice;
     lo.seed = o.seed;
     lo.device = o.device;
