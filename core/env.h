@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "core/parse.h"
 
@@ -24,6 +25,12 @@ bool env_switch(const char* name, bool fallback, const char* meaning);
 // A number in `range`; nullopt when unset or empty.
 template <typename T>
 std::optional<T> env_number(const char* name, const NumberRange<T>& range);
+
+// Every RINGTRAIN_* variable that is set, checked at once by its kind (docs/ENVIRONMENT.md): a switch that is
+// not 1 or 0, a number out of its range, a choice not among its names is an Error naming the variable, so a
+// program refuses a bad value at its start, even one only a GPU run or a rare path would read. Returns a
+// warning for each set RINGTRAIN_* name that no program reads (a misspelling: RINGTRAIN_THREAD).
+std::vector<std::string> check_environment();
 
 // RINGTRAIN_RESTART: which launch of a supervised run this is (ringtrain_run sets it: 0, 1, ...); 0 unset.
 int64_t restart_count();

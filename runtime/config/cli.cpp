@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "core/allocator.h"
+#include "core/env.h"
 #include "core/parse.h"
 
 namespace ringtrain::runtime {
@@ -247,16 +248,25 @@ CLI::Option* add_bytes(CLI::App& app, const std::string& names, int64_t& target,
 }
 
 std::optional<int> parse_flags(CLI::App& app, int argc, const char* const* argv) {
+  const std::string program = argc > 0 ? std::filesystem::path(argv[0]).filename().string() : "ringtrain";
+  // The environment is input too: every RINGTRAIN_* variable set is checked first, by every program (--help
+  // included), whether or not this run reaches the code that reads it (docs/ENVIRONMENT.md).
+  try {
+    for (const std::string& w : check_environment())
+      std::fprintf(stderr, "%s: warning: %s\n", program.c_str(), w.c_str());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: error: %s\n", program.c_str(), e.what());
+    return 2;
+  }
   try {
     app.parse(argc, argv);
-    return std::nullopt;
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const std::exception& e) {  // a flag's callback refused its value
-    const std::string program = argc > 0 ? std::filesystem::path(argv[0]).filename().string() : "ringtrain";
     std::fprintf(stderr, "%s: %s\nRun with --help for more information.\n", program.c_str(), e.what());
     return 2;
   }
+  return std::nullopt;
 }
 
 const char* const kTrainerMemoryHint =

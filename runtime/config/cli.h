@@ -82,7 +82,9 @@ CLI::Option* add_number_list(CLI::App& app, const std::string& names, std::strin
 
 // Parses the command line into `app`. nullopt: go on; else main's exit code (0 after --help, 2 or
 // CLI11's code for a usage error), the message printed. A ringtrain::Error thrown by a flag's own
-// callback while parsing is a usage error too, printed as "<program>: <message>". Use RT_PARSE_FLAGS.
+// callback while parsing is a usage error too, printed as "<program>: <message>". The environment's
+// RINGTRAIN_* variables are checked first (core/env.h check_environment), --help or not: a bad value is
+// "<program>: error: ..." and exit 2; a name no program reads is a warning. Use RT_PARSE_FLAGS.
 std::optional<int> parse_flags(CLI::App& app, int argc, const char* const* argv);
 
 // Every program's main is a function-try-block ending in this, so no exception escapes main:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tests/apps/env_rule.sh SOURCE_DIR: every RINGTRAIN_* variable is read through core/env.h (one rule for
-# switches and numbers) and listed in docs/ENVIRONMENT.md. Fails naming the file that reads one itself, or
-# the variable the page lacks.
+# switches and numbers), listed in docs/ENVIRONMENT.md and in core/env.cpp's table that checks them all at a
+# program's start. Fails naming the file that reads one itself, or the variable a list lacks.
 set -uo pipefail
 src=$(cd "$1" && pwd)
 cd "$src"
@@ -20,6 +20,13 @@ count=$(wc -w <<< "$read_names")
 ((count >= 15)) || { echo "env rule: only $count variables found read through core/env.h: the pattern is stale"; fails=$((fails + 1)); }
 for name in $read_names; do
   grep -q "\`$name\`" docs/ENVIRONMENT.md || { echo "env rule: $name is read but not in docs/ENVIRONMENT.md"; fails=$((fails + 1)); }
+done
+# 3. Every variable read, and every one on the page's tables, is in core/env.cpp's table, which checks them all
+#    at each program's start (check_environment): one of the three lists cannot grow alone.
+table=$(sed -n '/^constexpr Variable kVariables/,/^};/p' core/env.cpp | grep -oE '"RINGTRAIN_[A-Z0-9_]+"' | tr -d '"' | sort -u)
+page=$(grep -oE '^\| `RINGTRAIN_[A-Z0-9_]+`' docs/ENVIRONMENT.md | grep -oE 'RINGTRAIN_[A-Z0-9_]+' | sort -u)
+for name in $read_names $page; do
+  grep -qx "$name" <<< "$table" || { echo "env rule: $name is not in core/env.cpp's kVariables"; fails=$((fails + 1)); }
 done
 ((fails == 0)) && echo "env rule: ok ($count variables, all through core/env.h and documented)"
 exit $((fails > 0))

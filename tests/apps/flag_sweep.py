@@ -10,6 +10,10 @@ Values that fit must be taken: they are given with --help (CLI11 validates befor
 the program exits 0 exactly when the value passed; training never starts); tests/core/test_parse.cpp
 reads such values back exactly.
 
+The environment too: every RINGTRAIN_* switch, number and choice of docs/ENVIRONMENT.md is given bad
+spellings (every one against the first program, one against each other) and must be refused at the
+start, with --help, naming the variable; good values are taken; a misspelt name is warned about.
+
 It also checks that every program's main ends in the project's error handler (a function-try-block
 whose catch (...) returns runtime::main_error, or, for the core-only example, catches everything), and
 that no number flag is left with CLI11's own conversion (a bare INT, UINT or FLOAT type in --help).
@@ -156,6 +160,70 @@ for entry in PROGRAMS:
     if flags == 0:
         fail(f"{program}: --help shows no number flag (is the format of runtime::number_type_name changed?)")
 
+# The environment: every RINGTRAIN_* switch, number and choice docs/ENVIRONMENT.md lists is checked by every
+# program at its start, --help included (core/env.h check_environment): a bad value exits 2 naming the
+# variable, a good one is taken, a name no program reads is warned about.
+def env_variables():
+    found = []
+    for line in open(os.path.join(source, "docs", "ENVIRONMENT.md")):
+        m = re.match(r"^\| `(RINGTRAIN_[A-Z0-9_]+)` \| ([^|]+) \|", line)
+        if not m:
+            continue
+        name, kind = m.group(1), m.group(2).strip()
+        if kind.startswith("switch"):
+            found.append((name, "switch", None))
+        elif kind.startswith("number"):
+            r = re.search(r"([0-9^]+) to ([0-9^]+)", kind)
+            lo, hi = (int(x.split("^")[0]) ** int(x.split("^")[1]) if "^" in x else int(x) for x in r.groups())
+            found.append((name, "number", (lo, hi)))
+        elif " or " in kind and re.findall(r"`([a-z0-9_]+)`", kind):
+            found.append((name, "choice", re.findall(r"`([a-z0-9_]+)`", kind)))
+    return found
+
+
+def env_run(exe, name, value):
+    env = dict(os.environ)
+    env[name] = value
+    try:
+        p = subprocess.run(exe + ["--help"], capture_output=True, text=True, timeout=30, cwd=work, env=env)
+    except subprocess.TimeoutExpired:
+        return None, "timed out"
+    return p.returncode, p.stdout + p.stderr
+
+
+variables = env_variables()
+if len(variables) < 10:
+    fail(f"docs/ENVIRONMENT.md: only {len(variables)} checked variables found (is its table's format changed?)")
+env_checked = 0
+for i, entry in enumerate(PROGRAMS):
+    exe = [os.path.join(build, entry[0].split()[0])] + entry[0].split()[1:]
+    for name, kind, detail in variables:
+        if kind == "switch":
+            bad, good = ["true", "false", "no", "yes", "on", "00", " 0", "1 ", "2", "-1", "0x1", "1.0"], ["1", "0", ""]
+        elif kind == "number":
+            lo, hi = detail
+            bad = ["abc", "-1", str(hi + 1), "99999999999", " 5", "5 ", "0x10", "1.5", "nan", "+5", "1e3", "5k"]
+            good = [str(lo), str(hi), ""]
+        else:
+            # The first two names of a choice are there on every CPU (auto, and direct or f32).
+            bad, good = [detail[0].upper(), " " + detail[0], detail[0] + " ", "x", detail[0] + "," + detail[1]], detail[:2]
+        if i > 0:  # every value against the first program; one bad and one good against each other program
+            bad, good = bad[:1], good[:1]
+        for value in bad:
+            rc, out = env_run(exe, name, value)
+            env_checked += 1
+            what = f"{entry[0]} with {name}={value!r}"
+            if rc != 2 or name not in out or "terminate called" in out:
+                fail(f"{what}: exit {rc}, expected 2 naming {name}: {out.strip()[-300:]}")
+        for value in good:
+            rc, out = env_run(exe, name, value)
+            if rc != 0 or name + "=" in out:
+                fail(f"{entry[0]} with {name}={value!r}: exit {rc} (or a word about it), but the value is good: "
+                     f"{out.strip()[-300:]}")
+    rc, out = env_run(exe, "RINGTRAIN_THREAD", "4")
+    if rc != 0 or "RINGTRAIN_THREAD is set, but no ringtrain program reads it" not in out:
+        fail(f"{entry[0]} with RINGTRAIN_THREAD=4 (a misspelling): exit {rc}, not warned: {out.strip()[-300:]}")
+
 # Every program's main ends in the error handler.
 for folder in ("apps", "apps/examples"):
     for name in sorted(os.listdir(os.path.join(source, folder))):
@@ -170,7 +238,8 @@ for folder in ("apps", "apps/examples"):
         elif "fashion_mnist_mlp" not in name and "runtime::main_error(" not in text:
             fail(f"{folder}/{name}: main's catch (...) does not return runtime::main_error")
 
-print(f"flag sweep: {checked} refused values checked, {accepted} values that fit taken")
+print(f"flag sweep: {checked} refused values checked, {accepted} values that fit taken, "
+      f"{len(variables)} environment variables with {env_checked} bad values refused")
 if failures:
     print(f"flag sweep: FAIL ({len(failures)} problems)")
     sys.exit(1)
