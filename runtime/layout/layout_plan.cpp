@@ -635,6 +635,13 @@ LayoutCost predict_layout(const PlanInput& in, const Layout& l) {
     cost.comm = worst_tail - cost.optimizer;
   }
   cost.step = cost.compute + cost.bubble + cost.comm + cost.optimizer;
+  // The inputs are bounded (link figures, measured times), so a figure that is not finite is a defect here;
+  // it must never reach a table or a record as inf, nan or a 300-digit time.
+  for (const auto& [name, v] : {std::pair{"compute", cost.compute}, std::pair{"bubble", cost.bubble},
+                                std::pair{"communication", cost.comm}, std::pair{"optimizer", cost.optimizer}})
+    RT_CHECK(std::isfinite(v) && std::abs(v) < 1e9, "the layout plan: layout ", l.flags(), " predicts a ", name,
+             " time of ", v, " s a step, which no run takes: its inputs (the link's figures: --link, --link-latency, ",
+             "--link-calibration; the measured times) are out of range");
   return cost;
 }
 

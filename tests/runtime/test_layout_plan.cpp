@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <map>
 #include <set>
 #include <string>
@@ -248,6 +250,23 @@ TEST(LayoutCompute, TheLineIsNeverSuperlinearAndTheProfileRoundTrips) {
   j = c.to_json();
   j["batch"] = {32, 16};
   EXPECT_NE(error_of([&] { ComputeProfile::from_json(j, "p.json"); }).find("key 'batch'"), std::string::npos);
+}
+
+// A prediction that is not a time (a link set in code past the readers' bounds) is refused naming the
+// layout and the term, never printed as inf, nan or a 300-digit time.
+TEST(LayoutPredict, AFigureThatIsNoTimeIsRefusedNotPrinted) {
+  PlanInput in = input(2, 4, 64);
+  in.link.alpha_intra = 1e-5, in.link.bw_intra = 1e9, in.link.alpha_inter = 1e-4, in.link.bw_inter = 1e8;
+  const std::vector<Layout> all = enumerate_layouts(in, nullptr);
+  ASSERT_FALSE(all.empty());
+  for (const Layout& l : all) EXPECT_TRUE(std::isfinite(predict_layout(in, l).step)) << l.flags();
+  in.link.bw_inter = 1e-300;  // from_json and --link refuse it; set in code it would make every sync infinite
+  Layout ring;
+  for (const Layout& l : all)
+    if (l.stages == 1 && l.backend == comm::Backend::Ring) ring = l;
+  const std::string e = error_of([&] { predict_layout(in, ring); });
+  EXPECT_NE(e.find("the layout plan: layout " + ring.flags() + " predicts a communication time of"), std::string::npos)
+      << e;
 }
 
 TEST(LayoutEnumerate, FourRanksGiveEveryStageCountAndTheVariantsOfEach) {
