@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "core/parse.h"
 #include "io/files.h"
 #include "runtime/cluster/process.h"
 #include "runtime/config/cli.h"
@@ -219,10 +220,10 @@ std::vector<Host> initial_hosts(const Options& o, const MpirunArgs& m, std::stri
     for (size_t n; (n = std::fread(buffer, 1, sizeof buffer, p)) > 0;) text.append(buffer, n);
     RT_CHECK(::pclose(p) == 0, "ringtrain_run: '", cmd, "' failed");
     std::vector<Host> hosts = parse_hostfile(text, "scontrol show hostnames");
-    const char* per_node = std::getenv("SLURM_NTASKS_PER_NODE");
-    const int slots = per_node && std::atoi(per_node) > 0
-                          ? std::atoi(per_node)
-                          : (o.np + static_cast<int>(hosts.size()) - 1) / static_cast<int>(hosts.size());
+    const char* per_node = std::getenv("SLURM_NTASKS_PER_NODE");  // a number; else the ranks spread evenly
+    const std::optional<int> given = per_node ? to_number<int>(per_node) : std::nullopt;
+    const int slots =
+        given && *given > 0 ? *given : (o.np + static_cast<int>(hosts.size()) - 1) / static_cast<int>(hosts.size());
     for (auto& h : hosts) h.slots = slots;
     source = detail::str_cat("the Slurm allocation (", nodelist, ")");
     return hosts;

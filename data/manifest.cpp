@@ -2,6 +2,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <fstream>
 #include <set>
@@ -166,7 +167,7 @@ SplitInfo split_from_json(const std::string& name, const json& j, const fs::path
       const std::string crc = sh.text("crc32");
       if (crc.size() != 8 || crc.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos)
         sh.wrong("crc32", "8 hex digits");
-      info.crc32 = static_cast<uint32_t>(std::stoul(crc, nullptr, 16));
+      std::from_chars(crc.data(), crc.data() + crc.size(), info.crc32, 16);  // 8 hex digits, checked above
       s.shards.push_back(info);
     }
     return s;

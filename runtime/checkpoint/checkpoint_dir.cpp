@@ -354,10 +354,8 @@ std::vector<std::string> CheckpointDir::remove_stale_temp_files() const {
     const size_t tmp = name.find(".tmp-");
     if (name.size() < 2 || name[0] != '.' || tmp == std::string::npos || step_of(name.substr(1, tmp - 1)) < 0) continue;
     // A writer that is still alive on this host is not interrupted (another job sharing the folder).
-    const std::string pid = name.substr(tmp + 5);
-    if (!pid.empty() && pid.size() < 10 && pid.find_first_not_of("0123456789") == std::string::npos &&
-        std::stol(pid) != ::getpid() && process_running(static_cast<pid_t>(std::stol(pid))))
-      continue;
+    const std::optional<pid_t> pid = to_number<int>(name.substr(tmp + 5));
+    if (pid && *pid > 0 && *pid != ::getpid() && process_running(*pid)) continue;
     if (fs::remove(entry.path(), ec)) removed.push_back(name);
   }
   return removed;

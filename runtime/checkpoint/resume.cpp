@@ -10,6 +10,7 @@
 
 #include "comm/host_collectives.h"
 #include "core/check.h"
+#include "core/parse.h"
 #include "runtime/cluster/check_in.h"
 
 namespace ringtrain::runtime {
@@ -77,13 +78,8 @@ bool listed(const std::string& key, const auto& list) {
 bool same_value(const json& a, const json& b) {
   if (a == b) return true;
   if (!a.is_string() || !b.is_string()) return false;
-  try {
-    size_t ua = 0, ub = 0;
-    const double x = std::stod(a.get<std::string>(), &ua), y = std::stod(b.get<std::string>(), &ub);
-    return ua == a.get<std::string>().size() && ub == b.get<std::string>().size() && x == y;
-  } catch (const std::exception&) {
-    return false;
-  }
+  const std::optional<double> x = to_number<double>(a.get<std::string>()), y = to_number<double>(b.get<std::string>());
+  return x && y && *x == *y;
 }
 
 std::string shown(const json& v) {

@@ -9,16 +9,17 @@
 #include <vector>
 
 #include "core/check.h"
+#include "core/parse.h"
 
 namespace ringtrain::runtime {
 namespace {
 
 int64_t parse_count(const std::string& text, const std::string& whole, const char* field, int64_t max) {
-  const bool digits = !text.empty() && text.size() <= 18 && text.find_first_not_of("0123456789") == std::string::npos;
-  if (!digits || std::stoll(text) > max)
+  const std::optional<int64_t> n = to_number<int64_t>(text);
+  if (!n || *n < 0 || *n > max)
     RT_THROW("RINGTRAIN_INJECT: ", field, " must be a number from 0 to ", max, ", got '", text, "' in '", whole,
              "' (expected KIND:RANK:STEP, e.g. throw:1:2)");
-  return std::stoll(text);
+  return *n;
 }
 
 }  // namespace

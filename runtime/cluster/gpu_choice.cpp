@@ -135,10 +135,9 @@ std::vector<GpuInfo> visible_gpus(const GpuInventory& inventory, const char* cud
     entry.erase(entry.find_last_not_of(" \t") + 1);
     if (entry.empty()) continue;
     const GpuInfo* match = nullptr;
-    if (entry.find_first_not_of("0123456789") == std::string::npos) {
-      const long index = std::strtol(entry.c_str(), nullptr, 10);
+    if (const std::optional<int> index = to_number<int>(entry); index && *index >= 0) {
       for (const auto& g : inventory.gpus)
-        if (g.nvml_index == index) match = &g;
+        if (g.nvml_index == *index) match = &g;
     } else {  // a UUID or its unique prefix
       for (const auto& g : inventory.gpus)
         if (!g.uuid.empty() && g.uuid.rfind(entry, 0) == 0) {

@@ -17,6 +17,7 @@
 #include "core/check.h"
 #include "core/ops.h"
 #include "core/parallel.h"
+#include "core/parse.h"
 #include "data/codec.h"
 #include "data/shards.h"
 #include "io/hdf5.h"
@@ -69,7 +70,9 @@ std::string build_identity() {
 
 std::string host_report(const comm::World& world) {
   const CudaStatus& cuda = cuda_status();
-  const double mem_kb = std::atof(first_line_with("/proc/meminfo", "MemTotal").c_str());
+  // "MemTotal:       16318812 kB": first_line_with gives "16318812 kB".
+  const std::string mem_text = first_line_with("/proc/meminfo", "MemTotal");
+  const double mem_kb = to_number<double>(mem_text.substr(0, mem_text.find(' '))).value_or(0);
   std::string text =
       detail::str_cat("host ", world.host(), ": ", first_line_with("/proc/cpuinfo", "model name"), ", ",
                       sysconf(_SC_NPROCESSORS_ONLN), " cores online (", available_cores(), " usable by rank ",

@@ -9,6 +9,7 @@
 
 #include "core/allocator.h"
 #include "core/check.h"
+#include "core/parse.h"
 
 namespace ringtrain::runtime {
 namespace {
@@ -22,16 +23,9 @@ std::optional<int64_t> cgroup_value(const fs::path& path) {
   std::string text;
   std::getline(in, text);
   if (text == "max") return std::nullopt;
-  size_t used = 0;
-  long long v = -1;
-  try {
-    v = std::stoll(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  RT_CHECK(used > 0 && used == text.size() && v >= 0, "cgroup file '", path.string(),
-           "': expected a byte count or 'max', got '", text, "'");
-  return static_cast<int64_t>(v);
+  const std::optional<int64_t> v = to_number<int64_t>(text);
+  RT_CHECK(v && *v >= 0, "cgroup file '", path.string(), "': expected a byte count or 'max', got '", text, "'");
+  return *v;
 }
 
 // v1 writes a page-rounded LONG_MAX for "no limit".

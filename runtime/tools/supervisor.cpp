@@ -8,6 +8,7 @@
 
 #include "comm/world.h"
 #include "core/check.h"
+#include "core/parse.h"
 
 namespace ringtrain::runtime::supervisor {
 
@@ -16,9 +17,10 @@ using json = nlohmann::json;
 namespace {
 
 int parse_slots(const std::string& text, const std::string& where) {
-  const bool digits = !text.empty() && text.size() <= 6 && text.find_first_not_of("0123456789") == std::string::npos;
-  RT_CHECK(digits && std::stoi(text) >= 1, where, ": slots must be a whole number from 1 to 999999, got '", text, "'");
-  return std::stoi(text);
+  const std::optional<int> slots = to_number<int>(text);
+  RT_CHECK(slots && *slots >= 1 && *slots <= 999999, where, ": slots must be a whole number from 1 to 999999, got '",
+           text, "'");
+  return *slots;
 }
 
 }  // namespace
@@ -171,14 +173,13 @@ JobFlags read_job_flags(const std::vector<std::string>& command) {
     else if (flag == "--pipeline-split")
       f.split_given = true;
     else {
-      const bool digits =
-          !value.empty() && value.size() <= 9 && value.find_first_not_of("0123456789") == std::string::npos;
-      RT_CHECK(digits && std::stoll(value) >= 1, "the training command's ", flag, " must be a positive number, got '",
+      const std::optional<int64_t> n = to_number<int64_t>(value);
+      RT_CHECK(n && *n >= 1 && *n <= 999999999, "the training command's ", flag, " must be a positive number, got '",
                value, "'");
       if (flag == "--accum-steps")
-        f.accum = std::stoll(value);
+        f.accum = *n;
       else
-        f.stages = static_cast<int>(std::stoll(value));
+        f.stages = static_cast<int>(*n);
     }
   }
   return f;
