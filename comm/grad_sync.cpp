@@ -167,11 +167,12 @@ void GradSync::State::check_same_model() {
   agree_or_throw(check, error, "GradSync: the weight check (every rank must start from rank 0's weights)", true);
 }
 
+int64_t bucket_capacity(const GradSyncOptions& options, size_t index) {
+  return static_cast<int64_t>((index == 0 ? options.first_bucket_mb : options.bucket_mb) * 1024 * 1024);
+}
+
 void GradSync::State::plan() {
-  const auto cap = [&](size_t bucket_index) {
-    const double mb = bucket_index == 0 ? options.first_bucket_mb : options.bucket_mb;
-    return static_cast<int64_t>(mb * 1024 * 1024);
-  };
+  const auto cap = [&](size_t bucket_index) { return bucket_capacity(options, bucket_index); };
   // Reverse registration order: the order backward tends to produce gradients in.
   for (int i = static_cast<int>(params.size()) - 1; i >= 0; --i) {
     Param& p = params[i];

@@ -37,6 +37,12 @@ namespace ringtrain::comm {
 enum class Compression : uint8_t { None, BF16, F16 };
 Compression parse_compression(const std::string& text);  // "none" | "bf16" | "fp16"
 
+struct GradSyncOptions;
+// The bytes bucket `index` (0: the first in backward order) holds before the next one begins: first_bucket_mb,
+// then bucket_mb. A gradient larger than that gets a bucket of its own. The layout planner predicts a run's
+// buckets with this same rule (runtime/layout/layout_plan.cpp).
+int64_t bucket_capacity(const GradSyncOptions& options, size_t index);
+
 struct GradSyncOptions {
   double first_bucket_mb = 1.0;
   double bucket_mb = 25.0;

@@ -38,15 +38,12 @@ class ModelStateGuard {
   ModelStateGuard(const ModelStateGuard&) = delete;
   ModelStateGuard& operator=(const ModelStateGuard&) = delete;
 
-  // The generator's stream when the guard was made (what it puts back).
-  uint64_t stream() const { return stream_; }
-
  private:
   void restore();
   std::vector<Tensor> buffers_;  // the live buffers
   std::vector<Tensor> own_;      // their copies, when no storage was given
   std::vector<Tensor>* copies_;  // own_ or the caller's storage
-  uint64_t stream_ = 0;
+  uint64_t stream_ = 0;          // the generator's stream when the guard was made (what it puts back)
   struct Grad {
     Tensor param, held, copy;  // held: the gradient tensor at entry (undefined: none); copy: its values
   };

@@ -10,6 +10,7 @@
 #include <optional>
 #include <set>
 
+#include "comm/grad_sync.h"
 #include "core/allocator.h"
 #include "core/check.h"
 #include "core/parse.h"
@@ -39,20 +40,20 @@ constexpr double kMaxFittedRate = 1e15;
 
 double ms(double s) { return 1e3 * s; }
 
-// GradSync's buckets (comm/grad_sync.cpp), block by block in backward's order: a first bucket of 1 MB so
-// communication starts early, then bucket_mb each. Each entry: the bucket's bytes and the last block (in
-// backward order, an index into `order`) whose gradients it holds.
+// GradSync's buckets (comm::bucket_capacity: a small first bucket so communication starts early, then
+// bucket_mb each), block by block in backward's order. Each entry: the bucket's bytes and the last block
+// (in backward order) whose gradients it holds.
 struct Bucket {
   int64_t bytes = 0;
   size_t ready_after = 0;
 };
 std::vector<Bucket> buckets_of(const std::vector<int64_t>& bytes_backward_order, double bucket_mb) {
+  const comm::GradSyncOptions options{.bucket_mb = bucket_mb};  // the first bucket's size as the Trainer runs it
   std::vector<Bucket> out;
   for (size_t i = 0; i < bytes_backward_order.size(); ++i) {
     const int64_t b = bytes_backward_order[i];
     if (b == 0) continue;
-    const double cap_mb = out.size() == 1 ? 1.0 : bucket_mb;  // the bucket being filled: the first is 1 MB
-    if (out.empty() || out.back().bytes + b > static_cast<int64_t>(cap_mb * 1024 * 1024)) out.push_back({});
+    if (out.empty() || out.back().bytes + b > comm::bucket_capacity(options, out.size() - 1)) out.push_back({});
     out.back().bytes += b;
     out.back().ready_after = i;
   }

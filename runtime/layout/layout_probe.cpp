@@ -14,6 +14,7 @@
 #include "core/allocator.h"
 #include "core/autocast.h"
 #include "core/check.h"
+#include "core/clock.h"
 #include "core/ops.h"
 #include "core/parallel.h"
 #include "io/files.h"
@@ -26,10 +27,8 @@
 namespace ringtrain::runtime {
 
 using json = nlohmann::json;
-using Clock = std::chrono::steady_clock;
 
 namespace {
-double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 double since(Clock::time_point t) { return seconds(Clock::now() - t); }
 }  // namespace
 

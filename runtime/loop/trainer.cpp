@@ -21,6 +21,7 @@
 #include "core/allocator.h"
 #include "core/autocast.h"
 #include "core/check.h"
+#include "core/clock.h"
 #include "core/ops.h"
 #include "io/files.h"
 #include "layers/checkpoint.h"
@@ -47,7 +48,6 @@
 namespace ringtrain::runtime {
 
 using json = nlohmann::json;
-using Clock = std::chrono::steady_clock;
 namespace fs = std::filesystem;
 
 namespace {
@@ -313,8 +313,6 @@ class Run {
   std::unique_ptr<StepFence> fence_;
   double pace_to_device(int64_t step);
 };
-
-double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
 // The loop: from where the run starts, epochs of optimizer steps, each epoch followed by its evaluation and
 // checkpoint where the cadence says; then the final checkpoint, the summary and the collective teardown.

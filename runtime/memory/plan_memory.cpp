@@ -9,6 +9,7 @@
 #include "comm/host_collectives.h"
 #include "core/allocator.h"
 #include "core/check.h"
+#include "core/clock.h"
 #include "layers/checkpoint.h"
 #include "runtime/cluster/watchdog.h"
 #include "runtime/memory/memory_budget.h"
@@ -17,11 +18,6 @@
 namespace ringtrain::runtime {
 
 using json = nlohmann::json;
-using Clock = std::chrono::steady_clock;
-
-namespace {
-double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
-}  // namespace
 
 MemoryFacts measure_memory_facts(const TrainerOptions& o, Device device, Module& model, const DataSource& data,
                                  const StepFn& step_fn) {

@@ -13,6 +13,7 @@
 #include "core/autocast.h"
 #include "core/autograd.h"
 #include "core/check.h"
+#include "core/clock.h"
 #include "core/hash.h"
 #include "core/ops.h"
 #include "layers/model_state.h"
@@ -23,8 +24,6 @@ namespace ringtrain::runtime {
 using json = nlohmann::json;
 
 namespace {
-
-double seconds(std::chrono::steady_clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
 // The clipping norm's and the f16 scaler's parts over the stages of this replica (one rank per stage:
 // every replica of a stage holds the same averaged gradients).

@@ -60,13 +60,13 @@ class EvalScope {
   NoGradGuard no_grad_;
 };
 
-// Collective. Puts the model in eval mode for the pass and back in train mode after; no gradients.
-// `test_size` is the split's record count (the same on every rank).
 // Where every evaluation starts, with or without pipeline stages: this replica's share of the test split in
 // batches of options.batch (data::eval_batches). Errors: a batch below 1, an empty test split (scoring
 // nothing would report 0% as if it were a result).
 std::vector<std::vector<int64_t>> eval_share(int64_t test_size, int replica, int replicas, const EvalOptions& options);
 
+// Collective. Puts the model in eval mode for the pass and back in train mode after; no gradients.
+// `test_size` is the split's record count (the same on every rank).
 EvalResult evaluate(Module& model, data::Loader& test_loader, int64_t test_size, const comm::World& world,
                     const EvalOptions& options = {});
 
