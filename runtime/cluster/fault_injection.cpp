@@ -3,6 +3,7 @@
 #include "core/env.h"
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <thread>
@@ -44,9 +45,11 @@ FaultInjection FaultInjection::parse(const std::string& s, int64_t this_attempt)
     f.kind = Kind::Hang;
   else if (kind == "hang-checkpoint")
     f.kind = Kind::HangCheckpoint;
+  else if (kind == "stop")
+    f.kind = Kind::Stop;
   else
     RT_THROW("RINGTRAIN_INJECT: unknown kind '", kind, "' in '", s,
-             "' (expected throw, desync, hang or hang-checkpoint)");
+             "' (expected throw, desync, hang, hang-checkpoint or stop)");
   f.rank = static_cast<int>(parse_count(fields[1], s, "RANK", 1 << 24));
   f.step = parse_count(fields[2], s, "STEP", int64_t{1} << 40);
   RT_CHECK(f.step >= 1, "RINGTRAIN_INJECT: STEP counts optimizer steps from 1, got 0 in '", s, "'");
@@ -66,6 +69,14 @@ FaultInjection FaultInjection::from_env() {
 void FaultInjection::check_steps(int64_t total_steps) const {
   RT_CHECK(kind == Kind::None || step <= total_steps, "RINGTRAIN_INJECT: step ", step, " is past this run's last step ",
            total_steps, ", so the fault would never fire");
+  RT_CHECK(kind != Kind::Stop || step < total_steps, "RINGTRAIN_INJECT: stop lands in the step after step ", step,
+           ", and this run's last step is ", total_steps, ", so the fault would never fire");
+}
+
+void FaultInjection::check_cuda_graph(bool cuda_graph) const {
+  RT_CHECK(kind != Kind::Stop || !cuda_graph,
+           "RINGTRAIN_INJECT: stop lands between a step's micro-batches, which --cuda-graph replays in one launch; "
+           "drop --cuda-graph or use hang");
 }
 
 void FaultInjection::check_world(int world_size) const {
@@ -84,6 +95,7 @@ int64_t FaultInjection::after_step(int rank_here, int64_t step_now) const {
       std::this_thread::sleep_for(std::chrono::hours(1));
       return step_now;
     case Kind::HangCheckpoint:
+    case Kind::Stop:
     case Kind::None:
       break;
   }
@@ -96,6 +108,16 @@ void FaultInjection::in_checkpoint_write(int rank_here, int64_t step_now) const 
                static_cast<long long>(step_now));
   std::fflush(stderr);
   std::this_thread::sleep_for(std::chrono::hours(1));
+}
+
+void FaultInjection::after_forward(int rank_here, int64_t step_now, int64_t micro) const {
+  if (kind != Kind::Stop || micro != 0 || !armed(rank_here, step_now)) return;
+  std::fprintf(stderr,
+               "ringtrain: rank %d stops itself (SIGSTOP) at step %lld, after micro-batch 0's forward "
+               "(RINGTRAIN_INJECT)\n",
+               rank_here, static_cast<long long>(step_now));
+  std::fflush(stderr);
+  std::raise(SIGSTOP);  // every thread of the process, as a frozen host; SIGCONT goes on, SIGKILL ends it
 }
 
 }  // namespace ringtrain::runtime

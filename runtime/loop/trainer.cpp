@@ -199,7 +199,10 @@ class Run {
         trace_(o.trace, o.trace_steps),
         memory_(std::move(memory)),
         layout_plan_(std::move(layout_plan)) {
-    permanent_errors([&] { inject_.check_steps(plan_.total_steps); });
+    permanent_errors([&] {
+      inject_.check_steps(plan_.total_steps);
+      inject_.check_cuda_graph(o.cuda_graph);
+    });
   }
 
   TrainResult run();
@@ -387,7 +390,7 @@ Cursor Run::start() {
       RT_THROW_PERMANENT("--pipeline-stages ", o_.pipeline_stages, ": a custom step function (fit(model, data, ",
                          "step_fn)) sees the whole model, which no stage holds; pipelines train with the default loss");
     // The model holds its starting weights everywhere: each stage keeps its blocks' and releases the rest.
-    pipeline_ = std::make_unique<Pipeline>(world_, o_, device_, model_, data_.info(), dog_);
+    pipeline_ = std::make_unique<Pipeline>(world_, o_, device_, model_, data_.info(), dog_, inject_);
     data_.set_images(layout_.first());
     scope = pipeline_->scope();
     if (world_.is_root()) std::printf("%s\n", pipeline_->describe().c_str());
@@ -527,6 +530,7 @@ void Run::micro_step(const data::Batch& batch, int64_t k, int64_t epoch, int64_t
   const Tensor loss = replica_->forward(batch);
   losses_.add(loss, {epoch, step, micro}, [this](const LossLog::Origin& at, double v) { take_loss(at, v); });
   const auto t2 = Clock::now();
+  inject_.after_forward(world_.rank(), step, k);
   dog_.phase("backward", step);
   replica_->backward(loss, k + 1 == plan_.accum);
   const auto t3 = Clock::now();

@@ -46,12 +46,13 @@ Shape shape_of(const json& j) {
 }  // namespace
 
 Pipeline::Pipeline(comm::World& world, const TrainerOptions& o, Device device, Module& model, const DataInfo& info,
-                   Watchdog& dog)
+                   Watchdog& dog, const FaultInjection& inject)
     : world_(world),
       o_(o),
       device_(device),
       model_(model),
       dog_(dog),
+      inject_(inject),
       layout_(PipelineLayout::of(world.rank(), world.size(), o.pipeline_stages)),
       schedule_(o.pipeline_schedule),
       recompute_(o.pipeline_recompute) {
@@ -397,6 +398,7 @@ Pipeline::StepWork Pipeline::run_step(Replica& replica, int64_t step, const std:
       }
       inputs[i] = x;
       w.held_bytes = std::max(w.held_bytes, memory_stats(device_).allocated_bytes - start_bytes);
+      inject_.after_forward(world_.rank(), step, op.micro);
       continue;
     }
     const bool last_micro = op.micro == m - 1;

@@ -30,6 +30,7 @@
 #include "data/loader.h"
 #include "layers/module.h"
 #include "optim/clip.h"
+#include "runtime/cluster/fault_injection.h"
 #include "runtime/cluster/watchdog.h"
 #include "runtime/config/data_source.h"
 #include "runtime/config/options.h"
@@ -49,8 +50,9 @@ class Pipeline {
   // Collective over the world. The model holds its starting weights (fresh or resumed) on every rank;
   // afterwards only this stage's. Errors (permanent) name the flag or the model: a model that is no
   // sequence of blocks, fewer blocks than stages, a bad --pipeline-split, a custom step function.
+  // `inject`: the run's RINGTRAIN_INJECT, whose "stop" lands after a micro-batch's forward.
   Pipeline(comm::World& world, const TrainerOptions& o, Device device, Module& model, const DataInfo& info,
-           Watchdog& dog);
+           Watchdog& dog, const FaultInjection& inject);
   ~Pipeline();
   Pipeline(const Pipeline&) = delete;
   Pipeline& operator=(const Pipeline&) = delete;
@@ -126,6 +128,7 @@ class Pipeline {
   Device device_;
   Module& model_;
   Watchdog& dog_;
+  const FaultInjection& inject_;
   PipelineLayout layout_;
   PipelineSchedule schedule_;
   bool recompute_ = false;             // --pipeline-recompute

@@ -144,27 +144,22 @@ PY
       [[ -f k.rc && $(cat k.rc) != 0 ]] || { cat k.log; fail "faults: the job did not end within 30 s of the kill"; }
       grep -q "process rank 2 .* exited on signal 9" k.log || { cat k.log; fail "faults: the killed rank is not named"; }
       echo "faults: a killed stage (rank 2 of 4 stages) ended the job in $took s, named"
-      # A stage stopped (SIGSTOP) mid-step: its neighbour's watchdog names what it waits for. A stop that
-      # lands between steps is reported as a step check-in instead. Beside a CPU hog three tries all landed
-      # between steps once; ten make a mid-step one near certain (a try that names it ends the loop).
-      named=""
-      for try in $(seq 10); do
-        rm -f s.rc
-        ( rc=0; mpi 2 "${long[@]}" --image-size 16 --pipeline-stages 2 --timeout 3 > s.log 2>&1 || rc=$?; echo $rc > s.rc ) &
-        for _ in $(seq 300); do grep -q "step 3/" s.log 2> /dev/null && break; sleep 0.1; done
-        for p in $(pgrep -f "train_resnet --synthetic -a resnet20 -b 4 --image-size 8 --synthetic-size 100000"); do
-          tr '\0' '\n' < /proc/$p/environ 2> /dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1" && kill -STOP "$p"
-        done
-        for _ in $(seq 300); do [[ -f s.rc ]] && break; sleep 0.1; done
-        pkill -9 -f "train_resnet --synthetic -a resnet20 -b 4 --image-size 8 --synthetic-size 100000" || true
-        [[ -f s.rc ]] || { cat s.log; fail "faults: a stopped stage was not reported within 30 s"; }
-        grep -q "stuck in" s.log || { cat s.log; fail "faults: the stopped stage was not reported"; }
-        if grep -Eq "stuck in [^(]*\(stage [01], micro-batch [0-9]+" s.log; then named=yes; break; fi
-        grep "stuck in" s.log | head -1
-      done
-      [[ -n $named ]] || { cat s.log; fail "faults: no report named the stage and micro-batch"; }
+      # A stage stopped (SIGSTOP, its watchdog with it) mid-step: its neighbour's watchdog names what it waits
+      # for. RINGTRAIN_INJECT=stop:1:2 stops stage 1 after its first forward of the step after step 2, on every
+      # run (a kill -STOP from here landed between steps as often as not beside a CPU hog).
+      rm -f s.rc
+      ( rc=0; RINGTRAIN_INJECT=stop:1:2 mpi 2 -x RINGTRAIN_INJECT "${long[@]}" --image-size 16 \
+          --pipeline-stages 2 --timeout 3 > s.log 2>&1 || rc=$?; echo $rc > s.rc ) &
+      for _ in $(seq 600); do [[ -f s.rc ]] && break; sleep 0.1; done
+      pkill -9 -f "train_resnet --synthetic -a resnet20 -b 4 --image-size 8 --synthetic-size 100000" || true
+      [[ -f s.rc ]] || { cat s.log; fail "faults: a stopped stage was not reported within 60 s"; }
+      [[ $(cat s.rc) != 0 ]] || { cat s.log; fail "faults: the job with a stopped stage ended with status 0"; }
+      grep -q "rank 1 stops itself (SIGSTOP) at step 2, after micro-batch 0's forward" s.log ||
+        { cat s.log; fail "faults: the stop did not fire"; }
+      grep -Eq "step 2 stuck in pipeline: waiting for a micro-batch's gradient \(stage 0, micro-batch [0-9]+, from stage 1 \(rank 1\)\)" s.log ||
+        { cat s.log; fail "faults: the neighbour's report does not name the stage, micro-batch and the stopped rank"; }
       grep -E "stuck in" s.log | head -2
-      echo "faults: a stopped stage reported naming the stage and micro-batch (try $try)"
+      echo "faults: a stopped stage reported by its neighbour naming the stage, micro-batch and rank"
       ;;
     elastic)
       cat > agent << 'EOF'

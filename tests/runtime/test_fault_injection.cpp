@@ -2,7 +2,11 @@
 // naming the variable, never ignored) and each fault fires on its rank and step only.
 #include <gtest/gtest.h>
 
+#include <csignal>
 #include <cstdlib>
+
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "runtime/cluster/fault_injection.h"
 #include "test_util.h"
@@ -18,6 +22,7 @@ TEST(FaultInjection, ParsesTheKinds) {
   EXPECT_EQ(FaultInjection::parse("desync:0:5").kind, FaultInjection::Kind::Desync);
   EXPECT_EQ(FaultInjection::parse("hang:3:1").kind, FaultInjection::Kind::Hang);
   EXPECT_EQ(FaultInjection::parse("hang-checkpoint:0:4").kind, FaultInjection::Kind::HangCheckpoint);
+  EXPECT_EQ(FaultInjection::parse("stop:1:3").kind, FaultInjection::Kind::Stop);
   EXPECT_EQ(t.attempt, -1);
   EXPECT_EQ(FaultInjection::parse("throw:1:2:3").attempt, 3);
 }
@@ -44,6 +49,43 @@ TEST(FaultInjection, FiresOnItsRankAndStepOnly) {
   EXPECT_EQ(FaultInjection{}.after_step(0, 1), 1);
   // The checkpoint hang does not fire after the step, only inside the write (which would sleep: not called).
   EXPECT_FALSE(FaultInjection::parse("hang-checkpoint:0:2").fires(0, 2));
+  // Nor does the stop (it lands after a micro-batch's forward); off its rank, step or first micro-batch,
+  // after_forward returns (were it to fire, this test would stop).
+  const auto s = FaultInjection::parse("stop:1:2");
+  EXPECT_FALSE(s.fires(1, 2));
+  EXPECT_EQ(s.after_step(1, 2), 2);
+  s.after_forward(0, 2, 0);
+  s.after_forward(1, 1, 0);
+  s.after_forward(1, 2, 1);
+  s.after_forward(1, 3, 0);
+}
+
+// The stop fires: a child process stops itself (SIGSTOP) where the fault says (micro-batch 0 once STEP steps
+// are done), and nowhere before.
+TEST(FaultInjection, StopStopsTheProcessAfterTheFirstMicroBatch) {
+  const auto s = FaultInjection::parse("stop:1:2");
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    s.after_forward(1, 1, 0);
+    s.after_forward(1, 2, 1);
+    s.after_forward(1, 2, 0);  // stops here
+    ::_exit(7);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, WUNTRACED), child);
+  EXPECT_TRUE(WIFSTOPPED(status)) << status;
+  EXPECT_EQ(WSTOPSIG(status), SIGSTOP);
+  ::kill(child, SIGCONT);  // it goes on from there
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 7) << status;
+}
+
+TEST(FaultInjection, StopWithCudaGraphIsRefused) {
+  EXPECT_NO_THROW(FaultInjection::parse("stop:0:1").check_cuda_graph(false));
+  EXPECT_NO_THROW(FaultInjection::parse("hang:0:1").check_cuda_graph(true));
+  EXPECT_NE(testing::error_of([] { FaultInjection::parse("stop:0:1").check_cuda_graph(true); }).find("--cuda-graph"),
+            std::string::npos);
 }
 
 // ATTEMPT: the fault of a supervised run fires on that attempt (RINGTRAIN_RESTART) only, so a restart
@@ -52,6 +94,11 @@ TEST(FaultInjection, FiresOnItsRankAndStepOnly) {
 TEST(FaultInjection, AStepPastTheRunsEndIsRefused) {
   EXPECT_NO_THROW(FaultInjection::parse("throw:0:10").check_steps(10));
   EXPECT_NO_THROW(FaultInjection{}.check_steps(1));
+  EXPECT_NO_THROW(FaultInjection::parse("stop:0:9").check_steps(10));
+  EXPECT_NE(testing::error_of([] {
+              FaultInjection::parse("stop:0:10").check_steps(10);
+            }).find("RINGTRAIN_INJECT: stop lands in the step after step 10, and this run's last step is 10"),
+            std::string::npos);
   EXPECT_NE(testing::error_of([] {
               FaultInjection::parse("hang:0:11").check_steps(10);
             }).find("RINGTRAIN_INJECT: step 11 is past this run's last step 10, so the fault would never fire"),
