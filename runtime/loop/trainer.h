@@ -78,7 +78,8 @@ class Trainer {
   int threads_ = 1;
   std::unique_ptr<Watchdog> watchdog_;  // made once the ranks agree on the flags (its making is collective)
   std::unique_ptr<FolderLock> lock_;    // rank 0: --checkpoint-dir's lock, held while the Trainer lives
-  std::unique_ptr<GpuLock> gpu_lock_;   // this rank's GPU's lock (runtime/cluster/gpu_choice.h), held as long
+  // This rank's GPU's lock (runtime/cluster/gpu_choice.h), held while the Trainer lives.
+  std::unique_ptr<GpuLock> gpu_lock_;
 };
 
 }  // namespace ringtrain::runtime
