@@ -176,6 +176,16 @@ std::vector<std::string> all_gather_strings(MPI_Comm comm, const std::string& mi
 
 void barrier(MPI_Comm comm) { MPI_CHECK(MPI_Barrier(comm)); }
 
+std::string failure_of(const std::function<void()>& work) {
+  try {
+    work();
+  } catch (const std::exception& e) {
+    const std::string text = e.what();
+    return text.empty() ? std::string("an error without a message") : text;
+  }
+  return "";
+}
+
 void agree_or_throw(MPI_Comm comm, const std::string& local_error, const std::string& what, bool permanent) {
   const int64_t failing = all_reduce(comm, int64_t{local_error.empty() ? 0 : 1});
   if (failing == 0) return;

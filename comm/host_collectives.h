@@ -8,6 +8,7 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -54,5 +55,8 @@ class CollectiveError : public ::ringtrain::Error {
 // before anything that would otherwise leave healthy ranks waiting for a failed one. `permanent`: the
 // step is about the input (flags, data, a checkpoint), so the verdict is an error no restart fixes.
 void agree_or_throw(MPI_Comm comm, const std::string& local_error, const std::string& what, bool permanent = false);
+// A rank's local error for agree_or_throw: what `work` throws (its text), "" when it returns. The shape of
+// every agreed step: error = failure_of([&] { ...this rank's part... }); agree_or_throw(comm, error, ...).
+std::string failure_of(const std::function<void()>& work);
 
 }  // namespace ringtrain::comm

@@ -168,13 +168,11 @@ std::optional<Resumed> resume_point(const comm::World& world, const TrainerOptio
   chosen = comm::broadcast(world.comm(), chosen, 0);
   if (chosen.empty()) return std::nullopt;
   std::string error;
-  try {
+  error = comm::failure_of([&] {
     RT_CHECK(fs::exists(chosen), "checkpoint '", chosen, "' does not exist here (every rank must be able to read the ",
              "checkpoint folder)");
     if (!loaded) loaded = CheckpointDir::load(chosen);
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
+  });
   comm::agree_or_throw(world.comm(), error, "--resume", true);
   const TrainState& s = loaded->state;
   const bool batch_changed = s.global_batch != plan.global_batch;

@@ -381,7 +381,7 @@ int64_t probe_memory(comm::World& world, const TrainerOptions& o, Device device,
   RankBudget budget;
   int64_t own_baseline = 0;
   dog.phase("startup: --layout auto (the memory probe)", 0);
-  try {
+  error = comm::failure_of([&] {
     const auto t0 = Clock::now();
     TrainerOptions plain = o;
     plain.recompute = false;
@@ -407,9 +407,7 @@ int64_t probe_memory(comm::World& world, const TrainerOptions& o, Device device,
     }
     budget = rank_budget_of(o, world, device);
     took.memory += since(t0);
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
+  });
   comm::agree_or_throw(world.comm(), error, "--layout auto (the memory probe)", true);
   int64_t facts[7] = {in.facts.baseline,
                       in.facts.peak_so_far,
@@ -435,7 +433,7 @@ void probe_compute(comm::World& world, const TrainerOptions& o, Device device, W
   const int64_t G = in.global_batch;
   std::string error;
   dog.phase("startup: --layout auto (measuring the model's blocks)", 0);
-  try {
+  error = comm::failure_of([&] {
     // At most the micro-batch the budget holds without recompute (a probe over it would raise the run's peak).
     auto [b0, b1] = probe_batches(G, W);
     TrainerOptions v = o;
@@ -456,9 +454,7 @@ void probe_compute(comm::World& world, const TrainerOptions& o, Device device, W
     });
     empty_cache(device);  // the probe's freed heap back to the system: the run's baseline does not hold it
     took.compute = since(t0);
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
+  });
   comm::agree_or_throw(world.comm(), error, "--layout auto (measuring the model)", true);
   // Over the ranks: each block's mean (a maximum per block would add up every rank's worst moment: +40% at
   // ResNet-56 b32 on 4 ranks sharing 2 cores), scaled to the slowest rank's whole pass at each batch; the
@@ -511,7 +507,7 @@ int64_t probe_leftover(comm::World& world, const TrainerOptions& o, Device devic
                        const StepFn& step_fn, int64_t own_baseline, Timings& took) {
   std::string error;
   int64_t leftover = 0;
-  try {
+  error = comm::failure_of([&] {
     const auto t0 = Clock::now();
     if (device.is_cuda()) {
       TrainerOptions plain = o;
@@ -524,9 +520,7 @@ int64_t probe_leftover(comm::World& world, const TrainerOptions& o, Device devic
       leftover = std::max<int64_t>(0, resident_bytes() - own_baseline);
     }
     took.memory += since(t0);
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
+  });
   comm::agree_or_throw(world.comm(), error, "--layout auto (the memory probe)", true);
   return static_cast<int64_t>(comm::all_reduce(world.comm(), static_cast<double>(leftover), comm::HostOp::Max));
 }
@@ -553,13 +547,11 @@ PlanInput gather_plan_input(comm::World& world, const TrainerOptions& o, Device 
   std::string error;
   // A calibration file is read first: a bad one fails before any probe.
   if (!o.link_calibration.empty()) {
-    try {
+    error = comm::failure_of([&] {
       const auto t0 = Clock::now();
       in.link = read_link_file(o.link_calibration);
       took.link = since(t0);
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
+    });
     comm::agree_or_throw(world.comm(), error, "--layout auto (--link-calibration)", true);
   }
   const int64_t own_baseline = probe_memory(world, o, device, dog, model, data, step_fn, in, took);
@@ -675,11 +667,7 @@ json choose_layout(comm::World& world, TrainerOptions& o, Device device, Watchdo
   // Rank 0 plans; every rank applies its choice.
   std::string text, error;
   if (world.is_root()) {
-    try {
-      text = plan_and_print(in, o, took).dump();
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
+    error = comm::failure_of([&] { text = plan_and_print(in, o, took).dump(); });
   }
   comm::agree_or_throw(world.comm(), error, "--layout auto", true);
   json plan = json::parse(comm::broadcast(world.comm(), text, 0));
@@ -735,7 +723,7 @@ json plan_layout_what_if(comm::World& world, const TrainerOptions& o, Device dev
   }
   std::string text, error;
   if (world.is_root()) {
-    try {
+    error = comm::failure_of([&] {
       if (!w.save_link.empty()) {
         io::require_regular_if_exists(w.save_link, "--save-link");
         io::write_text(w.save_link, json{{"link", measured.to_json()}}.dump(1) + "\n", "--save-link");
@@ -751,9 +739,7 @@ json plan_layout_what_if(comm::World& world, const TrainerOptions& o, Device dev
       json plan = plan_and_print(in, o, took);
       if (w.scaling) plan["scaling"] = print_scaling(in);
       text = plan.dump();
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
+    });
   }
   comm::agree_or_throw(world.comm(), error, "ringtrain_plan", true);
   return json::parse(comm::broadcast(world.comm(), text, 0));

@@ -114,7 +114,7 @@ Trainer::Trainer(comm::World& world, TrainerOptions options) : world_(world), op
   }
   std::string error, note;
   if (world_.is_root()) {
-    try {
+    try {  // the first problem found, or what throws
       const CheckpointDir dir(options_.checkpoint_dir, options_.keep_last);
       dir.check_writable(std::max<int64_t>(options_.steps, 99999999));
       if (dir.on()) lock_ = FolderLock::acquire(dir.dir(), note);
@@ -151,15 +151,13 @@ int Trainer::choose_this_ranks_gpu() {
   watchdog_->phase("startup: choosing a free GPU (--wait-for-gpu)", 0);
   std::string error;
   GpuChoice c;
-  try {
+  error = comm::failure_of([&] {
     // The watchdog's phase must not time out a wait the user asked for.
     if (co.wait_seconds > 0) watchdog_->pause();
     c = choose_gpu(co, own, where, [&](const std::string& why) {
       std::fprintf(stderr, "%s: %s", options_.program.c_str(), why.c_str());
     });
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
+  });
   comm::agree_or_throw(world_.comm(), error, "choosing the GPUs", true);
   if (!c.note.empty() && (c.cuda_index >= 0 || world_.is_root()))
     std::fprintf(stderr, "%s: %s: %s\n", options_.program.c_str(), where.c_str(), c.note.c_str());
@@ -364,11 +362,7 @@ std::vector<CheckpointDir::Entry> Run::claim_folder(const std::optional<Resumed>
   std::vector<CheckpointDir::Entry> others;
   std::string error;
   if (setup_.world.is_root() && checkpoints_.on()) {
-    try {
-      others = others_of(checkpoints_, checkpoints_.scan());
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
+    error = comm::failure_of([&] { others = others_of(checkpoints_, checkpoints_.scan()); });
     if (error.empty() && !others.empty() && !setup_.options.start_over)
       error = detail::str_cat(
           "--checkpoint-dir '", checkpoints_.dir().string(),
@@ -513,13 +507,11 @@ Run::Saved Run::save(const Cursor& at) {
     s.run_id = origin_.run_id;
     s.steps_follow_position = origin_.steps_follow_position;
     SaveOptions seam{.before_rename = [&] { setup_.inject.in_checkpoint_write(setup_.world.rank(), at.step); }};
-    try {
+    error = comm::failure_of([&] {
       written =
           checkpoints_.save(at.step, Checkpoint{std::move(model_state), std::move(optimizer_state), s.to_json()}, seam)
               .string();
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
+    });
   } else {
     setup_.watchdog.phase("checkpoint (waiting for other ranks: rank 0 writes it)", at.step);
   }

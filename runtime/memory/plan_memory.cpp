@@ -82,12 +82,10 @@ nlohmann::json plan_memory(comm::World& world, TrainerOptions& o, Device device,
   MemoryFacts f;
   RankBudget budget;
   std::string error;
-  try {
+  error = comm::failure_of([&] {
     f = measure_memory_facts(o, device, model, data, step_fn);
     budget = rank_budget_of(o, world, device);
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
+  });
   // A model the probe cannot train (say, one that needs real labels) skips the plan, unless the run needs it.
   const bool failed = comm::all_reduce(world.comm(), int64_t{error.empty() ? 0 : 1}, comm::HostOp::Max) > 0;
   if (failed && o.batch > 0 && o.max_memory == 0) {

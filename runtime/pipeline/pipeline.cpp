@@ -85,7 +85,7 @@ void Pipeline::decide_split(const TrainerOptions& o, const DataInfo& info) {
   std::string text, error;
   if (world_.is_root()) {
     dog_.phase("startup: measuring the model's blocks for the pipeline (rank 0)", 0);
-    try {
+    error = comm::failure_of([&] {
       const bool measure = o.pipeline_split.empty();
       // The measurement trains the blocks: their BatchNorm statistics, the generator and the gradients are
       // put back after it.
@@ -169,9 +169,7 @@ void Pipeline::decide_split(const TrainerOptions& o, const DataInfo& info) {
                      {"activation_bytes", b.activation_bytes},
                      {"backward_bytes", b.backward_bytes}});
       text = json{{"split", split}, {"outputs", outputs}, {"costs", c}, {"measured", measure}, {"draws", draws}}.dump();
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
+    });
   } else {
     dog_.phase("startup: waiting for rank 0 to measure the model's blocks for the pipeline", 0);
   }

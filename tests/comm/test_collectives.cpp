@@ -11,6 +11,7 @@
 #include <cstring>
 #include <ctime>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -269,6 +270,22 @@ TEST(Agreement, OneRankErrorMakesEveryRankThrowTheSameMessage) {
   EXPECT_NE(e.find("opening the dataset failed on rank " + std::to_string(w.size() - 1)), std::string::npos) << e;
   EXPECT_NE(e.find("shard 3 is corrupt"), std::string::npos) << e;
   EXPECT_NO_THROW(agree_or_throw(w.comm(), "", "nothing"));
+}
+
+// failure_of gives a rank's part of an agreed step as its local error: what it threw, "" when it returned.
+TEST(Agreement, FailureOfIsWhatTheWorkThrew) {
+  World& w = World::init();
+  EXPECT_EQ(failure_of([] {}), "");
+  EXPECT_EQ(failure_of([] { throw std::runtime_error("shard 3 is corrupt"); }), "shard 3 is corrupt");
+  EXPECT_EQ(failure_of([] { throw std::runtime_error(""); }), "an error without a message");
+  int ran = 0;
+  const std::string local = failure_of([&] {
+    ++ran;
+    RT_CHECK(w.rank() != w.size() - 1, "rank ", w.rank(), " has no data");
+  });
+  EXPECT_EQ(ran, 1);
+  const std::string e = ringtrain::testing::error_of([&] { agree_or_throw(w.comm(), local, "opening the dataset"); });
+  EXPECT_NE(e.find("rank " + std::to_string(w.size() - 1) + " has no data"), std::string::npos) << e;
 }
 
 // The nodes the test runs on: RT_EXPECT_NODES=NxP when the emulated cluster (scripts/cluster.sh, ranks
