@@ -500,6 +500,8 @@ void Pipeline::recomputed_backward(Replica& replica, const Tensor& input, uint64
 
 EvalResult Pipeline::evaluate(data::Loader* loader, int64_t test_size, const EvalOptions& options, int64_t step) {
   const int s = layout_.stage;
+  RT_CHECK(!options.logits, "pipeline evaluation: a custom logits function (EvalOptions::logits) sees the whole ",
+           "model, which no stage holds; the stages' blocks give the logits");
   const auto batches = eval_share(test_size, layout_.replica, layout_.replicas, options);
   if (reads_data()) loader->start(batches, options.epoch);
   EvalScope scope(model_);
@@ -512,6 +514,7 @@ EvalResult Pipeline::evaluate(data::Loader* loader, int64_t test_size, const Eva
     const auto valid =
         static_cast<int64_t>(std::count_if(batches[k].begin(), batches[k].end(), [](int64_t i) { return i >= 0; }));
     std::optional<data::Batch> b;
+    if (options.on_batch) options.on_batch();  // as evaluate() does; the phase below says more
     if (reads_data()) {
       dog_.phase("evaluation", step, detail::str_cat("stage ", s, ", batch ", k));
       b = loader->next();
@@ -535,6 +538,7 @@ EvalResult Pipeline::evaluate(data::Loader* loader, int64_t test_size, const Eva
     else
       sends.push_back(forward_->send(y, s + 1));
   }
+  if (options.on_wait) options.on_wait();
   dog_.phase("evaluation all-reduce (waiting for other ranks)", step);
   for (auto& send : sends) send->wait();
   return sums.total(world_.comm());

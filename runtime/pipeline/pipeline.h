@@ -83,7 +83,9 @@ class Pipeline {
 
   // Collective: evaluation through the pipeline, every test image scored once (the first stage reads them,
   // the last the labels), the sums all-reduced over the world.
-  // The options and their checks are evaluate()'s (runtime/step/evaluate.h); `step` names the watchdog's phases.
+  // The options and their checks are evaluate()'s (runtime/step/evaluate.h), on_batch and on_wait called where
+  // it calls them, on every stage; a custom `logits` (it would see the whole model) is refused. `step` names the
+  // watchdog's phases, which say the stage and batch.
   EvalResult evaluate(data::Loader* loader, int64_t test_size, const EvalOptions& options, int64_t step);
 
   // Collective over the world: the whole model's state (every stage's parameters and buffers) and the

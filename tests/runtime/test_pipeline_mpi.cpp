@@ -19,8 +19,12 @@
 #include "layers/linear.h"
 #include "layers/pooling.h"
 #include "mpi_datasets.h"
+#include "runtime/cluster/fault_injection.h"
+#include "runtime/cluster/watchdog.h"
 #include "runtime/config/data_source.h"
 #include "runtime/loop/trainer.h"
+#include "runtime/pipeline/pipeline.h"
+#include "runtime/step/evaluate.h"
 #include "test_util.h"
 
 namespace ringtrain::runtime {
@@ -315,6 +319,37 @@ class HidesAParameter : public NoBlocks {
  private:
   std::shared_ptr<Linear> extra_;
 };
+
+// Evaluation through the stages takes evaluate()'s options: every test image scored once, on_batch called
+// for each of the replica's batches and on_wait once, on every stage; a custom logits function is refused.
+TEST(Pipeline, EvaluationTakesTheOptionsOfEvaluate) {
+  const fs::path dir = make_dataset("eval", 24, 10);
+  const int n = world().size();
+  TrainerOptions o = pipelined("", n);
+  o.accum = 1;
+  auto data = open_shards(dir, {.device = Device::cpu()});
+  manual_seed(7);  // the same starting weights on every rank, as the Trainer's seed gives
+  auto model = net(data->info().channels, data->info().classes);
+  Watchdog dog(world(), 120);
+  const FaultInjection none;
+  Pipeline pipeline(world(), o, Device::cpu(), *model, data->info(), dog, none);
+  EvalOptions eo;
+  eo.batch = 4;
+  int batches = 0, waits = 0;
+  eo.on_batch = [&] { ++batches; };
+  eo.on_wait = [&] { ++waits; };
+  const EvalResult e = pipeline.evaluate(data->test_loader(), data->info().test_size, eo, 0);
+  EXPECT_EQ(e.count, 10);
+  EXPECT_EQ(batches, 3);  // 10 images in batches of 4, one replica
+  EXPECT_EQ(waits, 1);
+  eo.logits = [](Module& m, const Tensor& images) { return m(images); };
+  const std::string error =
+      testing::error_of([&] { pipeline.evaluate(data->test_loader(), data->info().test_size, eo, 0); });
+  EXPECT_NE(error.find("a custom logits function (EvalOptions::logits) sees the whole model"), std::string::npos)
+      << error;
+  comm::barrier(world().comm());
+  if (world().is_root()) fs::remove_all(dir);
+}
 
 TEST(Pipeline, WhatAPipelineCannotRunIsRefusedNamingIt) {
   const fs::path dir = make_dataset("refused", 48, 0);
