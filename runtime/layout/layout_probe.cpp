@@ -23,6 +23,7 @@
 #include "layers/model_state.h"
 #include "optim/optimizer.h"
 #include "runtime/memory/memory_plan.h"
+#include "runtime/memory/plan_memory.h"
 
 namespace ringtrain::runtime {
 

@@ -38,6 +38,7 @@
 #include "runtime/loop/reporter.h"
 #include "runtime/memory/memory_budget.h"
 #include "runtime/memory/memory_plan.h"
+#include "runtime/memory/plan_memory.h"
 #include "runtime/pipeline/pipeline.h"
 #include "runtime/pipeline/pipelined_step.h"
 #include "runtime/step/evaluate.h"

@@ -11,7 +11,7 @@
 //   MemoryFacts f = measure_memory_facts(o, device, model, data, step_fn);
 //   MemoryPrediction p = predict_peak(o, f, world_size);   // p.total <= budget, or refuse with remedies(...)
 //
-// plan_memory() does that on every rank, collectively, before fit()'s run is built.
+// plan_memory() (runtime/memory/plan_memory.h) does that on every rank, collectively, before fit()'s run is built.
 //
 // On the CPU the prediction is of the peak resident set (what the summary's peak_mem_bytes measures); on
 // CUDA of the caching allocator's high-water mark of tensors (the summary's peak_tensor_bytes): what has to
@@ -122,23 +122,5 @@ AutoBatch choose_batch(const TrainerOptions& o, const MemoryFacts& f, int world_
 
 // The resident set of this process now (/proc/self/statm), in bytes.
 int64_t resident_bytes();
-
-// This rank's measured facts: the probe's curve (probe_activations), the baseline (the resident set or the
-// device's tensors, less the probe's), the parameters, one image, the input batches in flight.
-MemoryFacts measure_memory_facts(const TrainerOptions& o, Device device, Module& model, const DataSource& data,
-                                 const StepFn& step_fn);
-// This rank's budget: --max-memory, else its share of its device's free memory (runtime/memory/memory_budget.h).
-struct RankBudget {
-  int64_t bytes = 0;
-  std::string source;  // "--max-memory", or the free memory and the ranks sharing it
-};
-RankBudget rank_budget_of(const TrainerOptions& o, const comm::World& world, Device device);
-
-// Collective, before fit()'s run is built: every rank measures its facts and budget; rank 0 resolves -b auto
-// and --global-batch (into o.batch and o.accum) for every rank's budget, and refuses a run some rank's budget
-// does not hold, naming the remedies that fit. A model the probe cannot train skips the plan with a warning
-// (unless -b auto or --max-memory needs it). Returns the plan record's "memory" part (null when no plan).
-nlohmann::json plan_memory(comm::World& world, TrainerOptions& o, Device device, Watchdog& dog, Module& model,
-                           DataSource& data, const StepFn& step_fn);
 
 }  // namespace ringtrain::runtime

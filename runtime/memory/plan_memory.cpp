@@ -1,5 +1,7 @@
 // runtime/memory/plan_memory.cpp: the memory plan of a run, collective (plan_memory), and the facts each rank
 // measures for it (measure_memory_facts) and its budget.
+#include "runtime/memory/plan_memory.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
