@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Unit tests for scaling_model.py: /usr/bin/python3 scripts/test_scaling_model.py"""
+"""Unit tests for scaling_model.py: /usr/bin/python3 tests/scripts/test_scaling_model.py"""
 import contextlib
 import io
 import json
@@ -10,7 +10,7 @@ import sys
 import tempfile
 import unittest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts")
 sys.path.insert(0, HERE)
 import scaling_model as sm  # noqa: E402
 

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Tests of gpu_bandwidth_model.py: /usr/bin/python3 scripts/test_gpu_bandwidth_model.py [TRAIN_RESNET]
+"""Tests of gpu_bandwidth_model.py: /usr/bin/python3 tests/scripts/test_gpu_bandwidth_model.py [TRAIN_RESNET]
 
 With the path of a train_resnet binary, the model's batch norms are also checked against the ones
 ringtrain's ResNet-18 and ResNet-50 run (their names in a CPU --profile-layers record)."""
@@ -10,7 +10,7 @@ import sys
 import tempfile
 import unittest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts")
 sys.path.insert(0, HERE)
 import gpu_bandwidth_model as bm  # noqa: E402
 
