@@ -8,11 +8,11 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
-#include <string_view>
 
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
+#include "io/hdf5.h"
 
 namespace ringtrain::io {
 namespace fs = std::filesystem;
@@ -110,15 +110,18 @@ fs::path resolved(const fs::path& path) {
 std::string clobber_problem(const std::string& flag, const std::string& path, bool append_jsonl) {
   std::error_code ec;
   if (path.empty() || !fs::is_regular_file(path, ec) || fs::file_size(path, ec) == 0) return "";
-  std::ifstream in(path, std::ios::binary);
-  char magic[8] = {};
-  in.read(magic, sizeof magic);
-  if (std::string_view(magic, static_cast<size_t>(in.gcount())) == std::string_view("\x89HDF\r\n\x1a\n", 8))
+  bool hdf5 = false;
+  {
+    // HDF5's own test: its signature may also follow a user block (at 512, 1024, ... bytes).
+    const std::lock_guard<std::recursive_mutex> guard(h5::lock());
+    h5::silence_errors();
+    hdf5 = H5Fis_hdf5(path.c_str()) > 0;
+  }
+  if (hdf5)
     return detail::str_cat(flag, " '", path, "' is an HDF5 file (a checkpoint or a data shard): text written there ",
                            "would destroy it; write it elsewhere");
   if (!append_jsonl) return "";
-  in.clear();
-  in.seekg(0);
+  std::ifstream in(path, std::ios::binary);
   std::string first;
   std::getline(in, first);
   // A ringtrain log begins with a record on its first line: an object with a "type". A pretty-printed JSON

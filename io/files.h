@@ -30,15 +30,11 @@ std::string kind_of(const std::filesystem::file_status& status);
 void write_text(const std::filesystem::path& path, const std::string& text, const std::string& what,
                 bool append = false);
 
-}  // namespace ringtrain::io
-
-namespace ringtrain::io {
-
 // Where `path` leads: absolute, every symbolic link followed, the last one too when what it names does not
 // exist yet (a link to a file a run is about to create leads to that file), "." and ".." resolved.
 std::filesystem::path resolved(const std::filesystem::path& path);
 
-// What an output file must not be, whatever the run: a ringtrain HDF5 file (a checkpoint, a shard: text
+// What an output file must not be, whatever the run: an HDF5 file (a checkpoint, a shard: text
 // written over it destroys it) and, for an appended log, a file that is not JSON lines (a manifest, a
 // trace). Empty when `path` may be written; else "<flag> '<path>' is ...: write it elsewhere".
 std::string clobber_problem(const std::string& flag, const std::string& path, bool append_jsonl);
