@@ -159,12 +159,17 @@ json TrainerOptions::to_json() const {
   return j;
 }
 
+std::vector<std::pair<std::string, std::string>> output_files(const TrainerOptions& o) {
+  std::vector<std::pair<std::string, std::string>> files = {{"--log-jsonl", o.log_jsonl}, {"--trace", o.trace}};
+  files.insert(files.end(), o.written_files.begin(), o.written_files.end());
+  return files;
+}
+
 void check_outputs(const TrainerOptions& o) {
   io::RunFiles files;
   files.reads("--resume", o.resume == "auto" ? "" : o.resume).reads("--link-calibration", o.link_calibration);
   for (const auto& [flag, path] : o.read_folders) files.reads_folder(flag, path);
-  files.writes("--log-jsonl", o.log_jsonl).writes("--trace", o.trace);
-  for (const auto& [flag, path] : o.written_files) files.writes(flag, path);
+  for (const auto& [flag, path] : output_files(o)) files.writes(flag, path);
   files.writes_folder("--checkpoint-dir", o.checkpoint_dir);
   files.check();
 }

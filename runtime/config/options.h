@@ -164,6 +164,9 @@ void validate_options(const TrainerOptions& o);
 // (CheckpointDir::output_problem) and that no output is a checkpoint, a shard or a foreign file it would
 // corrupt (io::clobber_problem).
 void check_outputs(const TrainerOptions& o);
+// The files a run writes, each with its flag: --log-jsonl, --trace and the app's written_files (empty paths
+// included: not written). check_outputs and the Trainer's start-up checks read this one list.
+std::vector<std::pair<std::string, std::string>> output_files(const TrainerOptions& o);
 
 // What every rank must agree on: the flags the checkpoints record, and whatever decides which collectives
 // a rank takes part in (cadences, and whether checkpoints, the log and the trace are on).

@@ -119,10 +119,7 @@ Trainer::Trainer(comm::World& world, TrainerOptions options) : world_(world), op
       const CheckpointDir dir(options_.checkpoint_dir, options_.keep_last);
       dir.check_writable(std::max<int64_t>(options_.steps, 99999999));
       if (dir.on()) lock_ = FolderLock::acquire(dir.dir(), note);
-      std::vector<std::pair<std::string, std::string>> outputs = {{"--log-jsonl", options_.log_jsonl},
-                                                                  {"--trace", options_.trace}};
-      outputs.insert(outputs.end(), options_.written_files.begin(), options_.written_files.end());
-      for (const auto& [flag, path] : outputs) {
+      for (const auto& [flag, path] : output_files(options_)) {
         if (error.empty()) error = dir.output_problem(flag, path);
         if (error.empty()) error = check_output_file(flag, path);
         if (error.empty()) error = io::clobber_problem(flag, path, flag == "--log-jsonl");
