@@ -65,7 +65,7 @@ bool tune_malloc() {
 #if defined(__SANITIZE_ADDRESS__)
   return false;  // ASan's allocator serves every block; mallopt does not reach it
 #else
-  if (env_switch("RINGTRAIN_MALLOC_DEFAULTS", false, "leave glibc's malloc thresholds as they are")) return false;
+  if (ringtrain_switch("RINGTRAIN_MALLOC_DEFAULTS")) return false;
   // glibc before 2.35 caps the mmap threshold at 32 MiB: fall back to that.
   const bool mmap_ok = mallopt(M_MMAP_THRESHOLD, 256 << 20) == 1 || mallopt(M_MMAP_THRESHOLD, 32 << 20) == 1;
   const bool trim_ok = mallopt(M_TRIM_THRESHOLD, 1 << 30) == 1;

@@ -51,7 +51,7 @@ void run_check(const detail::DeferredCheck& c) {
 }  // namespace
 
 bool detail::cuda_sync_every_op() {
-  static const bool on = env_switch("RINGTRAIN_CUDA_SYNC", false, "synchronize after every CUDA op");
+  static const bool on = ringtrain_switch("RINGTRAIN_CUDA_SYNC");
   return on;
 }
 
@@ -59,7 +59,7 @@ int64_t cuda_host_syncs() { return g_host_syncs.load(std::memory_order_relaxed);
 
 bool cuda_graph_emulated() {
   // Read each time: tests set it.
-  return env_switch("RINGTRAIN_CUDA_GRAPH_EMULATE", false, "emulate CUDA graphs on the CPU, for tests");
+  return ringtrain_switch("RINGTRAIN_CUDA_GRAPH_EMULATE");
 }
 
 namespace detail {

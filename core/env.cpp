@@ -46,6 +46,7 @@ struct Variable {
   const char* meaning = "";  // a switch: what 1 does
   int64_t lo = 0, hi = 0;    // a number's range
   void (*read)() = nullptr;  // a choice: its reader, which refuses a name it lacks (or this CPU lacks)
+  bool on = false;           // a switch: its value when unset
 };
 
 // docs/ENVIRONMENT.md, by kind (tests/apps/env_rule.sh keeps the two and the sources in step).
@@ -54,7 +55,7 @@ constexpr Variable kVariables[] = {
     {"RINGTRAIN_CPU_CONV", Kind::Choice, "", 0, 0, [] { cpu_convolution(); }},
     {"RINGTRAIN_CPU_BF16", Kind::Choice, "", 0, 0, [] { cpu_bf16_kernels(); }},
     {"RINGTRAIN_MALLOC_DEFAULTS", Kind::Switch, "leave glibc's malloc thresholds as they are"},
-    {"RINGTRAIN_CUDNN_BENCHMARK", Kind::Switch, "time cuDNN's algorithms and keep the fastest"},
+    {"RINGTRAIN_CUDNN_BENCHMARK", Kind::Switch, "time cuDNN's algorithms and keep the fastest", 0, 0, nullptr, true},
     {"RINGTRAIN_CUDNN_DETERMINISTIC", Kind::Switch, "deterministic cuDNN algorithms only"},
     {"RINGTRAIN_CUDNN_WORKSPACE_MB", Kind::Number, "", 0, int64_t{1} << 24},
     {"RINGTRAIN_CUDA_SYNC", Kind::Switch, "synchronize after every CUDA op"},
@@ -70,14 +71,33 @@ constexpr Variable kVariables[] = {
     {"RINGTRAIN_MACHINE_ROOT", Kind::Text},  // scripts/gpu_prefix.sh
 };
 
+const Variable& variable(const char* name, Kind kind) {
+  for (const Variable& v : kVariables)
+    if (std::string_view(v.name) == name) {
+      RT_CHECK(v.kind == kind, name, " is not read as core/env.cpp's table lists it");
+      return v;
+    }
+  RT_THROW(name, " is missing from core/env.cpp's table of the variables ringtrain reads");
+}
+
 }  // namespace
+
+bool ringtrain_switch(const char* name) {
+  const Variable& v = variable(name, Kind::Switch);
+  return env_switch(v.name, v.on, v.meaning);
+}
+
+std::optional<int64_t> ringtrain_number(const char* name) {
+  const Variable& v = variable(name, Kind::Number);
+  return env_number<int64_t>(v.name, {v.lo, v.hi});
+}
 
 std::vector<std::string> check_environment() {
   for (const Variable& v : kVariables) {
     const std::optional<std::string> text = env_text(v.name);
     if (!text) continue;
-    if (v.kind == Kind::Switch) env_switch(v.name, false, v.meaning);
-    if (v.kind == Kind::Number) env_number<int64_t>(v.name, {v.lo, v.hi});
+    if (v.kind == Kind::Switch) ringtrain_switch(v.name);
+    if (v.kind == Kind::Number) ringtrain_number(v.name);
     if (v.kind == Kind::Choice) v.read();
   }
   std::vector<std::string> warnings;
@@ -94,7 +114,7 @@ std::vector<std::string> check_environment() {
   return warnings;
 }
 
-int64_t restart_count() { return env_number<int64_t>("RINGTRAIN_RESTART", {0, kMaxRestart}).value_or(0); }
+int64_t restart_count() { return ringtrain_number("RINGTRAIN_RESTART").value_or(0); }
 
 template std::optional<int> env_number<int>(const char*, const NumberRange<int>&);
 template std::optional<int64_t> env_number<int64_t>(const char*, const NumberRange<int64_t>&);

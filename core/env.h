@@ -32,6 +32,12 @@ std::optional<T> env_number(const char* name, const NumberRange<T>& range);
 // warning for each set RINGTRAIN_* name that no program reads (a misspelling: RINGTRAIN_THREAD).
 std::vector<std::string> check_environment();
 
+// A switch or a number of the table in core/env.cpp (docs/ENVIRONMENT.md), read with the meaning, default and
+// range written there once: env_switch and env_number with the table's arguments. A name the table lacks, or
+// lists as another kind, is a programming error.
+bool ringtrain_switch(const char* name);
+std::optional<int64_t> ringtrain_number(const char* name);
+
 // RINGTRAIN_RESTART: which launch of a supervised run this is (ringtrain_run sets it: 0, 1, ...); 0 unset.
 int64_t restart_count();
 

@@ -61,8 +61,8 @@ int local_ranks_from_env() {
 int num_threads() { return thread_count().load(); }
 
 std::optional<int> threads_from_env() {
-  const std::optional<int> n = env_number<int>("RINGTRAIN_THREADS", {0, kMaxThreads});
-  return n && *n > 0 ? n : std::nullopt;  // 0: automatic, as --threads 0
+  const std::optional<int64_t> n = ringtrain_number("RINGTRAIN_THREADS");        // at most kMaxThreads
+  return n && *n > 0 ? std::optional<int>(static_cast<int>(*n)) : std::nullopt;  // 0: automatic, as --threads 0
 }
 
 void set_num_threads(int n) {

@@ -141,7 +141,7 @@ struct Descriptors {
 
 size_t workspace_limit() {
   static const size_t limit = [] {
-    const int64_t mb = env_number<int64_t>("RINGTRAIN_CUDNN_WORKSPACE_MB", {0, int64_t{1} << 24}).value_or(1024);
+    const int64_t mb = ringtrain_number("RINGTRAIN_CUDNN_WORKSPACE_MB").value_or(1024);
     return static_cast<size_t>(mb) << 20;
   }();
   return limit;
@@ -184,8 +184,7 @@ const char* pass_name(Pass p) {
 template <typename Perf>
 Choice pick(const std::vector<Perf>& results, int count, Pass pass, const ConvGeometry& g, DType dtype) {
   // Read once, like the workspace bound: the cache does not key on them.
-  static const bool deterministic =
-      env_switch("RINGTRAIN_CUDNN_DETERMINISTIC", false, "deterministic cuDNN algorithms only");
+  static const bool deterministic = ringtrain_switch("RINGTRAIN_CUDNN_DETERMINISTIC");
   for (int i = 0; i < count; ++i) {  // cuDNN returns them sorted by time
     const Perf& r = results[static_cast<size_t>(i)];
     if (r.status != CUDNN_STATUS_SUCCESS || r.memory > workspace_limit()) continue;
@@ -225,8 +224,7 @@ Choice choose(const Key& key, FindFn find, HeuristicFn heuristic) {
     std::lock_guard<std::mutex> lock(g_cache_mutex);
     if (auto it = g_cache.find(key); it != g_cache.end()) return it->second;
   }
-  static const bool benchmark = env_switch(
-      "RINGTRAIN_CUDNN_BENCHMARK", true, "time cuDNN's algorithms and keep the fastest");  // read once (not in the key)
+  static const bool benchmark = ringtrain_switch("RINGTRAIN_CUDNN_BENCHMARK");  // read once (not in the key)
   const Choice c = benchmark ? find() : heuristic();
   std::lock_guard<std::mutex> lock(g_cache_mutex);
   g_cache.emplace(key, c);

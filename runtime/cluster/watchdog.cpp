@@ -35,7 +35,7 @@ Watchdog::Watchdog(const comm::World& world, double timeout_s, StuckHandler on_s
     : world_(world),
       timeout_s_(timeout_s),
       on_stuck_(std::move(on_stuck)),
-      debug_phases_(env_switch("RINGTRAIN_DEBUG_PHASES", false, "print every phase the watchdog is told")) {
+      debug_phases_(ringtrain_switch("RINGTRAIN_DEBUG_PHASES")) {
   if (!on_stuck_) on_stuck_ = [this](const std::string& message) { world_.abort(message); };
   if (timeout_s_ <= 0) return;
   if (world_.size() > 1 && world_.thread_level() == MPI_THREAD_MULTIPLE) {

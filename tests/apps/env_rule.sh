@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tests/apps/env_rule.sh SOURCE_DIR: every RINGTRAIN_* variable is read through core/env.h (one rule for
 # switches and numbers), listed in docs/ENVIRONMENT.md and in core/env.cpp's table that checks them all at a
-# program's start. Fails naming the file that reads one itself, or the variable a list lacks.
+# program's start and holds each switch's meaning and default and each number's range (ringtrain_switch,
+# ringtrain_number). Fails naming the file that reads one itself, or the variable a list lacks.
 set -uo pipefail
 src=$(cd "$1" && pwd)
 cd "$src"
@@ -14,7 +15,7 @@ if [[ -n $direct ]]; then
   echo "env rule: read without core/env.h:"; echo "$direct" | sed 's/^/  /'; fails=$((fails + 1))
 fi
 # 2. Every variable read through core/env.h is on the page.
-read_names=$(grep -rhoE '(env_text|env_switch|env_number<[a-z0-9_]+>)\("RINGTRAIN_[A-Z0-9_]+"' "${dirs[@]}" \
+read_names=$(grep -rhoE '(env_text|env_switch|env_number<[a-z0-9_]+>|ringtrain_switch|ringtrain_number)\("RINGTRAIN_[A-Z0-9_]+"' "${dirs[@]}" \
   --include='*.cpp' --include='*.h' --include='*.cu' | grep -oE 'RINGTRAIN_[A-Z0-9_]+' | sort -u)
 count=$(wc -w <<< "$read_names")
 ((count >= 15)) || { echo "env rule: only $count variables found read through core/env.h: the pattern is stale"; fails=$((fails + 1)); }

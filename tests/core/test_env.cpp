@@ -126,3 +126,49 @@ TEST(Env, ThreadsAndRestartCountAreCheckedNumbers) {
     EXPECT_EQ(restart_count(), 0);
   }
 }
+
+// The table of core/env.cpp gives each switch its default and meaning, each number its range, once.
+TEST(Env, TheTableHoldsEachVariablesDefaultMeaningAndRange) {
+  {
+    EnvVar v("RINGTRAIN_CUDNN_BENCHMARK", nullptr);
+    EXPECT_TRUE(ringtrain_switch("RINGTRAIN_CUDNN_BENCHMARK"));  // on unless told otherwise
+  }
+  {
+    EnvVar v("RINGTRAIN_CUDA_SYNC", nullptr);
+    EXPECT_FALSE(ringtrain_switch("RINGTRAIN_CUDA_SYNC"));
+  }
+  {
+    EnvVar v("RINGTRAIN_CUDA_SYNC", "yes");
+    std::string e;
+    try {
+      ringtrain_switch("RINGTRAIN_CUDA_SYNC");
+    } catch (const std::exception& x) {
+      e = x.what();
+    }
+    EXPECT_NE(e.find("synchronize after every CUDA op"), std::string::npos) << e;
+  }
+  {
+    EnvVar v("RINGTRAIN_CUDNN_WORKSPACE_MB", "16777217");
+    std::string e;
+    try {
+      ringtrain_number("RINGTRAIN_CUDNN_WORKSPACE_MB");
+    } catch (const std::exception& x) {
+      e = x.what();
+    }
+    EXPECT_NE(e.find("RINGTRAIN_CUDNN_WORKSPACE_MB: expected an integer in [0, 16777216]"), std::string::npos) << e;
+  }
+  // A name the table lacks, or lists as another kind, is a programming error naming it.
+  for (const auto& [name, number] :
+       {std::pair{"RINGTRAIN_NOT_A_VARIABLE", false}, std::pair{"RINGTRAIN_CUDA_SYNC", true}}) {
+    std::string e;
+    try {
+      if (number)
+        ringtrain_number(name);
+      else
+        ringtrain_switch(name);
+    } catch (const std::exception& x) {
+      e = x.what();
+    }
+    EXPECT_NE(e.find(name), std::string::npos) << e;
+  }
+}
