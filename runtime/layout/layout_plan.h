@@ -27,8 +27,9 @@
 //   sharing CPU ranks that share a host's cores run slower the more of them are busy: the probe's times
 //             (all busy) are turned into a rank's alone, and each pipeline slot (fill, steady, drain) runs
 //             at the speed its busy ranks leave (max(1, busy threads / cores) slower than alone).
-// The link model is alpha-beta per hop, inside a host and between hosts (LinkModel): measured at start-up
-// (layout_probe.h), read from a calibration file, or given (ringtrain_plan --link).
+// The link model is alpha-beta per hop, inside a host and between hosts (runtime/layout/link_model.h): measured
+// at start-up (layout_probe.h), read from a calibration file, or given (ringtrain_plan --link); the compute
+// profile and its line through two batches are runtime/layout/compute_profile.h.
 #pragma once
 
 #include <cstdint>
@@ -39,96 +40,18 @@
 
 #include "comm/communicator.h"
 #include "runtime/config/options.h"
+#include "runtime/layout/compute_profile.h"
+#include "runtime/layout/link_model.h"
 #include "runtime/memory/memory_plan.h"
 #include "runtime/pipeline/pipeline_plan.h"
 
 namespace ringtrain::runtime {
-
-// The most LinkModel::inter_cpu_per_wire may be.
-inline constexpr double kMaxInterCpu = 8;
-
-// Alpha-beta per hop: a message of B bytes over a hop takes alpha + B / bw seconds.
-struct LinkModel {
-  double alpha_intra = 5e-6, bw_intra = 4e9;      // between ranks of one host (shared memory, NVLink)
-  double alpha_inter = 30e-6, bw_inter = 1.25e8;  // between hosts (one direction of the host's link)
-  // The ranks' cores a collective's traffic between hosts takes, per second of its wire time there (the
-  // line above), where CPU ranks' threads fill them: TCP in the kernel and MPI's progress over it. Measured at
-  // start-up on several hosts (measure_transport_cpu); 0 elsewhere and on links given by hand. On the
-  // emulated cluster the veth pairs run on the ranks' own cores: ResNet-50's backward ran 28% slower beside
-  // its all-reduce between two such hosts than on one. No backward hides it; above 1 where the transport's
-  // CPU outlasts the link's idle time.
-  double inter_cpu_per_wire = 0;
-  std::string source = "defaults";  // "measured at start-up", "--link 100Gbit", a file
-  // Every hop as fast as between ranks of one host: what a collective takes in its copies and sums alone.
-  LinkModel copies_only() const;
-  nlohmann::json to_json() const;
-  // Errors name `where` (a file) and the key: missing, not a positive number (inter_cpu_per_wire: optional, from
-  // 0 to 8).
-  static LinkModel from_json(const nlohmann::json& j, const std::string& where);
-};
 
 // The world a layout runs in: hosts x ranks per host, ranks numbered host by host.
 struct WorldShape {
   int hosts = 1, ranks_per_host = 1;
   bool cuda = false;
   int size() const { return hosts * ranks_per_host; }
-};
-
-// A link's rate as people write it: a number (core/parse.h's rule), a prefix k, M, G or T (powers of 1000,
-// either case), then b, bit or bits for bits, or B, byte or bytes for bytes (b is a bit and B a byte: "10Gb/s"
-// is 1.25 GB/s, "10GBps" 10 GB/s), "/s" or "ps" after them optional; from 1 Mbit/s to 100 Tbit/s. Bytes per
-// second; errors name `flag` and what it takes.
-double parse_link_rate(const std::string& text, const std::string& flag);
-// A latency: a number and s, ms, us or ns ("20us", "0.1ms"), from 1 ns to 1 s; seconds, errors name `flag`.
-double parse_latency(const std::string& text, const std::string& flag);
-
-// Seconds of collectives over a group of `n` consecutive ranks, `per_host` of them on each host they
-// span (all of them when the group is inside one host). Ring: 2(n-1) steps of B/n bytes, each as slow as
-// the slowest hop (a hop between hosts when the group spans several). Hierarchical: the ring inside the
-// host (reduce-scatter and all-gather), then across hosts each local rank's B/per_host slice, the host's
-// link shared by its ranks. NCCL is modelled as the hierarchical ring.
-double allreduce_seconds(const LinkModel& link, comm::Backend backend, int64_t bytes, int n, int per_host);
-// ZeRO-1's halves: a reduce-scatter or an all-gather is half an all-reduce.
-double half_allreduce_seconds(const LinkModel& link, comm::Backend backend, int64_t bytes, int n, int per_host);
-double p2p_seconds(const LinkModel& link, int64_t bytes, bool across_hosts);
-// Fits alpha and bw of a ring of n ranks to measured (bytes, seconds) pairs (least squares on relative
-// error, as scripts/scaling_model.py): {alpha, bw}, both clamped positive. Needs two sizes or more.
-std::pair<double, double> fit_ring(const std::vector<std::pair<int64_t, double>>& samples, int n);
-
-// One block measured at two micro-batch sizes.
-struct BlockProfile {
-  std::string name;
-  double forward[2] = {0, 0}, backward[2] = {0, 0};  // seconds at ComputeProfile::batch[0] and [1]
-  int64_t param_bytes = 0;
-  int64_t output_bytes_per_image = 0;      // what a stage starting after it receives
-  int64_t activation_bytes_per_image = 0;  // what its forward keeps for its backward (0: not measured)
-  bool recomputable = false;               // --recompute reruns its forward in backward (all but the last)
-};
-
-struct ComputeProfile {
-  int64_t batch[2] = {0, 0};
-  std::vector<BlockProfile> blocks;
-  double optimizer_seconds_per_byte = 0;  // the optimizer's update, per byte of parameters
-  // A whole step's time over the sum of its blocks' measured one at a time, at each batch: the blocks' times
-  // above are already multiplied by it (layout_probe.h); recorded to show the correction.
-  double scale[2] = {1, 1};
-  // That scale at micro-batch b (from the one to the other between the batches, held past them), at least
-  // 1: a block whose forward runs again just before its backward (recompute) finds its activations in the
-  // cache, as when timed alone, so its recomputed forward and its backward take their one-at-a-time times,
-  // the scale taken off.
-  double scale_at(int64_t b) const;
-  // How much slower than alone the ranks ran, sharing their host's cores: max(1, busy threads / cores) over
-  // the probe (every rank at once); 1 on GPUs, a device each.
-  double contention = 1;
-  std::string source;  // "measured on 2 ranks at 1 thread each"
-  // A block's forward / backward at micro-batch b: its share of the whole model's time there, the line
-  // through the blocks' sums at the two batches (never superlinear: the smaller batch is never faster per
-  // image than the larger), the share moving from its measured one at the first batch to that at the second.
-  double forward(size_t block, int64_t b) const;
-  double backward(size_t block, int64_t b) const;
-  int64_t param_bytes() const;
-  nlohmann::json to_json() const;
-  static ComputeProfile from_json(const nlohmann::json& j, const std::string& where);
 };
 
 enum class RecomputeChoice : uint8_t { Off, Blocks, Pipeline };
