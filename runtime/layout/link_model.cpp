@@ -132,8 +132,9 @@ double allreduce_seconds(const LinkModel& link, comm::Backend backend, int64_t b
   const int hosts = (n + per_host - 1) / per_host;
   const auto b = static_cast<double>(bytes);
   if (hosts == 1) return ring_seconds(link.alpha_intra, link.bw_intra, b, n);
+  // A ring across hosts: every step waits for its slowest hop, the larger latency and the smaller rate.
   if (backend == comm::Backend::Ring || backend == comm::Backend::Mpi || per_host == 1)
-    return ring_seconds(link.alpha_inter, link.bw_inter, b, n);
+    return ring_seconds(std::max(link.alpha_inter, link.alpha_intra), std::min(link.bw_inter, link.bw_intra), b, n);
   // Inside the host (reduce-scatter + all-gather: one ring all-reduce's traffic), then each of the
   // per_host slices across the hosts at once, through the one link the host has.
   return ring_seconds(link.alpha_intra, link.bw_intra, b, per_host) +

@@ -7,7 +7,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-
 #include <map>
 #include <set>
 #include <string>
@@ -76,8 +75,12 @@ TEST(LayoutLink, RingAndHierarchicalFollowTheAlphaBetaModel) {
   EXPECT_EQ(allreduce_seconds(l, comm::Backend::Ring, B, 1, 1), 0);
   // Inside one host: 2(n-1) steps of alpha + B/n/bw.
   EXPECT_NEAR(allreduce_seconds(l, comm::Backend::Ring, B, 4, 4), 6 * (1e-5 + B / 4.0 / 1e9), 1e-12);
-  // Across hosts, the ring runs at the slowest hop's pace.
+  // Across hosts, the ring runs at the slowest hop's pace: the larger latency and the smaller rate, wherever they
+  // are (a host's link faster than its ranks' copies leaves the copies the bottleneck).
   EXPECT_NEAR(allreduce_seconds(l, comm::Backend::Ring, B, 4, 2), 6 * (1e-4 + B / 4.0 / 1e8), 1e-12);
+  LinkModel fast_wire = l;
+  fast_wire.alpha_inter = 1e-6, fast_wire.bw_inter = 1e10;
+  EXPECT_NEAR(allreduce_seconds(fast_wire, comm::Backend::Ring, B, 4, 2), 6 * (1e-5 + B / 4.0 / 1e9), 1e-12);
   // Hierarchical: the host's ring, then 2(H-1) steps of B/H over the host's link.
   const double h = allreduce_seconds(l, comm::Backend::Hierarchical, B, 8, 4);
   EXPECT_NEAR(h, 6 * (1e-5 + B / 4.0 / 1e9) + 2 * (1e-4 + B / 2.0 / 1e8), 1e-12);
