@@ -40,9 +40,20 @@ forward + backward + optimizer = S, e.g. 0.032 s for ResNet-50 bf16 at batch 256
 MLPerf's ~7,950 img/s per GPU); --optimizer-s fixes the optimizer's share and rescales only forward and
 backward; --bytes-scale rescales bucket bytes (0.5: f32 run, bf16 gradients).
 
+Without a run (predict --arch NAME or --sizes FILE, --step-s S): a setting someone else measured. The network's
+gradient tensors in backward order and their ready times (the share of the backward's FLOPs done) come from
+docs/scaling/arch.json; the cluster from GPUs per node, the node's ring bus bandwidth and latency, its NICs, their
+line rate and the share of it reached, the latency between nodes and the all-reduce algorithm (ring, nccl-ring,
+hierarchical, tree, halving-doubling, or nccl-X.Y: what that NCCL chooses); the framework from its bucket size,
+gradient bytes, per-tensor and per-bucket costs on the critical path and a wait before each collective; and the
+contention: the share of a GPU's compute its collective's kernels take while they move data. Each term is
+described where it is computed (collective_seconds, simulate_gpu_step) and in docs/SCALING.md;
+scripts/scaling_published_check.py holds them to docs/scaling/published.csv.
+
 Subcommands
   fit BENCH.json [--backend ring] [--json OUT]
   predict --run RUN.jsonl [link flags] [--gpus 8,16,...] [--compute-step-s S] [--markdown] [--json OUT]
+  predict --arch NAME | --sizes FILE --step-s S [cluster and framework flags] [--gpus ...] [--json OUT]
   selfcheck --bench-dir DIR --runs-dir DIR | --bench N=FILE ... --run N=FILE ... [--backend ring]
             [--markdown] [--json OUT]
 selfcheck compares, per world size n with both allreduce_np{n}.json and train_np{n}.jsonl, the measured
@@ -285,6 +296,192 @@ def simulate_step(compute, buckets, comm_time):
             "eff_overlap": single / (single + exposed), "eff_no_overlap": single / (single + total)}
 
 
+# ---------------------------------------------------------------- clusters others published (no run file)
+#
+# predict --arch (or --sizes) describes a setting with no ringtrain run behind it: a network's gradient tensors
+# (docs/scaling/arch.json, scripts/scaling_arch.py), a published single-GPU step, a cluster and a framework. The
+# same physics is in ringtrain_plan (runtime/layout/link_model.cpp); tests/scripts/test_scaling_model.py holds
+# both to the same figures. Every term is in docs/SCALING.md ("What the model includes"), each with where its
+# value comes from; a term set to 0 gives the prediction without it.
+
+ALGORITHMS = ("ring", "nccl-ring", "hierarchical", "tree", "halving-doubling")
+ARCH_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs", "scaling", "arch.json")
+
+
+@dataclass
+class Cluster:
+    gpus_per_node: int = 8
+    intra_gbps: float = 370.0   # bus bandwidth of a ring inside a node (GB/s): what nccl-tests calls busbw
+    intra_alpha_us: float = 5.0  # latency of one step of that ring
+    nics_per_node: int = 8
+    nic_gbit: float = 400.0      # line rate of one NIC (Gbit/s)
+    line_rate: float = 0.9       # the share of the line rate the transport reaches (RDMA ~0.9, TCP less)
+    inter_alpha_us: float = 10.0  # latency of one hop between nodes
+    # "ring": step-synchronous ring over every rank, each step as slow as its slowest hop (ringtrain's own ring);
+    # "nccl-ring": NCCL's pipelined ring, rings over all of a node's NICs, the hops' latencies added once a lap;
+    # "hierarchical": ring inside the node, then each GPU's slice across the nodes through the node's NICs;
+    # "tree": NCCL's double binary tree across nodes, a chain inside; "halving-doubling": recursive halving and
+    # doubling over every rank, each GPU's traffic between nodes through its node's NICs at once;
+    # "nccl-X.Y": what NCCL X.Y chooses (rings only before 2.4; from 2.4 the faster of ring and tree).
+    algorithm: str = "hierarchical"
+    contention: float = 0.0      # share of a GPU's compute lost while a collective's kernels move data on it
+
+    @property
+    def net_Bps(self):  # bytes per second in each direction through one node's NICs, all of them
+        return self.nics_per_node * self.nic_gbit * 1e9 / 8 * self.line_rate
+
+    def nodes(self, gpus):
+        return nodes_for(gpus, self)
+
+
+def nccl_choice(version):
+    """The all-reduce algorithm NCCL `version` ("2.3", "2.18") picks: "nccl-ring" before 2.4 (trees came in 2.4),
+    else None (the faster of ring and tree per message, as NCCL's tuner does)."""
+    m = re.fullmatch(r"(\d+)\.(\d+)(?:\.\d+)?", version)
+    if not m:
+        raise InputError(f"algorithm 'nccl-{version}': expected nccl-MAJOR.MINOR, e.g. nccl-2.4")
+    return "nccl-ring" if (int(m.group(1)), int(m.group(2))) < (2, 4) else None
+
+
+def collective_seconds(nbytes, gpus, cluster, algorithm=None):
+    """(seconds of one all-reduce of nbytes over gpus GPUs, seconds of it the GPU's kernels are busy moving data)."""
+    algorithm = algorithm or cluster.algorithm
+    if gpus <= 1 or nbytes <= 0:
+        return 0.0, 0.0
+    if algorithm.startswith("nccl-") and algorithm != "nccl-ring":
+        chosen = nccl_choice(algorithm[len("nccl-"):])
+        if chosen:
+            return collective_seconds(nbytes, gpus, cluster, chosen)
+        options = [collective_seconds(nbytes, gpus, cluster, a) for a in ("nccl-ring", "tree")]
+        return min(options)
+    if algorithm not in ALGORITHMS:
+        raise InputError(f"unknown all-reduce algorithm '{algorithm}' (one of {', '.join(ALGORITHMS)}, nccl-X.Y)")
+    p, n, b = cluster.gpus_per_node, cluster.nodes(gpus), float(nbytes)
+    ai, ae = cluster.intra_alpha_us * 1e-6, cluster.inter_alpha_us * 1e-6
+    bi, bn = cluster.intra_gbps * 1e9, cluster.net_Bps
+    if n == 1:  # one node: every algorithm is the node's ring (halving-doubling: log2 steps)
+        lat = 2 * math.ceil(math.log2(gpus)) * ai if algorithm == "halving-doubling" else 2 * (gpus - 1) * ai
+        t = lat + 2 * (gpus - 1) / gpus * b / bi
+        return t, t
+    slow = min(bi, bn)
+    if algorithm == "ring":
+        t = 2 * (gpus - 1) * (max(ai, ae) + b / gpus / slow)
+    elif algorithm == "nccl-ring":
+        t = 2 * (gpus - 1) * ((n * ae + (gpus - n) * ai) / gpus + b / gpus / slow)
+    elif algorithm == "hierarchical":
+        t = ring_time(b, p, ai, bi) + 2 * (n - 1) * (ae + b / n / bn)
+    elif algorithm == "tree":
+        t = 2 * (math.ceil(math.log2(n)) * ae + (p - 1) * ai) + 2 * b / slow
+    else:  # halving-doubling over all ranks: the far steps cross nodes, all p GPUs through the node's NICs
+        t = 2 * (math.ceil(math.log2(gpus)) * max(ai, ae) + b * (1 - 1 / n) * p / bn + b / n * (1 - 1 / p) / bi)
+    # The GPU's kernels move the collective's data at the pace of its slowest link: busy all along when that is the
+    # node's own links, a share of the time when the network is slower (they wait for it the rest).
+    return t, t * min(1.0, bn / bi)
+
+
+def planner_cases():
+    """All-reduce seconds over a grid of links, sizes and layouts, as ringtrain_plan's link model must give them
+    (runtime/layout/link_model.h: a LinkModel of alpha/bw inside and between hosts, backends ring and
+    hierarchical); tests/golden/link_model.json holds them for the C++ test, and the Python test checks this
+    function still gives that file."""
+    cases = []
+    links = [(5e-6, 4e9, 30e-6, 1.25e8), (2e-6, 370e9, 8e-6, 45e9), (1e-5, 1e9, 1e-4, 1e8), (1e-6, 5e9, 2e-6, 2e10)]
+    for alpha_intra, bw_intra, alpha_inter, bw_inter in links:
+        for backend in ("ring", "hierarchical"):
+            for n, per_host in ((2, 2), (8, 8), (4, 2), (8, 4), (16, 8), (64, 8), (6, 3), (8, 1)):
+                for nbytes in (4096, 1 << 20, 25 << 20, 400 << 20):
+                    cluster = Cluster(per_host, bw_intra / 1e9, alpha_intra * 1e6, 1, bw_inter * 8 / 1e9, 1.0,
+                                      alpha_inter * 1e6, "ring" if per_host == 1 else backend)
+                    seconds, _ = collective_seconds(nbytes, n, cluster)
+                    cases.append({"alpha_intra_s": alpha_intra, "bw_intra_bytes_per_s": bw_intra,
+                                  "alpha_inter_s": alpha_inter, "bw_inter_bytes_per_s": bw_inter,
+                                  "backend": backend, "bytes": nbytes, "ranks": n, "per_host": per_host,
+                                  "seconds": seconds})
+    return cases
+
+
+@dataclass
+class Framework:
+    bucket_mb: float = 25.0       # buckets filled in backward order up to this many MiB (DDP's bucket_cap_mb)
+    grad_bytes: int = 4           # bytes of one gradient element on the wire
+    tensor_cost_us: float = 0.0   # per gradient tensor per step on the critical path (hooks, copies into buckets)
+    bucket_cost_us: float = 0.0   # per bucket per step on the critical path (marking it ready, launching its
+                                  # collective); on one GPU too, where the framework runs without peers
+    start_delay_us: float = 0.0   # before each collective may start (Horovod: half its cycle, on average)
+    baseline: str = "single"      # efficiency against: "single" (no data parallelism), "framework-1gpu"
+
+
+def load_arch(name, path=None):
+    """Gradient tensors [(bytes per element 1, ready_flops, ready_bytes)] of `name` from arch.json, or of a file
+    of sizes (one tensor's element count a line, backward order; ready times then from bytes)."""
+    if path is not None:
+        try:
+            with open(path) as f:
+                lines = [l.split("#")[0].strip() for l in f]
+        except OSError as e:
+            raise InputError(f"{path}: cannot read ({e.strerror})") from None
+        sizes = []
+        for i, l in enumerate(lines, 1):
+            if not l:
+                continue
+            if not l.isdigit() or int(l) <= 0:
+                raise InputError(f"{path}:{i}: expected a tensor's element count (a positive integer), got '{l}'")
+            sizes.append(int(l))
+        if not sizes:
+            raise InputError(f"{path}: no tensor sizes")
+        total, done, out = sum(sizes), 0, []
+        for s in sizes:
+            done += s
+            out.append({"numel": s, "ready_flops": None, "ready_bytes": done / total})
+        return out
+    doc = _read_json(ARCH_FILE)
+    archs = doc.get("archs", {})
+    if name not in archs:
+        raise InputError(f"unknown --arch '{name}' (known: {', '.join(sorted(archs))}; or --sizes FILE)")
+    return archs[name]["tensors"]
+
+
+def fill_buckets(tensors, framework, ready="flops"):
+    """Buckets in launch order: tensors in backward order, a bucket closed when the next tensor would take it over
+    bucket_mb MiB; each bucket ready when its last tensor is, as a share of the backward."""
+    cap = framework.bucket_mb * 2 ** 20
+    key = "ready_flops" if ready == "flops" else "ready_bytes"
+    out, cur, last = [], 0.0, 0.0
+    for t in tensors:
+        b = t["numel"] * framework.grad_bytes
+        if cur and cur + b > cap:
+            out.append(Bucket(cur, last))
+            cur = 0.0
+        cur += b
+        last = t[key] if t.get(key) is not None else t["ready_bytes"]
+    if cur:
+        out.append(Bucket(cur, last))
+    return out
+
+
+def simulate_gpu_step(step_s, backward_share, buckets, gpus, cluster, framework, n_tensors):
+    """One step of `gpus` data-parallel GPUs: the single-GPU step, the framework's costs, the collectives (one at a
+    time in launch order, each from its bucket's ready time), the exposed rest, and the compute the overlapped
+    collectives take from the GPU (cluster.contention of their time on the GPU's own links)."""
+    window = step_s * backward_share
+    end = total = gpu_side = 0.0
+    for b in buckets:
+        t, g = collective_seconds(b.nbytes, gpus, cluster)
+        if gpus > 1:
+            t += framework.start_delay_us * 1e-6
+        end = max(b.ready * window, end) + t
+        total += t
+        gpu_side += g
+    exposed = max(0.0, end - window) if buckets and gpus > 1 else 0.0
+    overlapped = total - exposed
+    contention = cluster.contention * gpu_side * (overlapped / total) if total > 0 else 0.0
+    fixed = (framework.tensor_cost_us * n_tensors + framework.bucket_cost_us * len(buckets)) * 1e-6
+    step = step_s + fixed + exposed + contention
+    base = step_s + (fixed if framework.baseline == "framework-1gpu" else 0.0)
+    return {"step_s": step, "efficiency": base / step, "exposed_s": exposed, "comm_total_s": total,
+            "contention_s": contention, "fixed_s": fixed}
+
+
 # ---------------------------------------------------------------- output
 
 def format_table(headers, rows, markdown):
@@ -322,7 +519,46 @@ def cmd_fit(args):
                                "bw_gbps": fit["bw_Bps"] / 1e9, "median_rel_err": fit["median_rel_err"]})
 
 
+def cmd_predict_arch(args):
+    tensors = load_arch(args.arch, args.sizes)
+    name = args.arch or args.sizes
+    cluster = Cluster(args.gpus_per_node, args.nvlink_gbps, args.nvlink_alpha_us, args.nics_per_node, args.nic_gbit,
+                      args.line_rate, args.ib_alpha_us, args.algorithm, args.contention)
+    framework = Framework(args.bucket_mb, args.grad_bytes, args.tensor_cost_us, args.bucket_cost_us,
+                          args.start_delay_us, args.baseline)
+    if args.algorithm.startswith("nccl-") and args.algorithm != "nccl-ring":
+        nccl_choice(args.algorithm[len("nccl-"):])
+    elif args.algorithm not in ALGORITHMS:
+        raise InputError(f"--algorithm '{args.algorithm}': one of {', '.join(ALGORITHMS)}, or nccl-X.Y")
+    buckets = fill_buckets(tensors, framework, args.ready)
+    rows = []
+    for g in args.gpus:
+        r = simulate_gpu_step(args.step_s, args.backward_share, buckets, g, cluster, framework, len(tensors))
+        rows.append({"gpus": g, "nodes": cluster.nodes(g), **r})
+    md = args.markdown
+    note(f"{name}: {len(tensors)} gradient tensors, {sum(t['numel'] for t in tensors) * args.grad_bytes / 2**20:.1f} "
+         f"MiB at {args.grad_bytes} bytes, {len(buckets)} buckets of up to {args.bucket_mb:g} MiB, ready times from "
+         f"{args.ready}; single-GPU step {args.step_s:g} s, backward {100 * args.backward_share:.0f}% of it", md)
+    note(f"cluster: {cluster.gpus_per_node} GPUs/node, inside {cluster.intra_gbps:g} GB/s busbw and "
+         f"{cluster.intra_alpha_us:g} us a step; {cluster.nics_per_node} x {cluster.nic_gbit:g} Gbit/s NICs a node at "
+         f"{100 * cluster.line_rate:.0f}% of line rate ({cluster.net_Bps / 1e9:.1f} GB/s), "
+         f"{cluster.inter_alpha_us:g} us a hop; {cluster.algorithm}; contention {cluster.contention:g}", md)
+    note(f"framework: {framework.tensor_cost_us:g} us a tensor, {framework.bucket_cost_us:g} us a bucket, "
+         f"{framework.start_delay_us:g} us before each collective; efficiency against "
+         f"{'no data parallelism' if framework.baseline == 'single' else 'the framework on one GPU'}", md)
+    headers = ["gpus", "nodes", "step_s", "efficiency", "exposed_ms", "contention_ms", "fixed_ms", "allreduce_total_ms"]
+    cells = [[r["gpus"], r["nodes"], f"{r['step_s']:.4f}", f"{100 * r['efficiency']:.1f}%",
+              f"{1e3 * r['exposed_s']:.1f}", f"{1e3 * r['contention_s']:.1f}", f"{1e3 * r['fixed_s']:.1f}",
+              f"{1e3 * r['comm_total_s']:.1f}"] for r in rows]
+    print(format_table(headers, cells, md))
+    if args.json:
+        write_json(args.json, {"arch": name, "cluster": vars(cluster), "framework": vars(framework),
+                               "step_s": args.step_s, "backward_share": args.backward_share, "rows": rows})
+
+
 def cmd_predict(args):
+    if args.run is None:
+        return cmd_predict_arch(args)
     run = load_run(args.run, args.run_index)
     if not run["buckets"]:
         raise InputError(f"{args.run}: no buckets in the plan or summary")
@@ -463,9 +699,36 @@ def _n_file(text):
 
 
 def _positive(text):
-    v = float(text)
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got '{text}'") from None
+    if not (math.isfinite(v) and v > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return v
+
+
+def _non_negative(text):
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got '{text}'") from None
+    if not (math.isfinite(v) and v >= 0):
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return v
+
+
+def _unit(text):
+    v = _non_negative(text)
+    if v > 1:
+        raise argparse.ArgumentTypeError(f"must be from 0 to 1, got {text}")
+    return v
+
+
+def _share(text):
+    v = _unit(text)
+    if v == 0:
+        raise argparse.ArgumentTypeError(f"must be above 0 and at most 1, got {text}")
     return v
 
 
@@ -480,7 +743,11 @@ def build_parser():
     f.set_defaults(func=cmd_fit)
 
     pr = sub.add_parser("predict", help="predict step time and efficiency at many GPUs")
-    pr.add_argument("--run", required=True, help="train_resnet --log-jsonl file")
+    what = pr.add_mutually_exclusive_group(required=True)
+    what.add_argument("--run", help="train_resnet --log-jsonl file: its buckets, ready times and compute")
+    what.add_argument("--arch", help="a network of docs/scaling/arch.json (resnet50, vgg16, inception_v3, ...), "
+                                     "with --step-s: no run needed")
+    what.add_argument("--sizes", help="a file of gradient tensor sizes (elements, one a line, backward order)")
     pr.add_argument("--run-index", type=int, default=-1, help="which complete run in the file (default: last)")
     pr.add_argument("--gpus", type=_gpu_list, default=[2 ** k for k in range(3, 11)], help="default 8,16,...,1024")
     pr.add_argument("--nvlink-gbps", type=_positive, default=370.0, help="NVLink ring busbw inside a node")
@@ -495,6 +762,25 @@ def build_parser():
     pr.add_argument("--optimizer-s", type=float,
                     help="optimizer seconds per step, kept out of the rescaling (e.g. a GPU's fused update)")
     pr.add_argument("--bytes-scale", type=_positive, default=1.0, help="multiply bucket bytes (0.5: bf16 grads)")
+    a = pr.add_argument_group("with --arch or --sizes (a setting others published; docs/SCALING.md)")
+    a.add_argument("--step-s", type=_positive, help="the single-GPU step without data parallelism (seconds)")
+    a.add_argument("--backward-share", type=_share, default=2 / 3, help="the backward's share of that step")
+    a.add_argument("--ready", choices=("flops", "bytes"), default="flops",
+                   help="when gradients are ready: by the layers' FLOPs (default) or by bytes")
+    a.add_argument("--grad-bytes", type=int, choices=(1, 2, 4, 8), default=4, help="bytes of a gradient element")
+    a.add_argument("--bucket-mb", type=_positive, default=25.0, help="bucket size in MiB (DDP's bucket_cap_mb)")
+    a.add_argument("--nics-per-node", type=int, default=8)
+    a.add_argument("--nic-gbit", type=_positive, default=400.0, help="line rate of one NIC, Gbit/s")
+    a.add_argument("--line-rate", type=_share, default=0.9, help="the share of the line rate reached")
+    a.add_argument("--algorithm", default="hierarchical",
+                   help=f"all-reduce: {', '.join(ALGORITHMS)}, or nccl-X.Y (what that NCCL chooses)")
+    a.add_argument("--contention", type=_unit, default=0.0,
+                   help="share of compute lost while a collective's kernels move data (0: none)")
+    a.add_argument("--tensor-cost-us", type=_non_negative, default=0.0, help="framework cost per gradient tensor")
+    a.add_argument("--bucket-cost-us", type=_non_negative, default=0.0, help="framework cost per bucket")
+    a.add_argument("--start-delay-us", type=_non_negative, default=0.0, help="wait before each collective starts")
+    a.add_argument("--baseline", choices=("single", "framework-1gpu"), default="single",
+                   help="efficiency against no data parallelism, or the framework on one GPU")
     pr.add_argument("--markdown", action="store_true")
     pr.add_argument("--json", help="write the predictions here")
     pr.set_defaults(func=cmd_predict)
@@ -517,6 +803,10 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.command == "predict" and args.gpus_per_node < 1:
         parser.error("--gpus-per-node must be >= 1")
+    if args.command == "predict" and args.run is None and args.step_s is None:
+        parser.error("--arch and --sizes need --step-s (the published single-GPU step, seconds)")
+    if args.command == "predict" and args.nics_per_node < 1:
+        parser.error("--nics-per-node must be >= 1")
     if args.command == "selfcheck" and not ((args.bench_dir or args.bench) and (args.runs_dir or args.run)):
         parser.error("selfcheck needs --bench-dir or --bench N=FILE, and --runs-dir or --run N=FILE")
     try:

@@ -132,7 +132,8 @@ double allreduce_seconds(const LinkModel& link, comm::Backend backend, int64_t b
   const int hosts = (n + per_host - 1) / per_host;
   const auto b = static_cast<double>(bytes);
   if (hosts == 1) return ring_seconds(link.alpha_intra, link.bw_intra, b, n);
-  // A ring across hosts: every step waits for its slowest hop, the larger latency and the smaller rate.
+  // A ring across hosts: every step waits for its slowest hop, the larger latency and the smaller rate
+  // (scripts/scaling_model.py's "ring"; tests/runtime/link_model_cases.json holds both to the same seconds).
   if (backend == comm::Backend::Ring || backend == comm::Backend::Mpi || per_host == 1)
     return ring_seconds(std::max(link.alpha_inter, link.alpha_intra), std::min(link.bw_inter, link.bw_intra), b, n);
   // Inside the host (reduce-scatter + all-gather: one ring all-reduce's traffic), then each of the

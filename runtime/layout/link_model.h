@@ -48,7 +48,8 @@ double parse_latency(const std::string& text, const std::string& flag);
 // span (all of them when the group is inside one host). Ring: 2(n-1) steps of B/n bytes, each as slow as
 // the slowest hop (the larger latency, the smaller rate, when the group spans several hosts). Hierarchical: the
 // ring inside the host (reduce-scatter and all-gather), then across hosts each local rank's B/per_host slice, the
-// host's link shared by its ranks. NCCL is modelled as the hierarchical ring.
+// host's link shared by its ranks. NCCL is modelled as the hierarchical ring. The same formulas as
+// scripts/scaling_model.py's "ring" and "hierarchical" (tests/runtime/link_model_cases.json holds both to them).
 double allreduce_seconds(const LinkModel& link, comm::Backend backend, int64_t bytes, int n, int per_host);
 // ZeRO-1's halves: a reduce-scatter or an all-gather is half an all-reduce.
 double half_allreduce_seconds(const LinkModel& link, comm::Backend backend, int64_t bytes, int n, int per_host);

@@ -7,7 +7,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 #include <vector>
@@ -66,6 +68,25 @@ PlanInput input(int hosts, int per_host, int64_t G) {
   in.link.source = "the test's";
   in.backends = backends_for(in.world);
   return in;
+}
+
+// One network model: ringtrain_plan's collectives give the seconds scripts/scaling_model.py gives on the same
+// inputs (its planner_cases(), written to the file by tests/scripts/test_scaling_model.py, which checks the
+// Python side against the same file).
+TEST(LayoutLink, TheScalingModelScriptGivesTheSameSeconds) {
+  std::ifstream in(RINGTRAIN_LINK_MODEL_CASES);
+  ASSERT_TRUE(in) << "cannot open " << RINGTRAIN_LINK_MODEL_CASES;
+  const nlohmann::json doc = nlohmann::json::parse(in);
+  ASSERT_GE(doc.at("cases").size(), 100u);
+  for (const auto& c : doc.at("cases")) {
+    LinkModel l;
+    l.alpha_intra = c.at("alpha_intra_s"), l.bw_intra = c.at("bw_intra_bytes_per_s");
+    l.alpha_inter = c.at("alpha_inter_s"), l.bw_inter = c.at("bw_inter_bytes_per_s");
+    const comm::Backend backend = comm::parse_backend(c.at("backend").get<std::string>());
+    const double want = c.at("seconds"),
+                 got = allreduce_seconds(l, backend, c.at("bytes"), c.at("ranks"), c.at("per_host"));
+    EXPECT_NEAR(got, want, 1e-6 * want) << c.dump();
+  }
 }
 
 TEST(LayoutLink, RingAndHierarchicalFollowTheAlphaBetaModel) {

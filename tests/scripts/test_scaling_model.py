@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import unittest
+from dataclasses import replace
 
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts")
 sys.path.insert(0, HERE)
@@ -281,6 +282,281 @@ class CliTest(Temp):
         p = self.cli("predict", "--run", self.path("missing.jsonl"))
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("missing.jsonl", p.stderr)
+
+
+# ---------------------------------------------------------------- settings others published (predict --arch)
+
+GOLDEN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "runtime", "link_model_cases.json")
+CHECK = os.path.join(HERE, "scaling_published_check.py")
+CSV = os.path.join(HERE, "..", "docs", "scaling", "published.csv")
+
+
+def cluster(**kw):
+    base = dict(gpus_per_node=8, intra_gbps=100.0, intra_alpha_us=2.0, nics_per_node=4, nic_gbit=100.0,
+                line_rate=0.9, inter_alpha_us=10.0, algorithm="hierarchical", contention=0.0)
+    base.update(kw)
+    return sm.Cluster(**base)
+
+
+class CollectiveTest(unittest.TestCase):
+    B = 64e6
+
+    def test_one_node_is_the_node_ring_for_every_algorithm(self):
+        c = cluster()
+        want = 2 * 7 * 2e-6 + 2 * 7 / 8 * self.B / 100e9
+        for a in sm.ALGORITHMS[:-1] + ("nccl-2.3", "nccl-2.18"):
+            t, busy = sm.collective_seconds(self.B, 8, c, a)
+            self.assertAlmostEqual(t, want, places=12, msg=a)
+            self.assertEqual(t, busy)  # the GPU's own links carry it all
+        self.assertEqual(sm.collective_seconds(self.B, 1, c), (0.0, 0.0))
+
+    def test_across_nodes_by_hand(self):
+        c, g, n = cluster(), 32, 4  # 4 nodes of 8; the node's NICs: 4 x 100 Gbit/s x 0.9 = 45 GB/s
+        net = 45e9
+        self.assertAlmostEqual(c.net_Bps, net)
+        ring, _ = sm.collective_seconds(self.B, g, c, "ring")
+        self.assertAlmostEqual(ring, 2 * 31 * (10e-6 + self.B / 32 / net), places=12)
+        nccl, _ = sm.collective_seconds(self.B, g, c, "nccl-ring")
+        self.assertAlmostEqual(nccl, 2 * 31 * ((4 * 10e-6 + 28 * 2e-6) / 32 + self.B / 32 / net), places=12)
+        hier, busy = sm.collective_seconds(self.B, g, c, "hierarchical")
+        want = 2 * 7 * 2e-6 + 2 * 7 / 8 * self.B / 100e9 + 2 * 3 * (10e-6 + self.B / 4 / net)
+        self.assertAlmostEqual(hier, want, places=12)
+        self.assertAlmostEqual(busy, hier * 45 / 100, places=12)  # busy at the network's pace, a share of it
+        tree, _ = sm.collective_seconds(self.B, g, c, "tree")
+        self.assertAlmostEqual(tree, 2 * (2 * 10e-6 + 7 * 2e-6) + 2 * self.B / net, places=12)
+        hd, _ = sm.collective_seconds(self.B, g, c, "halving-doubling")
+        self.assertAlmostEqual(hd, 2 * (5 * 10e-6 + self.B * 0.75 * 8 / net + self.B / 4 * (7 / 8) / 100e9), places=12)
+
+    def test_nccl_versions_choose_as_nccl_does(self):
+        c = cluster(gpus_per_node=8)
+        for nbytes in (4096, 1e6, 1e9):
+            ring = sm.collective_seconds(nbytes, 1024, c, "nccl-ring")
+            tree = sm.collective_seconds(nbytes, 1024, c, "tree")
+            self.assertEqual(sm.collective_seconds(nbytes, 1024, c, "nccl-2.3"), ring)  # rings only before 2.4
+            self.assertEqual(sm.collective_seconds(nbytes, 1024, c, "nccl-2.4"), min(ring, tree))
+        # 128 nodes, a small message: the tree's log2 latency wins; 2 nodes, a large one: the ring moves
+        # 2(n-1)/n of the bytes where the tree moves all of them twice.
+        tree, ring = (sm.collective_seconds(4096, 1024, c, a)[0] for a in ("tree", "nccl-ring"))
+        self.assertLess(tree, ring)
+        tree, ring = (sm.collective_seconds(1e9, 16, c, a)[0] for a in ("tree", "nccl-ring"))
+        self.assertLess(ring, tree)
+
+    def test_errors_name_what_is_wrong(self):
+        with self.assertRaisesRegex(sm.InputError, "unknown all-reduce algorithm 'mesh'"):
+            sm.collective_seconds(1e6, 16, cluster(), "mesh")
+        with self.assertRaisesRegex(sm.InputError, "nccl-MAJOR.MINOR"):
+            sm.collective_seconds(1e6, 16, cluster(), "nccl-two")
+        with self.assertRaisesRegex(sm.InputError, "12 GPUs is not a whole number of 8-GPU nodes"):
+            sm.collective_seconds(1e6, 12, cluster())
+
+    def test_the_planner_gives_the_same_figures(self):
+        # tests/runtime/test_layout_plan.cpp holds ringtrain_plan's link model to the same file.
+        cases = sm.planner_cases()
+        if os.environ.get("REWRITE_GOLDEN"):
+            with open(GOLDEN, "w") as f:
+                json.dump({"comment": "written by tests/scripts/test_scaling_model.py (REWRITE_GOLDEN=1) from "
+                                      "scripts/scaling_model.py planner_cases(); read by "
+                                      "tests/runtime/test_layout_plan.cpp", "cases": cases}, f, indent=0)
+        with open(GOLDEN) as f:
+            golden = json.load(f)["cases"]
+        self.assertEqual(len(golden), len(cases))
+        for want, got in zip(golden, cases):
+            self.assertEqual({k: v for k, v in want.items() if k != "seconds"},
+                             {k: v for k, v in got.items() if k != "seconds"})
+            self.assertAlmostEqual(got["seconds"], want["seconds"], delta=1e-9 * want["seconds"], msg=str(want))
+
+
+def gpu_step(tensors=None, step=0.1, gpus=16, c=None, fw=None, ready="flops"):
+    tensors = tensors or sm.load_arch("resnet50")
+    fw = fw or sm.Framework()
+    c = c or cluster()
+    return sm.simulate_gpu_step(step, 2 / 3, sm.fill_buckets(tensors, fw, ready), gpus, c, fw, len(tensors))
+
+
+class GpuStepTest(unittest.TestCase):
+    def test_terms_off_give_the_old_prediction(self):
+        tensors = sm.load_arch("resnet101")
+        fw, c = sm.Framework(bucket_mb=25), cluster()
+        buckets = sm.fill_buckets(tensors, fw, "bytes")
+        step, share = 0.2, 2 / 3
+        compute = sm.Compute(data_wait=0.0, forward=step * (1 - share), backward=step * share, optimizer=0.0)
+        old_buckets = [sm.Bucket(b.nbytes) for b in buckets]  # no ready times: spread by bytes, as before
+        links = sm.Links(nvlink_bw=100e9, nvlink_alpha=2e-6, ib_bw=c.net_Bps / 8, ib_alpha=10e-6, gpus_per_node=8)
+        for g in (8, 16, 64):
+            old = sm.simulate_step(compute, old_buckets, lambda nb, g=g: sm.hierarchical_time(nb, g, links))
+            new = sm.simulate_gpu_step(step, share, buckets, g, c, fw, len(tensors))
+            self.assertAlmostEqual(new["step_s"], old["step_overlap_s"], places=9, msg=g)
+            self.assertAlmostEqual(new["efficiency"], old["eff_overlap"], places=9)
+
+    def test_each_term_costs_what_it_says(self):
+        plain = gpu_step()
+        tensors = sm.load_arch("resnet50")
+        with_tensor = gpu_step(fw=sm.Framework(tensor_cost_us=20))
+        self.assertAlmostEqual(with_tensor["step_s"] - plain["step_s"], 20e-6 * len(tensors), places=12)
+        buckets = len(sm.fill_buckets(tensors, sm.Framework()))
+        with_bucket = gpu_step(fw=sm.Framework(bucket_cost_us=30))
+        self.assertAlmostEqual(with_bucket["step_s"] - plain["step_s"], 30e-6 * buckets, places=12)
+        # Against the framework on one GPU, its fixed costs are in the 100% too.
+        self.assertGreater(gpu_step(fw=sm.Framework(tensor_cost_us=20, baseline="framework-1gpu"))["efficiency"],
+                           with_tensor["efficiency"])
+
+    def test_each_term_moves_the_prediction_the_way_physics_says(self):
+        vgg = sm.load_arch("vgg16")
+        c = cluster(gpus_per_node=4, nics_per_node=1, nic_gbit=25, intra_gbps=12)
+        eff = lambda **kw: gpu_step(vgg, 0.45, 128, **kw)["efficiency"]
+        base = eff(c=c)
+        # Contention: the collectives' kernels take GPU time from the backward they overlap.
+        self.assertLess(eff(c=replace(c, contention=1.0)), base)
+        self.assertLess(eff(c=replace(c, contention=1.0)), eff(c=replace(c, contention=0.5)))
+        # A transport further from line rate, a slower network, fewer NICs: slower.
+        self.assertLess(eff(c=replace(c, line_rate=0.6)), base)
+        self.assertGreater(eff(c=replace(c, nics_per_node=2)), base)
+        # A wait before each collective starts (Horovod's cycle): never faster.
+        self.assertLessEqual(eff(c=c, fw=sm.Framework(start_delay_us=5000)), base)
+        self.assertLess(eff(c=c, fw=sm.Framework(start_delay_us=5000)), base)
+        # VGG's 392 MiB fc6 gradient is ready at the start of the backward, not four fifths into it.
+        self.assertGreater(eff(c=c, ready="flops"), eff(c=c, ready="bytes") + 0.05)
+        # Latency and contention: a hundred small buckets cost more than a few large ones (DDP's measurement).
+        r50 = sm.load_arch("resnet50")
+        v100 = cluster(intra_gbps=40, intra_alpha_us=1, contention=1.0, algorithm="nccl-2.4")
+        small = gpu_step(r50, 0.097, 8, v100, sm.Framework(bucket_mb=1))["step_s"]
+        large = gpu_step(r50, 0.097, 8, v100, sm.Framework(bucket_mb=25))["step_s"]
+        self.assertGreater(small, large)
+
+    def test_buckets_fill_in_backward_order(self):
+        tensors = [{"numel": n, "ready_flops": r, "ready_bytes": r} for n, r in
+                   ((10, 0.1), (20, 0.2), (300, 0.5), (5, 0.9), (5, 1.0))]
+        b = sm.fill_buckets(tensors, sm.Framework(bucket_mb=120 / 2 ** 20, grad_bytes=4))
+        self.assertEqual([(x.nbytes, x.ready) for x in b], [(120, 0.2), (1200, 0.5), (40, 1.0)])
+
+    def test_arch_file(self):
+        r50 = sm.load_arch("resnet50")
+        self.assertEqual(len(r50), 161)
+        self.assertEqual(sum(t["numel"] for t in r50), 25557032)
+        for name in ("resnet101", "resnet152", "vgg16", "inception_v3", "resnext50_32x4d", "alexnet", "resnet18"):
+            t = sm.load_arch(name)
+            ready = [x["ready_flops"] for x in t]
+            self.assertEqual(ready, sorted(ready), name)
+            self.assertAlmostEqual(ready[-1], 1.0, places=5)
+        vgg = sm.load_arch("vgg16")
+        self.assertEqual(max(t["numel"] for t in vgg), 102760448)  # fc6, 392 MiB in f32
+        self.assertLess(next(t for t in vgg if t["numel"] == 102760448)["ready_flops"], 0.01)
+        with self.assertRaisesRegex(sm.InputError, "unknown --arch 'resnet49'"):
+            sm.load_arch("resnet49")
+
+
+class ArchCliTest(Temp):
+    def cli(self, *args):
+        return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, timeout=60)
+
+    def test_predict_without_a_run(self):
+        p = self.cli("predict", "--arch", "resnet50", "--step-s", "0.0322", "--gpus", "8,1024", "--grad-bytes", "2",
+                     "--algorithm", "nccl-2.28", "--contention", "1", "--json", self.path("p.json"))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("161 gradient tensors", p.stdout)
+        with open(self.path("p.json")) as f:
+            rows = json.load(f)["rows"]
+        self.assertEqual([r["gpus"] for r in rows], [8, 1024])
+        self.assertGreaterEqual(rows[0]["efficiency"], rows[1]["efficiency"])
+
+    def test_sizes_file_and_errors(self):
+        sizes = self.path("sizes.txt")
+        with open(sizes, "w") as f:
+            f.write("# fc first\n4096000\n1000\n\n9408\n")
+        p = self.cli("predict", "--sizes", sizes, "--step-s", "0.1", "--gpus", "16")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("3 gradient tensors", p.stdout)
+        with open(sizes, "a") as f:
+            f.write("12x\n")
+        p = self.cli("predict", "--sizes", sizes, "--step-s", "0.1")
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("sizes.txt:6: expected a tensor's element count", p.stderr)
+        p = self.cli("predict", "--arch", "resnet50")
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("need --step-s", p.stderr)
+        for flag, value, words in (("--contention", "2", "from 0 to 1"), ("--line-rate", "0", "above 0"),
+                                   ("--step-s", "inf", "finite"), ("--algorithm", "mesh", "mesh")):
+            p = self.cli("predict", "--arch", "resnet50", "--step-s", "0.1", flag, value)
+            self.assertNotEqual(p.returncode, 0, flag)
+            self.assertIn(words, p.stderr, flag)
+
+
+def csv_lines():
+    with open(CSV) as f:
+        return f.read().splitlines()
+
+
+class PublishedCheckTest(Temp):
+    def cli(self, *args):
+        return subprocess.run([sys.executable, CHECK, *args], capture_output=True, text=True, timeout=120)
+
+    def test_the_published_rows_are_within_the_band(self):
+        p = self.cli("--assert-band", "--json", self.path("c.json"))
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        with open(self.path("c.json")) as f:
+            doc = json.load(f)
+        check = [x for x in doc["rows"] if x["role"] == "check"]
+        ids = {x["id"] for x in check}
+        # The rows the model was found wrong on: DDP's 8 and 16 V100s, Horovod at 128 and 512, the bucket sizes.
+        for want in ("ddp-rn50-8", "ddp-rn50-16", "ddp-rn101-16", "horovod-vgg16-128", "horovod-vgg16-512",
+                     "horovod-inception-512", "ddp-rn50-8-buckets", "ddp-rn50-16-buckets"):
+            self.assertIn(want, ids)
+        self.assertTrue(any(x["role"] == "held-out" for x in doc["rows"]))
+
+    def test_a_generation_has_one_set_of_parameters(self):
+        lines = csv_lines()
+        header = [l for l in lines if not l.startswith("#")][0].split(",")
+        col = header.index("intra_gbps")
+        out, changed = [], False
+        for l in lines:
+            cells = l.split(",")
+            if not changed and cells[0] == "ddp-rn50-8":
+                cells[col] = "41"
+                changed = True
+            out.append(",".join(cells))
+        self.assertTrue(changed)
+        bad = self.path("bad.csv")
+        with open(bad, "w") as f:
+            f.write("\n".join(out) + "\n")
+        p = self.cli(bad)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("share generation 'v100-dgx1' but not 'intra_gbps'", p.stderr)
+        self.assertIn("ddp-rn50-8", p.stderr)
+
+    def test_bad_rows_name_the_row_and_column(self):
+        lines = csv_lines()
+        rows = [l for l in lines if not l.startswith("#")]
+        header = rows[0].split(",")
+        cells = rows[1].split(",")
+        cells[header.index("line_rate")] = "1.5"
+        bad = self.path("bad.csv")
+        with open(bad, "w") as f:
+            f.write(rows[0] + "\n" + ",".join(cells) + "\n")
+        p = self.cli(bad)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn(f"row '{cells[0]}': column 'line_rate' must be from 0.01 to 1, got 1.5", p.stderr)
+        with open(bad, "w") as f:
+            f.write("id,role\nx,check\n")
+        p = self.cli(bad)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("no column 'kind'", p.stderr)
+
+    def test_the_band_is_enforced(self):
+        rows = [l for l in csv_lines() if not l.startswith("#")]
+        header = rows[0].split(",")
+        out = [rows[0]]
+        for l in rows[1:]:
+            cells = l.split(",")
+            if cells[0] == "ddp-rn50-8":
+                cells[header.index("published")] = "80"
+            out.append(",".join(cells))
+        bad = self.path("moved.csv")
+        with open(bad, "w") as f:
+            f.write("\n".join(out) + "\n")
+        p = self.cli(bad, "--assert-band")
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("ddp-rn50-8", p.stderr)
+        self.assertIn("more than 6", p.stderr)
 
 
 if __name__ == "__main__":
