@@ -18,6 +18,7 @@
 #include "core/ops.h"
 #include "core/parallel.h"
 #include "io/files.h"
+#include "io/json_in.h"
 #include "layers/checkpoint.h"
 #include "layers/loss.h"
 #include "layers/model_state.h"
@@ -349,16 +350,11 @@ void measure_transport_cpu(comm::World& world, LinkModel& link, int64_t gradient
 }
 
 LinkModel read_link_file(const std::string& path) {
-  io::require_regular_file(path, "--link-calibration");
-  std::ifstream in(path);
-  RT_CHECK(in.good(), "--link-calibration: cannot read '", path, "'");
-  json j;
-  try {
-    j = json::parse(in);
-  } catch (const json::exception& e) {
-    RT_THROW("--link-calibration '", path, "': not JSON (", e.what(), ")");
-  }
-  return LinkModel::from_json(j.contains("link") ? j["link"] : j, detail::str_cat("--link-calibration '", path, "'"));
+  const json j = io::parse_json_file(path, "--link-calibration");  // a regular file, capped, valid JSON
+  const io::JsonIn top(j, path);
+  LinkModel l = LinkModel::from_json(top.has("link") ? top.at("link") : top);  // a --save-link file or a bare link
+  l.source = detail::str_cat("--link-calibration '", path, "'");
+  return l;
 }
 
 namespace {

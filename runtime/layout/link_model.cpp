@@ -9,6 +9,7 @@
 
 #include "core/check.h"
 #include "core/parse.h"
+#include "io/json_in.h"
 
 namespace ringtrain::runtime {
 
@@ -19,12 +20,11 @@ namespace {
 // A link figure from a file, in (0, hi] or [lo, hi]: a tiny rate or a huge latency made every prediction
 // infinite. A measured file's figures come from a fit (fit_ring), which may give a latency below a
 // nanosecond or a rate above any real link's: only what would overflow the model is refused.
-double link_figure(const json& j, const char* key, const std::string& where, double lo, double hi) {
-  RT_CHECK(j.is_object() && j.contains(key) && j[key].is_number(), where, ": key '", key,
-           "' is missing or not a number");
-  const double v = j[key].get<double>();
-  RT_CHECK(std::isfinite(v) && v > 0 && v >= lo && v <= hi, where, ": key '", key, "' must be a positive number ",
-           lo > 0 ? "from " : "above ", lo, " to ", hi, ", got ", v);
+double link_figure(const io::JsonIn& in, const char* key, double lo, double hi) {
+  const std::string range = detail::str_cat("a positive number ", lo > 0 ? "from " : "above ", lo, " to ", hi);
+  if (!in.has(key) || !in.raw()[key].is_number()) in.wrong(key, range);
+  const double v = in.raw()[key].get<double>();
+  if (!(std::isfinite(v) && v > 0 && v >= lo && v <= hi)) in.wrong(key, range);
   return v;
 }
 // What --link and --link-latency take: 1 Mbit/s to 100 Tbit/s (bytes per second), 1 ns to 1 s.
@@ -47,19 +47,24 @@ LinkModel LinkModel::copies_only() const {
   return l;
 }
 
-LinkModel LinkModel::from_json(const json& j, const std::string& where) {
+LinkModel LinkModel::from_json(const io::JsonIn& in) {
   LinkModel l;
-  l.alpha_intra = link_figure(j, "alpha_intra_s", where, 0, kMaxLatency);
-  l.bw_intra = link_figure(j, "bw_intra_bytes_per_s", where, kMinRate, kMaxFittedRate);
-  l.alpha_inter = link_figure(j, "alpha_inter_s", where, 0, kMaxLatency);
-  l.bw_inter = link_figure(j, "bw_inter_bytes_per_s", where, kMinRate, kMaxFittedRate);
-  if (j.contains("inter_cpu_per_wire")) {  // optional: files written before it have none
-    const double v = j["inter_cpu_per_wire"].is_number() ? j["inter_cpu_per_wire"].get<double>() : -1;
-    RT_CHECK(v >= 0 && v <= kMaxInterCpu, where, ": key 'inter_cpu_per_wire' must be a number from 0 to ", kMaxInterCpu,
-             ", got ", j["inter_cpu_per_wire"].dump());
-    l.inter_cpu_per_wire = v;
+  l.alpha_intra = link_figure(in, "alpha_intra_s", 0, kMaxLatency);
+  l.bw_intra = link_figure(in, "bw_intra_bytes_per_s", kMinRate, kMaxFittedRate);
+  l.alpha_inter = link_figure(in, "alpha_inter_s", 0, kMaxLatency);
+  l.bw_inter = link_figure(in, "bw_inter_bytes_per_s", kMinRate, kMaxFittedRate);
+  if (in.has("inter_cpu_per_wire")) {  // optional: files written before it have none
+    const json& v = in.raw()["inter_cpu_per_wire"];
+    if (!v.is_number() || !(v.get<double>() >= 0 && v.get<double>() <= kMaxInterCpu))
+      in.wrong("inter_cpu_per_wire", detail::str_cat("a number from 0 to ", kMaxInterCpu));
+    l.inter_cpu_per_wire = v.get<double>();
   }
-  l.source = where;
+  return l;
+}
+
+LinkModel LinkModel::from_json(const json& j, const std::string& file) {
+  LinkModel l = from_json(io::JsonIn(j, file));
+  l.source = file;
   return l;
 }
 

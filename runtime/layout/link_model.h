@@ -12,6 +12,10 @@
 
 #include "comm/communicator.h"
 
+namespace ringtrain::io {
+class JsonIn;
+}
+
 namespace ringtrain::runtime {
 
 // The most LinkModel::inter_cpu_per_wire may be.
@@ -31,9 +35,11 @@ struct LinkModel {
   // Every hop as fast as between ranks of one host: what a collective takes in its copies and sums alone.
   LinkModel copies_only() const;
   nlohmann::json to_json() const;
-  // Errors name `where` (a file) and the key: missing, not a positive number (inter_cpu_per_wire: optional, from
-  // 0 to 8).
-  static LinkModel from_json(const nlohmann::json& j, const std::string& where);
+  // Read through io/json_in.h: errors name the file and the key, missing or out of its range (every figure
+  // positive, up to what the model can hold; inter_cpu_per_wire optional, from 0 to 8). The second form reads
+  // `j` as the top level of `file` and takes the file as the source.
+  static LinkModel from_json(const io::JsonIn& in);
+  static LinkModel from_json(const nlohmann::json& j, const std::string& file);
 };
 
 // A link's rate as people write it: a number (core/parse.h's rule), a prefix k, M, G or T (powers of 1000,

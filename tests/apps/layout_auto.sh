@@ -153,7 +153,7 @@ grep -q -- "--link: expected a link rate from 1Mbit to 100Tbit" bad.log || { cat
 # Figures no link or world has are refused, naming them (they overflowed the model into inf and wrapped).
 python3 -c "import json; l = json.load(open('link.json')); l['link']['bw_inter_bytes_per_s'] = 1e-300; \
 json.dump(l, open('tiny.json', 'w'))"
-refused tiny "key 'bw_inter_bytes_per_s' must be a positive number from 125000 to 1e+15, got 1e-300" \
+refused tiny "'tiny.json': key 'link.bw_inter_bytes_per_s' must be a positive number from 125000 to 1e+15, got 1e-300" \
   --global-batch 128 --layout auto --link-calibration tiny.json
 # Flags given by hand constrain the plan: --bucket-mb 0.5 is the chosen layout's (25 MB buckets ran before);
 # --backend nccl on CPU ranks could not start, so it is refused.

@@ -184,12 +184,22 @@ TEST(LayoutLink, AFileNamesTheKeyThatIsWrong) {
   j.erase("bw_inter_bytes_per_s");
   EXPECT_NE(error_of([&] {
               LinkModel::from_json(j, "link.json");
-            }).find("link.json: key 'bw_inter_bytes_per_s' is missing or not a number"),
+            }).find("'link.json': key 'bw_inter_bytes_per_s' is missing (a positive number from 125000 to 1e+15)"),
+            std::string::npos);
+  j["bw_inter_bytes_per_s"] = "10GB";  // a text where a number belongs
+  EXPECT_NE(
+      error_of([&] {
+        LinkModel::from_json(j, "t.json");
+      }).find("'t.json': key 'bw_inter_bytes_per_s' must be a positive number from 125000 to 1e+15, got \"10GB\""),
+      std::string::npos);
+  EXPECT_NE(error_of([&] {
+              LinkModel::from_json(nlohmann::json::array(), "a.json");
+            }).find("'a.json' must hold a JSON object"),
             std::string::npos);
   j = l.to_json();
   j["alpha_intra_s"] = -1;
   EXPECT_NE(
-      error_of([&] { LinkModel::from_json(j, "l2.json"); }).find("l2.json: key 'alpha_intra_s' must be a positive"),
+      error_of([&] { LinkModel::from_json(j, "l2.json"); }).find("'l2.json': key 'alpha_intra_s' must be a positive"),
       std::string::npos);
   // Figures no link has (they made every prediction infinite): refused naming the key and the range.
   for (const auto& [key, value] : {std::pair{"bw_inter_bytes_per_s", 1e-300}, std::pair{"alpha_inter_s", 1e300},
@@ -198,7 +208,7 @@ TEST(LayoutLink, AFileNamesTheKeyThatIsWrong) {
     j[key] = value;
     EXPECT_NE(error_of([&] {
                 LinkModel::from_json(j, "l4.json");
-              }).find(std::string("l4.json: key '") + key + "' must be a positive number "),
+              }).find(std::string("'l4.json': key '") + key + "' must be a positive number "),
               std::string::npos)
         << key;
   }
@@ -212,7 +222,7 @@ TEST(LayoutLink, AFileNamesTheKeyThatIsWrong) {
     j["inter_cpu_per_wire"] = bad;
     EXPECT_NE(error_of([&] {
                 LinkModel::from_json(j, "l3.json");
-              }).find("l3.json: key 'inter_cpu_per_wire' must be a number from 0 to 8, got " + bad.dump()),
+              }).find("'l3.json': key 'inter_cpu_per_wire' must be a number from 0 to 8, got " + bad.dump()),
               std::string::npos)
         << bad;
   }
