@@ -3,10 +3,12 @@
 #include "comm/host_comm.h"
 
 #include <cstring>
+#include <type_traits>
 
 #include "comm/mpi_check.h"
 #include "core/check.h"
 #include "core/device.h"
+#include "core/dtype_visit.h"
 
 namespace ringtrain::comm {
 
@@ -78,48 +80,27 @@ bool reducible(DType dtype, ReduceOp op) {
 }
 
 void reduce_sum_into(void* dst, const void* src, int64_t count, DType dtype) {
-  switch (dtype) {
-    case DType::F32:
-      add_loop(static_cast<float*>(dst), static_cast<const float*>(src), count);
-      break;
-    case DType::F64:
-      add_loop(static_cast<double*>(dst), static_cast<const double*>(src), count);
-      break;
-    case DType::I32:
-      add_loop(static_cast<int32_t*>(dst), static_cast<const int32_t*>(src), count);
-      break;
-    case DType::I64:
-      add_loop(static_cast<int64_t*>(dst), static_cast<const int64_t*>(src), count);
-      break;
-    case DType::BF16:
-      add_loop_16(static_cast<BFloat16*>(dst), static_cast<const BFloat16*>(src), count);
-      break;
-    case DType::F16:
-      add_loop_16(static_cast<Half*>(dst), static_cast<const Half*>(src), count);
-      break;
-    default:
+  visit_dtype(dtype, [&](auto tag) {
+    using S = typename decltype(tag)::type;
+    if constexpr (std::is_same_v<S, BFloat16> || std::is_same_v<S, Half>)
+      add_loop_16(static_cast<S*>(dst), static_cast<const S*>(src), count);  // summed in f32
+    else if constexpr (std::is_same_v<S, uint8_t>)
       RT_THROW("reduce: dtype ", dtype, " cannot be summed");
-  }
+    else
+      add_loop(static_cast<S*>(dst), static_cast<const S*>(src), count);
+  });
 }
 
 void scale_inplace(void* data, int64_t count, DType dtype, int divisor) {
   if (divisor == 1) return;
-  switch (dtype) {
-    case DType::F32:
-      scale_loop(static_cast<float*>(data), count, 1.0f / static_cast<float>(divisor));
-      break;
-    case DType::F64:
-      scale_loop(static_cast<double*>(data), count, 1.0 / divisor);
-      break;
-    case DType::BF16:
-      scale_loop(static_cast<BFloat16*>(data), count, 1.0f / static_cast<float>(divisor));
-      break;
-    case DType::F16:
-      scale_loop(static_cast<Half*>(data), count, 1.0f / static_cast<float>(divisor));
-      break;
-    default:
-      RT_THROW("average: dtype ", dtype, " cannot be averaged (sum it instead)");
-  }
+  visit_floating(
+      dtype,
+      [&](auto tag) {
+        using S = typename decltype(tag)::type;
+        using C = std::conditional_t<std::is_same_v<S, double>, double, float>;  // 16-bit types scale in f32
+        scale_loop(static_cast<S*>(data), count, C{1} / static_cast<C>(divisor));
+      },
+      [&] { RT_THROW("average: dtype ", dtype, " cannot be averaged (sum it instead)"); });
 }
 
 // ---------------------------------------------------------------------------------------------------

@@ -489,7 +489,7 @@ void reference_backward_weights(const Tensor& x, const Tensor& dy, const ConvGeo
 }
 
 void check_dtype(const Tensor& t, const char* op) {
-  if (t.dtype() == DType::F32 || t.dtype() == DType::F64 || t.dtype() == DType::F16 || t.dtype() == DType::BF16) return;
+  if (is_floating(t.dtype())) return;
   RT_THROW("op '", op, "' has no CPU kernel for dtype ", dtype_name(t.dtype()));
 }
 

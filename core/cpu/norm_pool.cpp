@@ -10,6 +10,7 @@
 
 #include "core/check.h"
 #include "core/cpu/cpu_kernels.h"
+#include "core/dtype_visit.h"
 #include "core/parallel.h"
 
 namespace ringtrain::cpu {
@@ -17,24 +18,12 @@ namespace {
 
 constexpr int64_t kRowBlock = 256;  // rows of (M, C) per statistics block
 
+// fn(a value of the storage type) for the floating dtypes, through core/dtype_visit.h's one dispatch.
 template <typename Fn>
 void visit_float(DType t, const char* op, Fn&& fn) {
-  switch (t) {
-    case DType::F32:
-      fn(float{});
-      return;
-    case DType::F64:
-      fn(double{});
-      return;
-    case DType::F16:
-      fn(Half{});
-      return;
-    case DType::BF16:
-      fn(BFloat16{});
-      return;
-    default:
-      RT_THROW("op '", op, "' has no CPU kernel for dtype ", dtype_name(t));
-  }
+  visit_floating(
+      t, [&](auto tag) { fn(typename decltype(tag)::type{}); },
+      [&] { RT_THROW("op '", op, "' has no CPU kernel for dtype ", dtype_name(t)); });
 }
 
 template <typename S>
