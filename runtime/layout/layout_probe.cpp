@@ -25,6 +25,7 @@
 #include "optim/optimizer.h"
 #include "runtime/memory/memory_plan.h"
 #include "runtime/memory/plan_memory.h"
+#include "runtime/step/measure_block.h"
 
 namespace ringtrain::runtime {
 
@@ -101,31 +102,15 @@ ComputeProfile measure_compute(const TrainerOptions& o, Device device, Module& m
     }
     Tensor prev = x;
     for (size_t i = 0; i < blocks.size(); ++i) {
-      Tensor in = prev.detach();
-      if (i > 0) in.set_requires_grad(true);
-      const int64_t held = memory_stats(device).allocated_bytes;
-      const auto t0 = Clock::now();
-      Tensor y;
-      {
-        AutocastGuard autocast(half);
-        y = blocks[i].forward(in);
-      }
-      synchronize(device);
-      const auto t1 = Clock::now();
-      kept[k][i] = memory_stats(device).allocated_bytes - held;  // its output and what backward needs
-      if (i + 1 == blocks.size()) {
-        Tensor loss = loss_fn(y, labels);
-        loss.backward();
-      } else if (y.requires_grad()) {
-        y.backward(Tensor::ones(y.shape(), y.dtype(), device));
-      }
-      for (const auto& m : blocks[i].modules) m->zero_grad(true);
-      synchronize(device);
+      std::function<void(const Tensor&)> loss_backward;  // the last block's backward starts from the loss
+      if (i + 1 == blocks.size()) loss_backward = [&](const Tensor& y) { loss_fn(y, labels).backward(); };
+      const BlockMeasure m = measure_block(blocks[i], prev, i > 0, half, device, false, loss_backward);
+      kept[k][i] = m.kept_bytes;  // its output and what backward needs
       BlockProfile& bp = p.blocks[i];
-      bp.forward[k] = seconds(t1 - t0);
-      bp.backward[k] = since(t1);
-      bp.output_bytes_per_image = y.nbytes() / b;
-      prev = y.detach();
+      bp.forward[k] = m.forward_s;
+      bp.backward[k] = m.backward_s;
+      bp.output_bytes_per_image = m.output.nbytes() / b;
+      prev = m.output;
     }
     model.zero_grad(true);
   };

@@ -18,6 +18,7 @@
 #include "core/ops.h"
 #include "layers/model_state.h"
 #include "runtime/step/evaluate.h"
+#include "runtime/step/measure_block.h"
 
 namespace ringtrain::runtime {
 
@@ -103,37 +104,20 @@ void Pipeline::decide_split(const TrainerOptions& o, const DataInfo& info) {
       for (int round = 0; round < rounds; ++round) {
         Tensor prev = x;
         for (size_t i = 0; i < blocks_.size(); ++i) {
-          Tensor in = prev.detach();
           Tensor y;
           const uint64_t stream_before = rng_stream();
           if (!measure) {
             NoGradGuard no_grad;
             AutocastGuard autocast(autocast_type(o.precision));
-            y = blocks_[i].forward(in);
+            y = blocks_[i].forward(prev.detach());
           } else {
-            if (i > 0) in.set_requires_grad(true);
-            const int64_t before = memory_stats(device_).allocated_bytes;
-            const auto t0 = Clock::now();
-            {
-              AutocastGuard autocast(autocast_type(o.precision));
-              y = blocks_[i].forward(in);
-            }
-            synchronize(device_);
-            const auto t1 = Clock::now();
-            const int64_t kept = memory_stats(device_).allocated_bytes - before;
-            reset_peak_memory(device_);
-            // A block with nothing to train before any that has (a parameter-free first block) has no backward.
-            if (y.requires_grad()) y.backward(Tensor::ones(y.shape(), y.dtype(), device_));
-            costs[i].backward_bytes =
-                std::max(costs[i].backward_bytes, memory_stats(device_).peak_allocated_bytes - before - kept);
-            // Its gradients go at once: measuring holds one block's, not the model's.
-            for (const auto& mod : blocks_[i].modules) mod->zero_grad(true);
-            synchronize(device_);
-            const double s = seconds(Clock::now() - t0);
-            (void)t1;
+            const BlockMeasure m = measure_block(blocks_[i], prev, i > 0, autocast_type(o.precision), device_, true);
+            y = m.output;
+            costs[i].backward_bytes = std::max(costs[i].backward_bytes, m.backward_peak);
             // The first round warms caches and plans; later ones are timed (the fastest counts).
+            const double s = m.forward_s + m.backward_s;
             if (round == 1 || (round > 1 && s < costs[i].seconds)) costs[i].seconds = s;
-            costs[i].activation_bytes = std::max(costs[i].activation_bytes, kept);
+            costs[i].activation_bytes = std::max(costs[i].activation_bytes, m.kept_bytes);
           }
           if (round == 0) {
             outputs.push_back({{"shape", shape_json(y.shape())}, {"dtype", dtype_name(y.dtype())}});
