@@ -316,7 +316,8 @@ struct CrossEntropyOptions {
 // every label is ignored gives NaN, as PyTorch). Label smoothing as the (N, C) form.
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels, const CrossEntropyOptions& options);
 
-// Default generator: a seed and a counter of consumed streams.
+// The default generator: one per process, shared by every thread (core/process_state.cpp): a seed and a counter
+// of consumed streams.
 void manual_seed(uint64_t seed);
 uint64_t default_seed();
 uint64_t next_rng_stream();
