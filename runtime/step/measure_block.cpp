@@ -8,8 +8,7 @@
 namespace ringtrain::runtime {
 
 BlockMeasure measure_block(const Block& block, const Tensor& input, bool input_grad, std::optional<DType> half,
-                           Device device, bool measure_peak,
-                           const std::function<void(const Tensor&)>& backward_from) {
+                           Device device, bool measure_peak, const std::function<void(const Tensor&)>& backward_from) {
   Tensor in = input.detach();
   if (input_grad) in.set_requires_grad(true);
   BlockMeasure m;
