@@ -360,14 +360,14 @@ def collective_seconds(nbytes, gpus, cluster, algorithm=None):
     ai, ae = cluster.intra_alpha_us * 1e-6, cluster.inter_alpha_us * 1e-6
     bi, bn = cluster.intra_gbps * 1e9, cluster.net_Bps
     if n == 1:  # one node: every algorithm is the node's ring (halving-doubling: log2 steps)
-        lat = 2 * math.ceil(math.log2(gpus)) * ai if algorithm == "halving-doubling" else 2 * (gpus - 1) * ai
-        t = lat + 2 * (gpus - 1) / gpus * b / bi
+        steps = math.ceil(math.log2(gpus)) if algorithm == "halving-doubling" else gpus - 1
+        t = 2 * steps * ai + ring_time(b, gpus, 0.0, bi)
         return t, t
     slow = min(bi, bn)
     if algorithm == "ring":
-        t = 2 * (gpus - 1) * (max(ai, ae) + b / gpus / slow)
-    elif algorithm == "nccl-ring":
-        t = 2 * (gpus - 1) * ((n * ae + (gpus - n) * ai) / gpus + b / gpus / slow)
+        t = ring_time(b, gpus, max(ai, ae), slow)
+    elif algorithm == "nccl-ring":  # a step's latency: the hops' mean, n of them between nodes a lap
+        t = ring_time(b, gpus, (n * ae + (gpus - n) * ai) / gpus, slow)
     elif algorithm == "hierarchical":
         t = ring_time(b, p, ai, bi) + 2 * (n - 1) * (ae + b / n / bn)
     elif algorithm == "tree":
@@ -382,7 +382,7 @@ def collective_seconds(nbytes, gpus, cluster, algorithm=None):
 def planner_cases():
     """All-reduce seconds over a grid of links, sizes and layouts, as ringtrain_plan's link model must give them
     (runtime/layout/link_model.h: a LinkModel of alpha/bw inside and between hosts, backends ring and
-    hierarchical); tests/golden/link_model.json holds them for the C++ test, and the Python test checks this
+    hierarchical); tests/runtime/link_model_cases.json holds them for the C++ test, and the Python test checks this
     function still gives that file."""
     cases = []
     links = [(5e-6, 4e9, 30e-6, 1.25e8), (2e-6, 370e9, 8e-6, 45e9), (1e-5, 1e9, 1e-4, 1e8), (1e-6, 5e9, 2e-6, 2e10)]
@@ -464,17 +464,17 @@ def simulate_gpu_step(step_s, backward_share, buckets, gpus, cluster, framework,
     time in launch order, each from its bucket's ready time), the exposed rest, and the compute the overlapped
     collectives take from the GPU (cluster.contention of their time on the GPU's own links)."""
     window = step_s * backward_share
-    end = total = gpu_side = 0.0
-    for b in buckets:
-        t, g = collective_seconds(b.nbytes, gpus, cluster)
-        if gpus > 1:
-            t += framework.start_delay_us * 1e-6
-        end = max(b.ready * window, end) + t
-        total += t
-        gpu_side += g
-    exposed = max(0.0, end - window) if buckets and gpus > 1 else 0.0
-    overlapped = total - exposed
-    contention = cluster.contention * gpu_side * (overlapped / total) if total > 0 else 0.0
+    busy = []  # each collective's seconds on the GPU's own links, as simulate_step asks for it
+
+    def comm_time(nbytes):
+        t, g = collective_seconds(nbytes, gpus, cluster)
+        busy.append(g)
+        return t + (framework.start_delay_us * 1e-6 if gpus > 1 else 0.0)
+
+    compute = Compute(data_wait=0.0, forward=step_s - window, backward=window, optimizer=0.0)
+    chain = simulate_step(compute, [Bucket(b.nbytes, b.ready * window) for b in buckets], comm_time)
+    exposed, total = chain["exposed_comm_s"], chain["comm_total_s"]
+    contention = cluster.contention * sum(busy) * ((total - exposed) / total) if total > 0 else 0.0
     fixed = (framework.tensor_cost_us * n_tensors + framework.bucket_cost_us * len(buckets)) * 1e-6
     step = step_s + fixed + exposed + contention
     base = step_s + (fixed if framework.baseline == "framework-1gpu" else 0.0)
