@@ -337,9 +337,8 @@ void measure_transport_cpu(comm::World& world, LinkModel& link, int64_t gradient
 LinkModel read_link_file(const std::string& path) {
   const json j = io::parse_json_file(path, "--link-calibration");  // a regular file, capped, valid JSON
   const io::JsonIn top(j, path);
-  LinkModel l = LinkModel::from_json(top.has("link") ? top.at("link") : top);  // a --save-link file or a bare link
-  l.source = detail::str_cat("--link-calibration '", path, "'");
-  return l;
+  return LinkModel::from_json(top.has("link") ? top.at("link") : top,  // a --save-link file or a bare link
+                              detail::str_cat("--link-calibration '", path, "'"));
 }
 
 namespace {

@@ -47,8 +47,9 @@ LinkModel LinkModel::copies_only() const {
   return l;
 }
 
-LinkModel LinkModel::from_json(const io::JsonIn& in) {
+LinkModel LinkModel::from_json(const io::JsonIn& in, std::string source) {
   LinkModel l;
+  l.source = std::move(source);
   l.alpha_intra = link_figure(in, "alpha_intra_s", 0, kMaxLatency);
   l.bw_intra = link_figure(in, "bw_intra_bytes_per_s", kMinRate, kMaxFittedRate);
   l.alpha_inter = link_figure(in, "alpha_inter_s", 0, kMaxLatency);
@@ -62,11 +63,7 @@ LinkModel LinkModel::from_json(const io::JsonIn& in) {
   return l;
 }
 
-LinkModel LinkModel::from_json(const json& j, const std::string& file) {
-  LinkModel l = from_json(io::JsonIn(j, file));
-  l.source = file;
-  return l;
-}
+LinkModel LinkModel::from_json(const json& j, const std::string& file) { return from_json(io::JsonIn(j, file), file); }
 
 namespace {
 // `text` as a number (core/parse.h's rule: decimal, finite, nothing around it) and the unit after it.

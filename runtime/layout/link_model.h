@@ -11,10 +11,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
-
-namespace ringtrain::io {
-class JsonIn;
-}
+#include "io/json_in.h"
 
 namespace ringtrain::runtime {
 
@@ -36,9 +33,9 @@ struct LinkModel {
   LinkModel copies_only() const;
   nlohmann::json to_json() const;
   // Read through io/json_in.h: errors name the file and the key, missing or out of its range (every figure
-  // positive, up to what the model can hold; inter_cpu_per_wire optional, from 0 to 8). The second form reads
-  // `j` as the top level of `file` and takes the file as the source.
-  static LinkModel from_json(const io::JsonIn& in);
+  // positive, up to what the model can hold; inter_cpu_per_wire optional, from 0 to 8); `source` says where it
+  // came from. The second form reads `j` as the top level of `file` and takes the file as the source.
+  static LinkModel from_json(const io::JsonIn& in, std::string source);
   static LinkModel from_json(const nlohmann::json& j, const std::string& file);
 };
 
