@@ -23,7 +23,6 @@ published sign and is within 2 points.
 """
 import argparse
 import csv
-import json
 import math
 import os
 import sys

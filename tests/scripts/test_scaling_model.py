@@ -311,9 +311,10 @@ class CollectiveTest(unittest.TestCase):
         self.assertEqual(sm.collective_seconds(self.B, 1, c), (0.0, 0.0))
 
     def test_across_nodes_by_hand(self):
-        c, g, n = cluster(), 32, 4  # 4 nodes of 8; the node's NICs: 4 x 100 Gbit/s x 0.9 = 45 GB/s
+        c, g = cluster(), 32  # 4 nodes of 8; the node's NICs: 4 x 100 Gbit/s x 0.9 = 45 GB/s
         net = 45e9
         self.assertAlmostEqual(c.net_Bps, net)
+        self.assertEqual(c.nodes(g), 4)
         ring, _ = sm.collective_seconds(self.B, g, c, "ring")
         self.assertAlmostEqual(ring, 2 * 31 * (10e-6 + self.B / 32 / net), places=12)
         nccl, _ = sm.collective_seconds(self.B, g, c, "nccl-ring")
