@@ -12,7 +12,7 @@
 // --cpu-conv compare alternates the CPU convolution choice step by step (direct, auto, direct, ...) and
 // adds both medians and the median of each pair's auto/direct ratio: a comparison that holds while the
 // machine's speed drifts (median_step_s is then auto's). --recompute on recomputes the activations
-// (layers/checkpoint.h); --recompute compare alternates plain and recomputed steps the same way and adds
+// (layers/recompute.h); --recompute compare alternates plain and recomputed steps the same way and adds
 // plain_median_step_s and recompute_over_plain (median_step_s is then the recomputed steps'). Only one of
 // the two compares at a time.
 // Under mpirun it is data-parallel (GradSync over --backend, default ring; -b is per rank): the step
@@ -41,9 +41,9 @@
 #include "core/ops.h"
 #include "core/parallel.h"
 #include "io/files.h"
-#include "layers/checkpoint.h"
 #include "layers/loss.h"
 #include "layers/models/zoo.h"
+#include "layers/recompute.h"
 #include "optim/grad_scaler.h"
 #include "optim/optimizer.h"
 #include "runtime/config/cli.h"

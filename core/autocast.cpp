@@ -36,7 +36,7 @@ Tensor autocast_cast(const Tensor& x, DType dtype) {
       ++scope->reuses_;
       return c.cast;
     }
-  // Recorded even under no_grad (a checkpointed block's first forward): its recomputation under grad
+  // Recorded even under no_grad (a recomputed block's first forward): its recomputation under grad
   // then finds the cast with its node.
   Tensor cast = x.detach().to(dtype);
   auto node = std::make_shared<SharedCastNode>();

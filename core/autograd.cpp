@@ -210,7 +210,7 @@ void run_backward(Tensor root, Tensor gradient, bool retain_graph) {
       input_grads = node->apply(std::move(grad_output));
     }
     // Its saved tensors go now, not at the end of the pass: a node runs once a pass, and what the rest of
-    // the backward holds is then only what it still needs (a checkpointed block's input, for example).
+    // the backward holds is then only what it still needs (a recomputed block's input, for example).
     if (!retain_graph) node->release();
     executed.push_back(node);
     for (size_t i = 0; i < node->next.size(); ++i) {

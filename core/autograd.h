@@ -35,7 +35,7 @@ struct Node {
 
   // Gradients w.r.t. each input (undefined where an input needs none), given the output's gradient. The
   // engine hands the gradient over (it keeps no handle of its own), so a node that passes it on by move
-  // (a checkpointed block into its inner backward) lets it go as soon as it is used.
+  // (a recomputed block into its inner backward) lets it go as soon as it is used.
   virtual std::vector<Tensor> apply(Tensor grad_output) = 0;
   virtual void release() { released = true; }
   std::string describe() const;  // "mul(f32[2, 3], f32[3])"
@@ -65,7 +65,7 @@ class NoGradGuard {
 };
 
 // Gradient mode on for a scope, also inside backward (which runs under no_grad): a node's backward that
-// runs a forward again to differentiate it (layers/checkpoint.h).
+// runs a forward again to differentiate it (layers/recompute.h).
 class EnableGradGuard {
  public:
   EnableGradGuard();
@@ -89,7 +89,7 @@ Tensor record_node(const char* op, const std::vector<const Tensor*>& inputs, Ten
 // The engine entry point (Tensor::backward forwards here). `gradient` is taken over: passed by move, the
 // engine holds its only handle and frees it once the root's node has used it.
 // The root is taken over too: a caller that moves it in lets the engine free the root's memory as soon
-// as its node has run (a checkpointed block's recomputed output).
+// as its node has run (a recomputed block's second output).
 void run_backward(Tensor root, Tensor gradient, bool retain_graph);
 // True inside a backward pass that keeps the graph (retain_graph), for a node deciding whether it may
 // free what it saved while it runs (the innermost pass on this thread; false outside any).

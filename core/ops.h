@@ -131,7 +131,7 @@ class BatchNormExchange {
 Tensor sync_batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
                        const Tensor& running_var, double momentum, double eps, bool fuse_relu, const Tensor& residual,
                        const std::shared_ptr<BatchNormExchange>& exchange);
-// Batch statistics kept for a recompute (layers/checkpoint.h). A forward run again from the same input
+// Batch statistics kept for a recompute (layers/recompute.h). A forward run again from the same input
 // computes the same statistics, so its second run takes them from the first: while a tape records on this
 // thread, each training-mode batch_norm / sync_batch_norm of a CPU tensor appends the statistics it
 // normalised with; while one replays, each takes the next entry instead of reducing its input again

@@ -6,7 +6,7 @@
 //
 // Activation recompute keeps each block's input between its forward and its backward; the inputs are a
 // ReLU's outputs, about half zero, so packed they take about half the memory and the recompute still
-// starts from the same bits (layers/checkpoint.cpp).
+// starts from the same bits (layers/recompute.cpp).
 //
 // In place: the tensor's memory becomes the packed form, so no second copy is made and the memory stays
 // where the allocator put it (a new block for it would pin a hole in the heap among the activations

@@ -3,7 +3,7 @@
 // statistics), the default generator's stream (dropout draws, core/ops.h rng_stream) and, when asked, the
 // parameters' gradients. When it goes (at the end of its scope, or while an exception unwinds it) it puts
 // all of them back. Probes and measurements use it (the memory plan's probe, the pipeline's block
-// timings), and so do recomputes that must move the statistics once (layers/checkpoint.h, the pipeline's
+// timings), and so do recomputes that must move the statistics once (layers/recompute.h, the pipeline's
 // --pipeline-recompute).
 //
 //   {

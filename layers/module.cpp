@@ -7,7 +7,7 @@
 #include "core/autograd.h"
 #include "core/check.h"
 #include "core/profile.h"
-#include "layers/checkpoint.h"
+#include "layers/recompute.h"
 
 namespace ringtrain {
 namespace {
@@ -143,7 +143,7 @@ void Module::load_state_dict(const StateDict& state, StrictLoad strict) {
 Tensor Module::operator()(const Tensor& x) {
   // --profile --profile-layers: the ops of this call (and the backward nodes they record) carry its path.
   profile::LayerScope layer(path_);
-  return recompute_ && grad_enabled() ? checkpoint(*this, x) : forward(x);
+  return recompute_ && grad_enabled() ? recompute(*this, x) : forward(x);
 }
 
 void Module::train(bool on) {

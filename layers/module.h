@@ -28,7 +28,7 @@ struct Block {
   std::string name;  // "stem", "layer1.0", "head", or a Sequential's child index
   std::vector<std::shared_ptr<Module>> modules;
   std::function<Tensor(const Tensor&)> forward;
-  // A block of several modules that can recompute (layers/checkpoint.h): switches it on or off. Empty for
+  // A block of several modules that can recompute (layers/recompute.h): switches it on or off. Empty for
   // a block that is one module (its set_recompute is the switch) or cannot.
   std::function<void(bool)> set_recompute;
 };
@@ -43,7 +43,7 @@ class Module {
   Module& operator=(const Module&) = delete;
 
   virtual Tensor forward(const Tensor& x) = 0;
-  // forward(x), or with set_recompute(true) and gradients on, checkpoint(*this, x) (layers/checkpoint.h):
+  // forward(x), or with set_recompute(true) and gradients on, recompute(*this, x) (layers/recompute.h):
   // what containers (Sequential, so a ResNet's residual blocks) call on their children.
   Tensor operator()(const Tensor& x);
   // "Linear", "Conv2d", ... (printing and errors)

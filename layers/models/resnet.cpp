@@ -4,7 +4,7 @@
 #include "core/autograd.h"
 #include "core/check.h"
 #include "core/ops.h"
-#include "layers/checkpoint.h"
+#include "layers/recompute.h"
 
 namespace ringtrain {
 namespace {
@@ -161,7 +161,7 @@ Tensor ResNet::stem(const Tensor& x) {
   if (!recompute_stem_ || !grad_enabled()) return plain(x);
   std::vector<const Module*> modules{conv1_.get(), bn1_.get()};
   if (maxpool_) modules.push_back(maxpool_.get());
-  return checkpoint(plain, x, modules);
+  return recompute(plain, x, modules);
 }
 
 Tensor ResNet::forward(const Tensor& x) {

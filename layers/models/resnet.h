@@ -73,7 +73,7 @@ class ResNet : public Module {
   std::shared_ptr<MaxPool2d> maxpool_;
   std::vector<std::shared_ptr<Sequential>> stages_;
   std::shared_ptr<Linear> fc_;
-  bool recompute_stem_ = false;  // --recompute: the stem's block checkpointed too
+  bool recompute_stem_ = false;  // --recompute: the stem's block recomputed too
   Tensor stem(const Tensor& x);
 };
 

@@ -9,9 +9,9 @@
 #include "core/profile.h"
 #include "layers/activation.h"
 #include "layers/batchnorm.h"
-#include "layers/checkpoint.h"
 #include "layers/norm.h"
 #include "layers/pooling.h"
+#include "layers/recompute.h"
 
 namespace ringtrain {
 
@@ -124,7 +124,7 @@ void UNet::check_input(const Tensor& x) const {
 Tensor UNet::forward(const Tensor& x) {
   check_input(x);
   if (grad_enabled() && std::find(recompute_.begin(), recompute_.end(), true) != recompute_.end()) {
-    // --recompute: the chain, its marked blocks checkpointed (each keeps only its packed input).
+    // --recompute: the chain, its marked blocks recomputed (each keeps only its packed input).
     Tensor y = x;
     const std::vector<Block> chain = blocks();
     for (size_t i = 0; i < chain.size(); ++i) {
@@ -134,7 +134,7 @@ Tensor UNet::forward(const Tensor& x) {
       }
       std::vector<const Module*> modules;
       for (const auto& m : chain[i].modules) modules.push_back(m.get());
-      y = checkpoint(chain[i].forward, y, modules);
+      y = recompute(chain[i].forward, y, modules);
     }
     return y;
   }

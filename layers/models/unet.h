@@ -71,7 +71,7 @@ class UNet : public Module {
   Tensor forward(const Tensor& x) override;  // (N, H, W, in_channels) -> (N, H, W, num_classes) logits
   std::string type_name() const override { return "UNet"; }
   // inc, down1 .. downD, up1 .. upD, outc: a chain whose links carry the skip features (see above). A block
-  // switched to recompute (--recompute) makes forward() run the chain, checkpointing those blocks.
+  // switched to recompute (--recompute) makes forward() run the chain, recomputing those blocks.
   std::vector<Block> blocks() override;
   const UNetOptions& options() const { return options_; }
 

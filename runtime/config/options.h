@@ -96,7 +96,7 @@ struct TrainerOptions {
   // The memory a rank may use (runtime/memory/memory_plan.h): a run predicted over it is refused before its first
   // step. 0: the device's free memory shared by the ranks on it (runtime/memory/memory_budget.h).
   int64_t max_memory = 0;
-  bool recompute = false;  // activation recompute: every block's forward runs again in backward (layers/checkpoint.h)
+  bool recompute = false;  // activation recompute: every block's forward runs again in backward (layers/recompute.h)
   int threads = 0;         // CPU threads per rank (0: cores / local ranks)
   int loader_threads = 0;  // 0: automatic
   int loader_nice = 10;    // loader threads run this much lower in priority (0..19; data::LoaderOptions::nice)

@@ -25,7 +25,7 @@
 #include "core/clock.h"
 #include "core/ops.h"
 #include "io/files.h"
-#include "layers/checkpoint.h"
+#include "layers/recompute.h"
 #include "runtime/checkpoint/checkpoint_dir.h"
 #include "runtime/checkpoint/folder_lock.h"
 #include "runtime/checkpoint/resume.h"
@@ -85,7 +85,7 @@ Trainer::Trainer(comm::World& world, TrainerOptions options) : world_(world), op
   permanent_errors([this] {
     validate_options(options_);
     FaultInjection::from_env().check_world(world_.size());
-    layout_ = PipelineLayout::of(world_.rank(), world_.size(), options_.pipeline_stages);
+    grid_ = StageGrid::of(world_.rank(), world_.size(), options_.pipeline_stages);
   });
   // First of all collectives: ranks with different flags would otherwise hang in one the others skip.
   check_same_config(world_, rank_agreement(options_));
@@ -182,7 +182,7 @@ namespace {
 struct RunSetup {
   comm::World& world;
   const TrainerOptions& options;  // as this run resolves them (fit(): --layout auto, -b auto)
-  PipelineLayout layout;          // one stage of world-size replicas without --pipeline-stages
+  StageGrid grid;                 // one stage of world-size replicas without --pipeline-stages
   Device device;
   int threads = 1;
   Watchdog& watchdog;
@@ -200,10 +200,10 @@ class Run {
  public:
   explicit Run(RunSetup setup)
       : setup_(std::move(setup)),
-        plan_(permanent_errors([&] { return plan_run(setup_.options, setup_.data.info(), setup_.layout.replicas); })),
+        plan_(permanent_errors([&] { return plan_run(setup_.options, setup_.data.info(), setup_.grid.replicas); })),
         lr_schedule_(permanent_errors([&] { return schedule_for(setup_.options, plan_); })),
         checkpoints_(setup_.options.checkpoint_dir, setup_.options.keep_last),
-        sampler_(sampler_options(setup_.options, setup_.data.info(), setup_.layout.replica, setup_.layout.replicas)),
+        sampler_(sampler_options(setup_.options, setup_.data.info(), setup_.grid.replica, setup_.grid.replicas)),
         trace_(setup_.options.trace, setup_.options.trace_steps) {
     permanent_errors([&] {
       setup_.inject.check_steps(plan_.total_steps);
@@ -327,7 +327,7 @@ Cursor Run::start() {
     // The model holds its starting weights everywhere: each stage keeps its blocks' and releases the rest.
     pipeline_ = std::make_unique<Pipeline>(setup_.world, setup_.options, setup_.device, setup_.model,
                                            setup_.data.info(), setup_.watchdog, setup_.inject);
-    setup_.data.set_images(setup_.layout.first());
+    setup_.data.set_images(setup_.grid.first());
     scope = pipeline_->scope();
     if (setup_.world.is_root()) std::printf("%s\n", pipeline_->describe().c_str());
   }
@@ -436,7 +436,7 @@ std::unique_ptr<StepRunner> Run::make_step_runner() {
                       .inject = setup_.inject,
                       .data = setup_.data,
                       .replica = *replica_,
-                      .replica_index = setup_.layout.replica,
+                      .replica_index = setup_.grid.replica,
                       .timer = reporter_->timer(),
                       .trace = trace_,
                       .first_step = origin_.first_step,
@@ -561,7 +561,7 @@ TrainResult Trainer::fit(Module& model, DataSource& data, const StepFn& step_fn)
     // plan below still predicts and records, against the device's memory (its baseline, taken after the
     // probes, holds what they left: 3-12 MiB on the CPU, docs/LAYOUT.md).
     o.max_memory = 0;
-    layout_ = permanent_errors([&] { return PipelineLayout::of(world_.rank(), world_.size(), o.pipeline_stages); });
+    grid_ = permanent_errors([&] { return StageGrid::of(world_.rank(), world_.size(), o.pipeline_stages); });
   }
   if (o.recompute) {
     const size_t blocks = permanent_errors([&] { return model.blocks().size(); });
@@ -581,7 +581,7 @@ TrainResult Trainer::fit(Module& model, DataSource& data, const StepFn& step_fn)
   json memory = plan_memory(world_, o, device_, *watchdog_, model, data, step_fn);
   Run run(RunSetup{.world = world_,
                    .options = o,
-                   .layout = layout_,
+                   .grid = grid_,
                    .device = device_,
                    .threads = threads_,
                    .watchdog = *watchdog_,

@@ -54,7 +54,7 @@ class Trainer {
   // Where this rank sits with --pipeline-stages (one stage of one replica; without stages, the world's
   // rank of world-size replicas). With --layout auto, fit() decides it: data sources read their part from
   // the sampler fit() gives them, never from this.
-  const PipelineLayout& layout() const { return layout_; }
+  const StageGrid& grid() const { return grid_; }
 
   // Collective. Moves the model to device(), trains it on `data` and returns the figures rank 0 printed.
   // May be called again (another model or run) with the same Trainer; each call is a run of its own (a
@@ -73,7 +73,7 @@ class Trainer {
   int choose_this_ranks_gpu();
   comm::World& world_;
   TrainerOptions options_;
-  PipelineLayout layout_;
+  StageGrid grid_;
   Device device_ = Device::cpu();
   int threads_ = 1;
   std::unique_ptr<Watchdog> watchdog_;  // made once the ranks agree on the flags (its making is collective)

@@ -14,9 +14,9 @@
 #include "core/check.h"
 #include "core/ops.h"
 #include "core/parallel.h"
-#include "layers/checkpoint.h"
 #include "layers/loss.h"
 #include "layers/model_state.h"
+#include "layers/recompute.h"
 
 namespace ringtrain::runtime {
 

@@ -12,7 +12,7 @@
 #include "core/allocator.h"
 #include "core/check.h"
 #include "core/clock.h"
-#include "layers/checkpoint.h"
+#include "layers/recompute.h"
 #include "runtime/cluster/watchdog.h"
 #include "runtime/memory/memory_budget.h"
 #include "runtime/memory/memory_plan.h"

@@ -54,20 +54,20 @@ Pipeline::Pipeline(comm::World& world, const TrainerOptions& o, Device device, M
       model_(model),
       dog_(dog),
       inject_(inject),
-      layout_(PipelineLayout::of(world.rank(), world.size(), o.pipeline_stages)),
+      grid_(StageGrid::of(world.rank(), world.size(), o.pipeline_stages)),
       schedule_(o.pipeline_schedule),
       recompute_(o.pipeline_recompute) {
   permanent_errors([&] {
     blocks_ = model_.blocks();
     RT_CHECK(
-        !blocks_.empty(), "--pipeline-stages ", layout_.stages, ": the model (", model_.type_name(), ") is no ",
+        !blocks_.empty(), "--pipeline-stages ", grid_.stages, ": the model (", model_.type_name(), ") is no ",
         "sequence of blocks to split into stages (give it a Sequential at the top, or implement Module::blocks())");
-    RT_CHECK(static_cast<int>(blocks_.size()) >= layout_.stages, "--pipeline-stages ", layout_.stages,
+    RT_CHECK(static_cast<int>(blocks_.size()) >= grid_.stages, "--pipeline-stages ", grid_.stages,
              ": the model has only ", blocks_.size(), " blocks (each stage needs at least one)");
   });
   permanent_errors([&] { owners(); });  // before any work: a parameter no block holds
-  MPI_CHECK(MPI_Comm_split(world_.comm(), layout_.stage, layout_.replica, &stage_comm_));
-  MPI_CHECK(MPI_Comm_split(world_.comm(), layout_.replica, layout_.stage, &pipe_comm_));
+  MPI_CHECK(MPI_Comm_split(world_.comm(), grid_.stage, grid_.replica, &stage_comm_));
+  MPI_CHECK(MPI_Comm_split(world_.comm(), grid_.replica, grid_.stage, &pipe_comm_));
   decide_split(o, info);
   keep_my_blocks();
   if (recompute_)
@@ -131,7 +131,7 @@ void Pipeline::decide_split(const TrainerOptions& o, const DataInfo& info) {
       const int n = static_cast<int>(blocks_.size());
       PipelineSplit split;
       if (!measure) {
-        split = parse_pipeline_split(o.pipeline_split, n, layout_.stages);
+        split = parse_pipeline_split(o.pipeline_split, n, grid_.stages);
       } else if (o.pipeline_balance == PipelineBalance::Memory) {
         const double slots = o.optimizer == OptimizerKind::AdamW ? 2 : (o.momentum > 0 ? 1 : 0);
         for (size_t i = 0; i < costs.size(); ++i) {
@@ -141,9 +141,9 @@ void Pipeline::decide_split(const TrainerOptions& o, const DataInfo& info) {
           costs[i].output_bytes =
               numel * static_cast<int64_t>(dtype_size(parse_dtype(out["dtype"].get<std::string>())));
         }
-        split = balance_memory(costs, layout_.stages, schedule_, static_cast<int>(o.accum), 2 + slots, recompute_);
+        split = balance_memory(costs, grid_.stages, schedule_, static_cast<int>(o.accum), 2 + slots, recompute_);
       } else {
-        split = balance_time(costs, layout_.stages);
+        split = balance_time(costs, grid_.stages);
       }
       json c = json::array();
       for (const auto& b : costs)
@@ -165,7 +165,7 @@ void Pipeline::decide_split(const TrainerOptions& o, const DataInfo& info) {
   const auto draws = plan["draws"].get<std::vector<uint64_t>>();
   for (size_t b = 0; b < draws.size(); ++b) {
     draws_per_micro_ += draws[b];
-    if (static_cast<int>(b) < split_[static_cast<size_t>(layout_.stage)]) draws_before_ += draws[b];
+    if (static_cast<int>(b) < split_[static_cast<size_t>(grid_.stage)]) draws_before_ += draws[b];
   }
   for (const json& out : plan["outputs"])
     outputs_.push_back({shape_of(out["shape"]), parse_dtype(out["dtype"].get<std::string>())});
@@ -197,7 +197,7 @@ std::map<const TensorImpl*, int> Pipeline::owners() const {
 // This stage's blocks' parameters and buffers (by the model's own names) are kept; the others' released.
 void Pipeline::keep_my_blocks() {
   const std::map<const TensorImpl*, int> owner = owners();
-  const int first = split_[static_cast<size_t>(layout_.stage)], end = split_[static_cast<size_t>(layout_.stage) + 1];
+  const int first = split_[static_cast<size_t>(grid_.stage)], end = split_[static_cast<size_t>(grid_.stage) + 1];
   auto sort_out = [&](const Named& all, Named& mine) {
     for (const auto& [name, t] : all) {
       const auto it = owner.find(t.impl());
@@ -231,14 +231,14 @@ uint64_t Pipeline::combined_bucket_plan(uint64_t mine) const {
   const std::vector<int64_t> all =
       comm::all_gather(world_.comm(), std::span<const int64_t>(reinterpret_cast<const int64_t*>(&mine), 1));
   Fnv1a h;
-  for (int s = 0; s < layout_.stages; ++s)
-    h.add_word(static_cast<uint64_t>(all[static_cast<size_t>(layout_.rank_of(s, 0))]));
-  return h.value() ^ mine ^ static_cast<uint64_t>(all[static_cast<size_t>(layout_.rank_of(layout_.stage, 0))]);
+  for (int s = 0; s < grid_.stages; ++s)
+    h.add_word(static_cast<uint64_t>(all[static_cast<size_t>(grid_.rank_of(s, 0))]));
+  return h.value() ^ mine ^ static_cast<uint64_t>(all[static_cast<size_t>(grid_.rank_of(grid_.stage, 0))]);
 }
 
 json Pipeline::plan() const {
   json stages = json::array();
-  for (int s = 0; s < layout_.stages; ++s) {
+  for (int s = 0; s < grid_.stages; ++s) {
     json blocks = json::array();
     double secs = 0;
     int64_t params = 0, acts = 0;
@@ -249,31 +249,30 @@ json Pipeline::plan() const {
       params += c.param_bytes;
       acts += c.activation_bytes;
     }
-    stages.push_back(
-        {{"blocks", blocks},
-         {"seconds", secs},
-         {"param_bytes", params},
-         {"activation_bytes_per_micro_batch", acts},
-         {"micro_batches_in_flight", in_flight(schedule_, layout_.stages, s, static_cast<int>(o_.accum))}});
+    stages.push_back({{"blocks", blocks},
+                      {"seconds", secs},
+                      {"param_bytes", params},
+                      {"activation_bytes_per_micro_batch", acts},
+                      {"micro_batches_in_flight", in_flight(schedule_, grid_.stages, s, static_cast<int>(o_.accum))}});
   }
-  return json{{"stages", layout_.stages},
-              {"replicas", layout_.replicas},
+  return json{{"stages", grid_.stages},
+              {"replicas", grid_.replicas},
               {"schedule", name_of(schedule_)},
               {"balance", o_.pipeline_split.empty() ? name_of(o_.pipeline_balance) : "given"},
               {"split", split_text(split_)},
               {"micro_batches", o_.accum},
               {"recompute", recompute_},
-              {"ideal_bubble", ideal_bubble(layout_.stages, static_cast<int>(o_.accum))},
+              {"ideal_bubble", ideal_bubble(grid_.stages, static_cast<int>(o_.accum))},
               {"stage", stages}};
 }
 
 std::string Pipeline::describe() const {
   const json p = plan();
   std::string out =
-      detail::str_cat("pipeline: ", layout_.stages, " stages x ", layout_.replicas, " replica(s), ", name_of(schedule_),
+      detail::str_cat("pipeline: ", grid_.stages, " stages x ", grid_.replicas, " replica(s), ", name_of(schedule_),
                       ", ", o_.accum, " micro-batches per step, split ", split_text(split_), " (",
                       p["balance"].get<std::string>(), ")", recompute_ ? ", forwards recomputed in backward" : "");
-  for (int s = 0; s < layout_.stages; ++s) {
+  for (int s = 0; s < grid_.stages; ++s) {
     const json& st = p["stage"][static_cast<size_t>(s)];
     out += detail::str_cat("\n  stage ", s, ": ", st["blocks"].size(), " block(s) ",
                            st["blocks"].front().get<std::string>(), "..", st["blocks"].back().get<std::string>(), ", ",
@@ -292,7 +291,7 @@ std::string Pipeline::describe() const {
 
 Tensor Pipeline::run_blocks(const Tensor& x) const {
   Tensor y = x;
-  for (int b = split_[static_cast<size_t>(layout_.stage)]; b < split_[static_cast<size_t>(layout_.stage) + 1]; ++b)
+  for (int b = split_[static_cast<size_t>(grid_.stage)]; b < split_[static_cast<size_t>(grid_.stage) + 1]; ++b)
     y = blocks_[static_cast<size_t>(b)].forward(y);
   return y;
 }
@@ -309,14 +308,14 @@ Shape Pipeline::with_batch(const Boundary& b, int64_t n) const {
 SampleDraws Pipeline::micro_draws(int64_t step, int m, uint64_t step_stream) const {
   return {.set = true,
           .step = static_cast<uint64_t>(step),
-          .first_sample = (static_cast<int64_t>(m) * layout_.replicas + layout_.replica) * o_.batch,
+          .first_sample = (static_cast<int64_t>(m) * grid_.replicas + grid_.replica) * o_.batch,
           .micro_origin = step_stream + static_cast<uint64_t>(m) * draws_per_micro_};
 }
 
 Pipeline::StepWork Pipeline::run_step(Replica& replica, int64_t step, const std::function<data::Batch()>& next_batch,
                                       const std::function<void(int, double)>& on_loss, Trace& trace) {
-  const int m = static_cast<int>(o_.accum), s = layout_.stage;
-  const Boundary* in = layout_.first() ? nullptr : &outputs_[static_cast<size_t>(split_[static_cast<size_t>(s)] - 1)];
+  const int m = static_cast<int>(o_.accum), s = grid_.stage;
+  const Boundary* in = grid_.first() ? nullptr : &outputs_[static_cast<size_t>(split_[static_cast<size_t>(s)] - 1)];
   const Boundary& out = outputs_[static_cast<size_t>(split_[static_cast<size_t>(s) + 1] - 1)];
   std::vector<Tensor> inputs(static_cast<size_t>(m)), outputs(static_cast<size_t>(m)), losses(static_cast<size_t>(m)),
       labels(static_cast<size_t>(m));
@@ -330,9 +329,9 @@ Pipeline::StepWork Pipeline::run_step(Replica& replica, int64_t step, const std:
     return detail::str_cat("stage ", s, ", micro-batch ", micro,
                            peer_stage < 0 ? ""
                                           : detail::str_cat(", ", what, " stage ", peer_stage, " (rank ",
-                                                            layout_.rank_of(peer_stage, layout_.replica), ")"));
+                                                            grid_.rank_of(peer_stage, grid_.replica), ")"));
   };
-  for (const PipelineOp& op : pipeline_order(schedule_, layout_.stages, s, m)) {
+  for (const PipelineOp& op : pipeline_order(schedule_, grid_.stages, s, m)) {
     const auto i = static_cast<size_t>(op.micro);
     if (op.kind == PipelineOp::Forward) {
       Tensor x;
@@ -341,10 +340,10 @@ Pipeline::StepWork Pipeline::run_step(Replica& replica, int64_t step, const std:
         dog_.phase("data loading", step, where("", op.micro, -1));
         data::Batch b = next_batch();
         w.data_wait_s += seconds(Clock::now() - t);
-        if (layout_.first()) x = b.images;
-        if (layout_.last()) labels[i] = b.labels;
+        if (grid_.first()) x = b.images;
+        if (grid_.last()) labels[i] = b.labels;
       }
-      if (!layout_.first()) {
+      if (!grid_.first()) {
         x = Tensor::empty(in->shape, in->dtype, device_);
         dog_.phase("pipeline: waiting for a micro-batch's activations", step, where("from", op.micro, s - 1));
         const auto t = Clock::now();
@@ -365,13 +364,13 @@ Pipeline::StepWork Pipeline::run_step(Replica& replica, int64_t step, const std:
         set_sample_draws(micro_draws(step, op.micro, step_stream));
         AutocastGuard autocast(replica.autocast());
         y = run_blocks(x);
-        if (layout_.last()) losses[i] = replica.loss_of(y, labels[i]);
+        if (grid_.last()) losses[i] = replica.loss_of(y, labels[i]);
       }
-      if (layout_.last()) on_loss(op.micro, losses[i].item());
+      if (grid_.last()) on_loss(op.micro, losses[i].item());
       const auto t1 = Clock::now();
       w.forward_s += seconds(t1 - t0);
       trace.span(detail::str_cat("forward ", op.micro), t0, t1, step);
-      if (!layout_.last()) {
+      if (!grid_.last()) {
         RT_CHECK(y.shape() == out.shape && y.dtype() == out.dtype, "pipeline stage ", s, ": micro-batch ", op.micro,
                  " gave ", y.describe(), " where the split's measurement gave ", dtype_name(out.dtype), out.shape.str(),
                  " (a block whose output shape depends on its input's values?)");
@@ -385,7 +384,7 @@ Pipeline::StepWork Pipeline::run_step(Replica& replica, int64_t step, const std:
     }
     const bool last_micro = op.micro == m - 1;
     Tensor g;
-    if (!layout_.last()) {
+    if (!grid_.last()) {
       g = Tensor::empty(out.shape, out.dtype, device_);
       dog_.phase("pipeline: waiting for a micro-batch's gradient", step, where("from", op.micro, s + 1));
       const auto t = Clock::now();
@@ -397,7 +396,7 @@ Pipeline::StepWork Pipeline::run_step(Replica& replica, int64_t step, const std:
     if (recompute_) {
       set_sample_draws(micro_draws(step, op.micro, step_stream));
       recomputed_backward(replica, inputs[i], rng_at[i], labels[i], g, last_micro, w, start_bytes);
-    } else if (layout_.last())
+    } else if (grid_.last())
       replica.backward(losses[i], last_micro);
     else
       replica.backward_from(outputs[i], g, last_micro);
@@ -406,7 +405,7 @@ Pipeline::StepWork Pipeline::run_step(Replica& replica, int64_t step, const std:
     w.backward_start = t2;
     w.backward_end = t3;
     trace.span(detail::str_cat("backward ", op.micro), t2, t3, step);
-    if (!layout_.first()) sends.push_back(backward_->send(inputs[i].grad(), s - 1));
+    if (!grid_.first()) sends.push_back(backward_->send(inputs[i].grad(), s - 1));
     inputs[i] = outputs[i] = losses[i] = labels[i] = Tensor();
   }
   dog_.phase("pipeline: waiting for this step's messages to be taken", step,
@@ -430,7 +429,7 @@ json Pipeline::interval_report(int64_t steps) {
   return json{{"busy_s", busy},
               {"bubble", bubble},
               {"activation_bytes", held},
-              {"ideal_bubble", ideal_bubble(layout_.stages, static_cast<int>(o_.accum))}};
+              {"ideal_bubble", ideal_bubble(grid_.stages, static_cast<int>(o_.accum))}};
 }
 
 // --pipeline-recompute: the stage's forward again, block by block. A pass without gradients keeps each
@@ -443,7 +442,7 @@ json Pipeline::interval_report(int64_t steps) {
 void Pipeline::recomputed_backward(Replica& replica, const Tensor& input, uint64_t rng_at, const Tensor& labels,
                                    const Tensor& grad, bool last_micro, StepWork& w, int64_t start_bytes) {
   const auto t0 = Clock::now();
-  const int first = split_[static_cast<size_t>(layout_.stage)], end = split_[static_cast<size_t>(layout_.stage) + 1];
+  const int first = split_[static_cast<size_t>(grid_.stage)], end = split_[static_cast<size_t>(grid_.stage) + 1];
   const auto n = static_cast<size_t>(end - first);
   // The running statistics the two passes would move again, and the generator, are put back at the end.
   std::vector<Tensor> buffers;
@@ -470,7 +469,7 @@ void Pipeline::recomputed_backward(Replica& replica, const Tensor& input, uint64
     set_rng_stream(at[j]);
     Tensor y = blocks_[static_cast<size_t>(first) + j].forward(x[j]);
     Tensor loss;
-    if (layout_.last() && j == n - 1) loss = replica.loss_of(y, labels);
+    if (grid_.last() && j == n - 1) loss = replica.loss_of(y, labels);
     w.recompute_s += seconds(Clock::now() - t1);
     w.held_bytes = std::max(w.held_bytes, memory_stats(device_).allocated_bytes - start_bytes);
     if (loss.defined())
@@ -483,16 +482,16 @@ void Pipeline::recomputed_backward(Replica& replica, const Tensor& input, uint64
 }
 
 EvalResult Pipeline::evaluate(data::Loader* loader, int64_t test_size, const EvalOptions& options, int64_t step) {
-  const int s = layout_.stage;
+  const int s = grid_.stage;
   RT_CHECK(!options.logits, "pipeline evaluation: a custom logits function (EvalOptions::logits) sees the whole ",
            "model, which no stage holds; the stages' blocks give the logits");
-  const auto batches = eval_share(test_size, layout_.replica, layout_.replicas, options);
+  const auto batches = eval_share(test_size, grid_.replica, grid_.replicas, options);
   if (reads_data()) loader->start(batches, options.epoch);
   EvalScope scope(model_);
   EvalSums sums = options.classes > 0 ? EvalSums(options.classes) : EvalSums();
   CrossEntropyLoss loss_fn({.label_smoothing = options.label_smoothing, .ignore_index = options.ignore_index});
   // Evaluation runs without autocast, as it does without stages: every boundary is f32.
-  const Boundary* in = layout_.first() ? nullptr : &outputs_[static_cast<size_t>(split_[static_cast<size_t>(s)] - 1)];
+  const Boundary* in = grid_.first() ? nullptr : &outputs_[static_cast<size_t>(split_[static_cast<size_t>(s)] - 1)];
   std::vector<comm::WorkPtr> sends;
   for (size_t k = 0; k < batches.size(); ++k) {
     const auto valid =
@@ -507,7 +506,7 @@ EvalResult Pipeline::evaluate(data::Loader* loader, int64_t test_size, const Eva
     }
     if (valid == 0) continue;
     Tensor x;
-    if (layout_.first()) {
+    if (grid_.first()) {
       x = b->images.slice(0, valid);
     } else {
       x = Tensor::empty(with_batch(*in, valid), DType::F32, device_);
@@ -517,7 +516,7 @@ EvalResult Pipeline::evaluate(data::Loader* loader, int64_t test_size, const Eva
     }
     dog_.phase("evaluation", step, detail::str_cat("stage ", s, ", batch ", k));
     Tensor y = run_blocks(x);
-    if (layout_.last())
+    if (grid_.last())
       sums.score(y, b->labels.slice(0, valid), loss_fn);
     else
       sends.push_back(forward_->send(y, s + 1));
@@ -546,8 +545,8 @@ Pipeline::Named Pipeline::gather_model() {
 
 // Every stage's replica 0 sends its part to world rank 0, which merges them (a "step" entry once).
 Pipeline::Named Pipeline::gather_optimizer(const Named& part) {
-  if (layout_.replica != 0) return {};
-  if (layout_.stage != 0) {
+  if (grid_.replica != 0) return {};
+  if (grid_.stage != 0) {
     comm::send_named(pipe_comm_, part, 0);
     return {};
   }
@@ -557,7 +556,7 @@ Pipeline::Named Pipeline::gather_optimizer(const Named& part) {
   const bool shared_last = !part.empty();
   const std::string last_name = shared_last ? part.back().first : "";
   std::optional<std::pair<std::string, Tensor>> shared;
-  for (int s = 1; s < layout_.stages; ++s)
+  for (int s = 1; s < grid_.stages; ++s)
     for (auto& [name, t] : comm::recv_named(pipe_comm_, s)) {
       const bool seen = std::any_of(all.begin(), all.end(), [&](const auto& e) { return e.first == name; });
       if (!seen)
@@ -578,7 +577,7 @@ std::vector<double> Pipeline::per_stage(double value) const {
   std::vector<double> all(static_cast<size_t>(world_.size()));
   MPI_CHECK(MPI_Allgather(&value, 1, MPI_DOUBLE, all.data(), 1, MPI_DOUBLE, world_.comm()));
   std::vector<double> out;
-  for (int s = 0; s < layout_.stages; ++s) out.push_back(all[static_cast<size_t>(layout_.rank_of(s, 0))]);
+  for (int s = 0; s < grid_.stages; ++s) out.push_back(all[static_cast<size_t>(grid_.rank_of(s, 0))]);
   return out;
 }
 

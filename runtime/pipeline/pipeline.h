@@ -57,9 +57,9 @@ class Pipeline {
   Pipeline(const Pipeline&) = delete;
   Pipeline& operator=(const Pipeline&) = delete;
 
-  const PipelineLayout& layout() const { return layout_; }
+  const StageGrid& grid() const { return grid_; }
   // Whether this rank reads data: the first stage (images) and the last (labels).
-  bool reads_data() const { return layout_.first() || layout_.last(); }
+  bool reads_data() const { return grid_.first() || grid_.last(); }
   // What the stage's Replica holds: its ranks, its blocks' parameters and buffers, the other stages.
   ReplicaScope scope() const;
   // The plan record's "pipeline" (layout, schedule, split, per-stage costs) and the startup line's part.
@@ -131,7 +131,7 @@ class Pipeline {
   Module& model_;
   Watchdog& dog_;
   const FaultInjection& inject_;
-  PipelineLayout layout_;
+  StageGrid grid_;
   PipelineSchedule schedule_;
   bool recompute_ = false;             // --pipeline-recompute
   uint64_t draws_per_micro_ = 0;       // generator streams one micro-batch's forward takes (dropout), all blocks

@@ -11,13 +11,13 @@
 
 namespace ringtrain::runtime {
 
-PipelineLayout PipelineLayout::of(int rank, int world_size, int stages) {
+StageGrid StageGrid::of(int rank, int world_size, int stages) {
   RT_CHECK(stages >= 1, "--pipeline-stages must be at least 1, got ", stages);
   const int below = stages * (world_size / stages), above = below + stages;
   RT_CHECK(world_size % stages == 0, "--pipeline-stages ", stages, " does not divide the ", world_size,
            " ranks: the world is stages x data-parallel replicas (run ", stages, " x D ranks, e.g. ",
            below > 0 ? detail::str_cat(below, " or ", above) : std::to_string(above), ")");
-  PipelineLayout l;
+  StageGrid l;
   l.stages = stages;
   l.replicas = world_size / stages;
   l.stage = rank / l.replicas;

@@ -16,11 +16,11 @@
 
 namespace ringtrain::runtime {
 
-struct PipelineLayout {
+struct StageGrid {
   int stages = 1, replicas = 1;
   int stage = 0, replica = 0;
   // Errors name the flag: a world size that stages do not divide.
-  static PipelineLayout of(int rank, int world_size, int stages);
+  static StageGrid of(int rank, int world_size, int stages);
   bool first() const { return stage == 0; }
   bool last() const { return stage == stages - 1; }
   int rank_of(int stage_index, int replica_index) const { return stage_index * replicas + replica_index; }

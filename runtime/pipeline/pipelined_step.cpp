@@ -18,7 +18,7 @@ StepRunner::Micro PipelinedStep::micro_batches(int64_t epoch, int64_t step, int6
   const int64_t first = micro;
   auto next_batch = [&]() -> data::Batch {
     std::optional<data::Batch> b = c.data.next();
-    RT_CHECK(b.has_value(), "pipeline stage ", pipeline_.layout().stage, ": the data ended at micro-batch ", micro,
+    RT_CHECK(b.has_value(), "pipeline stage ", pipeline_.grid().stage, ": the data ended at micro-batch ", micro,
              " of the epoch's ", c.plan.micro_per_epoch);
     ++micro;
     return std::move(*b);

@@ -266,7 +266,7 @@ TEST(WeightCastScope, OnlyWeightsAreCached) {
   EXPECT_EQ(scope.reuses(), 1);
 }
 
-// A cast made under no_grad (a checkpointed block's first forward) carries its gradient node, so the
+// A cast made under no_grad (a recomputed block's first forward) carries its gradient node, so the
 // block's recomputation under grad reuses it and the weight still gets its gradient.
 TEST(WeightCastScope, ACastUnderNoGradServesTheRecomputation) {
   const Tensor w0 = Tensor::uniform(Shape{4, 6}, -1, 1, 69), x = Tensor::uniform(Shape{3, 4}, -1, 1, 70);

@@ -14,7 +14,6 @@
 #include "core/autograd.h"
 #include "core/check.h"
 #include "core/ops.h"
-#include "layers/checkpoint.h"
 #include "layers/deterministic_state.h"
 #include "layers/loss.h"
 #include "layers/model_state.h"
@@ -23,6 +22,7 @@
 #include "layers/models/mobilenet.h"
 #include "layers/models/unet.h"
 #include "layers/models/zoo.h"
+#include "layers/recompute.h"
 #include "test_util.h"
 
 namespace ringtrain {

@@ -13,9 +13,9 @@
 #include "core/autocast.h"
 #include "core/check.h"
 #include "core/ops.h"
-#include "layers/checkpoint.h"
 #include "layers/loss.h"
 #include "layers/models/resnet.h"
+#include "layers/recompute.h"
 
 namespace ringtrain::runtime {
 namespace {

@@ -59,8 +59,8 @@ bool valid(const PipelineSplit& s, int blocks, int stages) {
 
 }  // namespace
 
-TEST(PipelineLayout, RanksAreStageMajor) {
-  const PipelineLayout a = PipelineLayout::of(5, 8, 2);  // 2 stages x 4 replicas
+TEST(StageGrid, RanksAreStageMajor) {
+  const StageGrid a = StageGrid::of(5, 8, 2);  // 2 stages x 4 replicas
   EXPECT_EQ(a.stages, 2);
   EXPECT_EQ(a.replicas, 4);
   EXPECT_EQ(a.stage, 1);
@@ -69,14 +69,14 @@ TEST(PipelineLayout, RanksAreStageMajor) {
   EXPECT_FALSE(a.first());
   EXPECT_EQ(a.rank_of(0, 1), 1);
   EXPECT_EQ(a.rank_of(1, 3), 7);
-  const PipelineLayout none = PipelineLayout::of(3, 4, 1);  // no stages: every rank a replica
+  const StageGrid none = StageGrid::of(3, 4, 1);  // no stages: every rank a replica
   EXPECT_EQ(none.replicas, 4);
   EXPECT_EQ(none.replica, 3);
   EXPECT_TRUE(none.first() && none.last());
-  const std::string e = ringtrain::testing::error_of([] { PipelineLayout::of(0, 6, 4); });
+  const std::string e = ringtrain::testing::error_of([] { StageGrid::of(0, 6, 4); });
   EXPECT_NE(e.find("--pipeline-stages 4 does not divide the 6 ranks"), std::string::npos) << e;
   EXPECT_NE(e.find("e.g. 4 or 8"), std::string::npos) << e;
-  EXPECT_NE(ringtrain::testing::error_of([] { PipelineLayout::of(0, 2, 4); }).find("(run 4 x D ranks, e.g. 4)"),
+  EXPECT_NE(ringtrain::testing::error_of([] { StageGrid::of(0, 2, 4); }).find("(run 4 x D ranks, e.g. 4)"),
             std::string::npos);
 }
 

@@ -1,15 +1,15 @@
-// layers/checkpoint.h: activation recompute (checkpointing). checkpoint(m, x) runs m's forward keeping
-// nothing but x; the backward runs the forward again from x — with gradients on, the same generator
-// position and per-sample keying (dropout and drop_path draw the same masks, core/ops.h sample_draws, even
-// when another micro-batch's forward ran in between) and the same autocast — and backpropagates through it.
-// So a checkpointed block holds its input between forward and backward instead of every activation it
-// made, for one more forward. The arithmetic is the plain run's: the gradients are the same bits. The
-// second forward's batch norms take the first's batch statistics (core/ops.h BatchNormTape) instead of
-// reducing their inputs again (SyncBN: exchanging them again), and the running statistics move once: the
-// module buffers the second forward would change are put back.
+// layers/recompute.h: activation recompute (also called activation checkpointing). recompute(m, x) runs m's
+// forward keeping nothing but x; the backward runs the forward again from x — with gradients on, the same
+// generator position and per-sample keying (dropout and drop_path draw the same masks, core/ops.h
+// sample_draws, even when another micro-batch's forward ran in between) and the same autocast — and
+// backpropagates through it. So a recomputed block holds its input between forward and backward instead of
+// every activation it made, for one more forward. The arithmetic is the plain run's: the gradients are the
+// same bits. The second forward's batch norms take the first's batch statistics (core/ops.h BatchNormTape)
+// instead of reducing their inputs again (SyncBN: exchanging them again), and the running statistics move
+// once: the module buffers the second forward would change are put back.
 //
-//   block->set_recompute(true);   // then Sequential (and any caller of (*block)(x)) checkpoints it
-//   y = checkpoint(*block, x);    // or directly
+//   block->set_recompute(true);   // then Sequential (and any caller of (*block)(x)) recomputes it
+//   y = recompute(*block, x);    // or directly
 //
 // Outside gradient mode (evaluation, no_grad) it is forward(x). The module must outlive the backward.
 #pragma once
@@ -22,11 +22,11 @@
 
 namespace ringtrain {
 
-Tensor checkpoint(Module& module, const Tensor& x);
+Tensor recompute(Module& module, const Tensor& x);
 // The same for a block that is a function of several modules (a ResNet's stem): their parameters get the
 // gradients, their buffers are put back after the recompute.
 using BlockFn = std::function<Tensor(const Tensor&)>;
-Tensor checkpoint(BlockFn fn, const Tensor& x, const std::vector<const Module*>& modules);
+Tensor recompute(BlockFn fn, const Tensor& x, const std::vector<const Module*>& modules);
 
 // --recompute: every block of model.blocks() but the last recomputed: set_recompute(true) on a block that
 // is one module (a ResNet's residual blocks, a Sequential's children), the block's own set_recompute for

@@ -1,4 +1,4 @@
-// Tests for layers/checkpoint.h: a checkpointed block trains the plain block's bits (gradients, outputs,
+// Tests for layers/recompute.h: a recomputed block trains the plain block's bits (gradients, outputs,
 // batch-norm running statistics, dropout masks, the generator's position afterwards), with accumulation
 // and with an input that needs no gradient; it holds less between forward and backward, the inputs it
 // keeps packed by their zeros; outside gradient mode it is the forward; --recompute's marking names a
@@ -13,11 +13,11 @@
 #include "core/ops.h"
 #include "layers/basic.h"
 #include "layers/batchnorm.h"
-#include "layers/checkpoint.h"
 #include "layers/conv2d.h"
 #include "layers/linear.h"
 #include "layers/loss.h"
 #include "layers/models/resnet.h"
+#include "layers/recompute.h"
 #include "test_util.h"
 
 namespace ringtrain {
@@ -88,7 +88,7 @@ void expect_same(const Trained& a, const Trained& b) {
   EXPECT_EQ(a.stream_after, b.stream_after);
 }
 
-TEST(Checkpoint, ABlockRecomputedTrainsThePlainBlocksBits) {
+TEST(Recompute, ABlockRecomputedTrainsThePlainBlocksBits) {
   manual_seed(3);
   auto plain = make_net();
   auto again = make_net();
@@ -117,7 +117,7 @@ struct ResNetPair {
   std::unique_ptr<ResNet> plain, again;
 };
 
-TEST(Checkpoint, AResNetRecomputesItsResidualBlocksToTheSameBits) {
+TEST(Recompute, AResNetRecomputesItsResidualBlocksToTheSameBits) {
   ResNetPair nets;
   // The stem (three modules, its own switch) and 9 residual blocks; the head, last, stays plain.
   EXPECT_EQ(recompute_blocks(*nets.again), 10);
@@ -139,7 +139,7 @@ class CountingExchange final : public BatchNormExchange {
   int gathers = 0, reduces = 0;
 };
 
-TEST(Checkpoint, TheRecomputeTakesTheForwardsBatchStatistics) {
+TEST(Recompute, TheRecomputeTakesTheForwardsBatchStatistics) {
   manual_seed(3);
   auto plain = make_net();
   auto again = make_net();
@@ -176,13 +176,13 @@ TEST(Checkpoint, TheRecomputeTakesTheForwardsBatchStatistics) {
   } fickle;
   Tensor x = Tensor::normal(Shape{2, 2, 2, 3}, 0, 1, 5);
   x.set_requires_grad(true);
-  Tensor y = checkpoint(fickle, x);
+  Tensor y = recompute(fickle, x);
   const std::string e = testing::error_of([&] { sum(y).backward(); });
   EXPECT_NE(e.find("the recompute's batch norm 1 is not the forward's (batch_norm of 3 channels)"), std::string::npos)
       << e;
   fickle.calls = 0;
   fickle.skip_second = true;
-  y = checkpoint(fickle, x);
+  y = recompute(fickle, x);
   const std::string fewer = testing::error_of([&] { sum(y).backward(); });
   EXPECT_NE(fewer.find("the recompute ran 0 training-mode batch norms but the forward it repeats ran 1"),
             std::string::npos)
@@ -190,7 +190,7 @@ TEST(Checkpoint, TheRecomputeTakesTheForwardsBatchStatistics) {
 }
 
 // What is held between forward and backward: a block's input instead of its activations.
-TEST(Checkpoint, HoldsLessBetweenForwardAndBackward) {
+TEST(Recompute, HoldsLessBetweenForwardAndBackward) {
   ResNetPair nets;
   recompute_blocks(*nets.again);
   const Tensor x = Tensor::normal(Shape{8, 16, 16, 3}, 0, 1, 9);
@@ -207,7 +207,7 @@ TEST(Checkpoint, HoldsLessBetweenForwardAndBackward) {
 
 // The inputs kept are packed by their zeros (core/pack.h) once only their block holds them, and the
 // recompute starts from the same bits: three Linear+ReLU blocks on 512x256 inputs, each about half zero.
-TEST(Checkpoint, KeepsTheInputsOnlyItHoldsPackedByTheirZeros) {
+TEST(Recompute, KeepsTheInputsOnlyItHoldsPackedByTheirZeros) {
   auto make = [] {
     auto net = std::make_shared<Sequential>();
     for (int b = 0; b < 3; ++b) {
@@ -249,7 +249,7 @@ TEST(Checkpoint, KeepsTheInputsOnlyItHoldsPackedByTheirZeros) {
     EXPECT_TRUE(same_bits(plain->parameters()[i].grad(), again->parameters()[i].grad())) << "parameter " << i;
 }
 
-TEST(Checkpoint, OutsideGradientModeItIsTheForwardAndTheInputIsLeftAlone) {
+TEST(Recompute, OutsideGradientModeItIsTheForwardAndTheInputIsLeftAlone) {
   manual_seed(3);
   auto net = make_net();
   net->eval();
@@ -258,15 +258,15 @@ TEST(Checkpoint, OutsideGradientModeItIsTheForwardAndTheInputIsLeftAlone) {
   {
     NoGradGuard no_grad;
     plain = net->forward(x);
-    const Tensor y = checkpoint(*net, x);
+    const Tensor y = recompute(*net, x);
     EXPECT_FALSE(y.requires_grad());
     EXPECT_TRUE(same_bits(plain, y));
   }
-  // A block that returns its input: the checkpoint's node goes on a new handle, never on x itself.
+  // A block that returns its input: the recompute node goes on a new handle, never on x itself.
   Sequential identity;
   Tensor leaf = Tensor::normal(Shape{3}, 0, 1, 12);
   leaf.set_requires_grad(true);
-  const Tensor y = checkpoint(identity, leaf);
+  const Tensor y = recompute(identity, leaf);
   EXPECT_EQ(leaf.grad_fn(), nullptr);
   y.backward(Tensor::ones(Shape{3}));
   EXPECT_TRUE(same_bits(leaf.grad(), Tensor::ones(Shape{3})));
@@ -278,7 +278,7 @@ class NoBlocks : public Module {
   std::string type_name() const override { return "NoBlocks"; }
 };
 
-TEST(Checkpoint, RecomputeNamesAModelThatIsNoSequenceOfBlocks) {
+TEST(Recompute, RecomputeNamesAModelThatIsNoSequenceOfBlocks) {
   NoBlocks m;
   const std::string e = testing::error_of([&] { recompute_blocks(m); });
   EXPECT_NE(e.find("--recompute: the model (NoBlocks) is no sequence of blocks"), std::string::npos) << e;

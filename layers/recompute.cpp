@@ -1,4 +1,4 @@
-#include "layers/checkpoint.h"
+#include "layers/recompute.h"
 
 #include <memory>
 #include <optional>
@@ -15,7 +15,7 @@ namespace ringtrain {
 
 namespace {
 
-// A checkpointed block's input, held from its forward to its backward: dense while anything else may
+// A recomputed block's input, held from its forward to its backward: dense while anything else may
 // still use it, packed (core/pack.h: the zeros as bits, lossless) once only the block holds it. The
 // recompute unpacks the same bytes, so the gradients stay the plain run's bit for bit.
 struct SavedInput {
@@ -79,7 +79,7 @@ struct CheckpointNode final : Node {
         }
         set_sample_draws(now);
       }
-      RT_CHECK(stats.replayed() == stats.size(), "checkpoint: the recompute ran ", stats.replayed(),
+      RT_CHECK(stats.replayed() == stats.size(), "recompute: the recompute ran ", stats.replayed(),
                " training-mode batch norms but the forward it repeats ran ", stats.size(),
                " (a recomputed block must run the same ops from the same input)");
     }
@@ -102,11 +102,11 @@ struct CheckpointNode final : Node {
 
 }  // namespace
 
-Tensor checkpoint(Module& module, const Tensor& x) {
-  return checkpoint([m = &module](const Tensor& in) { return m->forward(in); }, x, {&module});
+Tensor recompute(Module& module, const Tensor& x) {
+  return recompute([m = &module](const Tensor& in) { return m->forward(in); }, x, {&module});
 }
 
-Tensor checkpoint(BlockFn fn, const Tensor& x, const std::vector<const Module*>& modules) {
+Tensor recompute(BlockFn fn, const Tensor& x, const std::vector<const Module*>& modules) {
   std::vector<Tensor> params, buffers;
   for (const Module* m : modules) {
     for (Tensor& p : m->parameters()) params.push_back(p);
@@ -144,7 +144,7 @@ Tensor checkpoint(BlockFn fn, const Tensor& x, const std::vector<const Module*>&
   node->cast = cast;
   node->params = params.size();
   pending_inputs.push_back(node->saved);
-  return record_node("checkpoint", inputs, y, std::move(node));
+  return record_node("recompute", inputs, y, std::move(node));
 }
 
 int recompute_blocks(Module& model, bool on) {
