@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "core/clock.h"
 #include "core/parse.h"
 #include "io/files.h"
 #include "runtime/cluster/process.h"
@@ -49,7 +50,6 @@
 using namespace ringtrain;
 using namespace ringtrain::runtime::supervisor;
 using json = nlohmann::json;
-using Clock = std::chrono::steady_clock;
 namespace fs = std::filesystem;
 
 namespace {
@@ -58,7 +58,6 @@ std::atomic<int> g_signal{0};
 void on_signal(int sig) { g_signal = sig; }
 
 double unix_now() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
-double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
 void say(const std::string& text) {
   std::printf("ringtrain_run: %s\n", text.c_str());
@@ -409,8 +408,8 @@ double tenths(double s) { return static_cast<double>(std::lround(s * 10)) / 10.0
 double work_lost_s(const Launch& x, int64_t resume_step) {
   if (!x.stepped) return 0.0;
   for (auto it = x.checkpoints.rbegin(); it != x.checkpoints.rend(); ++it)
-    if (it->first == resume_step) return std::max(0.0, seconds(it->second, x.last_step_at));
-  return seconds(x.first_step_at, x.last_step_at);  // from this launch's first step (an approximation)
+    if (it->first == resume_step) return std::max(0.0, seconds(x.last_step_at - it->second));
+  return seconds(x.last_step_at - x.first_step_at);  // from this launch's first step (an approximation)
 }
 
 // How the run ends: exit code, the final record's outcome, and the reason printed.
@@ -552,9 +551,9 @@ std::vector<std::string> Supervisor::launch_argv(int attempt, const fs::path& ho
 // A relaunch's first step: how long the recovery took, from the failed job's end and from its last step.
 void Supervisor::recovered(int attempt, const Launch& now) {
   if (attempt == 0) return;
-  const double from_end = seconds(failed_.end, now.first_step_at);
+  const double from_end = seconds(now.first_step_at - failed_.end);
   const bool stepped = failed_.failure.last_step >= 0;
-  const double from_step = stepped ? seconds(failed_.last_step_at, now.first_step_at) : from_end;
+  const double from_step = stepped ? seconds(now.first_step_at - failed_.last_step_at) : from_end;
   lost_.recovery_s += from_step;
   say(detail::str_cat(
       "restart ", attempt, " is training again: resumed at step ", now.resumed_step,
@@ -665,7 +664,7 @@ void Supervisor::relaunch(int attempt, const Launch& l, const Relaunch& r, const
               {"resume_from", r.resume.path},
               {"lost_steps", lost_steps},
               {"lost_work_s", lost_s},
-              {"detect_s", l.stepped ? seconds(l.last_step_at, l.end) : 0.0}});
+              {"detect_s", l.stepped ? seconds(l.end - l.last_step_at) : 0.0}});
 }
 
 int Supervisor::finished() {
