@@ -9,8 +9,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 
+#include "core/parse.h"
 #include "io/checkpoint.h"
 
 using namespace ringtrain;
@@ -29,9 +31,9 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--without-bn-statistics") == 0) {
       without_bn = true;
     } else if (std::strcmp(argv[i], "--rtol") == 0 && i + 1 < argc) {
-      char* end = nullptr;
-      rtol = std::strtod(argv[++i], &end);
-      bad = *end != '\0' || !(rtol >= 0);
+      const std::optional<double> v = ringtrain::to_number<double>(argv[++i]);
+      rtol = v.value_or(-1);
+      bad = !(rtol >= 0);
     } else {
       bad = true;
     }

@@ -7,7 +7,7 @@ set -uo pipefail
 src=$(cd "$1" && pwd)
 cd "$src"
 calls='\b(std::)?(atoi|atol|atoll|atof|strtol|strtoll|strtoul|strtoull|strtod|strtof|stoi|stol|stoll|stoul|stoull|stod|stof|stold|sscanf)\s*\('
-found=$(grep -rnE "$calls" core io optim layers data comm runtime apps --include='*.cpp' --include='*.h' --include='*.cu' |
+found=$(grep -rnE "$calls" core io optim layers data comm runtime apps tests --include='*.cpp' --include='*.h' --include='*.cu' |
   grep -vE '^core/parse\.(h|cpp):' | grep -vE ':\s*//')
 if [[ -n $found ]]; then
   echo "number rule: read without core/parse.h:"

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -21,6 +22,7 @@
 #include "comm/world.h"
 #include "core/check.h"
 #include "core/dtype.h"
+#include "core/parse.h"
 #include "test_util.h"
 
 namespace ringtrain::comm {
@@ -296,7 +298,13 @@ struct ExpectedNodes {
 ExpectedNodes expected_nodes() {
   ExpectedNodes e;
   if (const char* text = std::getenv("RT_EXPECT_NODES")) {
-    RT_CHECK(std::sscanf(text, "%dx%d", &e.nodes, &e.per_node) == 2, "RT_EXPECT_NODES must be NxP, got '", text, "'");
+    const std::string s = text;
+    const size_t x = s.find('x');
+    const auto n = to_number<int>(s.substr(0, x)),
+               p = x == std::string::npos ? std::nullopt : to_number<int>(s.substr(x + 1));
+    RT_CHECK(n && p, "RT_EXPECT_NODES must be NxP, got '", text, "'");
+    e.nodes = *n;
+    e.per_node = *p;
   }
   return e;
 }

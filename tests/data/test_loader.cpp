@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "core/check.h"
+#include "core/parse.h"
 #include "data/codec.h"
 #include "data/loader.h"
 
@@ -235,7 +236,7 @@ std::vector<int> thread_nice_values() {
     std::istringstream fields(stat.substr(close + 2));
     std::string f;
     for (int i = 3; i <= 19 && fields >> f; ++i)
-      if (i == 19) out.push_back(std::stoi(f));
+      if (i == 19) out.push_back(ringtrain::to_number<int>(f).value_or(-1));
   }
   return out;
 }
