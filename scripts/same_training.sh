@@ -2,7 +2,7 @@
 # scripts/same_training.sh OLD_BUILD NEW_BUILD [WORK_DIR]: proves that a change left the training
 # arithmetic alone. Runs the same short trainings with both builds' train_resnet and custom_model
 # (1 and 2 ranks; accumulation, ZeRO-1 with clipping, fp16 loss scaling, SyncBN, pipeline stages,
-# --layout auto, the emulated CUDA graph, a resume) on
+# activation recompute, --layout auto, the emulated CUDA graph, a resume) on
 # Fashion-MNIST and compares every checkpoint bitwise (NEW_BUILD's compare_checkpoints). Prints one
 # line per configuration and exits non-zero when any differs. Refactors of the loop use it.
 #   bash scripts/same_training.sh /tmp/build-before build
@@ -26,6 +26,7 @@ configs=(
   "fp16-syncbn|2|train_resnet|-a resnet20 -b 32 --steps 6 --precision fp16 --sync-bn --accum-steps 2 --checkpoint-every 3"
   "custom|2|custom_model|-b 32 --steps 8 --checkpoint-every 4 --label-smoothing 0.1"
   "pipeline|2|train_resnet|-a resnet20 -b 16 --accum-steps 4 --pipeline-stages 2 --steps 6 --checkpoint-every 3"
+  "recompute|2|train_resnet|-a resnet20 -b 32 --accum-steps 2 --steps 6 --recompute --checkpoint-every 3"
   "layout-auto|1|train_resnet|-a resnet20 -b 1 --lr 0.01 --steps 6 --layout auto --checkpoint-every 3"
   "cuda-graph-emulated|1|train_resnet|-a resnet20 -b 32 --accum-steps 2 --steps 8 --cuda-graph --checkpoint-every 4|RINGTRAIN_CUDA_GRAPH_EMULATE=1"
 )
