@@ -1,7 +1,7 @@
 // runtime/pipeline/pipeline.h: pipeline stages x data-parallel replicas (--pipeline-stages S), for models that do
 // not fit one device. The model (Module::blocks(): a ResNet's stem, residual blocks and head; a
 // Sequential's children) is cut into S consecutive stages; each rank runs one stage of one replica
-// (runtime/pipeline/pipeline_plan.h's layout) and keeps only its stage's weights (the others' are released). The
+// (runtime/pipeline/pipeline_plan.h's StageGrid) and keeps only its stage's weights (the others' are released). The
 // micro-batches of one optimizer step are the run's --accum-steps micro-batches, so the global batch and the
 // data order are those of the run without stages: the first stage reads the images, the last the labels
 // (and computes the loss), activations go forward and their gradients back by point-to-point messages of
@@ -62,7 +62,7 @@ class Pipeline {
   bool reads_data() const { return grid_.first() || grid_.last(); }
   // What the stage's Replica holds: its ranks, its blocks' parameters and buffers, the other stages.
   ReplicaScope scope() const;
-  // The plan record's "pipeline" (layout, schedule, split, per-stage costs) and the startup line's part.
+  // The plan record's "pipeline" (stages x replicas, schedule, split, per-stage costs) and the startup line's part.
   nlohmann::json plan() const;
   std::string describe() const;
 
