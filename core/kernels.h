@@ -22,6 +22,7 @@
 namespace ringtrain {
 
 enum class UnaryOp : uint8_t { Neg, Relu, Exp, Log, Sqrt, Abs, Tanh, Sigmoid };
+// Relu: +0 where x <= 0, x elsewhere (NaN stays NaN, as PyTorch's relu and the fused ReLU of batch_norm).
 // Comparisons (Eq..Ge) write 0/1 into a U8 output. ReluGrad: out = b > 0 ? a : 0 (relu backward, b = input).
 enum class BinaryOp : uint8_t { Add, Sub, Mul, Div, Maximum, Minimum, Eq, Ne, Lt, Le, Gt, Ge, ReluGrad };
 // out = x op s. RSub: s - x. RDiv: s / x. Pow: x^s.

@@ -27,8 +27,10 @@ RT_MULTIVERSION void f32_mul(const float* a, const float* b, float* out, int64_t
 RT_MULTIVERSION void f32_axpb(const float* x, float alpha, float beta, float* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = x[i] * alpha + beta;
 }
+// relu: +0 where x <= 0 (-0 included), x elsewhere: NaN stays NaN, as in PyTorch and the fused ReLU, so
+// a NaN is not hidden from the non-finite checks behind it.
 RT_MULTIVERSION void f32_relu(const float* x, float* out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) out[i] = x[i] > 0.0f ? x[i] : 0.0f;
+  for (int64_t i = 0; i < n; ++i) out[i] = x[i] <= 0.0f ? 0.0f : x[i];
 }
 RT_MULTIVERSION void f32_relu_grad(const float* g, const float* x, float* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = x[i] > 0.0f ? g[i] : 0.0f;
@@ -52,7 +54,7 @@ RT_MULTIVERSION void bf16_mul(const bf16* a, const bf16* b, bf16* out, int64_t n
 RT_MULTIVERSION void bf16_relu(const bf16* x, bf16* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     const float v = f32_of(x[i]);
-    out[i] = to_bf16_flat(keep_or_zero(v > 0.0f, v));
+    out[i] = to_bf16_flat(keep_or_zero(!(v <= 0.0f), v));
   }
 }
 RT_MULTIVERSION void bf16_relu_grad(const bf16* g, const bf16* x, bf16* out, int64_t n) {
@@ -75,7 +77,7 @@ void with_unary(UnaryOp op, Fn&& fn) {
       fn([](C x) { return static_cast<C>(-x); });
       return;
     case UnaryOp::Relu:
-      fn([](C x) { return x > C(0) ? x : C(0); });
+      fn([](C x) { return x <= C(0) ? C(0) : x; });  // NaN stays NaN
       return;
     case UnaryOp::Abs:
       fn([](C x) { return x < C(0) ? static_cast<C>(-x) : x; });

@@ -76,7 +76,7 @@ __device__ inline C unary_value(UnaryOp op, C v) {
       case UnaryOp::Neg:
         return -v;
       case UnaryOp::Relu:
-        return v > C(0) ? v : C(0);  // as the CPU: NaN -> 0
+        return v <= C(0) ? C(0) : v;  // as the CPU: NaN stays NaN
       case UnaryOp::Exp:
         return dev_exp(v);
       case UnaryOp::Log:

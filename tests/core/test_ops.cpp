@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
+#include <vector>
 
 #include "core/check.h"
 #include "core/dispatch.h"
@@ -66,6 +68,37 @@ TEST(Ops, ScalarAndUnary) {
   EXPECT_TRUE(all_close(v(sigmoid(p)), {1 / (1 + std::exp(-0.25)), 1 / (1 + std::exp(-1.0)), 1 / (1 + std::exp(-4.0))},
                         1e-15, 0));
   EXPECT_THROW(exp(Tensor::ones(Shape{2}, DType::I32)), Error);
+}
+
+// relu keeps NaN (as PyTorch's and the fused ReLU of batch_norm: a NaN is not hidden from the checks behind
+// it), gives +0 for -0 and for negatives, and x elsewhere; its gradient is 0 at NaN and at 0. Every float
+// dtype, in lengths that end mid-vector (the f32 and bf16 loops are vectorised).
+TEST(Ops, ReluKeepsNaNAndGivesPlusZeroAtOrBelowZero) {
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  for (DType t : {DType::F32, DType::BF16, DType::F16, DType::F64})
+    for (int64_t n : {5, 37, 1029}) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(t) << " n=" << n);
+      std::vector<double> in(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) {
+        const double pattern[] = {nan, -0.0, 0.0, -1.5, 2.0, inf, -inf, -nan};
+        in[static_cast<size_t>(i)] = pattern[(i * 3 + n) % 8];
+      }
+      Tensor x = Tensor::from_vector(in, Shape{n}, DType::F64).to(t).set_requires_grad();
+      Tensor y = relu(x);
+      y.backward(Tensor::ones(Shape{n}, t));
+      const std::vector<double> out = v(y), grad = v(x.grad());
+      for (size_t i = 0; i < in.size(); ++i) {
+        if (std::isnan(in[i])) {
+          EXPECT_TRUE(std::isnan(out[i])) << i << ": relu(NaN) = " << out[i];
+        } else if (in[i] <= 0) {
+          EXPECT_EQ(out[i], 0.0) << i;
+          EXPECT_FALSE(std::signbit(out[i])) << i << ": relu(" << in[i] << ") is -0";
+        } else {
+          EXPECT_EQ(out[i], in[i]) << i;
+        }
+        EXPECT_EQ(grad[i], in[i] > 0 ? 1.0 : 0.0) << i << ": the gradient at " << in[i];
+      }
+    }
 }
 
 TEST(Ops, IntegerArithmeticAndComparisons) {

@@ -249,10 +249,11 @@ TEST(Trainer, ANonFiniteEvaluationFailsInsteadOfReportingAnAccuracy) {
   o.steps = 2;
   Trainer trainer(world(), o);
   auto data = open_shards(dir, {.device = trainer.device()});
-  // No ReLU after the BatchNorm: ringtrain's ReLU maps NaN to 0 (PyTorch's keeps it), which would hide it.
+  // A ReLU after the BatchNorm, as in any CNN: it keeps the NaN (as PyTorch's), so the check sees it.
   auto net = std::make_shared<Sequential>();
   net->add(std::make_shared<Conv2d>(data->info().channels, 8, Conv2dOptions{.padding = 1}))
       .add(std::make_shared<BatchNorm2d>(8))
+      .add(std::make_shared<ReLU>())
       .add(std::make_shared<GlobalAvgPool>())
       .add(std::make_shared<Linear>(8, data->info().classes));
   int negated = 0;
