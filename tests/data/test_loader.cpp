@@ -236,7 +236,7 @@ std::vector<int> thread_nice_values() {
     std::istringstream fields(stat.substr(close + 2));
     std::string f;
     for (int i = 3; i <= 19 && fields >> f; ++i)
-      if (i == 19) out.push_back(ringtrain::to_number<int>(f).value_or(-1));
+      if (i == 19) out.push_back(ringtrain::parse_number<int>(task.path().string() + "/stat field 19", f));
   }
   return out;
 }
