@@ -31,14 +31,43 @@ ARCHS = {  # name: (torchvision constructor, keyword arguments, input side)
     "resnet152": ("resnet152", {}, 224),
     "resnext50_32x4d": ("resnext50_32x4d", {}, 224),
     "resnext101_32x8d": ("resnext101_32x8d", {}, 224),
+    # NVIDIA DeepLearningExamples' ResNeXt-101 32x4d and SE-ResNeXt-101 32x4d (torchvision has neither by name)
+    "resnext101_32x4d": ("ResNet", {"block": "Bottleneck", "layers": [3, 4, 23, 3], "groups": 32,
+                                    "width_per_group": 4}, 224),
+    "se_resnext101_32x4d": ("ResNet", {"block": "SEBottleneck", "layers": [3, 4, 23, 3], "groups": 32,
+                                       "width_per_group": 4}, 224),
     "vgg16": ("vgg16", {}, 224),
     "alexnet": ("alexnet", {}, 224),
     "inception_v3": ("inception_v3", {"aux_logits": False, "init_weights": False}, 299),
 }
 
 
+def se_bottleneck(torch, models):
+    """torchvision's Bottleneck with squeeze-and-excitation (Hu et al. 2018: reduction 16, two 1x1 layers with
+    bias) on the residual branch before the sum, as SE-ResNeXt has it."""
+
+    class SEBottleneck(models.resnet.Bottleneck):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            c = self.conv3.out_channels
+            self.se_reduce = torch.nn.Conv2d(c, c // 16, 1)
+            self.se_expand = torch.nn.Conv2d(c // 16, c, 1)
+
+        def forward(self, x):
+            out = self.relu(self.bn1(self.conv1(x)))
+            out = self.relu(self.bn2(self.conv2(out)))
+            out = self.bn3(self.conv3(out))
+            w = torch.sigmoid(self.se_expand(self.relu(self.se_reduce(out.mean((2, 3), keepdim=True)))))
+            identity = x if self.downsample is None else self.downsample(x)
+            return self.relu(out * w + identity)
+
+    return SEBottleneck
+
+
 def describe(torch, models, ctor, kwargs, side):
-    net = getattr(models, ctor)(**kwargs).eval()
+    blocks = {"Bottleneck": lambda: models.resnet.Bottleneck, "SEBottleneck": lambda: se_bottleneck(torch, models)}
+    built = dict(kwargs, block=blocks[kwargs["block"]]()) if "block" in kwargs else kwargs
+    net = getattr(models, ctor)(**built).eval()
     order, macs = [], {}
 
     def hook(module, inputs, output):

@@ -434,11 +434,18 @@ class GpuStepTest(unittest.TestCase):
         r50 = sm.load_arch("resnet50")
         self.assertEqual(len(r50), 161)
         self.assertEqual(sum(t["numel"] for t in r50), 25557032)
-        for name in ("resnet101", "resnet152", "vgg16", "inception_v3", "resnext50_32x4d", "alexnet", "resnet18"):
+        for name in ("resnet101", "resnet152", "vgg16", "inception_v3", "resnext50_32x4d", "alexnet", "resnet18",
+                     "resnext101_32x4d", "se_resnext101_32x4d"):
             t = sm.load_arch(name)
             ready = [x["ready_flops"] for x in t]
             self.assertEqual(ready, sorted(ready), name)
             self.assertAlmostEqual(ready[-1], 1.0, places=5)
+        # DeepLearningExamples' ResNeXt-101 32x4d and SE-ResNeXt-101 32x4d: 44.18 M and 48.96 M parameters, the
+        # SE layers two 1x1 convolutions with bias in each of the 33 blocks (4 tensors a block more)
+        rnx, se = sm.load_arch("resnext101_32x4d"), sm.load_arch("se_resnext101_32x4d")
+        self.assertEqual(round(sum(t["numel"] for t in rnx) / 1e4), 4418)
+        self.assertEqual(round(sum(t["numel"] for t in se) / 1e4), 4896)
+        self.assertEqual(len(se) - len(rnx), 4 * 33)
         vgg = sm.load_arch("vgg16")
         self.assertEqual(max(t["numel"] for t in vgg), 102760448)  # fc6, 392 MiB in f32
         self.assertLess(next(t for t in vgg if t["numel"] == 102760448)["ready_flops"], 0.01)
