@@ -222,8 +222,11 @@ PY
       ;;
     early)
       deep=$work/$(printf 'd%.0s' $(seq 200))
-      while ((${#deep} < 4040)); do deep=$deep/$(printf 'd%.0s' $(seq 200)); done
-      deep=${deep:0:4070}  # the run's temporary file name no longer fits, a short probe name still does
+      # Exactly 4,070 characters whatever the length of $work (stopping at 4,040 left 4,040 to 4,070, and at
+      # 4,052 or fewer the run's longest name, 43 characters, still fit under PATH_MAX): the folder itself fits,
+      # the names the run writes there do not.
+      while ((${#deep} < 4070)); do deep=$deep/$(printf 'd%.0s' $(seq 200)); done
+      deep=${deep:0:4070}
       if mkdir -p "$deep" 2> /dev/null; then
         if "${train[@]}" --steps 2 --checkpoint-dir "$deep" > deep.log 2>&1; then fail "early: a too-deep folder passed"; fi
         expect deep.log "is too deep: the names this run writes there" early
