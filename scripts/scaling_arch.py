@@ -4,9 +4,10 @@
     /usr/bin/python3 scripts/scaling_arch.py [--out docs/scaling/arch.json]
 
 Needs PyTorch and torchvision (Debian's python3-torch and python3-torchvision; not needed by anything that reads
-the file). For every network it builds torchvision's model with random weights, runs one forward pass of one
-image (224x224, Inception V3 299x299) with hooks on every module that owns parameters, and records per gradient
-tensor, in the order backward produces them (the reverse of the forward's order of first use):
+the file). For every network it builds torchvision's model with random weights (ResNeXt-101 32x4d and SE-ResNeXt-101
+32x4d, which torchvision lacks by name, from its ResNet class), runs one forward pass of one image (224x224,
+Inception V3 299x299) with hooks on every module that owns parameters, and records per gradient tensor, in the
+order backward produces them (the reverse of the forward's order of first use):
 
     numel        elements of the tensor
     ready_flops  the share of the backward's FLOPs done when this gradient is ready: the backward of its layer
