@@ -45,22 +45,22 @@ ARCHS = {  # name: (torchvision constructor, keyword arguments, input side)
 
 def se_bottleneck(torch, models):
     """torchvision's Bottleneck with squeeze-and-excitation (Hu et al. 2018: reduction 16, two 1x1 layers with
-    bias) on the residual branch before the sum, as SE-ResNeXt has it."""
+    bias) on the residual branch before the sum, as SE-ResNeXt has it: the SE follows bn3, so torchvision's own
+    forward runs it."""
+
+    class SqueezeExcite(torch.nn.Module):
+        def __init__(self, c):
+            super().__init__()
+            self.reduce = torch.nn.Conv2d(c, c // 16, 1)
+            self.expand = torch.nn.Conv2d(c // 16, c, 1)
+
+        def forward(self, x):
+            return x * torch.sigmoid(self.expand(torch.relu(self.reduce(x.mean((2, 3), keepdim=True)))))
 
     class SEBottleneck(models.resnet.Bottleneck):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
-            c = self.conv3.out_channels
-            self.se_reduce = torch.nn.Conv2d(c, c // 16, 1)
-            self.se_expand = torch.nn.Conv2d(c // 16, c, 1)
-
-        def forward(self, x):
-            out = self.relu(self.bn1(self.conv1(x)))
-            out = self.relu(self.bn2(self.conv2(out)))
-            out = self.bn3(self.conv3(out))
-            w = torch.sigmoid(self.se_expand(self.relu(self.se_reduce(out.mean((2, 3), keepdim=True)))))
-            identity = x if self.downsample is None else self.downsample(x)
-            return self.relu(out * w + identity)
+            self.bn3 = torch.nn.Sequential(self.bn3, SqueezeExcite(self.conv3.out_channels))
 
     return SEBottleneck
 
